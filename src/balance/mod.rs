@@ -1,0 +1,5 @@
+//! Balancing strategies: how a global batch is placed on workers.
+//!
+//! Owns the grouping of a global batch of packed sequences into fixed-size pools
+//! (random, production, zigzag, zigzag-swap, VRSP — Libra Algorithm 1 — and unconstrained
+//! LPT), and, later, each scheme's planner. Pure: no I/O.

@@ -1,0 +1,52 @@
+//! Subcommands. Each lives in its own file with its `Args` and `run`; every command takes
+//! the global `--json` (print the result table as JSON on stdout instead of text).
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+use serde::Serialize;
+
+/// skewsim: how much does attention-workload skew cost on this cluster, and which
+/// balancing scheme (Ulysses, WLB-LLM, DistCA, Libra) wins it back?
+#[derive(Parser)]
+#[command(name = "skewsim", version, about, long_about = None)]
+pub struct Cli {
+    /// Print the result as JSON on stdout instead of a text table.
+    #[arg(long, global = true)]
+    pub json: bool,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Statistics of a corpus and of its packed sequences.
+    Corpus,
+}
+
+/// How a command prints its result.
+#[derive(Clone, Copy)]
+pub struct Output {
+    pub json: bool,
+}
+
+impl Output {
+    /// Print `value` as JSON, or `text` (built lazily) for a person.
+    pub fn emit<T: Serialize>(self, value: &T, text: impl FnOnce() -> String) -> Result<()> {
+        if self.json {
+            println!("{}", serde_json::to_string_pretty(value)?);
+        } else {
+            print!("{}", text());
+        }
+        Ok(())
+    }
+}
+
+pub fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let out = Output { json: cli.json };
+    match cli.command {
+        Command::Corpus => out.emit(&(), || {
+            "corpus statistics land with workload/corpus.rs\n".into()
+        }),
+    }
+}

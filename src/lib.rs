@@ -1,0 +1,17 @@
+//! skewsim: a deterministic discrete-event simulator of attention-workload skew in
+//! long-context LLM training, and of the four schemes that fight it (DeepSpeed Ulysses,
+//! WLB-LLM, DistCA, Libra).
+//!
+//! The library is the pure core: it does no file, network or device I/O (the `skewsim`
+//! binary and `report` are the edges). See `ARCHITECTURE.md` for the code map and the
+//! invariants every module keeps.
+
+pub mod balance;
+pub mod error;
+pub mod net;
+pub mod report;
+pub mod rng;
+pub mod theory;
+pub mod workload;
+
+pub use error::{Error, Result};

@@ -1,0 +1,34 @@
+//! The network half of the engine: how long bytes take to move between GPUs.
+//!
+//! One trait, [`NetworkModel`], with an analytical implementation (alpha–beta over the
+//! bottleneck link, O(1) per transfer) and a flow-level one (max–min fair sharing of every
+//! link, rates recomputed only when a flow starts or finishes). The engine drives either
+//! through the same calls, so the two can be swapped and compared.
+//!
+//! Architecture invariant: a model is deterministic given its inputs; ties between flows
+//! finishing at the same picosecond are broken by flow id.
+
+/// Simulated time in picoseconds.
+pub type Ps = u64;
+
+/// A GPU's global index in the cluster (node-major: node * gpus_per_node + local).
+pub type GpuId = u32;
+
+/// A network model the engine drives. The engine calls [`NetworkModel::start`] when a
+/// transfer becomes ready, asks [`NetworkModel::next_completion`] for the earliest finish
+/// it must not step past, and calls [`NetworkModel::advance`] to collect the transfers
+/// that finished by then.
+pub trait NetworkModel {
+    /// Start moving `bytes` from `src` to `dst` at time `now`. `tag` is the engine's own
+    /// handle (an op id) and comes back from [`NetworkModel::advance`] when the transfer
+    /// finishes. `src == dst` or `bytes == 0` finishes after the model's local latency.
+    fn start(&mut self, now: Ps, src: GpuId, dst: GpuId, bytes: u64, tag: u64);
+
+    /// The earliest time at which an active transfer finishes, if any is active.
+    fn next_completion(&self) -> Option<Ps>;
+
+    /// Advance the model to `now` (never past [`NetworkModel::next_completion`]) and push
+    /// the tags of the transfers that finished at or before `now`, in (finish time, start
+    /// order), onto `done`.
+    fn advance(&mut self, now: Ps, done: &mut Vec<u64>);
+}

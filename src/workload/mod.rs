@@ -1,0 +1,104 @@
+//! Workload: documents, packed sequences and global batches.
+//!
+//! Owns the corpus (a source of document lengths), packing of documents into packed
+//! sequences of exactly `L` tokens, and the attention-load measures of a packed sequence:
+//! the proxy w(S) = Σ ℓ² (Libra Eq. 1/5) and the exact causal query–key pair count
+//! Σ ℓ(ℓ+1)/2. It does no I/O: trace *text* is parsed here, files are read at the edge.
+//!
+//! Architecture invariant: a packed sequence never holds more than `L` tokens, and a
+//! document longer than `L` is cut into pieces of at most `L` tokens, each a sample of its
+//! own, with the cut recorded on the sample.
+
+use serde::{Deserialize, Serialize};
+
+/// One sample inside a packed sequence: a whole document, or one piece of a document that
+/// was longer than the sequence length and had to be cut.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Sample {
+    /// Index of the document in arrival order.
+    pub doc: u64,
+    /// Token offset of this piece inside its document (0 for an uncut document).
+    pub offset: u32,
+    /// Tokens in this sample.
+    pub len: u32,
+    /// True when the document was longer than `L` and this is one of its pieces.
+    pub cut: bool,
+}
+
+/// Exact causal query–key pairs of one sample of `len` tokens: Σ_{q<len} (q+1).
+pub fn causal_pairs(len: u64) -> u64 {
+    len * (len + 1) / 2
+}
+
+/// A packed sequence: samples laid end to end in a sequence of `capacity` tokens; the
+/// rest is padding (counted in tokens, never computed).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PackedSeq {
+    /// The samples in position order.
+    pub samples: Vec<Sample>,
+    /// The sequence length `L`.
+    pub capacity: u32,
+}
+
+impl PackedSeq {
+    /// Tokens holding samples.
+    pub fn tokens(&self) -> u64 {
+        self.samples.iter().map(|s| u64::from(s.len)).sum()
+    }
+
+    /// Padding tokens.
+    pub fn padding(&self) -> u64 {
+        u64::from(self.capacity) - self.tokens()
+    }
+
+    /// The attention-load proxy w(S) = Σ ℓ² (Libra Eq. 1).
+    pub fn load(&self) -> u64 {
+        self.samples
+            .iter()
+            .map(|s| u64::from(s.len) * u64::from(s.len))
+            .sum()
+    }
+
+    /// Exact causal query–key pairs Σ ℓ(ℓ+1)/2 (multiply by 4·heads·head_dim for FLOPs).
+    pub fn causal_pairs(&self) -> u64 {
+        self.samples
+            .iter()
+            .map(|s| causal_pairs(u64::from(s.len)))
+            .sum()
+    }
+
+    /// The sample lengths in position order.
+    pub fn lengths(&self) -> impl Iterator<Item = u32> + '_ {
+        self.samples.iter().map(|s| s.len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seq(lens: &[u32], cap: u32) -> PackedSeq {
+        PackedSeq {
+            samples: lens
+                .iter()
+                .enumerate()
+                .map(|(i, &len)| Sample {
+                    doc: i as u64,
+                    offset: 0,
+                    len,
+                    cut: false,
+                })
+                .collect(),
+            capacity: cap,
+        }
+    }
+
+    #[test]
+    fn load_and_pairs_by_hand() {
+        let s = seq(&[3, 4], 10);
+        assert_eq!(s.tokens(), 7);
+        assert_eq!(s.padding(), 3);
+        assert_eq!(s.load(), 9 + 16);
+        assert_eq!(s.causal_pairs(), 6 + 10);
+    }
+}
