@@ -5,6 +5,8 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 use serde::Serialize;
 
+mod run;
+
 /// skewsim: how much does attention-workload skew cost on this cluster, and which
 /// balancing scheme (Ulysses, WLB-LLM, DistCA, Libra) wins it back?
 #[derive(Parser)]
@@ -21,6 +23,8 @@ pub struct Cli {
 pub enum Command {
     /// Statistics of a corpus and of its packed sequences.
     Corpus,
+    /// Run an experiment file (TOML) and write runs/NAME/.
+    Run(run::Args),
 }
 
 /// How a command prints its result.
@@ -45,6 +49,7 @@ pub fn main() -> Result<()> {
     let cli = Cli::parse();
     let out = Output { json: cli.json };
     match cli.command {
+        Command::Run(args) => run::run(args, out),
         Command::Corpus => out.emit(&(), || {
             "corpus statistics land with workload/corpus.rs\n".into()
         }),

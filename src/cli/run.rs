@@ -1,0 +1,50 @@
+//! `skewsim run FILE.toml`: run an experiment file and write `runs/NAME/`.
+//!
+//! An experiment file names its `kind`; each kind has its own module that parses the rest
+//! of the file and writes its outputs. Unknown kinds are an error listing the known ones.
+
+use anyhow::{bail, Context, Result};
+use std::path::{Path, PathBuf};
+
+use super::Output;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The experiment file (TOML) to run.
+    pub file: PathBuf,
+    /// Where to write results (default: runs/NAME, NAME the file's stem).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+/// The experiment kinds this build knows, as `kind = "..."` spells them.
+const KINDS: &[&str] = &[];
+
+pub fn run(args: Args, _out: Output) -> Result<()> {
+    let text = std::fs::read_to_string(&args.file)
+        .with_context(|| format!("reading experiment file {}", args.file.display()))?;
+    let doc: toml::Table = toml::from_str(&text)
+        .with_context(|| format!("{} is not valid TOML", args.file.display()))?;
+    let kind = match doc.get("kind") {
+        Some(toml::Value::String(k)) => k.clone(),
+        _ => bail!(
+            "{}: missing string field `kind` (one of: {})",
+            args.file.display(),
+            KINDS.join(", ")
+        ),
+    };
+    let _dir = out_dir(&args.file, args.out.as_deref());
+    bail!(
+        "{}: unknown experiment kind = {kind:?} (one of: {})",
+        args.file.display(),
+        KINDS.join(", ")
+    )
+}
+
+/// `runs/NAME` for `experiments/NAME.toml`, unless `--out` says otherwise.
+pub fn out_dir(file: &Path, out: Option<&Path>) -> PathBuf {
+    out.map(Path::to_path_buf).unwrap_or_else(|| {
+        let stem = file.file_stem().map(|s| s.to_string_lossy().into_owned());
+        PathBuf::from("runs").join(stem.unwrap_or_else(|| "experiment".into()))
+    })
+}
