@@ -10,6 +10,7 @@ pub mod balance;
 pub mod cost;
 pub mod error;
 pub mod net;
+pub mod plan;
 pub mod report;
 pub mod rng;
 pub mod theory;
