@@ -124,6 +124,17 @@ impl<I: Iterator<Item = u32>> Packer<I> {
         self.pieces.pop_front()
     }
 
+    /// A finished sequence, or `None` when the document stream ran dry before it began.
+    fn close(&self, samples: Vec<Sample>) -> Option<PackedSeq> {
+        if samples.is_empty() {
+            return None;
+        }
+        Some(PackedSeq {
+            samples,
+            capacity: self.seq_len,
+        })
+    }
+
     fn next_sequential(&mut self) -> Option<PackedSeq> {
         let mut samples = Vec::new();
         let mut used = 0u32;
@@ -135,10 +146,7 @@ impl<I: Iterator<Item = u32>> Packer<I> {
             used += s.len;
             samples.push(s);
         }
-        (!samples.is_empty()).then(|| PackedSeq {
-            samples,
-            capacity: self.seq_len,
-        })
+        self.close(samples)
     }
 
     fn refill(&mut self, window: usize) {
@@ -162,10 +170,7 @@ impl<I: Iterator<Item = u32>> Packer<I> {
                 samples.push(s);
             }
         }
-        (!samples.is_empty()).then(|| PackedSeq {
-            samples,
-            capacity: self.seq_len,
-        })
+        self.close(samples)
     }
 }
 
