@@ -655,4 +655,38 @@ mod tests {
         assert!((med / 644.0 - 1.0).abs() < 0.02, "median {med}");
         assert!((p99 / 71006.0 - 1.0).abs() < 0.05, "p99 {p99}");
     }
+
+    mod props {
+        use super::super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            #[test]
+            fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+                let _ = parse_trace("fuzz", &bytes);
+            }
+
+            #[test]
+            fn arbitrary_specs_never_panic(spec in "[a-z0-9:=,.*+ -]{0,40}") {
+                let _ = Corpus::from_spec(&spec);
+            }
+
+            #[test]
+            fn every_format_round_trips(lens in proptest::collection::vec(1u32..=u32::MAX, 1..50)) {
+                let json = serde_json::to_string(&lens).unwrap();
+                let lines: String = lens.iter().map(|l| format!("{l}\n")).collect();
+                let csv = format!("length\n{lines}");
+                prop_assert_eq!(&parse_trace("j", json.as_bytes()).unwrap(), &lens);
+                prop_assert_eq!(&parse_trace("l", lines.as_bytes()).unwrap(), &lens);
+                prop_assert_eq!(&parse_trace("c", csv.as_bytes()).unwrap(), &lens);
+            }
+
+            #[test]
+            fn zero_or_negative_lengths_are_rejected(good in 1u32..1000, bad in -1000i64..=0) {
+                let text = format!("{good}\n{bad}\n");
+                let msg = parse_trace("t", text.as_bytes()).unwrap_err().to_string();
+                prop_assert!(msg.contains("line 2"), "{}", msg);
+            }
+        }
+    }
 }
