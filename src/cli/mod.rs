@@ -5,6 +5,8 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 use serde::Serialize;
 
+mod bench_libra;
+mod check_plan;
 pub mod corpus;
 mod run;
 
@@ -26,6 +28,12 @@ pub enum Command {
     Corpus(corpus::Args),
     /// Run an experiment file (TOML) and write runs/NAME/.
     Run(run::Args),
+    /// Check a plan file: every query attended once per head, every KV group delivered,
+    /// FLOPs = the exact causal total.
+    CheckPlan(check_plan::Args),
+    /// Libra's benchmark arms (TAP placement of a 1M-token pool, ...).
+    #[command(hide = true)]
+    BenchLibra(bench_libra::Args),
 }
 
 /// How a command prints its result.
@@ -52,5 +60,7 @@ pub fn main() -> Result<()> {
     match cli.command {
         Command::Run(args) => run::run(args, out),
         Command::Corpus(args) => corpus::run(args, out),
+        Command::CheckPlan(args) => check_plan::run(args, out),
+        Command::BenchLibra(args) => bench_libra::run(args, out),
     }
 }
