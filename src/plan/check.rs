@@ -771,3 +771,201 @@ fn transfer_index(g: &super::Group, unit: u32, home: WorkerId) -> usize {
         })
         .unwrap_or(0)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cost::AttnShape;
+    use crate::plan::{Group, Resident, Segment, Transfer, PLAN_VERSION};
+
+    /// A plan built by hand: one sequence of samples [2, 2] laid out on workers 0 and 1;
+    /// both units run on worker 0, so unit 1 needs its Q and sample 1's KV from worker 1
+    /// and sends its output back. 2 query heads, 1 KV head, d = 1, 1 byte per element.
+    fn hand_plan() -> Plan {
+        let shape = AttnShape {
+            heads_q: 2,
+            heads_kv: 1,
+            head_dim: 1,
+            dtype_bytes: 1,
+        };
+        let unit = |id: u32, a: u64, sample: u32, home: u32| WorkUnit {
+            id,
+            seq: 0,
+            q_start: a,
+            q_end: a + 2,
+            shard: 0,
+            segments: vec![Segment {
+                sample,
+                start: 0,
+                end: 2,
+            }],
+            kv_groups: vec![KvGroup {
+                seq: 0,
+                sample,
+                shard: 0,
+            }],
+            pairs: 3,
+            flops: 3.0 * 2.0 * 4.0,
+            q_home: home,
+            worker: 0,
+        };
+        let group1 = KvGroup {
+            seq: 0,
+            sample: 1,
+            shard: 0,
+        };
+        Plan {
+            version: PLAN_VERSION,
+            scheme: "hand".into(),
+            step: 0,
+            shape,
+            head_shards: 1,
+            groups: vec![Group {
+                ga: 0,
+                pool: 0,
+                workers: vec![0, 1],
+                sequences: vec![PlanSeq {
+                    id: 0,
+                    samples: vec![2, 2],
+                    capacity: 4,
+                    layout: vec![
+                        Resident {
+                            start: 0,
+                            end: 2,
+                            worker: 0,
+                        },
+                        Resident {
+                            start: 2,
+                            end: 4,
+                            worker: 1,
+                        },
+                    ],
+                }],
+                units: vec![unit(0, 0, 0, 0), unit(1, 2, 1, 1)],
+                transfers: vec![
+                    // 2 tokens × 2 heads × 1 × 1 B
+                    Transfer {
+                        src: 1,
+                        dst: 0,
+                        bytes: 4,
+                        carries: Payload::Q {
+                            unit: 1,
+                            start: 2,
+                            end: 4,
+                        },
+                    },
+                    // K and V: 2 × 2 tokens × 1 KV head × 1 × 1 B
+                    Transfer {
+                        src: 1,
+                        dst: 0,
+                        bytes: 4,
+                        carries: Payload::Kv {
+                            group: group1,
+                            start: 0,
+                            end: 2,
+                        },
+                    },
+                    Transfer {
+                        src: 0,
+                        dst: 1,
+                        bytes: 4,
+                        carries: Payload::Output {
+                            unit: 1,
+                            start: 2,
+                            end: 4,
+                        },
+                    },
+                ],
+            }],
+        }
+    }
+
+    fn kind(p: &Plan) -> ViolationKind {
+        check(p).unwrap_err().kind
+    }
+
+    #[test]
+    fn hand_plan_passes_with_hand_totals() {
+        let s = check(&hand_plan()).unwrap();
+        assert_eq!((s.units, s.transfers, s.bytes), (2, 3, 12));
+        assert_eq!(s.flops, 48.0);
+    }
+
+    #[test]
+    fn hand_plan_violations() {
+        let mut p = hand_plan();
+        p.groups[0].units[1].q_home = 0;
+        assert!(matches!(kind(&p), ViolationKind::BadUnit { unit: 1, .. }));
+
+        let mut p = hand_plan();
+        p.groups[0].transfers[1].src = 0;
+        assert!(
+            matches!(kind(&p), ViolationKind::BadTransfer { index: 1, ref reason, .. } if reason.contains("source = destination"))
+        );
+
+        let mut p = hand_plan();
+        p.groups[0].transfers.remove(2);
+        assert!(matches!(
+            kind(&p),
+            ViolationKind::MissingQ {
+                unit: 1,
+                what: "output",
+                home: 1,
+                worker: 0,
+                ..
+            }
+        ));
+
+        // a KV group nobody on worker 1 reads
+        let mut p = hand_plan();
+        p.groups[0].transfers.push(Transfer {
+            src: 0,
+            dst: 1,
+            bytes: 4,
+            carries: Payload::Kv {
+                group: KvGroup {
+                    seq: 0,
+                    sample: 0,
+                    shard: 0,
+                },
+                start: 0,
+                end: 2,
+            },
+        });
+        assert!(
+            matches!(kind(&p), ViolationKind::BadTransfer { index: 3, ref reason, .. } if reason.contains("no unit on worker 1"))
+        );
+
+        // KV sent by a worker that does not hold it
+        let mut p = hand_plan();
+        p.groups[0].workers.push(2);
+        p.groups[0].transfers[1].src = 2;
+        assert!(
+            matches!(kind(&p), ViolationKind::BadTransfer { index: 1, ref reason, .. } if reason.contains("does not hold"))
+        );
+
+        let mut p = hand_plan();
+        p.head_shards = 3;
+        assert!(matches!(
+            kind(&p),
+            ViolationKind::Shape {
+                field: "head_shards",
+                value: 3,
+                ..
+            }
+        ));
+
+        let mut p = hand_plan();
+        let mut g = p.groups[0].clone();
+        g.ga = 1;
+        p.groups.push(g);
+        let v = check(&p).unwrap_err();
+        assert_eq!(
+            (v.ga, v.kind.clone()),
+            (1, ViolationKind::DuplicateSequence { seq: 0 })
+        );
+        assert!(v
+            .to_string()
+            .starts_with("GA 1, pool 0: sequence 0 appears more than once"));
+    }
+}

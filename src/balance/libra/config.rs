@@ -47,8 +47,9 @@ pub struct ConfigRow {
     pub tiles_per_pool: f64,
 }
 
-/// A grouping policy: loads of the step's sequences and P → pools of batch indices.
-pub type Grouping<'a> = dyn Fn(&[u64], usize) -> Result<Vec<Vec<usize>>> + Sync + 'a;
+/// A grouping policy: (step index, Σℓ² loads of the step's sequences, P) → pools of batch
+/// indices.
+pub type Grouping<'a> = dyn Fn(usize, &[u64], usize) -> Result<Vec<Vec<usize>>> + Sync + 'a;
 
 /// Replay every candidate over `steps` (each a global batch) at DP = `dp`, other
 /// settings from `base`. Candidates run in parallel; rows come back in candidate order.
@@ -94,10 +95,10 @@ fn replay(
     let mut bytes = 0.0;
     let mut tiles = 0.0;
     let mut pools_seen = 0usize;
-    for batch in steps {
+    for (k, batch) in steps.iter().enumerate() {
         step_shape(batch.len(), dp, p)?;
         let loads: Vec<u64> = batch.iter().map(PackedSeq::load).collect();
-        let pools = grouping(&loads, p.pool_size as usize)?;
+        let pools = grouping(k, &loads, p.pool_size as usize)?;
         check_pools(&pools, batch.len(), p.pool_size)?;
         let mut pool_work = Vec::with_capacity(pools.len());
         for pool in &pools {

@@ -690,7 +690,7 @@ fn config_simulator_matches_plans_and_hand_ratios() {
             tile_tokens: 32,
         },
     ];
-    let consecutive = |loads: &[u64], p: usize| Ok(consecutive_pools(loads.len(), p));
+    let consecutive = |_: usize, loads: &[u64], p: usize| Ok(consecutive_pools(loads.len(), p));
     let rows = simulate(&steps, 2, &base, &cands, &consecutive).unwrap();
     for (row, c) in rows.iter().zip(&cands) {
         let p = LibraParams {
