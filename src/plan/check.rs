@@ -250,8 +250,9 @@ pub fn check(plan: &Plan) -> Result<CheckSummary, Violation> {
         },
     };
     let s = &plan.shape;
-    if s.heads_q == 0 {
-        return Err(shape_err("shape.heads_q", s.heads_q, "at least 1"));
+    // bounds keep every byte count of a u32-token sequence inside u64
+    if s.heads_q == 0 || s.heads_q > 1024 {
+        return Err(shape_err("shape.heads_q", s.heads_q, "1 to 1024"));
     }
     if s.heads_kv == 0 || s.heads_q % s.heads_kv != 0 {
         return Err(shape_err(
@@ -260,11 +261,11 @@ pub fn check(plan: &Plan) -> Result<CheckSummary, Violation> {
             "at least 1 and dividing heads_q",
         ));
     }
-    if s.head_dim == 0 {
-        return Err(shape_err("shape.head_dim", s.head_dim, "at least 1"));
+    if s.head_dim == 0 || s.head_dim > 4096 {
+        return Err(shape_err("shape.head_dim", s.head_dim, "1 to 4096"));
     }
-    if s.dtype_bytes == 0 {
-        return Err(shape_err("shape.dtype_bytes", s.dtype_bytes, "at least 1"));
+    if s.dtype_bytes == 0 || s.dtype_bytes > 8 {
+        return Err(shape_err("shape.dtype_bytes", s.dtype_bytes, "1 to 8"));
     }
     if plan.head_shards == 0 || s.heads_q % plan.head_shards != 0 {
         return Err(shape_err(
@@ -298,7 +299,10 @@ pub fn check(plan: &Plan) -> Result<CheckSummary, Violation> {
         summary.units += g.units.len();
         summary.transfers += g.transfers.len();
         summary.flops += g.units.iter().map(|u| u.flops).sum::<f64>();
-        summary.bytes += g.transfers.iter().map(|t| t.bytes).sum::<u64>();
+        summary.bytes = g
+            .transfers
+            .iter()
+            .fold(summary.bytes, |a, t| a.saturating_add(t.bytes));
     }
     if got != expected {
         return Err(Violation {
