@@ -56,7 +56,13 @@ struct Report {
     tradeoff: String,
 }
 
-fn list(flag: Vec<u32>, file_key: &str, t: &Option<toml::Table>, f: &Option<PathBuf>, default: &[u32]) -> Result<Vec<u32>> {
+fn list(
+    flag: Vec<u32>,
+    file_key: &str,
+    t: &Option<toml::Table>,
+    f: &Option<PathBuf>,
+    default: &[u32],
+) -> Result<Vec<u32>> {
     if !flag.is_empty() {
         return Ok(flag);
     }
@@ -135,9 +141,15 @@ fn chart(rows: &[ConfigRow], rec: &Recommendation) -> String {
     keys.sort_unstable();
     keys.dedup();
     let floor = 1e-5;
-    let mut c = Chart::new("Libra configurations: exchanged bytes vs imbalance (labels: P)")
-        .x("GB exchanged per step (one layer, forward)", Scale::Log)
-        .y("max(inter, intra) imbalance, max/mean − 1", Scale::Log);
+    let gb: Vec<f64> = rows.iter().map(|r| r.bytes_per_step / 1e9).collect();
+    let lo = gb.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = gb.iter().copied().fold(0.0, f64::max);
+    let pad = ((hi - lo) * 0.08).max(hi * 0.02).max(1e-9);
+    let mut c =
+        Chart::new("Libra candidates: exchanged bytes vs imbalance (each line: P ascending)")
+            .x("GB exchanged per step (one layer, forward)", Scale::Linear)
+            .x_range((lo - pad).max(0.0), hi + pad)
+            .y("max(inter, intra) imbalance, max/mean − 1", Scale::Log);
     for (h, b) in keys {
         let mut pts: Vec<(u32, f64, f64)> = rows
             .iter()
@@ -158,10 +170,7 @@ fn chart(rows: &[ConfigRow], rec: &Recommendation) -> String {
     }
     let p = &rows[rec.pick];
     c = c.series(Series::new(
-        format!(
-            "pick P={} H={} B={}",
-            p.candidate.pool_size, p.candidate.head_shards, p.candidate.tile_tokens
-        ),
+        "recommended",
         vec![(p.bytes_per_step / 1e9, worst_imbalance(p).max(floor))],
         Mark::Ring,
     ));
@@ -172,28 +181,49 @@ pub fn run(args: Args, out: Output) -> Result<()> {
     let (mut r, table) = args
         .workload
         .resolve(args.experiment.as_deref(), None, None, None)?;
-    let pool_sizes = list(args.pool_sizes, "pool_sizes", &table, &args.experiment, &[2, 4, 8])?;
-    let head_shards = list(args.head_shards, "head_shards_list", &table, &args.experiment, &[1, 4, 8])?;
-    let tile_tokens = list(args.tile_tokens, "tile_tokens_list", &table, &args.experiment, &[4096])?;
+    let pool_sizes = list(
+        args.pool_sizes,
+        "pool_sizes",
+        &table,
+        &args.experiment,
+        &[2, 4, 8],
+    )?;
+    let head_shards = list(
+        args.head_shards,
+        "head_shards_list",
+        &table,
+        &args.experiment,
+        &[1, 4, 8],
+    )?;
+    let tile_tokens = list(
+        args.tile_tokens,
+        "tile_tokens_list",
+        &table,
+        &args.experiment,
+        &[4096],
+    )?;
     if !(args.target.is_finite() && args.target >= 0.0) {
-        anyhow::bail!("invalid --target = {}: a finite imbalance ≥ 0 (e.g. 0.05)", args.target);
+        anyhow::bail!(
+            "invalid --target = {}: a finite imbalance ≥ 0 (e.g. 0.05)",
+            args.target
+        );
     }
     if args.steps == 0 {
         anyhow::bail!("invalid --steps = 0: at least 1 global batch to replay");
     }
     let pol = policy(&r.grouping)?;
-    let candidates: Vec<Candidate> = pool_sizes
-        .iter()
-        .flat_map(|&p| {
-            head_shards.iter().flat_map(move |&h| {
-                tile_tokens.iter().map(move |&b| Candidate {
-                    pool_size: p,
+    let mut candidates = Vec::new();
+    for &pool_size in &pool_sizes {
+        for &h in &head_shards {
+            for &b in &tile_tokens {
+                candidates.push(Candidate {
+                    pool_size,
                     head_shards: h,
                     tile_tokens: b,
-                })
-            })
-        })
-        .collect();
+                });
+            }
+        }
+    }
     // the shared settings must hold for one candidate before loading the corpus
     r.params.pool_size = pool_sizes.first().copied().unwrap_or(r.params.pool_size);
     r.params.head_shards = head_shards.first().copied().unwrap_or(r.params.head_shards);
@@ -271,4 +301,53 @@ pub fn run(args: Args, out: Output) -> Result<()> {
             report.tradeoff
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(p: u32, inter: f64, intra: f64, gb: f64) -> ConfigRow {
+        ConfigRow {
+            candidate: Candidate {
+                pool_size: p,
+                head_shards: 4,
+                tile_tokens: 4096,
+            },
+            inter_pool: inter,
+            intra_pool: intra,
+            intra_pool_max: intra,
+            bytes_per_step: gb * 1e9,
+            tiles_per_pool: 10.0,
+        }
+    }
+
+    #[test]
+    fn tradeoff_names_pick_cheapest_and_best_balanced() {
+        let rows = vec![
+            row(2, 0.9, 0.03, 10.0),
+            row(8, 0.04, 0.03, 20.0),
+            row(16, 0.01, 0.03, 40.0),
+        ];
+        let rec = recommend(&rows, 0.05).unwrap();
+        let t = tradeoff(&rows, &rec, 0.05);
+        assert!(
+            t.starts_with("recommended: P=8 H=4 B=4096 — the fewest bytes (20.00 GB/step)"),
+            "{t}"
+        );
+        assert!(
+            t.contains(
+                "the cheapest, P=2 H=4 B=4096, moves 10.00 GB/step but leaves 90.00% imbalance"
+            ),
+            "{t}"
+        );
+        assert!(
+            t.contains("the best balanced, P=16 H=4 B=4096, reaches 3.00% at 40.00 GB/step"),
+            "{t}"
+        );
+        let svg = chart(&rows, &rec);
+        assert!(
+            svg.starts_with("<svg") && svg.contains("recommended") && svg.contains("H=4 B=4096")
+        );
+    }
 }

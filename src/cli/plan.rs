@@ -76,8 +76,8 @@ pub struct Resolved {
 pub fn experiment_table(file: &Path) -> Result<toml::Table> {
     let text = std::fs::read_to_string(file)
         .with_context(|| format!("reading experiment file {}", file.display()))?;
-    let doc: toml::Table = toml::from_str(&text)
-        .with_context(|| format!("{} is not valid TOML", file.display()))?;
+    let doc: toml::Table =
+        toml::from_str(&text).with_context(|| format!("{} is not valid TOML", file.display()))?;
     Ok(match doc.get("libra") {
         Some(toml::Value::Table(t)) => t.clone(),
         _ => doc,
@@ -279,7 +279,8 @@ pub fn run(args: Args, out: Output) -> Result<()> {
         args.tile_tokens,
     )?;
     let plan = build(&mut r, args.step)?;
-    let summary = check(&plan).map_err(|v| anyhow::anyhow!("the planner made a wrong plan: {v}"))?;
+    let summary =
+        check(&plan).map_err(|v| anyhow::anyhow!("the planner made a wrong plan: {v}"))?;
     let json = plan.to_json()?;
     std::fs::write(&args.out, json + "\n")
         .with_context(|| format!("writing {}", args.out.display()))?;
@@ -356,3 +357,76 @@ pub fn run(args: Args, out: Output) -> Result<()> {
     })
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp(name: &str, body: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("skewsim-plan-cli-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join(name);
+        std::fs::write(&p, body).unwrap();
+        p
+    }
+
+    #[test]
+    fn settings_come_from_flags_then_file_then_defaults() {
+        let f = temp(
+            "exp.toml",
+            "kind = \"libra-dp-scaling\"\n[libra]\ncorpus = \"wlbllm\"\ngbs = 16\ncp = 4\ntau = 0.1\n",
+        );
+        let w = Workload {
+            cp: Some(2),
+            ..Workload::default()
+        };
+        let (r, _) = w.resolve(Some(&f), Some(4), None, None).unwrap();
+        assert_eq!(r.corpus, "wlbllm"); // file
+        assert_eq!(r.gbs, 16); // file
+        assert_eq!(r.params.cp, 2); // flag beats file
+        assert_eq!(r.params.tau, 0.1); // file
+        assert_eq!(r.params.pool_size, 4); // flag
+        assert_eq!(r.params.head_shards, 4); // default
+        assert_eq!((r.dp, r.grouping.as_str()), (8, "vrsp")); // defaults
+
+        let bad = temp("bad.toml", "gbs = \"many\"\n");
+        let e = format!(
+            "{:#}",
+            Workload::default()
+                .resolve(Some(&bad), None, None, None)
+                .unwrap_err()
+        );
+        assert!(e.contains("bad.toml: field `gbs` = \"many\""), "{e}");
+    }
+
+    #[test]
+    fn plan_of_a_small_workload_checks_and_bad_input_is_named() {
+        let w = Workload {
+            corpus: Some("lognormal:median=600,p99=30000".into()),
+            seq_len: Some(32768),
+            gbs: Some(8),
+            dp: Some(4),
+            cp: Some(2),
+            ..Workload::default()
+        };
+        let (mut r, _) = w.resolve(None, Some(2), Some(2), Some(1024)).unwrap();
+        let plan = build(&mut r, 1).unwrap();
+        let s = check(&plan).unwrap();
+        assert_eq!((plan.step, s.sequences, s.groups), (1, 8, 4));
+        // same settings, same plan
+        let (mut r2, _) = w.resolve(None, Some(2), Some(2), Some(1024)).unwrap();
+        assert_eq!(build(&mut r2, 1).unwrap(), plan);
+
+        let (mut r, _) = w.resolve(None, Some(3), None, None).unwrap();
+        let e = build(&mut r, 0).unwrap_err().to_string();
+        assert!(e.contains("P (pool size) = 3: a divisor of DP = 4"), "{e}");
+        let (mut r, _) = w.resolve(None, None, Some(5), None).unwrap();
+        let e = build(&mut r, 0).unwrap_err().to_string();
+        assert!(e.contains("H (head shards) = 5"), "{e}");
+        let (mut r, _) = w.resolve(None, Some(2), None, Some(0)).unwrap();
+        let e = build(&mut r, 0).unwrap_err().to_string();
+        assert!(e.contains("B (tile tokens) = 0"), "{e}");
+        let e = policy("lpt").unwrap_err().to_string();
+        assert!(e.contains("exactly P sequences"), "{e}");
+        assert!(policy("nonsense").is_err());
+    }
+}
