@@ -932,6 +932,26 @@ mod tests {
     }
 
     #[test]
+    fn deterministic_over_steps() {
+        let corpus = Corpus::from_spec("wlbllm").unwrap();
+        let run = || -> Vec<WlbStep> {
+            let od = OutlierDelay::new(vec![8_192, 32_768]).unwrap();
+            let cfg = WlbConfig::new(4, 40_000, Some(od)).unwrap();
+            let mut p = WlbPacker::new(cfg, ConstantThroughput::h200_llama3_8b());
+            batches(&corpus, 32_768, 4, Packing::Sequential, 11, 1)
+                .unwrap()
+                .take(12)
+                .map(|b| p.step(&b).unwrap())
+                .collect()
+        };
+        let a = run();
+        assert_eq!(a, run());
+        // S_max = 40000 < L + longest: this configuration does carry, and delays outliers.
+        assert!(a.iter().any(|s| !s.carried.is_empty()));
+        assert!(a.iter().any(|s| s.outlier_delay_token_iters > 0));
+    }
+
+    #[test]
     fn bad_input_is_a_clear_error() {
         let mut p = WlbPacker::new(WlbConfig::new(2, 100, None).unwrap(), Pairs);
         let e = p
