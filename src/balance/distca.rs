@@ -5,13 +5,13 @@
 //! lead to lower to a `Plan` once `plan/` lands. May not touch `plan/`, the engine, `cost/`
 //! formulas or `grouping.rs`; FLOPs and bytes come from [`AttnShape`] only.
 //!
-//! # In-place attention servers (paper §4.1)
+//! # In-place attention servers (paper: "in-place attention servers")
 //!
 //! Every GPU runs its own linear layers and also serves core-attention tasks; the attention
 //! pool is the whole cluster (P = DP servers). Server `s` starts with the core attention of
 //! its own micro-batch (`batch[s]`): one *item* per sample, queries `[0, len)`.
 //!
-//! # Scheduler (paper §4.3, communication-aware greedy)
+//! # Scheduler (paper: the communication-aware greedy scheduler)
 //!
 //! Loads are counted in exact causal query–key pairs (FLOPs = `AttnShape::fwd_flops(pairs,
 //! heads_q)`, a constant factor, so ratios and balance are the same in either unit).
@@ -36,7 +36,8 @@
 //!    last long document of a server can still be trimmed into small leftover deficits.
 //! 4. the move with the best ratio of FLOPs moved to bytes moved wins (ties: lowest item,
 //!    items numbered by server then sample); bytes = Q and output of the moved queries
-//!    (`q_bytes`) + K and V of the prefix `[0, hi)` they attend to (`kv_bytes`);
+//!    (`q_bytes`) + K and V of the key prefix they attend to, `[0, last query + 1)`
+//!    (`kv_bytes`);
 //! 5. a target with no candidate giving a move is *stuck* for the phase (moves only shrink
 //!    every ΔF_max and the set of sources); the scheduler stops when all servers are within
 //!    tolerance ([`Stop::Balanced`]) or every deficit server is stuck in phase 2
@@ -47,7 +48,7 @@
 //! the same item (k·A / (4k·q + kv) grows with k, and so does a head shard's ratio, which
 //! equals the whole move's at k = hi − lo), which lets the search stop early.
 //!
-//! # Ping-pong (paper §4.2)
+//! # Ping-pong (paper: "ping-pong execution")
 //!
 //! Each micro-batch is split into two nano-batches, whole samples, by tokens (longest first
 //! onto the lighter half), and each nano-batch is scheduled on its own

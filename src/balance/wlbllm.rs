@@ -4,22 +4,24 @@
 //! Owns three pure algorithms over the samples of a global batch, each with its own typed
 //! output, for the lead to lower to a `Plan` once `plan/` lands:
 //!
-//! 1. **Variable-length packing** across the micro-batches of a step (paper §4, Alg. 1):
-//!    the step's samples, longest first, each go to the micro-batch with the least estimated
-//!    latency W(m) = Σ W_a(d) + W_l(d) as long as it stays under the memory cap `S_max`
-//!    tokens; otherwise to the micro-batch with the fewest tokens, if it fits there;
-//!    otherwise the sample is carried to the next step ([`WlbPacker`], [`var_len_pack`]).
-//! 2. **Outlier delay** (paper §4.2; optional, off by default because it changes which
-//!    samples each step trains on): `n` FIFO queues with thresholds `L_1 < … < L_{n+1}`;
-//!    a sample with `L_i ≤ len < L_{i+1}` (the last queue also takes `len = L_{n+1}`) waits
-//!    in queue `i` until the queue holds as many samples as the step has micro-batches, then
-//!    that many leave it together, oldest first, into the next step to be packed. The delay
-//!    is reported in token-iterations (Σ len × steps waited), so the trade-off is visible.
-//! 3. **Context-parallel sharding** (paper §5): per-sequence (the micro-batch's tokens, end to
-//!    end, cut into 2·CP chunks) and per-document (every sample cut into 2·CP chunks); rank
-//!    `r` takes chunks `r` and `2·CP−1−r`; and the adaptive per-micro-batch choice between
-//!    the two by predicted latency, with every piece padded to the kernel's 128-token tile
-//!    ([`choose_sharding`]).
+//! 1. **Variable-length packing** across the micro-batches of a step (paper: workload-aware
+//!    variable-length document packing): the step's samples, longest first, each go to the
+//!    micro-batch with the least estimated latency W(m) = Σ W_a(d) + W_l(d) as long as it
+//!    stays under the memory cap `S_max` tokens; otherwise to the micro-batch with the fewest
+//!    tokens, if it fits there; otherwise the sample is carried to the next step
+//!    ([`WlbPacker`], [`var_len_pack`]).
+//! 2. **Outlier delay** (paper: outlier document delay; optional, off by default because it
+//!    changes which samples each step trains on): `n` FIFO queues with thresholds
+//!    `L_1 < … < L_{n+1}`; a sample with `L_i ≤ len < L_{i+1}` (the last queue also takes
+//!    `len = L_{n+1}`) waits in queue `i` until the queue holds as many samples as the step
+//!    has micro-batches; then that many leave it together, oldest first, into the step being
+//!    packed. The delay is reported in token-iterations (Σ len × steps waited), so the
+//!    trade-off is visible.
+//! 3. **Context-parallel sharding** (paper: fine-grained per-document sharding):
+//!    per-sequence (the micro-batch's tokens, end to end, cut into 2·CP chunks) and
+//!    per-document (every sample cut into 2·CP chunks); rank `r` takes chunks `r` and
+//!    `2·CP−1−r`; and the adaptive per-micro-batch choice between the two by predicted
+//!    latency, with every piece padded to the kernel's 128-token tile ([`choose_sharding`]).
 //!
 //! # Definitions
 //!
@@ -242,7 +244,7 @@ pub struct VarLenPacking {
     pub leftover: Vec<Placed>,
 }
 
-/// Alg. 1 over one pool: longest first (ties: earlier arrival, then document and offset),
+/// Variable-length packing of one pool: longest first (ties: earlier arrival, then document and offset),
 /// each into the micro-batch with the least W if it stays ≤ `s_max` tokens, else into the one
 /// with the fewest tokens if it fits there, else left over. Ties go to the lowest index.
 pub fn var_len_pack<M: LatencyModel + ?Sized>(
