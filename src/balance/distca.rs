@@ -889,6 +889,27 @@ mod tests {
     }
 
     #[test]
+    fn balances_corpus_batches_across_seeds_and_corpora() {
+        let shape = AttnShape {
+            heads_q: 32,
+            heads_kv: 8,
+            head_dim: 128,
+            dtype_bytes: 2,
+        };
+        let c = DistcaConfig::new(shape, DEFAULT_EPSILON, 128).unwrap();
+        for (corpus, l) in [("wlbllm", 131_072), ("libra-256k", 262_144)] {
+            let corpus = Corpus::from_spec(corpus).unwrap();
+            for seed in 0..4 {
+                let batch = global_batch(&corpus, l, 64, Packing::Sequential, seed, 0).unwrap();
+                let s = schedule(&batch, &c).unwrap();
+                check_conservation(&batch, &s, &shape);
+                assert_eq!(s.stop, Stop::Balanced, "seed {seed}");
+                assert!(s.max_deviation() <= DEFAULT_EPSILON + 1e-12);
+            }
+        }
+    }
+
+    #[test]
     fn ping_pong_splits_by_tokens_and_conserves() {
         let b = seq(&[100, 60, 50, 30, 20], 0);
         // longest first onto the lighter half: 100→0, 60→1, 50→1 (110), 30→0 (130),
