@@ -4,4 +4,6 @@
 //! (random, production, zigzag, zigzag-swap, VRSP — Libra Algorithm 1 — and unconstrained
 //! LPT), and, later, each scheme's planner. Pure: no I/O.
 
+pub mod distca;
+pub mod wlbllm;
 pub mod libra;
