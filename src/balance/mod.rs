@@ -5,5 +5,5 @@
 //! LPT), and, later, each scheme's planner. Pure: no I/O.
 
 pub mod distca;
-pub mod wlbllm;
 pub mod libra;
+pub mod wlbllm;

@@ -791,3 +791,27 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn plans_do_not_depend_on_the_thread_count() {
+    let batch: Vec<PackedSeq> = (0..16u32)
+        .map(|i| seq(&[40 * i + 7, 300 - 11 * i, 13 * (i % 5) + 1], 1024))
+        .collect();
+    let p = params(2, 4, 4, 96, 0.03, QWEN3_30B_A3B);
+    let pools = shuffled_pools(16, 2, 9);
+    let run = |threads: usize| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap()
+            .install(|| {
+                plan_step(0, &batch, &pools, 8, &p)
+                    .unwrap()
+                    .to_json()
+                    .unwrap()
+            })
+    };
+    let one = run(1);
+    assert_eq!(one, run(3));
+    assert!(check(&Plan::from_json(&one, "mem").unwrap()).is_ok());
+}
