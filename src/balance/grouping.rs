@@ -457,74 +457,22 @@ mod tests {
         assert_eq!(imbalance(&[0, 0], &[vec![0], vec![1]]), 1.0);
     }
 
-    /// Exhaustive optimum of max L_k over equal-size partitions, for tiny batches.
+    /// Exhaustive optimum of max L_k over equal-size partitions, for tiny batches: every
+    /// assignment of D sequences to K pools (K^D of them), keeping those with P per pool.
     fn best_max(loads: &[u64], p: usize) -> u128 {
-        fn rec(
-            loads: &[u64],
-            p: usize,
-            used: &mut Vec<bool>,
-            pools: &mut Vec<u128>,
-            best: &mut u128,
-        ) {
-            let Some(i) = used.iter().position(|u| !u) else {
-                *best = (*best).min(pools.iter().copied().max().unwrap_or(0));
-                return;
-            };
-            // Put i (the first free) into a new pool with P−1 others chosen in index order.
-            fn choose(
-                loads: &[u64],
-                p: usize,
-                used: &mut Vec<bool>,
-                pools: &mut Vec<u128>,
-                best: &mut u128,
-                start: usize,
-                left: usize,
-                acc: u128,
-            ) {
-                if left == 0 {
-                    pools.push(acc);
-                    rec(loads, p, used, pools, best);
-                    pools.pop();
-                    return;
-                }
-                for j in start..loads.len() {
-                    if !used[j] {
-                        used[j] = true;
-                        choose(
-                            loads,
-                            p,
-                            used,
-                            pools,
-                            best,
-                            j + 1,
-                            left - 1,
-                            acc + u128::from(loads[j]),
-                        );
-                        used[j] = false;
-                    }
-                }
-            }
-            used[i] = true;
-            choose(
-                loads,
-                p,
-                used,
-                pools,
-                best,
-                i + 1,
-                p - 1,
-                u128::from(loads[i]),
-            );
-            used[i] = false;
-        }
+        let (d, k) = (loads.len(), loads.len() / p);
         let mut best = u128::MAX;
-        rec(
-            loads,
-            p,
-            &mut vec![false; loads.len()],
-            &mut Vec::new(),
-            &mut best,
-        );
+        for code in 0..k.pow(d as u32) {
+            let (mut c, mut count, mut sum) = (code, vec![0usize; k], vec![0u128; k]);
+            for &f in loads {
+                count[c % k] += 1;
+                sum[c % k] += u128::from(f);
+                c /= k;
+            }
+            if count.iter().all(|&n| n == p) {
+                best = best.min(sum.into_iter().max().unwrap_or(0));
+            }
+        }
         best
     }
 
