@@ -85,6 +85,12 @@ impl fmt::Display for Policy {
     }
 }
 
+impl serde::Serialize for Policy {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
 impl FromStr for Policy {
     type Err = crate::Error;
 
