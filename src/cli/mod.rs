@@ -5,6 +5,7 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 use serde::Serialize;
 
+pub mod corpus;
 mod run;
 
 /// skewsim: how much does attention-workload skew cost on this cluster, and which
@@ -22,7 +23,7 @@ pub struct Cli {
 #[derive(Subcommand)]
 pub enum Command {
     /// Statistics of a corpus and of its packed sequences.
-    Corpus,
+    Corpus(corpus::Args),
     /// Run an experiment file (TOML) and write runs/NAME/.
     Run(run::Args),
 }
@@ -50,8 +51,6 @@ pub fn main() -> Result<()> {
     let out = Output { json: cli.json };
     match cli.command {
         Command::Run(args) => run::run(args, out),
-        Command::Corpus => out.emit(&(), || {
-            "corpus statistics land with workload/corpus.rs\n".into()
-        }),
+        Command::Corpus(args) => corpus::run(args, out),
     }
 }
