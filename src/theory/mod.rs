@@ -134,6 +134,37 @@ pub fn gaussian_max_mean(k: usize) -> f64 {
     s * h / 3.0
 }
 
+/// The indivisible-outlier floor on R − 1 for *any* grouping of `loads` into K = D/P pools:
+/// a pool holds at least the heaviest sequence, so R ≥ F_max / (Σ F / K). No policy can go
+/// below it; when it is large, the residual is the corpus's, not the policy's. Errors: P = 0
+/// or D not divisible by P.
+pub fn outlier_floor(loads: &[u64], p: usize) -> Result<f64> {
+    let k = check_sizes(loads.len(), p)?;
+    let total: u128 = loads.iter().map(|&f| u128::from(f)).sum();
+    let max = loads.iter().copied().max().unwrap_or(0);
+    if total == 0 {
+        return Ok(0.0);
+    }
+    Ok((max as f64 * k as f64 / total as f64 - 1.0).max(0.0))
+}
+
+/// The floor on R − 1 for groupings with exactly P per pool: the pool holding the heaviest
+/// sequence also holds P − 1 others, at least the P − 1 lightest, so
+/// R ≥ (F_max + Σ of the P − 1 smallest other loads) / (Σ F / K). At least
+/// [`outlier_floor`]; `lpt` (no cardinality constraint) may go below it.
+pub fn cardinality_floor(loads: &[u64], p: usize) -> Result<f64> {
+    let k = check_sizes(loads.len(), p)?;
+    let total: u128 = loads.iter().map(|&f| u128::from(f)).sum();
+    if total == 0 {
+        return Ok(0.0);
+    }
+    let mut sorted = loads.to_vec();
+    sorted.sort_unstable();
+    let heaviest = u128::from(sorted[sorted.len() - 1]);
+    let lightest: u128 = sorted[..p - 1].iter().map(|&f| u128::from(f)).sum();
+    Ok(((heaviest + lightest) as f64 * k as f64 / total as f64 - 1.0).max(0.0))
+}
+
 /// Eq. 4 against Monte Carlo at one pool size.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Comparison {
@@ -259,6 +290,28 @@ mod tests {
             e.contains("pool size P = 3") && e.contains("D = 128"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn outlier_floor_by_hand() {
+        // F = [10, 1, 1, 1, 1, 2], P = 2, K = 3: 10 / (16/3) − 1 = 0.875.
+        assert!((outlier_floor(&[10, 1, 1, 1, 1, 2], 2).unwrap() - 0.875).abs() < 1e-12);
+        // No outlier: floor 0.
+        assert_eq!(outlier_floor(&[3, 3, 3, 3], 2).unwrap(), 0.0);
+        // With P per pool: (10 + 1) / (16/3) − 1 = 1.0625.
+        assert!((cardinality_floor(&[10, 1, 1, 1, 1, 2], 2).unwrap() - 1.0625).abs() < 1e-12);
+        assert!((cardinality_floor(&[3, 3, 3, 3], 2).unwrap()).abs() < 1e-12);
+        // Every policy respects the floors (lpt only the cardinality-free one).
+        let f = [10, 1, 1, 1, 1, 2];
+        for pol in crate::balance::Policy::ALL {
+            let pools =
+                crate::balance::group(&f, 2, pol, &mut crate::rng::stream(0, "t", 0)).unwrap();
+            let r = crate::balance::imbalance(&f, &pools) - 1.0;
+            assert!(r >= 0.875 - 1e-12);
+            if pol.exact_cardinality() {
+                assert!(r >= 1.0625 - 1e-12, "{pol}: {r}");
+            }
+        }
     }
 
     #[test]
