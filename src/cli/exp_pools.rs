@@ -37,7 +37,7 @@ use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 
 use skewsim::balance::Policy;
-use skewsim::report::svg::{Chart, Scale, Series};
+use skewsim::report::svg::{palette, Chart, Mark, Scale, Series};
 use skewsim::report::table::{sig, Table};
 
 use super::corpus::load_corpus;
@@ -217,6 +217,11 @@ fn slug(s: &str) -> String {
 }
 
 /// R − 1 vs P per (corpus, gbs) when several P are swept; else R − 1 vs D per corpus.
+/// The paper's values for `policy` as rings in the colour of our series for it (series `i`).
+fn paper_series(policy: &Policy, i: usize, pts: Vec<(f64, f64)>) -> Series {
+    Series::new(format!("paper: {policy}"), pts, Mark::Ring).color(palette(i))
+}
+
 fn charts(
     spec: &Spec,
     studies: &[(String, Study)],
@@ -229,10 +234,19 @@ fn charts(
                 "{name}: R − 1 vs P (L = {}, D = {}, {} trials)",
                 st.seq_len, st.gbs, st.trials
             );
-            out.insert(
-                format!("{}-gbs{}.svg", slug(name), st.gbs),
-                chart(&title, &st.rows, st.gbs, st.load.cv),
-            );
+            let mut ch = chart(&title, &st.rows, st.gbs, st.load.cv);
+            for (i, pol) in policies.iter().enumerate() {
+                let pts: Vec<(f64, f64)> = spec
+                    .paper
+                    .iter()
+                    .filter(|p| &p.corpus == name && p.gbs == st.gbs && p.policy == pol.name())
+                    .map(|p| (p.pool_size as f64, p.r_minus_1))
+                    .collect();
+                if !pts.is_empty() {
+                    ch = ch.series(paper_series(pol, i, pts));
+                }
+            }
+            out.insert(format!("{}-gbs{}.svg", slug(name), st.gbs), ch.render());
         }
     } else {
         for c in &spec.corpus {
@@ -244,6 +258,7 @@ fn charts(
             let p = spec.pool_sizes[0];
             let mut ch = Chart::new(format!("{}: R − 1 vs global batch D at P = {p}", c.name))
                 .x("global batch size D", Scale::Log)
+                .x_ticks(spec.gbs.iter().map(|&g| g as f64).collect())
                 .y("R − 1 (mean over trials)", Scale::Log);
             for &pol in policies {
                 let pts = mine
@@ -266,6 +281,17 @@ fn charts(
                     .dashed()
                     .color("#555555"),
             );
+            for (i, pol) in policies.iter().enumerate() {
+                let pts: Vec<(f64, f64)> = spec
+                    .paper
+                    .iter()
+                    .filter(|q| q.corpus == c.name && q.pool_size == p && q.policy == pol.name())
+                    .map(|q| (q.gbs as f64, q.r_minus_1))
+                    .collect();
+                if !pts.is_empty() {
+                    ch = ch.series(paper_series(pol, i, pts));
+                }
+            }
             out.insert(format!("{}.svg", slug(&c.name)), ch.render());
         }
     }
@@ -307,6 +333,7 @@ fn summary(spec: &Spec, studies: &[(String, Study)], charts: &BTreeMap<String, S
             "LLN bound",
             "Gaussian exact",
             "outlier floor",
+            "P-floor",
         ]);
         for r in &st.rows {
             t.row([

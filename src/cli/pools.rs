@@ -427,7 +427,7 @@ pub fn table(rows: &[Row]) -> Table {
 
 /// R − 1 against P on log axes: one series per policy (mean over trials), Eq. 4 dashed and
 /// the exact-max Gaussian model dotted, both drawn smoothly between the smallest and largest P.
-pub fn chart(title: &str, rows: &[Row], gbs: usize, cv: f64) -> String {
+pub fn chart(title: &str, rows: &[Row], gbs: usize, cv: f64) -> Chart {
     let mut policies: Vec<Policy> = Vec::new();
     for r in rows {
         if !policies.contains(&r.policy) {
@@ -437,6 +437,11 @@ pub fn chart(title: &str, rows: &[Row], gbs: usize, cv: f64) -> String {
     let mut c = Chart::new(title)
         .x("pool size P", Scale::Log)
         .y("R − 1 (mean over trials)", Scale::Log);
+    let mut sizes: Vec<f64> = rows.iter().map(|r| r.pool_size as f64).collect();
+    sizes.dedup();
+    if sizes.len() > 1 {
+        c = c.x_ticks(sizes);
+    }
     for p in policies {
         let pts = rows
             .iter()
@@ -476,7 +481,7 @@ pub fn chart(title: &str, rows: &[Row], gbs: usize, cv: f64) -> String {
                 .color("#999999"),
         );
     }
-    c.render()
+    c
 }
 
 #[derive(Serialize)]
@@ -551,7 +556,10 @@ pub fn run(args: Args, out: Output) -> Result<()> {
         "R − 1 vs pool size — {} (L = {}, D = {}, {} trials)",
         st.source, st.seq_len, st.gbs, st.trials
     );
-    write(&svg_path, &chart(&title, &st.rows, st.gbs, st.load.cv))?;
+    write(
+        &svg_path,
+        &chart(&title, &st.rows, st.gbs, st.load.cv).render(),
+    )?;
     if let Some(path) = &args.assignment {
         write(
             path,

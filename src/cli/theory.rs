@@ -28,7 +28,7 @@ pub struct Args {
     #[arg(long, value_delimiter = ',', default_value = "2,4,8,16,32,64")]
     pub pool_sizes: Vec<usize>,
     /// Target residual imbalance R − 1 for the recommendation.
-    #[arg(long, default_value_t = 0.1)]
+    #[arg(long, default_value_t = 0.1, allow_negative_numbers = true)]
     pub target: f64,
     /// Monte-Carlo trials.
     #[arg(long, default_value_t = 1000)]

@@ -36,6 +36,8 @@ pub enum Mark {
     Scatter,
     /// Both.
     LinePoints,
+    /// A hollow ring per point (e.g. reference values from a paper, over a line).
+    Ring,
 }
 
 /// One named series.
@@ -82,6 +84,9 @@ pub struct Axis {
     pub label: String,
     pub scale: Scale,
     pub range: Option<(f64, f64)>,
+    /// Tick values to use instead of the automatic ones (those outside the range are
+    /// dropped).
+    pub ticks: Option<Vec<f64>>,
 }
 
 /// A chart: build with the chained setters, then [`Chart::render`].
@@ -93,6 +98,11 @@ pub struct Chart {
     pub series: Vec<Series>,
     pub width: f64,
     pub height: f64,
+}
+
+/// The palette colour series `i` gets when it names none.
+pub fn palette(i: usize) -> &'static str {
+    PALETTE[i % PALETTE.len()]
 }
 
 /// Colour-blind-safe palette (Okabe–Ito).
@@ -279,11 +289,13 @@ impl Chart {
                 label: String::new(),
                 scale: Scale::Linear,
                 range: None,
+                ticks: None,
             },
             y: Axis {
                 label: String::new(),
                 scale: Scale::Linear,
                 range: None,
+                ticks: None,
             },
             series: Vec::new(),
             width: 720.0,
@@ -308,6 +320,16 @@ impl Chart {
     /// Fix the y range (otherwise fitted to the data).
     pub fn y_range(mut self, lo: f64, hi: f64) -> Chart {
         self.y.range = Some((lo, hi));
+        self
+    }
+    /// Put x ticks at these values (e.g. the pool sizes swept) instead of the automatic ones.
+    pub fn x_ticks(mut self, ticks: Vec<f64>) -> Chart {
+        self.x.ticks = Some(ticks);
+        self
+    }
+    /// Put y ticks at these values instead of the automatic ones.
+    pub fn y_ticks(mut self, ticks: Vec<f64>) -> Chart {
+        self.y.ticks = Some(ticks);
         self
     }
     pub fn size(mut self, width: f64, height: f64) -> Chart {
@@ -378,7 +400,21 @@ impl Chart {
             escape(&self.title)
         );
         // Grid, ticks and tick labels.
-        for v in ticks(f.x_range, f.x_scale) {
+        let pick = |axis: &Axis, range: (f64, f64), scale: Scale| -> Vec<f64> {
+            match &axis.ticks {
+                Some(t) => t
+                    .iter()
+                    .copied()
+                    .filter(|&v| {
+                        shown((v, v), scale, scale)
+                            && v >= range.0 * (1.0 - 1e-12)
+                            && v <= range.1 * (1.0 + 1e-12)
+                    })
+                    .collect(),
+                None => ticks(range, scale),
+            }
+        };
+        for v in pick(&self.x, f.x_range, f.x_scale) {
             let x = f.px(v);
             let _ = writeln!(
                 o,
@@ -388,7 +424,7 @@ impl Chart {
                 escape(&tick_label(v))
             );
         }
-        for v in ticks(f.y_range, f.y_scale) {
+        for v in pick(&self.y, f.y_range, f.y_scale) {
             let y = f.py(v);
             let _ = writeln!(
                 o,
@@ -474,10 +510,29 @@ impl Chart {
                     );
                 }
             }
+            if s.mark == Mark::Ring {
+                for (x, y) in runs.iter().flatten() {
+                    let _ = writeln!(
+                        o,
+                        r#"<circle cx="{x:.2}" cy="{y:.2}" r="6" fill="none" stroke="{color}" stroke-width="2"/>"#
+                    );
+                }
+            }
             let _ = writeln!(o, "</g>");
             // Legend entry.
             let ly = t + 10.0 + 18.0 * i as f64;
             let lx = r + 12.0;
+            if s.mark == Mark::Ring {
+                let _ = writeln!(
+                    o,
+                    r#"<circle cx="{:.2}" cy="{ly:.2}" r="5" fill="none" stroke="{color}" stroke-width="2"/><text x="{:.2}" y="{:.2}">{}</text>"#,
+                    lx + 11.0,
+                    lx + 28.0,
+                    ly + 4.0,
+                    escape(&s.name)
+                );
+                continue;
+            }
             let _ = writeln!(
                 o,
                 r#"<line x1="{lx:.2}" y1="{ly:.2}" x2="{:.2}" y2="{ly:.2}" stroke="{color}" stroke-width="2"{dash}/><text x="{:.2}" y="{:.2}">{}</text>"#,
@@ -644,6 +699,25 @@ mod tests {
         assert_eq!(tick_label(64.0), "64");
         assert_eq!(tick_label(1e-4), "1e-4");
         assert_eq!(tick_label(2.5e7), "2.50e7");
+        // Custom ticks replace the automatic ones; those outside the range are dropped.
+        let svg = Chart::new("t")
+            .x("P", Scale::Log)
+            .x_ticks(vec![2.0, 8.0, 64.0, 1000.0])
+            .series(Series::line("s", vec![(2.0, 1.0), (64.0, 2.0)]))
+            .render();
+        for l in [">2</text>", ">8</text>", ">64</text>"] {
+            assert!(svg.contains(l), "{l}");
+        }
+        assert!(!svg.contains(">1000</text>") && !svg.contains(">10</text>"));
+        // Rings: hollow markers, also in the legend, in the colour asked for.
+        let svg = Chart::new("t")
+            .series(
+                Series::new("paper", vec![(1.0, 1.0), (2.0, 2.0)], Mark::Ring).color(palette(1)),
+            )
+            .render();
+        well_formed(&svg).unwrap();
+        assert_eq!(svg.matches(r##"fill="none" stroke="#D55E00""##).count(), 3);
+        assert!(!svg.contains("<polyline"));
         // An empty chart still renders a valid document.
         well_formed(&Chart::new("empty").x("x", Scale::Log).render()).unwrap();
     }
