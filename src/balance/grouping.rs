@@ -14,6 +14,7 @@
 //! step hands sequences to the data loader (GA-major, pool-minor).
 
 use std::cmp::Reverse;
+use std::collections::binary_heap::PeekMut;
 use std::collections::BinaryHeap;
 use std::fmt;
 use std::str::FromStr;
@@ -182,21 +183,38 @@ fn heavy_first(loads: &[u64]) -> Vec<usize> {
 }
 
 fn vrsp_unchecked(loads: &[u64], pool_size: usize, k: usize) -> Vec<Vec<usize>> {
+    // Pool loads are sums of per-sequence loads: when the batch total fits in u64 every
+    // pool load does, and the narrower heap key is faster; otherwise use u128. Both give
+    // the same placement (the same keys, exactly).
+    let total: u128 = loads.iter().map(|&f| u128::from(f)).sum();
+    if total <= u128::from(u64::MAX) {
+        vrsp_core::<u64>(loads, pool_size, k)
+    } else {
+        vrsp_core::<u128>(loads, pool_size, k)
+    }
+}
+
+fn vrsp_core<W>(loads: &[u64], pool_size: usize, k: usize) -> Vec<Vec<usize>>
+where
+    W: Copy + Ord + From<u64> + std::ops::Add<Output = W>,
+{
     let mut pools: Vec<Vec<usize>> = (0..k).map(|_| Vec::with_capacity(pool_size)).collect();
-    // Pool loads are sums of at most P per-sequence loads; u128 keeps them exact whatever
-    // the caller's scale.
-    let mut heap: BinaryHeap<Reverse<(u128, usize)>> =
-        (0..k).map(|p| Reverse((0u128, p))).collect();
+    let mut heap: BinaryHeap<Reverse<(W, usize)>> =
+        (0..k).map(|p| Reverse((W::from(0), p))).collect();
     for i in heavy_first(loads) {
         // The heap holds every non-full pool and exactly D placements are made into
         // K·P = D slots, so it is non-empty here; stop rather than panic if not.
-        let Some(Reverse((load, p))) = heap.pop() else {
+        let Some(mut top) = heap.peek_mut() else {
             break;
         };
+        let Reverse((load, p)) = *top;
         pools[p].push(i);
-        let load = load + u128::from(loads[i]);
         if pools[p].len() < pool_size {
-            heap.push(Reverse((load, p)));
+            // Pop and push back in one sift: the pool stays in the heap with its new load.
+            *top = Reverse((load + W::from(loads[i]), p));
+        } else {
+            // A full pool leaves the heap for good (the exact-cardinality constraint).
+            PeekMut::pop(top);
         }
     }
     pools
@@ -348,6 +366,21 @@ mod tests {
         assert_eq!(ga_major_order(&pools), vec![0, 1, 3, 2]);
         // R = max(11, 2) / ((13)/2) = 22/13.
         assert!((imbalance(&[10, 1, 1, 1], &pools) - 22.0 / 13.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn vrsp_wide_sums_take_the_u128_path_with_the_same_rule() {
+        let m = u64::MAX;
+        // Σ F overflows u64: 0 → pool 0, 1 → pool 1, 2 → (MAX, 0) → pool 0 (full),
+        // 3 → pool 1.
+        check(&[m, m, 1, 1], 2, Policy::Vrsp, &[&[0, 2], &[1, 3]]);
+        let mut r = stream(9, "test-wide", 0);
+        for _ in 0..50 {
+            let f: Vec<u64> = (0..24)
+                .map(|_| rand::Rng::random_range(&mut r, 0..1000))
+                .collect();
+            assert_eq!(vrsp_core::<u64>(&f, 4, 6), vrsp_core::<u128>(&f, 4, 6));
+        }
     }
 
     #[test]
