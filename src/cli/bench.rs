@@ -103,16 +103,21 @@ struct Measured {
 
 pub fn run(args: Args, out: Output) -> Result<()> {
     if args.list {
-        let mut t = Table::new(["arm", "target_s", "what"]);
-        for a in ARMS {
-            t.row([
-                a.name.to_string(),
-                a.target_s.map(|x| x.to_string()).unwrap_or_default(),
-                a.what.to_string(),
-            ]);
-        }
-        print!("{}", t.to_text());
-        return Ok(());
+        let list: Vec<serde_json::Value> = ARMS
+            .iter()
+            .map(|a| serde_json::json!({"arm": a.name, "target_s": a.target_s, "what": a.what}))
+            .collect();
+        return out.emit(&list, || {
+            let mut t = Table::new(["arm", "target_s", "what"]);
+            for a in ARMS {
+                t.row([
+                    a.name.to_string(),
+                    a.target_s.map(|x| x.to_string()).unwrap_or_default(),
+                    a.what.to_string(),
+                ]);
+            }
+            t.to_text()
+        });
     }
     let names: Vec<String> = if args.names.is_empty() {
         ARMS.iter().map(|a| a.name.to_string()).collect()
