@@ -64,6 +64,9 @@ pub struct Spec {
     pub corpus: Vec<CorpusSpec>,
     #[serde(default)]
     pub paper: Vec<PaperPoint>,
+    /// The experiment's name (the file's stem), set by [`parse`].
+    #[serde(skip)]
+    pub stem: String,
 }
 
 fn sequential() -> String {
@@ -90,8 +93,11 @@ pub struct PaperPoint {
 
 /// Parses an experiment file of kind `pools`.
 pub fn parse(name: &str, text: &str) -> Result<Spec> {
-    let spec: Spec =
+    let mut spec: Spec =
         toml::from_str(text).with_context(|| format!("{name}: not a valid `pools` experiment"))?;
+    spec.stem = Path::new(name)
+        .file_stem()
+        .map_or_else(|| "experiment".into(), |s| s.to_string_lossy().into_owned());
     if spec.kind != "pools" {
         bail!(
             "{name}: kind = {:?}, but this runner reads kind = \"pools\"",
@@ -304,13 +310,15 @@ fn summary(spec: &Spec, studies: &[(String, Study)], charts: &BTreeMap<String, S
         s,
         "Residual attention-load imbalance R − 1 = max_k L_k/(P·μ) − 1 across K = D/P pools of P \
          packed sequences (load Σℓ², Libra Eq. 1), mean over {} trials (one fresh global batch \
-         each), seed {}, {} packing. `lln_bound` is Libra Eq. 4, `gaussian_exact` the same CLT \
-         model with the exact mean maximum of K Gaussians, `outlier floor` the mean of \
+         each), seed {}, {} packing. *LLN bound* is Libra Eq. 4 and *Gaussian exact* the same \
+         CLT model with the exact mean maximum of K Gaussians (both as R − 1). \
+         *Outlier floor* is the mean of \
          F_max/(ΣF/K) − 1, below which no grouping can go (one sequence heavier than a fair \
-         pool share), and `P-floor` the mean of (F_max + the P − 1 lightest)/(ΣF/K) − 1, \
+         pool share), and *P-floor* the mean of (F_max + the P − 1 lightest)/(ΣF/K) − 1, \
          below which no grouping with exactly P per pool can go. Reproduce with \
-         `skewsim run experiments/<this file>.toml`.\n",
-        spec.trials, spec.seed, spec.packing
+         `skewsim run experiments/{}.toml`; `results.csv` has every number at 6 significant \
+         digits, with p50, max and std besides.\n",
+        spec.trials, spec.seed, spec.packing, spec.stem
     );
     let mut seen = Vec::new();
     for (name, st) in studies {
