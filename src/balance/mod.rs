@@ -4,6 +4,8 @@
 //! (random, production, zigzag, zigzag-swap, VRSP — Libra Algorithm 1 — and unconstrained
 //! LPT), and, later, each scheme's planner. Pure: no I/O.
 
+pub mod distca;
 pub mod grouping;
+pub mod wlbllm;
 
 pub use grouping::{group, imbalance, vrsp, Policy};
