@@ -48,6 +48,27 @@ pub const ARMS: &[Arm] = &[
         runs: 1,
         setup: fig8,
     },
+    Arm {
+        name: "distca-512",
+        what: "DistCA scheduler, 512 servers × 128K tokens (wlbllm), ε = 0.10",
+        target_s: Some(0.1),
+        runs: 20,
+        setup: super::bench_schemes::distca_512,
+    },
+    Arm {
+        name: "distca-512-256k",
+        what: "DistCA scheduler, 512 servers × 256K tokens (libra-256k), ε = 0.10",
+        target_s: None,
+        runs: 20,
+        setup: super::bench_schemes::distca_512_256k,
+    },
+    Arm {
+        name: "wlbllm-step",
+        what: "WLB-LLM variable-length packing, 512 micro-batches × 128K tokens (wlbllm)",
+        target_s: None,
+        runs: 20,
+        setup: super::bench_schemes::wlbllm_step,
+    },
 ];
 
 fn vrsp_1m() -> Result<Timed> {

@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 use serde::Serialize;
 
 pub mod bench;
+mod bench_schemes;
 pub mod corpus;
 mod exp_pools;
 pub mod pools;
