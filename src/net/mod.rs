@@ -32,3 +32,28 @@ pub trait NetworkModel {
     /// order), onto `done`.
     fn advance(&mut self, now: Ps, done: &mut Vec<u64>);
 }
+
+pub mod analytical;
+pub mod collective;
+pub mod flow;
+
+pub use analytical::AnalyticalModel;
+pub use flow::FlowModel;
+
+/// Picoseconds to move `bytes` at `bytes_per_s`, rounded up (infinite rate: 0; zero or
+/// negative rate: `Ps::MAX`). Both models use this one formula, so an uncontended transfer
+/// takes exactly the same time in each.
+pub fn transfer_ps(bytes: f64, bytes_per_s: f64) -> Ps {
+    if bytes <= 0.0 || bytes_per_s == f64::INFINITY {
+        return 0;
+    }
+    if bytes_per_s.is_nan() || bytes_per_s <= 0.0 {
+        return Ps::MAX;
+    }
+    let ps = (bytes * 1.0e12 / bytes_per_s).ceil();
+    if ps >= Ps::MAX as f64 {
+        Ps::MAX
+    } else {
+        ps as Ps
+    }
+}

@@ -1,0 +1,493 @@
+//! The flow-level network model: every transfer is a flow along its route; flows share
+//! every link max–min fairly; rates are recomputed only when a flow starts or drains (or a
+//! link's bandwidth is changed by fault injection), and each flow's drain time is
+//! rescheduled from its new rate.
+//!
+//! # Event lifecycle
+//! A flow starts (`start`), competes for bandwidth until its last byte is sent (its *drain*
+//! time, `remaining / rate` after the last recomputation), then completes one route
+//! latency later. With no other flow it therefore takes `α + bytes / bottleneck`, exactly
+//! the analytical model's duration (both use [`crate::net::transfer_ps`]).
+//!
+//! Starts and drains at the same picosecond are batched into one recomputation: `start`
+//! only marks the rates dirty, and the recomputation runs as an internal event at that
+//! time. [`NetworkModel::next_completion`] therefore returns the earliest *internal* event
+//! (a pending recomputation or a drain) when that comes before the next completion; an
+//! `advance` to it may finish nothing.
+//!
+//! # Rate recomputation (progressive filling, exact max–min)
+//! Count the active flows on each link; repeatedly take the link with the smallest fair
+//! share `remaining capacity ÷ unfrozen flows` (a binary heap with lazy deletion), freeze
+//! its unfrozen flows at that share and charge it to their other links. Cost per
+//! recomputation: O(F·h + F·h·log(F·h)) for F active flows of at most h = 6 links, i.e.
+//! linear in active flows up to the heap's log factor — measured in BENCHMARKS.md. A full
+//! recomputation is needed because one start can change rates anywhere in the connected
+//! component of flows that share links (max–min is not local).
+//!
+//! Architecture invariant: deterministic — no hashing by address, heap ties broken by link
+//! id, completions reported in (finish time, start order).
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::sync::Arc;
+
+use crate::cluster::{LinkId, Route, Topology};
+use crate::net::{transfer_ps, GpuId, NetworkModel, Ps};
+
+#[derive(Clone, Copy, Debug)]
+struct Flow {
+    route: Route,
+    remaining: f64,
+    rate: f64,
+    drain_at: Ps,
+    latency: Ps,
+    tag: u64,
+    seq: u64,
+}
+
+/// Counters of the work the model did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct FlowStats {
+    /// Flows started.
+    pub starts: u64,
+    /// Flows completed (reported by `advance`).
+    pub finishes: u64,
+    /// Rate recomputations.
+    pub recomputes: u64,
+    /// Σ over recomputations of the active flows they re-rated.
+    pub flows_rerated: u64,
+    /// Most flows active at once.
+    pub max_active: u64,
+}
+
+/// Max–min fair flow model over a [`Topology`].
+#[derive(Clone, Debug)]
+pub struct FlowModel {
+    topo: Arc<Topology>,
+    cap: Vec<f64>,
+    scale: Vec<f64>,
+    local_latency: Ps,
+    flows: Vec<Flow>,
+    tail: BinaryHeap<Reverse<(Ps, u64, u64)>>,
+    seq: u64,
+    dirty: Option<Ps>,
+    last: Ps,
+    next_drain: Ps,
+    // Scratch for recomputation, indexed by link (reset after use).
+    count: Vec<u32>,
+    rem: Vec<f64>,
+    start_ix: Vec<u32>,
+    end_ix: Vec<u32>,
+    touched: Vec<LinkId>,
+    csr: Vec<u32>,
+    frozen: Vec<bool>,
+    heap: BinaryHeap<Reverse<(u64, LinkId, u32)>>,
+    stats: FlowStats,
+    /// Transfers whose endpoints were not GPUs of the topology (finished as local).
+    pub bad_endpoints: u64,
+}
+
+impl FlowModel {
+    /// The model over `topo`; local transfers take 0 ps.
+    pub fn new(topo: Arc<Topology>) -> FlowModel {
+        let n = topo.links.len();
+        let cap = topo.links.iter().map(|l| l.capacity()).collect();
+        FlowModel {
+            topo,
+            cap,
+            scale: vec![1.0; n],
+            local_latency: 0,
+            flows: Vec::new(),
+            tail: BinaryHeap::new(),
+            seq: 0,
+            dirty: None,
+            last: 0,
+            next_drain: Ps::MAX,
+            count: vec![0; n],
+            rem: vec![0.0; n],
+            start_ix: vec![0; n],
+            end_ix: vec![0; n],
+            touched: Vec::new(),
+            csr: Vec::new(),
+            frozen: Vec::new(),
+            heap: BinaryHeap::new(),
+            stats: FlowStats::default(),
+            bad_endpoints: 0,
+        }
+    }
+
+    /// Set the latency of a local transfer.
+    pub fn with_local_latency(mut self, ps: Ps) -> Self {
+        self.local_latency = ps;
+        self
+    }
+
+    /// The topology.
+    pub fn topology(&self) -> &Arc<Topology> {
+        &self.topo
+    }
+
+    /// Work counters.
+    pub fn stats(&self) -> FlowStats {
+        self.stats
+    }
+
+    /// Flows currently competing for bandwidth.
+    pub fn active(&self) -> usize {
+        self.flows.len()
+    }
+
+    /// The current rate of every active flow, by tag, in start order (for tests).
+    pub fn rates(&self) -> Vec<(u64, f64)> {
+        let mut r: Vec<(u64, u64, f64)> =
+            self.flows.iter().map(|f| (f.seq, f.tag, f.rate)).collect();
+        r.sort_by_key(|x| x.0);
+        r.into_iter().map(|(_, t, x)| (t, x)).collect()
+    }
+
+    /// From `now` on, run `link` at `scale` × its bandwidth (fault injection; `scale` in
+    /// (0, 1]); rates are recomputed at `now`.
+    pub fn set_link_scale(&mut self, now: Ps, link: LinkId, scale: f64) {
+        self.run_internal(now, false);
+        if let Some(s) = self.scale.get_mut(link as usize) {
+            *s = scale;
+            self.cap[link as usize] = self.topo.links[link as usize].capacity() * scale;
+            self.mark_dirty(now);
+        }
+    }
+
+    /// Start a flow of `bytes` along an explicit route (e.g. GPU → NVSwitch only).
+    pub fn start_route(&mut self, now: Ps, route: Route, bytes: u64, tag: u64) {
+        self.run_internal(now, false);
+        self.seq += 1;
+        self.stats.starts += 1;
+        if bytes == 0 || route.links().is_empty() {
+            self.tail.push(Reverse((
+                now.saturating_add(self.local_latency),
+                self.seq,
+                tag,
+            )));
+            return;
+        }
+        let latency = self.topo.route_latency(&route);
+        self.flows.push(Flow {
+            route,
+            remaining: bytes as f64,
+            rate: 0.0,
+            drain_at: Ps::MAX,
+            latency,
+            tag,
+            seq: self.seq,
+        });
+        self.stats.max_active = self.stats.max_active.max(self.flows.len() as u64);
+        self.mark_dirty(now);
+    }
+
+    fn mark_dirty(&mut self, now: Ps) {
+        let now = now.max(self.last);
+        self.dirty = Some(self.dirty.map_or(now, |d| d.min(now)));
+    }
+
+    fn next_internal(&self) -> Ps {
+        let drain = if self.flows.is_empty() {
+            Ps::MAX
+        } else {
+            self.next_drain
+        };
+        drain.min(self.dirty.unwrap_or(Ps::MAX))
+    }
+
+    /// Process drains and recomputations up to `until` (inclusive or not).
+    fn run_internal(&mut self, until: Ps, inclusive: bool) {
+        loop {
+            let drain = if self.flows.is_empty() {
+                Ps::MAX
+            } else {
+                self.next_drain
+            };
+            let dirty = self.dirty.unwrap_or(Ps::MAX);
+            let t = drain.min(dirty);
+            if t == Ps::MAX || t > until || (!inclusive && t == until) {
+                return;
+            }
+            if drain <= dirty {
+                self.drain(drain);
+            } else {
+                self.dirty = None;
+                self.recompute(dirty);
+            }
+        }
+    }
+
+    /// Retire every flow whose last byte leaves at `t`; it completes a latency later.
+    fn drain(&mut self, t: Ps) {
+        let mut i = 0;
+        while i < self.flows.len() {
+            let f = self.flows[i];
+            if f.drain_at <= t {
+                self.tail.push(Reverse((
+                    f.drain_at.saturating_add(f.latency),
+                    f.seq,
+                    f.tag,
+                )));
+                self.flows.swap_remove(i);
+            } else {
+                i += 1;
+            }
+        }
+        self.next_drain = Ps::MAX;
+        if !self.flows.is_empty() {
+            self.mark_dirty(t);
+        }
+    }
+
+    /// Bring `remaining` up to `t` at the old rates, then max–min rates by progressive
+    /// filling, then every flow's drain time.
+    fn recompute(&mut self, t: Ps) {
+        self.stats.recomputes += 1;
+        self.stats.flows_rerated += self.flows.len() as u64;
+        let dt_ps = t.saturating_sub(self.last) as f64;
+        self.last = self.last.max(t);
+        if dt_ps > 0.0 {
+            for f in &mut self.flows {
+                // Multiply before dividing: exact for round rates and times.
+                f.remaining = (f.remaining - f.rate * dt_ps / 1.0e12).max(0.0);
+            }
+        }
+        // Link → flows incidence (CSR over the links in use).
+        self.touched.clear();
+        for f in &self.flows {
+            for &l in f.route.links() {
+                let c = &mut self.count[l as usize];
+                if *c == 0 {
+                    self.touched.push(l);
+                }
+                *c += 1;
+            }
+        }
+        let mut acc = 0u32;
+        for &l in &self.touched {
+            self.start_ix[l as usize] = acc;
+            self.end_ix[l as usize] = acc;
+            acc += self.count[l as usize];
+        }
+        self.csr.clear();
+        self.csr.resize(acc as usize, 0);
+        for (i, f) in self.flows.iter().enumerate() {
+            for &l in f.route.links() {
+                let e = &mut self.end_ix[l as usize];
+                self.csr[*e as usize] = i as u32;
+                *e += 1;
+            }
+        }
+        self.heap.clear();
+        for &l in &self.touched {
+            let li = l as usize;
+            self.rem[li] = self.cap[li];
+            let c = self.count[li];
+            self.heap.push(Reverse((share_key(self.rem[li], c), l, c)));
+        }
+        self.frozen.clear();
+        self.frozen.resize(self.flows.len(), false);
+        while let Some(Reverse((_, l, c))) = self.heap.pop() {
+            let li = l as usize;
+            if self.count[li] != c || c == 0 {
+                continue;
+            }
+            let share = self.rem[li].max(0.0) / f64::from(c);
+            for k in self.start_ix[li]..self.end_ix[li] {
+                let fi = self.csr[k as usize] as usize;
+                if self.frozen[fi] {
+                    continue;
+                }
+                self.frozen[fi] = true;
+                let f = &mut self.flows[fi];
+                f.rate = share;
+                for &m in f.route.links() {
+                    if m == l {
+                        continue;
+                    }
+                    let mi = m as usize;
+                    self.rem[mi] -= share;
+                    self.count[mi] -= 1;
+                    let cm = self.count[mi];
+                    if cm > 0 {
+                        self.heap
+                            .push(Reverse((share_key(self.rem[mi], cm), m, cm)));
+                    }
+                }
+            }
+            self.count[li] = 0;
+        }
+        let mut next = Ps::MAX;
+        for f in &mut self.flows {
+            f.drain_at = t.saturating_add(transfer_ps(f.remaining, f.rate));
+            next = next.min(f.drain_at);
+        }
+        self.next_drain = next;
+    }
+}
+
+/// Heap key of a fair share: the bits of a non-negative f64 order like the number.
+fn share_key(rem: f64, count: u32) -> u64 {
+    (rem.max(0.0) / f64::from(count)).to_bits()
+}
+
+impl NetworkModel for FlowModel {
+    fn start(&mut self, now: Ps, src: GpuId, dst: GpuId, bytes: u64, tag: u64) {
+        let route = match self.topo.route(src, dst, tag) {
+            Ok(r) => r,
+            Err(_) => {
+                self.bad_endpoints += 1;
+                Route::EMPTY
+            }
+        };
+        self.start_route(now, route, bytes, tag);
+    }
+
+    /// The earliest completion, or an earlier internal event (rate recomputation or a
+    /// drain) that `advance` must process first.
+    fn next_completion(&self) -> Option<Ps> {
+        let t = self
+            .next_internal()
+            .min(self.tail.peek().map_or(Ps::MAX, |Reverse((t, _, _))| *t));
+        (t != Ps::MAX).then_some(t)
+    }
+
+    fn advance(&mut self, now: Ps, done: &mut Vec<u64>) {
+        self.run_internal(now, true);
+        while let Some(Reverse((t, _, tag))) = self.tail.peek().copied() {
+            if t > now {
+                break;
+            }
+            self.tail.pop();
+            self.stats.finishes += 1;
+            done.push(tag);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::TopologySpec;
+    use crate::net::AnalyticalModel;
+
+    /// 2 nodes × 2 GPUs, 1 NIC per node at 100 Gb/s (12.5 GB/s), one leaf per node, one
+    /// spine, leaf uplink 12.5 GB/s; NVLink 100 GB/s; all efficiencies 1; latencies 1 µs.
+    pub(crate) const TWO: &str = r#"
+name = "two"
+nodes = 2
+gpus_per_node = 2
+[nvlink]
+bandwidth_gbyte_s = 100.0
+efficiency = 1.0
+latency_us = 1.0
+[nic]
+per_node = 1
+bandwidth_gbit_s = 100.0
+efficiency = 1.0
+latency_us = 1.0
+pcie_gbyte_s = 50.0
+[fabric]
+hosts_per_leaf = 1
+spines = 1
+oversubscription = 1.0
+hop_latency_us = 0.0
+rail_optimized = true
+"#;
+
+    fn topo() -> Arc<Topology> {
+        Arc::new(
+            TopologySpec::parse(TWO, "two.toml")
+                .unwrap()
+                .build(None)
+                .unwrap(),
+        )
+    }
+
+    fn run_all(m: &mut dyn NetworkModel) -> Vec<(Ps, u64)> {
+        let mut out = Vec::new();
+        let mut done = Vec::new();
+        while let Some(t) = m.next_completion() {
+            m.advance(t, &mut done);
+            out.extend(done.drain(..).map(|tag| (t, tag)));
+        }
+        out
+    }
+
+    #[test]
+    fn single_flow_equals_analytical() {
+        let t = topo();
+        let mut f = FlowModel::new(t.clone());
+        let mut a = AnalyticalModel::new(t);
+        for (i, (s, d, b)) in [(0, 1, 1_000_000u64), (0, 3, 12_345_678), (2, 2, 5)]
+            .into_iter()
+            .enumerate()
+        {
+            f.start(0, s, d, b, i as u64);
+            a.start(0, s, d, b, i as u64);
+        }
+        // Different routes do not share links here (0→1 NVLink, 0→3 network).
+        assert_eq!(run_all(&mut f), run_all(&mut a));
+        // 0→3: 1 µs PCIe latency + 12,345,678 B / 12.5 GB/s = 987,654.24 ns → ceil in ps.
+        let want = 1_000_000 + (12_345_678f64 * 1e12 / 12.5e9).ceil() as u64;
+        assert_eq!(a.transfer_time(0, 3, 12_345_678, 1), Some(want));
+    }
+
+    #[test]
+    fn two_flows_share_a_nic_then_the_survivor_speeds_up() {
+        // gpu0→gpu2 and gpu1→gpu3 both cross node 0's NIC (12.5 GB/s): 6.25 GB/s each.
+        // The 1 MB flow drains at 1e6/6.25e9 s = 160 µs; the 3 MB one has 2 MB left and
+        // then runs alone at 12.5 GB/s: 160 µs more. Plus 1 µs latency each.
+        let mut f = FlowModel::new(topo());
+        f.start(0, 0, 2, 1_000_000, 7);
+        f.start(0, 1, 3, 3_000_000, 8);
+        f.advance(0, &mut Vec::new());
+        assert_eq!(f.rates(), vec![(7, 6.25e9), (8, 6.25e9)]);
+        let got = run_all(&mut f);
+        assert_eq!(got, vec![(161_000_000, 7), (321_000_000, 8)]);
+        assert_eq!(f.stats().starts, 2);
+        assert_eq!(f.stats().finishes, 2);
+    }
+
+    #[test]
+    fn max_min_with_two_bottlenecks() {
+        // Flows: A gpu0→gpu2 (NIC up of node 0 + NIC down of node 1),
+        //        B gpu1→gpu0 (NVLink), C gpu3→gpu2 (NVLink down of gpu2 shared? no: NVLink
+        //        only), D gpu1→gpu3 (NIC up of node 0).
+        // NIC up of node 0 carries A and D → 6.25 GB/s each; B alone on NVLink → 100 GB/s.
+        // Then the NVLink down-link of gpu2 is shared by C (100 GB/s link) only; A enters
+        // gpu2 over PCIe (50 GB/s) — not a bottleneck. Rates: A 6.25, B 100, C 100, D 6.25.
+        let mut f = FlowModel::new(topo());
+        f.start(0, 0, 2, 1 << 30, 1);
+        f.start(0, 1, 0, 1 << 30, 2);
+        f.start(0, 3, 2, 1 << 30, 3);
+        f.start(0, 1, 3, 1 << 30, 4);
+        f.advance(0, &mut Vec::new());
+        assert_eq!(
+            f.rates(),
+            vec![(1, 6.25e9), (2, 100e9), (3, 100e9), (4, 6.25e9)]
+        );
+        // Fault: node 0's NIC at a quarter: A and D get 12.5/4/2 each.
+        let nic = f.topology().link_by_name("nic0.0>leaf0").unwrap();
+        f.set_link_scale(0, nic, 0.25);
+        f.advance(0, &mut Vec::new());
+        assert_eq!(f.rates()[0], (1, 1.5625e9));
+        assert_eq!(f.rates()[3], (4, 1.5625e9));
+    }
+
+    #[test]
+    fn completions_come_in_time_then_start_order() {
+        let mut f = FlowModel::new(topo());
+        // Two identical uncontended NVLink transfers on disjoint links finish together.
+        f.start(5, 1, 0, 1000, 42);
+        f.start(5, 0, 1, 1000, 41);
+        f.start(5, 3, 3, 0, 40);
+        let got = run_all(&mut f);
+        assert_eq!(got[0], (5, 40));
+        assert_eq!(got[1].1, 42);
+        assert_eq!(got[2].1, 41);
+        assert_eq!(got[1].0, got[2].0);
+    }
+}
