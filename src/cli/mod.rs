@@ -5,7 +5,11 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 use serde::Serialize;
 
+mod bench_cluster;
+mod exp_variance;
 mod run;
+mod topo;
+mod topo_draw;
 
 /// skewsim: how much does attention-workload skew cost on this cluster, and which
 /// balancing scheme (Ulysses, WLB-LLM, DistCA, Libra) wins it back?
@@ -25,6 +29,8 @@ pub enum Command {
     Corpus,
     /// Run an experiment file (TOML) and write runs/NAME/.
     Run(run::Args),
+    /// Build a topology file, print its summary and write DOT and SVG pictures.
+    Topo(topo::Args),
 }
 
 /// How a command prints its result.
@@ -50,6 +56,7 @@ pub fn main() -> Result<()> {
     let out = Output { json: cli.json };
     match cli.command {
         Command::Run(args) => run::run(args, out),
+        Command::Topo(args) => topo::run(args, out),
         Command::Corpus => out.emit(&(), || {
             "corpus statistics land with workload/corpus.rs\n".into()
         }),

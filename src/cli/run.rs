@@ -18,7 +18,7 @@ pub struct Args {
 }
 
 /// The experiment kinds this build knows, as `kind = "..."` spells them.
-const KINDS: &[&str] = &[];
+const KINDS: &[&str] = &["runtime-variance"];
 
 pub fn run(args: Args, _out: Output) -> Result<()> {
     let text = std::fs::read_to_string(&args.file)
@@ -33,7 +33,10 @@ pub fn run(args: Args, _out: Output) -> Result<()> {
             KINDS.join(", ")
         ),
     };
-    let _dir = out_dir(&args.file, args.out.as_deref());
+    let dir = out_dir(&args.file, args.out.as_deref());
+    if kind == "runtime-variance" {
+        return super::exp_variance::run(&args.file, &text, &dir, _out);
+    }
     bail!(
         "{}: unknown experiment kind = {kind:?} (one of: {})",
         args.file.display(),

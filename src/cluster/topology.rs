@@ -82,6 +82,10 @@ pub struct NvlinkSpec {
     pub efficiency: f64,
     /// Per-transfer start-up cost (alpha: software + hardware), µs.
     pub latency_us: f64,
+    /// With in-switch reduction (NVLink SHARP, "NVLS"): the fraction of NVLink bandwidth an
+    /// NVLS all-reduce achieves, in (0, 1]. Absent: all-reduce uses the ring.
+    #[serde(default)]
+    pub sharp_efficiency: Option<f64>,
 }
 
 /// The NICs of one node.
@@ -291,6 +295,9 @@ impl TopologySpec {
         check_pos(s, "nvlink.bandwidth_gbyte_s", self.nvlink.bandwidth_gbyte_s)?;
         check_eff(s, "nvlink.efficiency", self.nvlink.efficiency)?;
         check_latency(s, "nvlink.latency_us", self.nvlink.latency_us)?;
+        if let Some(e) = self.nvlink.sharp_efficiency {
+            check_eff(s, "nvlink.sharp_efficiency", e)?;
+        }
         if let Some(nic) = &self.nic {
             if nic.per_node == 0
                 || nic.per_node > self.gpus_per_node

@@ -124,10 +124,10 @@ impl Default for VarianceSpec {
     fn default() -> Self {
         VarianceSpec {
             persistent: Dist::Lognormal { sigma: 0.008 },
-            jitter: Dist::Lognormal { sigma: 0.0095 },
+            jitter: Dist::Lognormal { sigma: 0.0108 },
             spike: Some(SpikeSpec {
-                prob: 0.0015,
-                mean: 0.035,
+                prob: 0.0022,
+                mean: 0.045,
             }),
         }
     }

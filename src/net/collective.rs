@@ -6,7 +6,15 @@
 //! - ring all-gather / reduce-scatter: `n − 1` steps of `S/n` to the next rank;
 //! - ring all-reduce: reduce-scatter then all-gather, `2(n − 1)` steps of `S/n`;
 //! - send/recv: every rank sends `S` to the next one (the nccl-tests `sendrecv` pattern;
-//!   a single pair is a group of two).
+//!   a single pair is a group of two);
+//! - NVLS all-reduce (NVLink SHARP, in-switch reduction) inside one NVLink domain when the
+//!   topology gives `nvlink.sharp_efficiency`: `multimem.ld_reduce` makes the switch read
+//!   every rank's whole buffer (S up each GPU link) and return its reduced shard (S/n
+//!   down), then `multimem.st` sends the shard up (S/n) and the switch writes it to every
+//!   rank (S down). Each GPU link carries S(1 + 1/n) each way, once: lowered as one phase
+//!   of shift-by-one transfers of S(1 + 1/n) × (link efficiency ÷ sharp efficiency) bytes,
+//!   which loads exactly one up-link and one down-link per GPU for the time NVLS needs at
+//!   its own (lower) achieved efficiency.
 //!
 //! A lowering is a list of *phases*; a phase starts when the previous one has completed
 //! everywhere (a ring on homogeneous links proceeds in lock step, so this is its time).
@@ -25,6 +33,7 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
+use crate::cluster::Topology;
 use crate::error::{invalid, Result};
 use crate::net::{transfer_ps, AnalyticalModel, GpuId, NetworkModel, Ps};
 
@@ -43,6 +52,8 @@ pub enum Collective {
     AllReduce,
     /// Each rank sends `S` to the next.
     SendRecv,
+    /// All-reduce by NVLink SHARP in-switch reduction (one NVLink domain).
+    AllReduceNvls,
 }
 
 impl Collective {
@@ -54,7 +65,7 @@ impl Collective {
             | Collective::AllToAllPairwise
             | Collective::AllGather
             | Collective::ReduceScatter => (n - 1.0) / n,
-            Collective::AllReduce => 2.0 * (n - 1.0) / n,
+            Collective::AllReduce | Collective::AllReduceNvls => 2.0 * (n - 1.0) / n,
             Collective::SendRecv => 1.0,
         }
     }
@@ -68,6 +79,7 @@ impl Collective {
             Collective::ReduceScatter => "reduce_scatter",
             Collective::AllReduce => "all_reduce",
             Collective::SendRecv => "sendrecv",
+            Collective::AllReduceNvls => "all_reduce (NVLS)",
         }
     }
 }
@@ -116,6 +128,7 @@ pub fn lower(op: Collective, group: &[GpuId], bytes: u64) -> Result<Phases> {
     Ok(match op {
         Collective::AllGather | Collective::ReduceScatter => ring(n - 1),
         Collective::AllReduce => ring(2 * (n - 1)),
+        Collective::AllReduceNvls => nvls(group, bytes, 1.0),
         Collective::SendRecv => vec![(0..n)
             .map(|i| Transfer {
                 src: group[i],
@@ -144,6 +157,46 @@ pub fn lower(op: Collective, group: &[GpuId], bytes: u64) -> Result<Phases> {
             })
             .collect(),
     })
+}
+
+fn nvls(group: &[GpuId], bytes: u64, stretch: f64) -> Phases {
+    let n = group.len();
+    let per_link = bytes as f64 * (n as f64 + 1.0) / n as f64 * stretch;
+    vec![(0..n)
+        .map(|i| Transfer {
+            src: group[i],
+            dst: group[(i + 1) % n],
+            bytes: per_link.round() as u64,
+        })
+        .collect()]
+}
+
+/// Lower `op` as NCCL would on `topo`: an all-reduce whose ranks share one NVLink domain
+/// that supports in-switch reduction becomes NVLS (returned op says which); everything
+/// else as [`lower`].
+pub fn lower_on(
+    topo: &Topology,
+    op: Collective,
+    group: &[GpuId],
+    bytes: u64,
+) -> Result<(Collective, Phases)> {
+    let phases = lower(op, group, bytes)?;
+    let nv = &topo.spec.nvlink;
+    let one_domain = group
+        .iter()
+        .all(|&g| g < topo.gpus() && topo.domain_of(g) == topo.domain_of(group[0]));
+    match (op, nv.sharp_efficiency) {
+        (Collective::AllReduce | Collective::AllReduceNvls, Some(e)) if one_domain => Ok((
+            Collective::AllReduceNvls,
+            nvls(group, bytes, nv.efficiency / e),
+        )),
+        (Collective::AllReduceNvls, _) => Err(invalid(
+            "all_reduce (NVLS)",
+            format!("{group:?}"),
+            "ranks of one NVLink domain whose topology sets nvlink.sharp_efficiency",
+        )),
+        _ => Ok((op, phases)),
+    }
 }
 
 /// All-to-all-v: rank i sends `matrix[i][j]` bytes to rank j, all at once.
@@ -364,9 +417,19 @@ mod tests {
             (small - 97.0).abs() < 97.0 * 0.05,
             "8 MiB all-gather busbw {small}"
         );
+        // nccl-tests all_reduce_perf on 8×H200 (NVLS): ≈475 GB/s at large sizes.
+        let (op, p) = lower_on(&t, Collective::AllReduce, &node, 8 << 30).unwrap();
+        assert_eq!(op, Collective::AllReduceNvls);
+        let mut a1 = AnalyticalModel::new(t.clone());
+        let ar = bus_bandwidth(op, 8, 8 << 30, run_phases(&mut a1, 0, &p, 0)).busbw_gbs;
+        assert!(
+            (ar - 475.0).abs() < 475.0 * 0.03,
+            "8 GiB all-reduce busbw {ar}"
+        );
+        // Across domains NVLS does not apply.
+        let (op, _) = lower_on(&t, Collective::AllReduce, &[0, 8], 1 << 20).unwrap();
+        assert_eq!(op, Collective::AllReduce);
         // One 400 Gb/s NIC between nodes: 48–49 GB/s for a large message.
-        let nic = bw(Collective::SendRecv, 1 << 30);
-        let _ = nic;
         let mut a2 = AnalyticalModel::new(t.clone());
         let p = vec![vec![Transfer {
             src: 0,
