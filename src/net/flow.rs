@@ -1,48 +1,59 @@
 //! The flow-level network model: every transfer is a flow along its route; flows share
 //! every link max–min fairly; rates are recomputed only when a flow starts or drains (or a
-//! link's bandwidth is changed by fault injection), and each flow's drain time is
-//! rescheduled from its new rate.
+//! link's bandwidth is changed by fault injection), and the drain events of the flows
+//! whose rates changed are rescheduled.
 //!
 //! # Event lifecycle
 //! A flow starts (`start`), competes for bandwidth until its last byte is sent (its *drain*
-//! time, `remaining / rate` after the last recomputation), then completes one route
-//! latency later. With no other flow it therefore takes `α + bytes / bottleneck`, exactly
-//! the analytical model's duration (both use [`crate::net::transfer_ps`]).
+//! time, `remaining / rate` after its last re-rating), then completes one route latency
+//! later. With no other flow it therefore takes `α + bytes / bottleneck`, exactly the
+//! analytical model's duration (both use [`crate::net::transfer_ps`]).
 //!
 //! Starts and drains at the same picosecond are batched into one recomputation: `start`
-//! only marks the rates dirty, and the recomputation runs as an internal event at that
-//! time. [`NetworkModel::next_completion`] therefore returns the earliest *internal* event
-//! (a pending recomputation or a drain) when that comes before the next completion; an
-//! `advance` to it may finish nothing.
+//! only marks the flow's links dirty, and the recomputation runs as an internal event at
+//! that time. [`NetworkModel::next_completion`] therefore returns the earliest *internal*
+//! event (a pending recomputation or a drain) when that comes before the next completion;
+//! an `advance` to it may finish nothing.
 //!
 //! # Rate recomputation (progressive filling, exact max–min)
-//! Count the active flows on each link; repeatedly take the link with the smallest fair
-//! share `remaining capacity ÷ unfrozen flows` (a binary heap with lazy deletion), freeze
-//! its unfrozen flows at that share and charge it to their other links. Cost per
-//! recomputation: O(F·h + F·h·log(F·h)) for F active flows of at most h = 6 links, i.e.
-//! linear in active flows up to the heap's log factor — measured in BENCHMARKS.md. A full
-//! recomputation is needed because one start can change rates anywhere in the connected
-//! component of flows that share links (max–min is not local).
+//! Max–min rates decompose over connected components of the flow–link incidence graph, so
+//! a recomputation re-rates only the component(s) reachable from the dirty links (found by
+//! a search over per-link flow lists kept up to date on every start and drain). Within
+//! them: count the flows on each link; repeatedly take the link with the smallest fair
+//! share `remaining capacity ÷ unfrozen flows` (a binary heap of links with lazy
+//! increase-key), freeze its unfrozen flows at that share and charge it to their other
+//! links. Cost: O(F_c·h + L_c log L_c) for the F_c flows and L_c links of the affected
+//! components (h ≤ 6 links per flow) — linear in the active flows that share links with
+//! the change, not in all active flows; measured in BENCHMARKS.md. In the worst case
+//! (one giant component, e.g. everything crossing one oversubscribed link) that is every
+//! active flow.
 //!
 //! Architecture invariant: deterministic — no hashing by address, heap ties broken by link
-//! id, completions reported in (finish time, start order).
+//! id or flow slot, completions reported in (finish time, start order).
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::sync::Arc;
 
+use crate::cluster::topology::MAX_HOPS;
 use crate::cluster::{LinkId, Route, Topology};
 use crate::net::{transfer_ps, GpuId, NetworkModel, Ps};
 
 #[derive(Clone, Copy, Debug)]
 struct Flow {
     route: Route,
+    /// Position of this flow in each of its links' flow lists.
+    pos: [u32; MAX_HOPS],
+    /// Bytes left to send at time `since`.
     remaining: f64,
     rate: f64,
-    drain_at: Ps,
+    since: Ps,
     latency: Ps,
     tag: u64,
     seq: u64,
+    /// Bumped on every re-rating; stale drain-queue entries carry an old version.
+    version: u32,
+    alive: bool,
 }
 
 /// Counters of the work the model did.
@@ -54,7 +65,7 @@ pub struct FlowStats {
     pub finishes: u64,
     /// Rate recomputations.
     pub recomputes: u64,
-    /// Σ over recomputations of the active flows they re-rated.
+    /// Σ over recomputations of the flows they re-rated.
     pub flows_rerated: u64,
     /// Most flows active at once.
     pub max_active: u64,
@@ -65,23 +76,27 @@ pub struct FlowStats {
 pub struct FlowModel {
     topo: Arc<Topology>,
     cap: Vec<f64>,
-    scale: Vec<f64>,
     local_latency: Ps,
     flows: Vec<Flow>,
+    free: Vec<u32>,
+    active: usize,
+    link_flows: Vec<Vec<u32>>,
+    drain_q: BinaryHeap<Reverse<(Ps, u32, u32)>>,
     tail: BinaryHeap<Reverse<(Ps, u64, u64)>>,
     seq: u64,
     dirty: Option<Ps>,
-    last: Ps,
-    next_drain: Ps,
-    // Scratch for recomputation, indexed by link (reset after use).
+    dirty_links: Vec<LinkId>,
+    // Scratch for recomputation (epoch marks avoid clearing).
+    epoch: u32,
+    link_mark: Vec<u32>,
+    flow_mark: Vec<u32>,
+    frozen_mark: Vec<u32>,
     count: Vec<u32>,
     rem: Vec<f64>,
-    start_ix: Vec<u32>,
-    end_ix: Vec<u32>,
-    touched: Vec<LinkId>,
-    csr: Vec<u32>,
-    frozen: Vec<bool>,
-    heap: BinaryHeap<Reverse<(u64, LinkId, u32)>>,
+    comp_links: Vec<LinkId>,
+    comp_flows: Vec<u32>,
+    stack: Vec<LinkId>,
+    heap: BinaryHeap<Reverse<(u64, LinkId)>>,
     stats: FlowStats,
     /// Transfers whose endpoints were not GPUs of the topology (finished as local).
     pub bad_endpoints: u64,
@@ -95,21 +110,25 @@ impl FlowModel {
         FlowModel {
             topo,
             cap,
-            scale: vec![1.0; n],
             local_latency: 0,
             flows: Vec::new(),
+            free: Vec::new(),
+            active: 0,
+            link_flows: vec![Vec::new(); n],
+            drain_q: BinaryHeap::new(),
             tail: BinaryHeap::new(),
             seq: 0,
             dirty: None,
-            last: 0,
-            next_drain: Ps::MAX,
+            dirty_links: Vec::new(),
+            epoch: 0,
+            link_mark: vec![0; n],
+            flow_mark: Vec::new(),
+            frozen_mark: Vec::new(),
             count: vec![0; n],
             rem: vec![0.0; n],
-            start_ix: vec![0; n],
-            end_ix: vec![0; n],
-            touched: Vec::new(),
-            csr: Vec::new(),
-            frozen: Vec::new(),
+            comp_links: Vec::new(),
+            comp_flows: Vec::new(),
+            stack: Vec::new(),
             heap: BinaryHeap::new(),
             stats: FlowStats::default(),
             bad_endpoints: 0,
@@ -134,13 +153,17 @@ impl FlowModel {
 
     /// Flows currently competing for bandwidth.
     pub fn active(&self) -> usize {
-        self.flows.len()
+        self.active
     }
 
     /// The current rate of every active flow, by tag, in start order (for tests).
     pub fn rates(&self) -> Vec<(u64, f64)> {
-        let mut r: Vec<(u64, u64, f64)> =
-            self.flows.iter().map(|f| (f.seq, f.tag, f.rate)).collect();
+        let mut r: Vec<(u64, u64, f64)> = self
+            .flows
+            .iter()
+            .filter(|f| f.alive)
+            .map(|f| (f.seq, f.tag, f.rate))
+            .collect();
         r.sort_by_key(|x| x.0);
         r.into_iter().map(|(_, t, x)| (t, x)).collect()
     }
@@ -149,9 +172,9 @@ impl FlowModel {
     /// (0, 1]); rates are recomputed at `now`.
     pub fn set_link_scale(&mut self, now: Ps, link: LinkId, scale: f64) {
         self.run_internal(now, false);
-        if let Some(s) = self.scale.get_mut(link as usize) {
-            *s = scale;
-            self.cap[link as usize] = self.topo.links[link as usize].capacity() * scale;
+        if let Some(c) = self.cap.get_mut(link as usize) {
+            *c = self.topo.links[link as usize].capacity() * scale;
+            self.dirty_links.push(link);
             self.mark_dirty(now);
         }
     }
@@ -169,42 +192,75 @@ impl FlowModel {
             )));
             return;
         }
-        let latency = self.topo.route_latency(&route);
-        self.flows.push(Flow {
+        let slot = match self.free.pop() {
+            Some(s) => s,
+            None => {
+                self.flows.push(Flow {
+                    route: Route::EMPTY,
+                    pos: [0; MAX_HOPS],
+                    remaining: 0.0,
+                    rate: 0.0,
+                    since: 0,
+                    latency: 0,
+                    tag: 0,
+                    seq: 0,
+                    version: 0,
+                    alive: false,
+                });
+                self.flow_mark.push(0);
+                self.frozen_mark.push(0);
+                (self.flows.len() - 1) as u32
+            }
+        };
+        let mut pos = [0u32; MAX_HOPS];
+        for (h, &l) in route.links().iter().enumerate() {
+            let list = &mut self.link_flows[l as usize];
+            pos[h] = list.len() as u32;
+            list.push(slot);
+            self.dirty_links.push(l);
+        }
+        let f = &mut self.flows[slot as usize];
+        *f = Flow {
             route,
+            pos,
             remaining: bytes as f64,
             rate: 0.0,
-            drain_at: Ps::MAX,
-            latency,
+            since: now,
+            latency: self.topo.route_latency(&route),
             tag,
             seq: self.seq,
-        });
-        self.stats.max_active = self.stats.max_active.max(self.flows.len() as u64);
+            version: f.version.wrapping_add(1),
+            alive: true,
+        };
+        self.active += 1;
+        self.stats.max_active = self.stats.max_active.max(self.active as u64);
         self.mark_dirty(now);
     }
 
     fn mark_dirty(&mut self, now: Ps) {
-        let now = now.max(self.last);
         self.dirty = Some(self.dirty.map_or(now, |d| d.min(now)));
     }
 
-    fn next_internal(&self) -> Ps {
-        let drain = if self.flows.is_empty() {
-            Ps::MAX
-        } else {
-            self.next_drain
-        };
-        drain.min(self.dirty.unwrap_or(Ps::MAX))
+    /// Drop stale entries from the top of the drain queue, so its top is a real drain.
+    fn clean_drain_top(&mut self) {
+        while let Some(Reverse((_, slot, version))) = self.drain_q.peek().copied() {
+            let f = &self.flows[slot as usize];
+            if f.alive && f.version == version {
+                return;
+            }
+            self.drain_q.pop();
+        }
+    }
+
+    fn next_drain(&self) -> Ps {
+        self.drain_q.peek().map_or(Ps::MAX, |Reverse((t, _, _))| *t)
     }
 
     /// Process drains and recomputations up to `until` (inclusive or not).
     fn run_internal(&mut self, until: Ps, inclusive: bool) {
         loop {
-            let drain = if self.flows.is_empty() {
-                Ps::MAX
-            } else {
-                self.next_drain
-            };
+            self.clean_drain_top();
+            let drain = self.next_drain();
             let dirty = self.dirty.unwrap_or(Ps::MAX);
             let t = drain.min(dirty);
             if t == Ps::MAX || t > until || (!inclusive && t == until) {
@@ -221,110 +277,143 @@ impl FlowModel {
 
     /// Retire every flow whose last byte leaves at `t`; it completes a latency later.
     fn drain(&mut self, t: Ps) {
-        let mut i = 0;
-        while i < self.flows.len() {
-            let f = self.flows[i];
-            if f.drain_at <= t {
-                self.tail.push(Reverse((
-                    f.drain_at.saturating_add(f.latency),
-                    f.seq,
-                    f.tag,
-                )));
-                self.flows.swap_remove(i);
-            } else {
-                i += 1;
+        while let Some(Reverse((at, slot, version))) = self.drain_q.peek().copied() {
+            if at > t {
+                break;
             }
+            self.drain_q.pop();
+            let f = self.flows[slot as usize];
+            if !f.alive || f.version != version {
+                continue;
+            }
+            self.tail
+                .push(Reverse((at.saturating_add(f.latency), f.seq, f.tag)));
+            self.unlink(slot);
         }
-        self.next_drain = Ps::MAX;
-        if !self.flows.is_empty() {
+        if !self.dirty_links.is_empty() {
             self.mark_dirty(t);
         }
     }
 
-    /// Bring `remaining` up to `t` at the old rates, then max–min rates by progressive
-    /// filling, then every flow's drain time.
+    /// Remove a flow from its links' lists (marking them dirty) and free its slot.
+    fn unlink(&mut self, slot: u32) {
+        let f = self.flows[slot as usize];
+        for (h, &l) in f.route.links().iter().enumerate() {
+            let list = &mut self.link_flows[l as usize];
+            let p = f.pos[h] as usize;
+            list.swap_remove(p);
+            if let Some(&moved) = list.get(p) {
+                let mf = &mut self.flows[moved as usize];
+                if let Some(h2) = mf.route.links().iter().position(|&x| x == l) {
+                    mf.pos[h2] = p as u32;
+                }
+            }
+            self.dirty_links.push(l);
+        }
+        let fm = &mut self.flows[slot as usize];
+        fm.alive = false;
+        fm.version = fm.version.wrapping_add(1);
+        self.free.push(slot);
+        self.active -= 1;
+    }
+
+    /// Re-rate the components reachable from the dirty links at time `t`: bring their
+    /// flows' `remaining` up to `t` at the old rates, max–min rates by progressive filling,
+    /// then reschedule their drains.
     fn recompute(&mut self, t: Ps) {
         self.stats.recomputes += 1;
-        self.stats.flows_rerated += self.flows.len() as u64;
-        let dt_ps = t.saturating_sub(self.last) as f64;
-        self.last = self.last.max(t);
-        if dt_ps > 0.0 {
-            for f in &mut self.flows {
-                // Multiply before dividing: exact for round rates and times.
-                f.remaining = (f.remaining - f.rate * dt_ps / 1.0e12).max(0.0);
+        self.epoch = self.epoch.wrapping_add(1);
+        if self.epoch == 0 {
+            // Wrapped: clear the marks once every 2^32 recomputations.
+            self.link_mark.iter_mut().for_each(|m| *m = 0);
+            self.flow_mark.iter_mut().for_each(|m| *m = 0);
+            self.frozen_mark.iter_mut().for_each(|m| *m = 0);
+            self.epoch = 1;
+        }
+        let ep = self.epoch;
+        // The affected components.
+        self.comp_links.clear();
+        self.comp_flows.clear();
+        self.stack.clear();
+        for &l in &self.dirty_links {
+            if self.link_mark[l as usize] != ep {
+                self.link_mark[l as usize] = ep;
+                self.stack.push(l);
             }
         }
-        // Link → flows incidence (CSR over the links in use).
-        self.touched.clear();
-        for f in &self.flows {
-            for &l in f.route.links() {
-                let c = &mut self.count[l as usize];
-                if *c == 0 {
-                    self.touched.push(l);
+        self.dirty_links.clear();
+        while let Some(l) = self.stack.pop() {
+            self.comp_links.push(l);
+            for &fs in &self.link_flows[l as usize] {
+                if self.flow_mark[fs as usize] == ep {
+                    continue;
                 }
-                *c += 1;
+                self.flow_mark[fs as usize] = ep;
+                self.comp_flows.push(fs);
+                for &m in self.flows[fs as usize].route.links() {
+                    if self.link_mark[m as usize] != ep {
+                        self.link_mark[m as usize] = ep;
+                        self.stack.push(m);
+                    }
+                }
             }
         }
-        let mut acc = 0u32;
-        for &l in &self.touched {
-            self.start_ix[l as usize] = acc;
-            self.end_ix[l as usize] = acc;
-            acc += self.count[l as usize];
-        }
-        self.csr.clear();
-        self.csr.resize(acc as usize, 0);
-        for (i, f) in self.flows.iter().enumerate() {
-            for &l in f.route.links() {
-                let e = &mut self.end_ix[l as usize];
-                self.csr[*e as usize] = i as u32;
-                *e += 1;
-            }
+        self.stats.flows_rerated += self.comp_flows.len() as u64;
+        for &fs in &self.comp_flows {
+            let f = &mut self.flows[fs as usize];
+            let dt_ps = t.saturating_sub(f.since) as f64;
+            // Multiply before dividing: exact for round rates and times.
+            f.remaining = (f.remaining - f.rate * dt_ps / 1.0e12).max(0.0);
+            f.since = t;
         }
         self.heap.clear();
-        for &l in &self.touched {
+        for &l in &self.comp_links {
             let li = l as usize;
+            let c = self.link_flows[li].len() as u32;
+            self.count[li] = c;
             self.rem[li] = self.cap[li];
-            let c = self.count[li];
-            self.heap.push(Reverse((share_key(self.rem[li], c), l, c)));
+            if c > 0 {
+                self.heap.push(Reverse((share_key(self.rem[li], c), l)));
+            }
         }
-        self.frozen.clear();
-        self.frozen.resize(self.flows.len(), false);
-        while let Some(Reverse((_, l, c))) = self.heap.pop() {
+        // A link's fair share only grows as flows elsewhere freeze at smaller shares
+        // ((rem − s)/(c − 1) ≥ rem/c when s ≤ rem/c), so a popped key that is smaller than
+        // the link's current share is re-queued at its current share (lazy increase-key);
+        // a popped key equal to it is the true minimum.
+        while let Some(Reverse((key, l))) = self.heap.pop() {
             let li = l as usize;
-            if self.count[li] != c || c == 0 {
+            let c = self.count[li];
+            if c == 0 {
+                continue;
+            }
+            let cur = share_key(self.rem[li], c);
+            if cur > key {
+                self.heap.push(Reverse((cur, l)));
                 continue;
             }
             let share = self.rem[li].max(0.0) / f64::from(c);
-            for k in self.start_ix[li]..self.end_ix[li] {
-                let fi = self.csr[k as usize] as usize;
-                if self.frozen[fi] {
+            for &fs in &self.link_flows[li] {
+                if self.frozen_mark[fs as usize] == ep {
                     continue;
                 }
-                self.frozen[fi] = true;
-                let f = &mut self.flows[fi];
+                self.frozen_mark[fs as usize] = ep;
+                let f = &mut self.flows[fs as usize];
                 f.rate = share;
                 for &m in f.route.links() {
-                    if m == l {
-                        continue;
-                    }
-                    let mi = m as usize;
-                    self.rem[mi] -= share;
-                    self.count[mi] -= 1;
-                    let cm = self.count[mi];
-                    if cm > 0 {
-                        self.heap
-                            .push(Reverse((share_key(self.rem[mi], cm), m, cm)));
+                    if m != l {
+                        self.rem[m as usize] -= share;
+                        self.count[m as usize] -= 1;
                     }
                 }
             }
             self.count[li] = 0;
         }
-        let mut next = Ps::MAX;
-        for f in &mut self.flows {
-            f.drain_at = t.saturating_add(transfer_ps(f.remaining, f.rate));
-            next = next.min(f.drain_at);
+        for &fs in &self.comp_flows {
+            let f = &mut self.flows[fs as usize];
+            f.version = f.version.wrapping_add(1);
+            let at = t.saturating_add(transfer_ps(f.remaining, f.rate));
+            self.drain_q.push(Reverse((at, fs, f.version)));
         }
-        self.next_drain = next;
     }
 }
 
@@ -346,16 +435,19 @@ impl NetworkModel for FlowModel {
     }
 
     /// The earliest completion, or an earlier internal event (rate recomputation or a
-    /// drain) that `advance` must process first.
+    /// drain) that `advance` must process first. May be earlier than needed when the top
+    /// of the drain queue is stale (then `advance` to it does nothing visible).
     fn next_completion(&self) -> Option<Ps> {
         let t = self
-            .next_internal()
+            .next_drain()
+            .min(self.dirty.unwrap_or(Ps::MAX))
             .min(self.tail.peek().map_or(Ps::MAX, |Reverse((t, _, _))| *t));
         (t != Ps::MAX).then_some(t)
     }
 
     fn advance(&mut self, now: Ps, done: &mut Vec<u64>) {
         self.run_internal(now, true);
+        self.clean_drain_top();
         while let Some(Reverse((t, _, tag))) = self.tail.peek().copied() {
             if t > now {
                 break;
