@@ -39,6 +39,9 @@ pub type LinkId = u32;
 pub const MAX_NODES: u32 = 131_072;
 /// Most GPUs in one node.
 pub const MAX_GPUS_PER_NODE: u32 = 72;
+/// Most directed links a built topology may have (16,384 DGX GPUs need 131,072; the cap
+/// keeps a hostile file from asking for terabytes).
+pub const MAX_LINKS: u64 = 1 << 24;
 
 /// A topology file. Unknown keys are rejected; [`TopologySpec::parse`] validates ranges.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -495,12 +498,15 @@ impl Topology {
         let l_nic = l_pcie + if nics_per_node > 0 { 2 * gpus } else { 0 };
         let l_spine = l_nic + 2 * nics;
         let n_links = u64::from(l_spine) + 2 * u64::from(leaves) * u64::from(spines);
-        if n_vertices > u64::from(u32::MAX / 2) || n_links > u64::from(u32::MAX / 2) {
+        if n_vertices > MAX_LINKS || n_links > MAX_LINKS {
             return Err(field_err(
                 &spec.source,
                 "nodes",
                 nodes,
-                "a cluster with fewer than 2^31 links",
+                &format!(
+                    "a cluster of at most {MAX_LINKS} directed links (this one needs {n_links}: \
+                     fewer nodes, spines or leaves)"
+                ),
             ));
         }
         let nv = &spec.nvlink;
@@ -941,6 +947,56 @@ rail_optimized = true
         let spec = TopologySpec::parse(SMALL, "small.toml").unwrap();
         let e = spec.build(Some(0)).unwrap_err().to_string();
         assert!(e.contains("small.toml: nodes = 0"), "{e}");
+        // 131,072 nodes × 2 rails / 2 per leaf = 131,072 leaves × 4,096 spines: too many.
+        let big = SMALL.replace("spines = 2", "spines = 4096");
+        let spec = TopologySpec::parse(&big, "big.toml").unwrap();
+        let e = spec.build(Some(MAX_NODES)).unwrap_err().to_string();
+        assert!(
+            e.contains("big.toml: nodes") && e.contains("directed links"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn shipped_topologies_parse_and_build() {
+        let files = [
+            (
+                "dgx-h200-roce",
+                include_str!("../../topologies/dgx-h200-roce.toml"),
+            ),
+            (
+                "dgx-h200-ib",
+                include_str!("../../topologies/dgx-h200-ib.toml"),
+            ),
+            (
+                "gb200-nvl72",
+                include_str!("../../topologies/gb200-nvl72.toml"),
+            ),
+            (
+                "test-small",
+                include_str!("../../topologies/test-small.toml"),
+            ),
+        ];
+        for (name, text) in files {
+            let spec = TopologySpec::parse(text, name).unwrap();
+            assert_eq!(spec.name, name);
+            let t = spec.build(None).unwrap();
+            assert!(t.gpus() >= 8, "{name}");
+            if let Some(f) = &spec.faults {
+                f.resolve(&t, name).unwrap();
+            }
+        }
+        let dgx = TopologySpec::parse(files[0].1, "dgx")
+            .unwrap()
+            .build(Some(2048))
+            .unwrap();
+        assert_eq!(dgx.gpus(), 16_384);
+        // 2048 nodes / 32 per leaf × 8 rails = 512 leaves, 32 spines.
+        assert_eq!(dgx.switches(), (512, 32));
+        let nvl = TopologySpec::parse(files[2].1, "nvl72").unwrap();
+        assert_eq!(nvl.build(Some(36)).unwrap().domain_gpus(), 72);
+        let e = nvl.build(Some(20)).unwrap_err().to_string();
+        assert!(e.contains("nvl72: super_node.nodes = 18"), "{e}");
     }
 
     #[test]
