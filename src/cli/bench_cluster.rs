@@ -191,10 +191,10 @@ pub fn recompute_scaling() -> Result<Vec<BenchRow>> {
     Ok(rows)
 }
 
-/// All cluster benchmarks, in order.
-pub fn all() -> Result<Vec<BenchRow>> {
+/// All cluster benchmarks, in order; the flow benchmark runs `rounds` all-to-all rounds.
+pub fn all(rounds: usize) -> Result<Vec<BenchRow>> {
     let mut rows = topo_build_route()?;
-    rows.extend(flow_alltoall(64)?);
+    rows.extend(flow_alltoall(rounds)?);
     rows.extend(recompute_scaling()?);
     Ok(rows)
 }

@@ -201,11 +201,11 @@ fn summary_md(exp: &Experiment, s: &SpreadStudy, others: &[(f64, f64)], source: 
 
 /// Per-step spread as a line, with our mean and the published mean and peak as rules.
 fn plot(s: &SpreadStudy) -> String {
-    let (w, h, pad) = (720.0, 300.0, 40.0);
+    let (w, h, pad) = (720.0, 360.0, 40.0);
     let ymax = s.peak.max(PUBLISHED_PEAK) * 1.1;
     let n = s.spread.len().max(2) as f64;
     let x = |i: usize| pad + i as f64 / (n - 1.0) * (w - 2.0 * pad);
-    let y = |v: f64| h - pad - v / ymax * (h - 2.0 * pad);
+    let y = |v: f64| h - 70.0 - v / ymax * (h - 70.0 - pad);
     let mut out = format!(
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="11">"#
     );
@@ -218,37 +218,63 @@ fn plot(s: &SpreadStudy) -> String {
         out,
         r##"<polyline points="{pts}" fill="none" stroke="#36c" stroke-width="1"/>"##
     );
-    for (v, colour, label) in [
+    for (i, (v, colour, dash, label)) in [
         (
             s.mean,
             "#36c",
-            format!("skewsim mean {:.2}%", s.mean * 100.0),
+            "5 3",
+            format!(
+                "skewsim mean {:.2}% (peak {:.2}%)",
+                s.mean * 100.0,
+                s.peak * 100.0
+            ),
         ),
         (
             PUBLISHED_MEAN,
             "#c33",
+            "2 2",
             format!("published mean {:.2}%", PUBLISHED_MEAN * 100.0),
         ),
         (
             PUBLISHED_PEAK,
             "#c33",
+            "5 3",
             format!("published peak {:.2}%", PUBLISHED_PEAK * 100.0),
         ),
-    ] {
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let ly = h - 12.0 - 14.0 * (2 - i) as f64;
         let _ = writeln!(
             out,
-            r##"<line x1="{pad}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="{colour}" stroke-dasharray="5 3"/><text x="{:.1}" y="{:.1}" fill="{colour}" text-anchor="end">{label}</text>"##,
+            r##"<line x1="{pad}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="{colour}" stroke-dasharray="{dash}"/><line x1="{:.1}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="{colour}" stroke-dasharray="{dash}"/><text x="{:.1}" y="{:.1}" fill="{colour}">{label}</text>"##,
             y(v),
             w - pad,
             y(v),
-            w - pad,
-            y(v) - 3.0
+            w - 250.0,
+            ly - 4.0,
+            w - 220.0,
+            ly - 4.0,
+            w - 215.0,
+            ly
         );
+    }
+    for tick in [0.0, 0.05, 0.10, 0.15, 0.20] {
+        if tick <= ymax {
+            let _ = writeln!(
+                out,
+                r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{:.0}%</text>"#,
+                pad - 4.0,
+                y(tick) + 4.0,
+                tick * 100.0
+            );
+        }
     }
     let _ = writeln!(
         out,
-        r#"<line x1="{pad}" y1="{b}" x2="{r}" y2="{b}" stroke="black"/><line x1="{pad}" y1="{pad}" x2="{pad}" y2="{b}" stroke="black"/><text x="{pad}" y="{t}">trimmed spread per step (0 … {m:.1}%), steps 0 … {last}</text>"#,
-        b = h - pad,
+        r#"<line x1="{pad}" y1="{b:.1}" x2="{r}" y2="{b:.1}" stroke="black"/><line x1="{pad}" y1="{pad}" x2="{pad}" y2="{b:.1}" stroke="black"/><text x="{pad}" y="{t}">trimmed spread per step (0 … {m:.1}%), steps 0 … {last}</text>"#,
+        b = h - 70.0,
         r = w - pad,
         t = pad - 10.0,
         m = ymax * 100.0,
@@ -274,6 +300,15 @@ mod tests {
         for (mean, _) in others {
             assert!((mean - PUBLISHED_MEAN).abs() <= 0.01, "mean {mean:.4}");
         }
+    }
+
+    #[test]
+    fn rerun_reproduces_the_committed_summary() {
+        let text = include_str!("../../experiments/runtime-variance.toml");
+        let source = "experiments/runtime-variance.toml";
+        let (exp, s, others) = simulate(text, source).unwrap();
+        let committed = include_str!("../../experiments/results/runtime-variance/summary.md");
+        assert_eq!(summary_md(&exp, &s, &others, source), committed);
     }
 
     #[test]

@@ -34,6 +34,9 @@ pub struct Args {
     /// flow-model event rate, recomputation scaling).
     #[arg(long)]
     pub bench: bool,
+    /// Pairwise all-to-all rounds the flow benchmark runs (of 4,095).
+    #[arg(long, default_value_t = 64)]
+    pub bench_rounds: usize,
 }
 
 #[derive(Serialize)]
@@ -59,7 +62,7 @@ struct Summary {
 
 pub fn run(args: Args, out: Output) -> Result<()> {
     if args.bench {
-        let rows = bench_cluster::all()?;
+        let rows = bench_cluster::all(args.bench_rounds)?;
         return out.emit(&rows, || bench_cluster::table(&rows));
     }
     let name = args.file.display().to_string();
