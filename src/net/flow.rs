@@ -582,4 +582,110 @@ rail_optimized = true
         assert_eq!(got[2].1, 41);
         assert_eq!(got[1].0, got[2].0);
     }
+
+    /// Reference max–min: naive progressive filling over every flow (no components, no
+    /// heap), O(L·F) per round.
+    fn reference_rates(topo: &Topology, routes: &[Route]) -> Vec<f64> {
+        let mut rate = vec![f64::NAN; routes.len()];
+        let mut rem: Vec<f64> = topo.links.iter().map(|l| l.capacity()).collect();
+        loop {
+            let mut count = vec![0u32; rem.len()];
+            for (i, r) in routes.iter().enumerate() {
+                if rate[i].is_nan() {
+                    for &l in r.links() {
+                        count[l as usize] += 1;
+                    }
+                }
+            }
+            let Some((bl, share)) = (0..rem.len())
+                .filter(|&l| count[l] > 0)
+                .map(|l| (l, rem[l] / f64::from(count[l])))
+                .min_by(|a, b| a.1.total_cmp(&b.1))
+            else {
+                return rate;
+            };
+            for (i, r) in routes.iter().enumerate() {
+                if rate[i].is_nan() && r.links().contains(&(bl as u32)) {
+                    rate[i] = share;
+                    for &l in r.links() {
+                        rem[l as usize] -= share;
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn incremental_max_min_matches_reference_as_flows_come_and_go() {
+        let text = include_str!("../../topologies/test-small.toml");
+        let t = Arc::new(
+            TopologySpec::parse(text, "test-small")
+                .unwrap()
+                .build(None)
+                .unwrap(),
+        );
+        let mut rng = crate::rng::stream(9, "flow-reference", 0);
+        use rand::Rng as _;
+        let mut f = FlowModel::new(t.clone());
+        let mut routes = std::collections::BTreeMap::new();
+        let mut now = 0;
+        let mut tag = 0u64;
+        for _wave in 0..6 {
+            for _ in 0..12 {
+                let (src, dst) = (rng.random_range(0..16), rng.random_range(0..16));
+                if src == dst {
+                    continue;
+                }
+                f.start(now, src, dst, rng.random_range(1_000..5_000_000), tag);
+                routes.insert(tag, t.route(src, dst, tag).unwrap());
+                tag += 1;
+            }
+            f.advance(now, &mut Vec::new());
+            let got = f.rates();
+            let rs: Vec<Route> = got.iter().map(|(tg, _)| routes[tg]).collect();
+            let want = reference_rates(&t, &rs);
+            for ((tg, r), w) in got.iter().zip(&want) {
+                assert!((r - w).abs() <= 1e-9 * w, "flow {tg}: {r} vs reference {w}");
+            }
+            // Let some flows finish before the next wave.
+            let mut done = Vec::new();
+            for _ in 0..8 {
+                if let Some(n) = f.next_completion() {
+                    now = n;
+                    f.advance(now, &mut done);
+                }
+            }
+        }
+        // Same inputs, same outputs.
+        let again = {
+            let mut g = FlowModel::new(t.clone());
+            let mut out = Vec::new();
+            for k in 0..30u64 {
+                g.start(
+                    k * 1000,
+                    (k % 16) as u32,
+                    ((k * 7 + 3) % 16) as u32,
+                    1 << 20,
+                    k,
+                );
+            }
+            while let Some(n) = g.next_completion() {
+                let mut d = Vec::new();
+                g.advance(n, &mut d);
+                out.extend(d.into_iter().map(|x| (n, x)));
+            }
+            out
+        };
+        let mut g = FlowModel::new(t);
+        for k in 0..30u64 {
+            g.start(
+                k * 1000,
+                (k % 16) as u32,
+                ((k * 7 + 3) % 16) as u32,
+                1 << 20,
+                k,
+            );
+        }
+        assert_eq!(run_all(&mut g), again);
+    }
 }
