@@ -54,7 +54,7 @@ impl AnalyticalModel {
 
     /// Run `link` at `scale` × its bandwidth for transfers started from now on (fault
     /// injection; `scale` in (0, 1]).
-    pub fn set_link_scale(&mut self, _now: Ps, link: LinkId, scale: f64) {
+    pub fn scale_link(&mut self, _now: Ps, link: LinkId, scale: f64) {
         if let Some(s) = self.scale.get_mut(link as usize) {
             *s = scale;
         }
@@ -108,6 +108,10 @@ impl NetworkModel for AnalyticalModel {
         self.queue.peek().map(|Reverse((t, _, _))| *t)
     }
 
+    fn set_link_scale(&mut self, now: Ps, link: LinkId, scale: f64) {
+        self.scale_link(now, link, scale);
+    }
+
     fn advance(&mut self, now: Ps, done: &mut Vec<u64>) {
         while let Some(Reverse((t, _, tag))) = self.queue.peek().copied() {
             if t > now {
@@ -116,5 +120,38 @@ impl NetworkModel for AnalyticalModel {
             self.queue.pop();
             done.push(tag);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::TopologySpec;
+
+    #[test]
+    fn alpha_beta_and_link_faults() {
+        let text = include_str!("../../topologies/test-small.toml");
+        let t = Arc::new(
+            TopologySpec::parse(text, "test-small")
+                .unwrap()
+                .build(None)
+                .unwrap(),
+        );
+        let mut a = AnalyticalModel::new(t.clone());
+        // gpu0 → gpu1 over NVLink: 1 µs + 1 MB / 100 GB/s = 1 µs + 10 µs.
+        assert_eq!(a.transfer_time(0, 1, 1_000_000, 0), Some(11_000_000));
+        // Half the NVSwitch → gpu1 link: the β term doubles, α stays.
+        let down = t.nvlink_down(1);
+        let dyn_a: &mut dyn NetworkModel = &mut a;
+        dyn_a.set_link_scale(0, down, 0.5);
+        assert_eq!(a.transfer_time(0, 1, 1_000_000, 0), Some(21_000_000));
+        a.start(5, 0, 1, 1_000_000, 9);
+        a.start(5, 2, 2, 1_000_000, 8);
+        let mut done = Vec::new();
+        a.advance(5, &mut done);
+        assert_eq!(done, vec![8]);
+        assert_eq!(a.next_completion(), Some(21_000_005));
+        a.start(6, 0, 99, 10, 7);
+        assert_eq!(a.bad_endpoints, 1);
     }
 }

@@ -170,7 +170,7 @@ impl FlowModel {
 
     /// From `now` on, run `link` at `scale` × its bandwidth (fault injection; `scale` in
     /// (0, 1]); rates are recomputed at `now`.
-    pub fn set_link_scale(&mut self, now: Ps, link: LinkId, scale: f64) {
+    pub fn scale_link(&mut self, now: Ps, link: LinkId, scale: f64) {
         self.run_internal(now, false);
         if let Some(c) = self.cap.get_mut(link as usize) {
             *c = self.topo.links[link as usize].capacity() * scale;
@@ -443,6 +443,10 @@ impl NetworkModel for FlowModel {
             .min(self.dirty.unwrap_or(Ps::MAX))
             .min(self.tail.peek().map_or(Ps::MAX, |Reverse((t, _, _))| *t));
         (t != Ps::MAX).then_some(t)
+    }
+
+    fn set_link_scale(&mut self, now: Ps, link: LinkId, scale: f64) {
+        self.scale_link(now, link, scale);
     }
 
     fn advance(&mut self, now: Ps, done: &mut Vec<u64>) {

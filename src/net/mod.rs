@@ -31,6 +31,14 @@ pub trait NetworkModel {
     /// the tags of the transfers that finished at or before `now`, in (finish time, start
     /// order), onto `done`.
     fn advance(&mut self, now: Ps, done: &mut Vec<u64>);
+
+    /// Fault injection (added by the cluster model; has a default so other implementors
+    /// need not care): from `now` on, run `link` (a `cluster::LinkId`) at `scale` × its
+    /// bandwidth, `scale` in (0, 1]. `cluster::Faults::link_changes(step)` says which links
+    /// change at a step boundary. The default ignores it.
+    fn set_link_scale(&mut self, now: Ps, link: u32, scale: f64) {
+        let _ = (now, link, scale);
+    }
 }
 
 pub mod analytical;
