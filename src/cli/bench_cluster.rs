@@ -191,11 +191,96 @@ pub fn recompute_scaling() -> Result<Vec<BenchRow>> {
     Ok(rows)
 }
 
+/// The timed part of a `skewsim bench` arm (same shape as `bench::Timed` on main).
+pub type Timed = Box<dyn FnMut() -> Result<String>>;
+
+/// Arm `topo-16k` (target 2 s): build the 16,384-GPU DGX H200 topology and route
+/// 1,048,576 flows on it, all timed.
+pub fn arm_topo_16k() -> Result<Timed> {
+    Ok(Box::new(|| {
+        let topo = dgx(2048)?;
+        let n = topo.gpus();
+        let mut hops = 0u64;
+        for src in 0..n {
+            for k in 0..64u32 {
+                let dst = (src + 1 + k * 257) % n;
+                hops += topo
+                    .route(src, dst, u64::from(src) * 64 + u64::from(k))?
+                    .links()
+                    .len() as u64;
+            }
+        }
+        Ok(format!(
+            "{n} GPUs, {} links, 1,048,576 routes ({hops} hops)",
+            topo.links.len()
+        ))
+    }))
+}
+
+/// Arm `flow-a2a-4096` (target 0.524 s = 524,288 flow events at 1 M events/s): the first
+/// 64 pairwise rounds of a 4,096-GPU all-to-all on the flow model; topology and lowering
+/// built untimed.
+pub fn arm_flow_a2a_4096() -> Result<Timed> {
+    let topo = Arc::new(dgx(512)?);
+    let group: Vec<u32> = (0..topo.gpus()).collect();
+    let phases = lower(
+        Collective::AllToAllPairwise,
+        &group,
+        (group.len() as u64) << 20,
+    )?;
+    Ok(Box::new(move || {
+        let t0 = Instant::now();
+        let mut model = FlowModel::new(topo.clone());
+        let mut now = 0;
+        let mut tag = 0u64;
+        let mut done = Vec::new();
+        for phase in &phases[..64] {
+            for tr in phase {
+                model.start(now, tr.src, tr.dst, tr.bytes, tag);
+                tag += 1;
+            }
+            let mut left = phase.len();
+            while left > 0 {
+                let Some(t) = model.next_completion() else {
+                    break;
+                };
+                model.advance(t, &mut done);
+                left = left.saturating_sub(done.len());
+                done.clear();
+                now = t;
+            }
+        }
+        let s = model.stats();
+        let events = (s.starts + s.finishes) as f64;
+        Ok(format!(
+            "{events} flow events, {} recomputations, {:.2} M events/s",
+            s.recomputes,
+            events / t0.elapsed().as_secs_f64() / 1e6
+        ))
+    }))
+}
+
 /// All cluster benchmarks, in order; the flow benchmark runs `rounds` all-to-all rounds.
 pub fn all(rounds: usize) -> Result<Vec<BenchRow>> {
     let mut rows = topo_build_route()?;
     rows.extend(flow_alltoall(rounds)?);
     rows.extend(recompute_scaling()?);
+    // The two `skewsim bench` arms, once each, as that command times them.
+    for (name, target, setup) in [
+        ("topo-16k", 2.0, arm_topo_16k as fn() -> Result<Timed>),
+        ("flow-a2a-4096", 0.524, arm_flow_a2a_4096),
+    ] {
+        let mut timed = setup()?;
+        let t0 = Instant::now();
+        let detail = timed()?;
+        rows.push(row(
+            &format!("arm {name}"),
+            "wall",
+            t0.elapsed().as_secs_f64(),
+            "s",
+            &format!("target ≤ {target} s; {detail}"),
+        ));
+    }
     Ok(rows)
 }
 
