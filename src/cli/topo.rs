@@ -54,6 +54,8 @@ struct Summary {
     bisection_gbyte_s: f64,
     bisection_half_gpus: u32,
     diameter_hops: u32,
+    gpu_faults: usize,
+    link_faults: usize,
     collectives: Vec<BusBw>,
     dot: String,
     svg: String,
@@ -70,6 +72,10 @@ pub fn run(args: Args, out: Output) -> Result<()> {
         std::fs::read_to_string(&args.file).with_context(|| format!("reading topology {name}"))?;
     let spec = TopologySpec::parse(&text, &name)?;
     let topo = Arc::new(spec.build(args.nodes)?);
+    let faults = match &spec.faults {
+        Some(f) => f.resolve(&topo, &name)?,
+        None => Default::default(),
+    };
     let (bisect, half) = bisection_bandwidth(&topo);
     let dir = args
         .out
@@ -97,6 +103,8 @@ pub fn run(args: Args, out: Output) -> Result<()> {
         bisection_gbyte_s: bisect / 1e9,
         bisection_half_gpus: half,
         diameter_hops: diameter(&topo),
+        gpu_faults: faults.gpu.len(),
+        link_faults: faults.link.len(),
         collectives: collectives(&topo)?,
         dot: dot.display().to_string(),
         svg: svg.display().to_string(),
@@ -161,7 +169,7 @@ fn text_summary(s: &Summary, topo: &Topology) -> String {
     let mut t = format!(
         "topology {} ({})\n  nodes {}  GPUs {}  NVLink domains {} × {} GPUs  leaves {}  spines {}\n  \
          vertices {}  directed links {}\n  bisection bandwidth {:.1} GB/s one way ({} GPUs a side; {:.1} GB/s per GPU)\n  \
-         diameter {} hops (GPU to GPU)\n",
+         diameter {} hops (GPU to GPU)\n  faults injected: {} GPU, {} link\n",
         s.name,
         s.file,
         s.nodes,
@@ -176,6 +184,8 @@ fn text_summary(s: &Summary, topo: &Topology) -> String {
         s.bisection_half_gpus,
         s.bisection_gbyte_s / f64::from(s.bisection_half_gpus.max(1)),
         s.diameter_hops,
+        s.gpu_faults,
+        s.link_faults,
     );
     for kind in [
         LinkKind::Nvlink,
