@@ -6,12 +6,16 @@ use clap::{Parser, Subcommand};
 use serde::Serialize;
 
 pub mod bench;
+mod bench_cluster;
 mod bench_schemes;
 pub mod corpus;
 mod exp_pools;
+mod exp_variance;
 pub mod pools;
 mod run;
 pub mod theory;
+mod topo;
+mod topo_draw;
 
 /// skewsim: how much does attention-workload skew cost on this cluster, and which
 /// balancing scheme (Ulysses, WLB-LLM, DistCA, Libra) wins it back?
@@ -35,6 +39,8 @@ pub enum Command {
     Pools(pools::Args),
     /// Libra Eq. 4's LLN bound beside Monte Carlo; recommends a pool size.
     Theory(theory::Args),
+    /// Build a topology file, print its summary and write DOT and SVG pictures.
+    Topo(topo::Args),
     /// Named benchmark arms (`--list`); run with --release.
     Bench(bench::Args),
 }
@@ -65,6 +71,7 @@ pub fn main() -> Result<()> {
         Command::Corpus(args) => corpus::run(args, out),
         Command::Pools(args) => pools::run(args, out),
         Command::Theory(args) => theory::run(args, out),
+        Command::Topo(args) => topo::run(args, out),
         Command::Bench(args) => bench::run(args, out),
     }
 }

@@ -18,7 +18,7 @@ pub struct Args {
 }
 
 /// The experiment kinds this build knows, as `kind = "..."` spells them.
-const KINDS: &[&str] = &["pools"];
+const KINDS: &[&str] = &["pools", "runtime-variance"];
 
 pub fn run(args: Args, out: Output) -> Result<()> {
     let text = std::fs::read_to_string(&args.file)
@@ -34,14 +34,15 @@ pub fn run(args: Args, out: Output) -> Result<()> {
         ),
     };
     let dir = out_dir(&args.file, args.out.as_deref());
-    if kind == "pools" {
-        return super::exp_pools::run(&args.file, &text, &dir, out);
+    match kind.as_str() {
+        "pools" => super::exp_pools::run(&args.file, &text, &dir, out),
+        "runtime-variance" => super::exp_variance::run(&args.file, &text, &dir, out),
+        _ => bail!(
+            "{}: unknown experiment kind = {kind:?} (one of: {})",
+            args.file.display(),
+            KINDS.join(", ")
+        ),
     }
-    bail!(
-        "{}: unknown experiment kind = {kind:?} (one of: {})",
-        args.file.display(),
-        KINDS.join(", ")
-    )
 }
 
 /// `runs/NAME` for `experiments/NAME.toml`, unless `--out` says otherwise.
