@@ -7,6 +7,7 @@
 //! invariants every module keeps.
 
 pub mod balance;
+pub mod cluster;
 pub mod cost;
 pub mod error;
 pub mod net;

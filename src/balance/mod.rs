@@ -5,5 +5,8 @@
 //! LPT), and, later, each scheme's planner. Pure: no I/O.
 
 pub mod distca;
+pub mod grouping;
 pub mod libra;
 pub mod wlbllm;
+
+pub use grouping::{group, imbalance, vrsp, Policy};

@@ -5,10 +5,21 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 use serde::Serialize;
 
+pub mod bench;
+mod bench_cluster;
 mod bench_libra;
+mod bench_schemes;
 mod check_plan;
 pub mod corpus;
+mod exp_pools;
+mod exp_variance;
+mod libra_config;
+mod plan;
+pub mod pools;
 mod run;
+pub mod theory;
+mod topo;
+mod topo_draw;
 
 /// skewsim: how much does attention-workload skew cost on this cluster, and which
 /// balancing scheme (Ulysses, WLB-LLM, DistCA, Libra) wins it back?
@@ -28,6 +39,18 @@ pub enum Command {
     Corpus(corpus::Args),
     /// Run an experiment file (TOML) and write runs/NAME/.
     Run(run::Args),
+    /// Residual load imbalance R − 1 across pools of P sequences, per grouping policy.
+    Pools(pools::Args),
+    /// Libra Eq. 4's LLN bound beside Monte Carlo; recommends a pool size.
+    Theory(theory::Args),
+    /// Build a topology file, print its summary and write DOT and SVG pictures.
+    Topo(topo::Args),
+    /// Named benchmark arms (`--list`); run with --release.
+    Bench(bench::Args),
+    /// Write the checked Libra plan of one step (plan.json).
+    Plan(plan::Args),
+    /// Libra's configuration simulator: replay VRSP + TAP for candidate (P, H, B).
+    LibraConfig(libra_config::Args),
     /// Check a plan file: every query attended once per head, every KV group delivered,
     /// FLOPs = the exact causal total.
     CheckPlan(check_plan::Args),
@@ -60,6 +83,12 @@ pub fn main() -> Result<()> {
     match cli.command {
         Command::Run(args) => run::run(args, out),
         Command::Corpus(args) => corpus::run(args, out),
+        Command::Pools(args) => pools::run(args, out),
+        Command::Theory(args) => theory::run(args, out),
+        Command::Topo(args) => topo::run(args, out),
+        Command::Bench(args) => bench::run(args, out),
+        Command::Plan(args) => plan::run(args, out),
+        Command::LibraConfig(args) => libra_config::run(args, out),
         Command::CheckPlan(args) => check_plan::run(args, out),
         Command::BenchLibra(args) => bench_libra::run(args, out),
     }

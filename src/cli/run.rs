@@ -18,9 +18,9 @@ pub struct Args {
 }
 
 /// The experiment kinds this build knows, as `kind = "..."` spells them.
-const KINDS: &[&str] = &[];
+const KINDS: &[&str] = &["pools", "runtime-variance"];
 
-pub fn run(args: Args, _out: Output) -> Result<()> {
+pub fn run(args: Args, out: Output) -> Result<()> {
     let text = std::fs::read_to_string(&args.file)
         .with_context(|| format!("reading experiment file {}", args.file.display()))?;
     let doc: toml::Table = toml::from_str(&text)
@@ -33,12 +33,16 @@ pub fn run(args: Args, _out: Output) -> Result<()> {
             KINDS.join(", ")
         ),
     };
-    let _dir = out_dir(&args.file, args.out.as_deref());
-    bail!(
-        "{}: unknown experiment kind = {kind:?} (one of: {})",
-        args.file.display(),
-        KINDS.join(", ")
-    )
+    let dir = out_dir(&args.file, args.out.as_deref());
+    match kind.as_str() {
+        "pools" => super::exp_pools::run(&args.file, &text, &dir, out),
+        "runtime-variance" => super::exp_variance::run(&args.file, &text, &dir, out),
+        _ => bail!(
+            "{}: unknown experiment kind = {kind:?} (one of: {})",
+            args.file.display(),
+            KINDS.join(", ")
+        ),
+    }
 }
 
 /// `runs/NAME` for `experiments/NAME.toml`, unless `--out` says otherwise.
