@@ -41,6 +41,9 @@ pub struct Args {
     /// meet.
     #[arg(long, default_value_t = 0.05)]
     pub target: f64,
+    /// GPUs per node (worker ids are node-major), for the inter-node bytes column.
+    #[arg(long, default_value_t = 8)]
+    pub gpus_per_node: u32,
     /// Also write the trade-off chart here (SVG).
     #[arg(long)]
     pub svg: Option<PathBuf>,
@@ -50,6 +53,7 @@ pub struct Args {
 struct Report {
     settings: Resolved,
     steps: u64,
+    gpus_per_node: u32,
     target: f64,
     rows: Vec<ConfigRow>,
     recommendation: Option<Recommendation>,
@@ -234,7 +238,14 @@ pub fn run(args: Args, out: Output) -> Result<()> {
         let mut rng = skewsim::rng::stream(seed, "libra-grouping", step as u64);
         skewsim::balance::group(loads, p, pol, &mut rng)
     };
-    let rows = simulate(&steps, r.dp, &r.params, &candidates, &grouping)?;
+    let rows = simulate(
+        &steps,
+        r.dp,
+        args.gpus_per_node,
+        &r.params,
+        &candidates,
+        &grouping,
+    )?;
     let rec = recommend(&rows, args.target);
     let trade = rec
         .as_ref()
@@ -247,6 +258,7 @@ pub fn run(args: Args, out: Output) -> Result<()> {
     let report = Report {
         settings: r,
         steps: args.steps,
+        gpus_per_node: args.gpus_per_node,
         target: args.target,
         rows,
         recommendation: rec,
@@ -263,6 +275,7 @@ pub fn run(args: Args, out: Output) -> Result<()> {
             "intra-pool mean",
             "intra-pool max",
             "GB/step",
+            "inter-node GB/step",
             "GB/worker/step",
             "",
         ]);
@@ -282,13 +295,14 @@ pub fn run(args: Args, out: Output) -> Result<()> {
                 sig(row.intra_pool, 3),
                 sig(row.intra_pool_max, 3),
                 format!("{:.2}", row.bytes_per_step / 1e9),
+                format!("{:.2}", row.inter_node_bytes_per_step / 1e9),
                 format!("{:.3}", row.bytes_per_step / 1e9 / workers),
                 mark.to_string(),
             ]);
         }
         format!(
             "libra-config: {} at L = {}, GBS = {}, DP = {}, CP = {}, τ = {}, grouping {}, {} \
-             step(s); bytes: one attention layer, forward, GB = 1e9\n{}{}",
+             step(s), {} GPUs per node; bytes: one attention layer, forward, GB = 1e9\n{}{}",
             r.corpus,
             r.seq_len,
             r.gbs,
@@ -297,6 +311,7 @@ pub fn run(args: Args, out: Output) -> Result<()> {
             r.params.tau,
             r.grouping,
             report.steps,
+            report.gpus_per_node,
             t.to_text(),
             report.tradeoff
         )
@@ -318,6 +333,7 @@ mod tests {
             intra_pool: intra,
             intra_pool_max: intra,
             bytes_per_step: gb * 1e9,
+            inter_node_bytes_per_step: gb * 1e9,
             tiles_per_pool: 10.0,
         }
     }

@@ -9,13 +9,14 @@
 //! **inter-pool imbalance** R − 1 = max_k L_k / mean_k L_k − 1 over the step's pools, L_k
 //! a pool's exact causal attention work; **intra-pool imbalance** = max worker load / mean
 //! worker load − 1 of TAP's placement, per pool; **exchanged bytes** = Σ over pools of
-//! the bytes the exchange moves (one attention layer, forward). Rows average over steps
+//! the bytes the exchange moves (one attention layer, forward), and the part of them that
+//! crosses nodes (worker ids node-major, G GPUs per node). Rows average over steps
 //! (and pools); the worst pool is reported too.
 
 use rayon::prelude::*;
 use serde::Serialize;
 
-use super::{check_pools, step_shape, tap, LibraParams};
+use super::{check_pools, exchange, pool_workers, step_shape, tap, LibraParams};
 use crate::error::Result;
 use crate::workload::PackedSeq;
 
@@ -43,6 +44,8 @@ pub struct ConfigRow {
     pub intra_pool_max: f64,
     /// Mean bytes exchanged per step (all pools, one layer forward).
     pub bytes_per_step: f64,
+    /// The part of them between workers on different nodes (worker id / GPUs per node).
+    pub inter_node_bytes_per_step: f64,
     /// Mean SH-tiles per pool.
     pub tiles_per_pool: f64,
 }
@@ -56,6 +59,7 @@ pub type Grouping<'a> = dyn Fn(usize, &[u64], usize) -> Result<Vec<Vec<usize>>> 
 pub fn simulate(
     steps: &[Vec<PackedSeq>],
     dp: u32,
+    gpus_per_node: u32,
     base: &LibraParams,
     candidates: &[Candidate],
     grouping: &Grouping<'_>,
@@ -69,6 +73,13 @@ pub fn simulate(
             ..*base
         })
         .collect();
+    if gpus_per_node == 0 {
+        return Err(crate::error::invalid(
+            "gpus per node",
+            gpus_per_node,
+            "at least 1",
+        ));
+    }
     for p in &params {
         p.validate()?;
         for s in steps {
@@ -78,13 +89,14 @@ pub fn simulate(
     params
         .par_iter()
         .zip(candidates.par_iter())
-        .map(|(p, c)| replay(steps, dp, p, *c, grouping))
+        .map(|(p, c)| replay(steps, dp, gpus_per_node, p, *c, grouping))
         .collect()
 }
 
 fn replay(
     steps: &[Vec<PackedSeq>],
     dp: u32,
+    gpus_per_node: u32,
     p: &LibraParams,
     candidate: Candidate,
     grouping: &Grouping<'_>,
@@ -93,6 +105,7 @@ fn replay(
     let mut intra = 0.0;
     let mut intra_max: f64 = 0.0;
     let mut bytes = 0.0;
+    let mut inter_node = 0.0;
     let mut tiles = 0.0;
     let mut pools_seen = 0usize;
     for (k, batch) in steps.iter().enumerate() {
@@ -101,7 +114,9 @@ fn replay(
         let pools = grouping(k, &loads, p.pool_size as usize)?;
         check_pools(&pools, batch.len(), p.pool_size)?;
         let mut pool_work = Vec::with_capacity(pools.len());
-        for pool in &pools {
+        let per_ga = dp / p.pool_size;
+        for (k, pool) in pools.iter().enumerate() {
+            let workers = pool_workers(k as u32 % per_ga, p);
             let seqs: Vec<&PackedSeq> = pool.iter().map(|&i| &batch[i]).collect();
             pool_work.push(seqs.iter().map(|s| s.causal_pairs()).sum::<u64>());
             let t = tap::tile(&seqs, p.cp, p.tile_tokens, p.head_shards, &p.shape);
@@ -110,6 +125,21 @@ fn replay(
             intra += imb;
             intra_max = intra_max.max(imb);
             bytes += pl.comm as f64;
+            // bytes between nodes: the exchange's transfers, by global worker id
+            let ids: Vec<u32> = pool.iter().map(|&i| i as u32).collect();
+            let site = exchange::PoolSite {
+                ga: 0,
+                pool: 0,
+                seq_ids: &ids,
+                workers: &workers,
+            };
+            let g = exchange::build_group(&site, &seqs, &t, &pl, &p.shape);
+            inter_node += g
+                .transfers
+                .iter()
+                .filter(|x| x.src / gpus_per_node != x.dst / gpus_per_node)
+                .map(|x| x.bytes as f64)
+                .sum::<f64>();
             tiles += t.len() as f64;
             pools_seen += 1;
         }
@@ -123,6 +153,7 @@ fn replay(
         intra_pool: intra / np,
         intra_pool_max: intra_max,
         bytes_per_step: bytes / n,
+        inter_node_bytes_per_step: inter_node / n,
         tiles_per_pool: tiles / np,
     })
 }

@@ -691,7 +691,7 @@ fn config_simulator_matches_plans_and_hand_ratios() {
         },
     ];
     let consecutive = |_: usize, loads: &[u64], p: usize| Ok(consecutive_pools(loads.len(), p));
-    let rows = simulate(&steps, 2, &base, &cands, &consecutive).unwrap();
+    let rows = simulate(&steps, 2, 2, &base, &cands, &consecutive).unwrap();
     for (row, c) in rows.iter().zip(&cands) {
         let p = LibraParams {
             pool_size: c.pool_size,
@@ -700,11 +700,20 @@ fn config_simulator_matches_plans_and_hand_ratios() {
             ..base
         };
         let mut bytes = 0u64;
+        let mut cross = 0u64;
         let mut inter = 0.0;
         for batch in &steps {
             let pools = consecutive_pools(4, c.pool_size as usize);
             let plan = plan_step(0, batch, &pools, 2, &p).unwrap();
             bytes += plan.groups.iter().map(|g| stats(g).total).sum::<u64>();
+            // 2 GPUs per node: node = worker / 2
+            for g in &plan.groups {
+                for pb in stats(g).per_pair {
+                    if pb.src / 2 != pb.dst / 2 {
+                        cross += pb.bytes;
+                    }
+                }
+            }
             let work: Vec<u64> = pools
                 .iter()
                 .map(|pl| pl.iter().map(|&i| batch[i].causal_pairs()).sum())
@@ -712,10 +721,14 @@ fn config_simulator_matches_plans_and_hand_ratios() {
             inter += ratio_minus_one(&work);
         }
         assert_eq!(row.bytes_per_step, bytes as f64 / 2.0);
+        assert_eq!(row.inter_node_bytes_per_step, cross as f64 / 2.0);
         assert!((row.inter_pool - inter / 2.0).abs() < 1e-12);
     }
-    // P = 1 puts one sequence per pool: pools differ; P = 2 ...
+    // P = 1: one sequence per pool, the pools differ, and a pool's CP group of 2 is one
+    // node; P = 2: a pool spans two nodes
     assert!(rows[0].inter_pool > 0.0);
+    assert_eq!(rows[0].inter_node_bytes_per_step, 0.0);
+    assert!(rows[1].inter_node_bytes_per_step > 0.0);
 
     let row = |inter: f64, intra: f64, bytes: f64| ConfigRow {
         candidate: cands[0],
@@ -723,6 +736,7 @@ fn config_simulator_matches_plans_and_hand_ratios() {
         intra_pool: intra,
         intra_pool_max: intra,
         bytes_per_step: bytes,
+        inter_node_bytes_per_step: bytes,
         tiles_per_pool: 1.0,
     };
     let rows = vec![
@@ -744,7 +758,7 @@ fn config_simulator_matches_plans_and_hand_ratios() {
         head_shards: 1,
         tile_tokens: 64,
     }];
-    let e = simulate(&steps, 2, &base, &bad, &consecutive).unwrap_err();
+    let e = simulate(&steps, 2, 2, &base, &bad, &consecutive).unwrap_err();
     assert!(e.to_string().contains("P (pool size) = 3"), "{e}");
 }
 
