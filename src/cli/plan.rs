@@ -41,8 +41,8 @@ pub struct Workload {
     /// CP degree, workers per DP replica [default: 16].
     #[arg(long)]
     pub cp: Option<u32>,
-    /// Soft-cap slack τ of Algorithm 2 [default: 0.03].
-    #[arg(long)]
+    /// Soft-cap slack τ ≥ 0 of Algorithm 2 [default: 0.03].
+    #[arg(long, allow_hyphen_values = true)]
     pub tau: Option<f64>,
     /// Pipeliner head chunks M, dividing h_q/H [default: 4].
     #[arg(long)]

@@ -232,8 +232,8 @@ impl Plan {
                     format!("{context}: version"),
                     v,
                     format!(
-                        "{PLAN_VERSION} (this build reads plan format version {PLAN_VERSION} \
-                         only; re-create the plan with this build)"
+                        "{PLAN_VERSION}, the only plan format version this build reads \
+                         (re-create the plan with this build)"
                     ),
                 ))
             }
@@ -404,7 +404,7 @@ mod tests {
         let msg = err.to_string();
         assert!(msg.contains("p.json: version"), "{msg}");
         assert!(msg.contains("= 2"), "{msg}");
-        assert!(msg.contains("version 1"), "{msg}");
+        assert!(msg.contains(": 1, the only plan format version"), "{msg}");
         let err = Plan::from_json(r#"{"scheme": "x"}"#, "p.json").unwrap_err();
         assert!(err.to_string().contains("missing field `version`"));
         assert!(Plan::from_json("not json", "p.json").is_err());
