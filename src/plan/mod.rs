@@ -223,9 +223,15 @@ impl Plan {
     /// Read a Plan from JSON. `context` names the source (a file name) in errors. A plan of
     /// another format version is rejected before anything else is read.
     pub fn from_json(text: &str, context: &str) -> Result<Plan> {
-        let value: serde_json::Value = serde_json::from_str(text)
-            .map_err(|e| parse_error(context, format!("not JSON: {e}")))?;
-        match value.get("version") {
+        /// Only the version, so another format is rejected before its fields are read
+        /// (and without building the whole document twice).
+        #[derive(Deserialize)]
+        struct Versioned {
+            version: Option<serde_json::Value>,
+        }
+        let head: Versioned = serde_json::from_str(text)
+            .map_err(|e| parse_error(context, format!("not a JSON plan object: {e}")))?;
+        match head.version.as_ref() {
             Some(serde_json::Value::Number(n)) if n.as_u64() == Some(u64::from(PLAN_VERSION)) => {}
             Some(v) => {
                 return Err(invalid(
@@ -244,7 +250,7 @@ impl Plan {
                 ))
             }
         }
-        serde_json::from_value(value).map_err(|e| parse_error(context, format!("{e}")))
+        serde_json::from_str(text).map_err(|e| parse_error(context, format!("{e}")))
     }
 
     /// Query heads per head shard, h_q / H (0 if H is 0; the checker rejects that).
