@@ -11,7 +11,7 @@
 //! sample's tokens, the tokens not already on it; later tiles there reuse them. Local Q,
 //! local outputs and resident KV tokens move nothing.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 use serde::Serialize;
 
@@ -69,7 +69,7 @@ pub fn build_group(
     let mut transfers = Vec::new();
     let mut outputs = Vec::new();
     // KV groups already delivered: (dense group id, destination)
-    let mut delivered = vec![false; t.samples.len() * h * t.workers as usize];
+    let mut delivered: HashSet<(usize, u32)> = HashSet::new();
     for i in 0..t.len() {
         let (c, shard) = t.tile(i);
         let r = p.worker[i];
@@ -116,12 +116,10 @@ pub fn build_group(
                 shard,
             };
             kv_groups.push(group);
-            let dense = ((c.first_sample as usize + k) * h + shard as usize) * t.workers as usize
-                + r as usize;
-            if delivered[dense] {
+            let dense = (c.first_sample as usize + k) * h + shard as usize;
+            if !delivered.insert((dense, r)) {
                 continue;
             }
-            delivered[dense] = true;
             // pieces of the sample on other workers, in position order
             let a = s.first_resident as usize;
             let mut at = 0u32;

@@ -35,6 +35,12 @@ pub const QWEN3_30B_A3B: AttnShape = AttnShape {
     dtype_bytes: 2,
 };
 
+/// The most workers a pool may have (P·CP).
+pub const MAX_POOL_WORKERS: u64 = 1 << 16;
+
+/// The most workers a step may use (DP·CP): worker ids stay far inside u32.
+pub const MAX_WORKERS: u64 = 1 << 24;
+
 /// Libra's knobs.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LibraParams {
@@ -96,6 +102,13 @@ impl LibraParams {
         }
         if self.cp == 0 {
             return Err(invalid("CP", self.cp, "at least 1"));
+        }
+        if u64::from(self.pool_size) * u64::from(self.cp) > MAX_POOL_WORKERS {
+            return Err(invalid(
+                "P × CP (workers per pool)",
+                u64::from(self.pool_size) * u64::from(self.cp),
+                format!("at most {MAX_POOL_WORKERS}"),
+            ));
         }
         if self.tile_tokens == 0 {
             return Err(invalid(
@@ -166,6 +179,13 @@ pub fn step_shape(gbs: usize, dp: u32, p: &LibraParams) -> Result<StepShape> {
     p.validate()?;
     if dp == 0 {
         return Err(invalid("DP", dp, "at least 1"));
+    }
+    if u64::from(dp) * u64::from(p.cp) > MAX_WORKERS {
+        return Err(invalid(
+            "DP × CP (workers)",
+            u64::from(dp) * u64::from(p.cp),
+            format!("at most {MAX_WORKERS}"),
+        ));
     }
     if dp % p.pool_size != 0 {
         return Err(invalid(

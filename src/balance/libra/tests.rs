@@ -561,6 +561,11 @@ fn bad_parameters_are_clear_errors() {
     );
     let m = msg(LibraParams { tau: -0.1, ..ok });
     assert!(m.contains("tau = -0.1"), "{m}");
+    let m = msg(LibraParams { cp: 1 << 15, ..ok });
+    assert!(
+        m.contains("P × CP (workers per pool) = 262144: at most 65536"),
+        "{m}"
+    );
     let m = msg(LibraParams {
         tau: f64::NAN,
         ..ok
