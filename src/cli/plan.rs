@@ -13,7 +13,7 @@ use anyhow::{bail, Context, Result};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use skewsim::balance::libra::{exchange, plan_step, step_shape, LibraParams};
+use skewsim::balance::libra::{exchange, pipeliner, plan_step, step_shape, LibraParams};
 use skewsim::balance::{group, Policy};
 use skewsim::plan::{check, CheckSummary, Plan};
 use skewsim::workload::pack::{batches, Packing};
@@ -221,6 +221,10 @@ pub struct Args {
     /// Where to write the plan.
     #[arg(short = 'o', long, default_value = "plan.json")]
     pub out: PathBuf,
+    /// Also write the pipeliner's M head chunks per worker (dispatch / compute / return
+    /// lists, JSON) here.
+    #[arg(long)]
+    pub pipeline: Option<PathBuf>,
 }
 
 /// One group's line in the report.
@@ -281,6 +285,11 @@ pub fn run(args: Args, out: Output) -> Result<()> {
     let plan = build(&mut r, args.step)?;
     let summary =
         check(&plan).map_err(|v| anyhow::anyhow!("the planner made a wrong plan: {v}"))?;
+    if let Some(path) = &args.pipeline {
+        let pipes = pipeliner::pipeline_plan(&plan, r.params.chunks)?;
+        std::fs::write(path, serde_json::to_string(&pipes)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
     let json = plan.to_json()?;
     std::fs::write(&args.out, json + "\n")
         .with_context(|| format!("writing {}", args.out.display()))?;

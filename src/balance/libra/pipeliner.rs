@@ -163,6 +163,11 @@ pub fn pipeline(plan: &Plan, group: &Group, m: u32) -> Result<Vec<WorkerPipeline
     Ok(out)
 }
 
+/// The pipelines of every group of a plan, in the plan's group order.
+pub fn pipeline_plan(plan: &Plan, m: u32) -> Result<Vec<Vec<WorkerPipeline>>> {
+    plan.groups.iter().map(|g| pipeline(plan, g, m)).collect()
+}
+
 /// One step of the overlap schedule of §6.3: what each stream does side by side.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct Stage {
