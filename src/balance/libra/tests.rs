@@ -834,3 +834,43 @@ fn plans_do_not_depend_on_the_thread_count() {
     assert_eq!(one, run(3));
     assert!(check(&Plan::from_json(&one, "mem").unwrap()).is_ok());
 }
+
+#[test]
+fn empty_sequences_and_tiny_capacities_plan_and_check() {
+    // a case the property test once shrank to (against a deliberately broken placer):
+    // empty sequences, capacities of 1 and 3, a sample of 20 in 68 with B = 20
+    let mut batch: Vec<PackedSeq> = (0..8).map(|_| seq(&[], 1)).collect();
+    batch.push(seq(&[], 3));
+    batch.push(seq(&[20], 68));
+    batch.push(seq(&[14, 34, 4], 68));
+    batch.push(seq(&[14], 54));
+    let p = LibraParams {
+        pool_size: 2,
+        cp: 1,
+        head_shards: 2,
+        tile_tokens: 20,
+        tau: 0.08,
+        chunks: 2,
+        shape: AttnShape {
+            heads_q: 8,
+            heads_kv: 2,
+            head_dim: 8,
+            dtype_bytes: 2,
+        },
+    };
+    let pools = shuffled_pools(12, 2, 7416029004034078266);
+    let plan = plan_step(0, &batch, &pools, 6, &p).unwrap();
+    let s = check(&plan).unwrap();
+    // chunks: [0,20) of the 20-token sample; [0,20) [20,40) [40,52) of 14+34+4; [0,14)
+    assert_eq!(s.units, 5 * 2);
+    let exact: u64 = batch.iter().map(|b| b.causal_pairs()).sum();
+    assert_eq!(s.flops, p.shape.fwd_flops(exact, 8));
+    for g in &plan.groups {
+        let seqs: Vec<&PackedSeq> = g.sequences.iter().map(|s| &batch[s.id as usize]).collect();
+        let t = tile(&seqs, p.cp, p.tile_tokens, p.head_shards, &p.shape);
+        assert_eq!(
+            place(&t, p.tau).worker,
+            reference_place(&t, &p.shape, p.tau)
+        );
+    }
+}
