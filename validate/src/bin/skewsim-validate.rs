@@ -1,0 +1,261 @@
+//! `skewsim-validate`: runs the attention kernels on a real GPU.
+//!
+//! Subcommands:
+//!   check  [--seed N]                         correctness vs the f64 CPU reference
+//!   bench  [--heads 32,8,2] [--docs 128,...] [--reps 20] [--warmup 3] [--nwarps 4] [--csv FILE]
+//!   jitter [--doc-len 4096] [--heads 32] [--reps 200] [--csv FILE]
+//!   trace  FILE [--filter flash]              list kernels of a PyTorch-profiler Chrome trace
+//!   compile [--ptx-dir DIR]                   NVRTC-compile every kernel variant (no GPU needed)
+//! Exits non-zero with a message ("no CUDA driver found") on a machine without a GPU.
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use validate::error::{invalid, Error};
+use validate::gpu::{FwdVariant, Gpu};
+use validate::harness::{bench_docs, check_case, check_cases, upload_random, BenchRow};
+use validate::stats::Jitter;
+use validate::units::Heads;
+
+struct Args {
+    rest: Vec<String>,
+}
+
+impl Args {
+    fn opt(&self, name: &str) -> Option<&str> {
+        self.rest
+            .iter()
+            .position(|a| a == name)
+            .and_then(|i| self.rest.get(i + 1))
+            .map(String::as_str)
+    }
+    fn num<T: std::str::FromStr>(&self, name: &str, default: T) -> Result<T, Error> {
+        match self.opt(name) {
+            None => Ok(default),
+            Some(s) => s
+                .parse()
+                .map_err(|_| invalid(name, s, "a non-negative integer")),
+        }
+    }
+    fn list(&self, name: &str, default: &[u32]) -> Result<Vec<u32>, Error> {
+        match self.opt(name) {
+            None => Ok(default.to_vec()),
+            Some(s) => s
+                .split(',')
+                .map(|x| {
+                    x.trim()
+                        .parse()
+                        .map_err(|_| invalid(name, x, "comma-separated integers"))
+                })
+                .collect(),
+        }
+    }
+}
+
+fn default_seed() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(1)
+}
+
+fn header(gpu: &Gpu) {
+    println!(
+        "# device: {} ({} SMs), CUDA driver API {}",
+        gpu.name, gpu.sm_count, gpu.driver_version
+    );
+}
+
+fn write_csv(path: Option<&str>, header: &str, rows: &[String]) -> Result<(), Error> {
+    let Some(p) = path else { return Ok(()) };
+    let mut s = String::from(header);
+    s.push('\n');
+    for r in rows {
+        s.push_str(r);
+        s.push('\n');
+    }
+    std::fs::write(p, s).map_err(|e| invalid("--csv", p, format!("a writable path ({e})")))
+}
+
+fn check(a: &Args) -> Result<(), Error> {
+    let seed = a.num("--seed", default_seed())?;
+    let mut gpu = Gpu::open(0)?;
+    header(&gpu);
+    println!("# seed {seed}");
+    let mut failed = 0;
+    for nwarps in [4u32, 8] {
+        for d in [64u32, 128] {
+            let var = FwdVariant {
+                head_dim: d,
+                nwarps,
+            };
+            let (regs, local) = gpu.kernel_resources(var)?;
+            println!(
+                "# {}: {regs} registers/thread, {local} B local (spill) memory",
+                var.label()
+            );
+        }
+        for (i, case) in check_cases()?.iter().enumerate() {
+            let r = check_case(&mut gpu, case, nwarps, seed.wrapping_add(i as u64))?;
+            let ok = r.passed();
+            failed += usize::from(!ok);
+            println!(
+                "{:<18} {:<16} rel_l2(O) {:.2e}  rel_l2(LSE) {:.2e}  unwritten {}  {}",
+                r.case,
+                r.variant,
+                r.rel_l2_out,
+                r.rel_l2_lse,
+                r.unwritten,
+                if ok { "PASS" } else { "FAIL" }
+            );
+        }
+    }
+    if failed > 0 {
+        return Err(Error::CheckFailed(format!("{failed} case(s) failed")));
+    }
+    Ok(())
+}
+
+fn bench(a: &Args) -> Result<(), Error> {
+    let heads = a.list("--heads", &[32, 8, 2])?;
+    let docs = a.list("--docs", &[128, 256, 512, 1024, 4096, 16384, 65536])?;
+    let total = a.num("--total", 65536u32)?;
+    let reps = a.num("--reps", 20usize)?;
+    let warmup = a.num("--warmup", 3usize)?;
+    let d = a.num("--head-dim", 128u32)?;
+    let nw = a.list("--nwarps", &[4])?;
+    let seed = a.num("--seed", default_seed())?;
+    let mut gpu = Gpu::open(0)?;
+    header(&gpu);
+    println!("{}", BenchRow::CSV_HEADER);
+    let mut rows = Vec::new();
+    for &h in &heads {
+        let hd = Heads::new(h, h, d)?;
+        let mut buf = upload_random(&gpu, hd, total, 64, seed)?;
+        for &nwarps in &nw {
+            let var = FwdVariant {
+                head_dim: d,
+                nwarps,
+            };
+            for &l in &docs {
+                let (r, _) = bench_docs(&mut gpu, &mut buf, var, hd, total, l, warmup, reps)?;
+                println!("{}", r.csv());
+                rows.push(r.csv());
+            }
+        }
+    }
+    write_csv(a.opt("--csv"), BenchRow::CSV_HEADER, &rows)
+}
+
+fn jitter(a: &Args) -> Result<(), Error> {
+    let docs = a.list("--doc-len", &[4096])?;
+    let heads = a.list("--heads", &[32])?;
+    let reps = a.num("--reps", 200usize)?;
+    let nwarps = a.num("--nwarps", 4u32)?;
+    let total = a.num("--total", 65536u32)?;
+    let seed = a.num("--seed", default_seed())?;
+    let mut gpu = Gpu::open(0)?;
+    header(&gpu);
+    let var = FwdVariant {
+        head_dim: 128,
+        nwarps,
+    };
+    let hdr = "kernel,heads,doc_len,rep,ms,factor";
+    let mut raw = Vec::new();
+    println!("kernel,heads,doc_len,n,median_ms,min,p10,p90,p99,max,std");
+    for &h in &heads {
+        let hd = Heads::new(h, h, 128)?;
+        let mut buf = upload_random(&gpu, hd, total, 64, seed)?;
+        for &l in &docs {
+            let (_, ms) = bench_docs(&mut gpu, &mut buf, var, hd, total, l, 10, reps)?;
+            let j = Jitter::from_times(&ms)
+                .ok_or_else(|| Error::CheckFailed("no valid timings".into()))?;
+            println!(
+                "{},{h},{l},{},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4}",
+                var.label(),
+                j.n,
+                j.median_ms,
+                j.min,
+                j.p10,
+                j.p90,
+                j.p99,
+                j.max,
+                j.std
+            );
+            for (i, t) in ms.iter().enumerate() {
+                raw.push(format!(
+                    "{},{h},{l},{i},{t:.5},{:.5}",
+                    var.label(),
+                    t / j.median_ms
+                ));
+            }
+        }
+    }
+    write_csv(a.opt("--csv"), hdr, &raw)
+}
+
+fn trace(a: &Args) -> Result<(), Error> {
+    let path = a
+        .rest
+        .first()
+        .ok_or_else(|| invalid("trace FILE", "(missing)", "a Chrome trace JSON path"))?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| invalid("trace FILE", path, format!("a readable file ({e})")))?;
+    let filter = a.opt("--filter").unwrap_or("flash");
+    let ks = validate::trace::parse_kernels(&text, filter)?;
+    println!("kernel,op,dur_us,input_dims");
+    for k in ks {
+        println!(
+            "\"{}\",{},{:.3},\"{:?}\"",
+            k.name,
+            k.op.unwrap_or_default(),
+            k.dur_us,
+            k.input_dims
+        );
+    }
+    Ok(())
+}
+
+fn compile(a: &Args) -> Result<(), Error> {
+    let dir = a.opt("--ptx-dir");
+    for nwarps in [4u32, 8] {
+        for head_dim in [64u32, 128] {
+            let var = FwdVariant { head_dim, nwarps };
+            let ptx = validate::gpu::compile_fwd(var, &[])?;
+            let src = ptx.to_src();
+            println!("{}: {} lines of PTX", var.label(), src.lines().count());
+            if let Some(d) = dir {
+                let p = format!("{d}/{}.ptx", var.label());
+                std::fs::write(&p, src).map_err(|e| invalid("--ptx-dir", d, e.to_string()))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let mut argv = std::env::args().skip(1);
+    let cmd = argv.next().unwrap_or_default();
+    let a = Args {
+        rest: argv.collect(),
+    };
+    let r = match cmd.as_str() {
+        "check" => check(&a),
+        "bench" => bench(&a),
+        "jitter" => jitter(&a),
+        "trace" => trace(&a),
+        "compile" => compile(&a),
+        other => Err(invalid(
+            "subcommand",
+            other,
+            "check, bench, jitter, trace or compile",
+        )),
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let _ = writeln!(std::io::stderr(), "skewsim-validate: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,386 @@
+//! The GPU side: driver/NVRTC discovery, kernel compilation, launches, CUDA-event timing.
+//!
+//! Every driver call is checked and mapped to [`Error::Cuda`] naming the call; a machine without
+//! libcuda gets [`Error::NoDriver`] from [`Gpu::open`] (checked before any cudarc call that would
+//! otherwise panic on the missing library).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use cudarc::driver::sys::{CUevent_flags, CUfunction_attribute};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DriverError, LaunchConfig, PushKernelArg,
+};
+use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions, Ptx};
+
+use crate::bf16;
+use crate::error::{invalid, Error};
+use crate::units::{Heads, Layout};
+
+/// The forward kernel's source, embedded at build time.
+pub const ATTN_FWD_SRC: &str = include_str!("../kernels/attn_fwd.cu");
+
+fn cuda(call: &'static str) -> impl Fn(DriverError) -> Error {
+    move |e| Error::Cuda {
+        call,
+        msg: e.to_string(),
+    }
+}
+
+/// Compile-time variant of the forward kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FwdVariant {
+    pub head_dim: u32,
+    /// Warps per block; each owns 16 query rows, so `block_m = 16·nwarps`.
+    pub nwarps: u32,
+}
+
+impl FwdVariant {
+    pub fn block_m(&self) -> u32 {
+        16 * self.nwarps
+    }
+    /// Dynamic shared memory: Q tile + double-buffered K and V tiles of 64 rows, bf16.
+    pub fn smem_bytes(&self) -> u32 {
+        (self.block_m() + 4 * 64) * self.head_dim * 2
+    }
+    /// Kernel-version label for CSV/BENCHMARKS.
+    pub fn label(&self) -> String {
+        format!("fwd-v1-d{}-w{}", self.head_dim, self.nwarps)
+    }
+}
+
+/// Compiles a forward-kernel variant to PTX with NVRTC (needs libnvrtc, not a GPU).
+pub fn compile_fwd(var: FwdVariant, include_dirs: &[String]) -> Result<Ptx, Error> {
+    if var.head_dim != 64 && var.head_dim != 128 {
+        return Err(invalid("head_dim", var.head_dim, "64 or 128"));
+    }
+    if var.nwarps != 4 && var.nwarps != 8 {
+        return Err(invalid("nwarps", var.nwarps, "4 or 8"));
+    }
+    // SAFETY: dlopen probe only.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Err(Error::NoNvrtc);
+    }
+    let opts = CompileOptions {
+        arch: Some("sm_90"),
+        options: vec![
+            format!("-DHEAD_DIM={}", var.head_dim),
+            format!("-DNWARPS={}", var.nwarps),
+            "-std=c++17".into(),
+        ],
+        include_paths: include_dirs.to_vec(),
+        name: Some("attn_fwd.cu".into()),
+        ..Default::default()
+    };
+    compile_ptx_with_opts(ATTN_FWD_SRC, opts.clone()).map_err(|e| match e {
+        CompileError::CompileError { log, .. } => Error::Compile {
+            kernel: var.label(),
+            options: opts.options.clone(),
+            log: log.to_string_lossy().into_owned(),
+        },
+        other => Error::Compile {
+            kernel: var.label(),
+            options: opts.options.clone(),
+            log: format!("{other:?}"),
+        },
+    })
+}
+
+/// An opened GPU with compiled kernels.
+pub struct Gpu {
+    pub ctx: Arc<CudaContext>,
+    pub stream: Arc<CudaStream>,
+    pub name: String,
+    pub driver_version: i32,
+    pub sm_count: i32,
+    include_dirs: Vec<String>,
+    kernels: HashMap<FwdVariant, CudaFunction>,
+}
+
+/// Device buffers of one forward launch.
+pub struct FwdBuffers {
+    pub q: CudaSlice<u16>,
+    pub k: CudaSlice<u16>,
+    pub v: CudaSlice<u16>,
+    pub o: CudaSlice<u16>,
+    pub lse: CudaSlice<f32>,
+    pub units: CudaSlice<i32>,
+    pub tiles: CudaSlice<i32>,
+    pub n_tiles: u32,
+}
+
+/// Is the CUDA driver library loadable here?
+pub fn driver_present() -> bool {
+    // SAFETY: only tries to dlopen the library candidates; no symbol is called.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+impl Gpu {
+    /// Opens device `ordinal`. `Err(Error::NoDriver)` where libcuda is missing.
+    pub fn open(ordinal: usize) -> Result<Self, Error> {
+        if !driver_present() {
+            return Err(Error::NoDriver);
+        }
+        let n = CudaContext::device_count().map_err(cuda("cuDeviceGetCount"))?;
+        if n <= 0 {
+            return Err(Error::NoDevice);
+        }
+        if ordinal >= n as usize {
+            return Err(invalid("device ordinal", ordinal, format!("0..{n}")));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(cuda("cuCtxCreate"))?;
+        // One stream, no cross-stream hazards: skip cudarc's per-launch event bookkeeping so
+        // timed launches contain only the kernel.
+        // SAFETY: all work of this crate runs on `stream` in order.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.default_stream();
+        let name = ctx.name().map_err(cuda("cuDeviceGetName"))?;
+        let mut driver_version = 0i32;
+        // SAFETY: plain out-parameter query.
+        unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut driver_version) }
+            .result()
+            .map_err(cuda("cuDriverGetVersion"))?;
+        let sm_count = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+            .map_err(cuda("cuDeviceGetAttribute"))?;
+        let include_dirs = ["/usr/local/cuda/include"]
+            .iter()
+            .filter(|p| std::path::Path::new(p).is_dir())
+            .map(|p| p.to_string())
+            .collect();
+        Ok(Gpu {
+            ctx,
+            stream,
+            name,
+            driver_version,
+            sm_count,
+            include_dirs,
+            kernels: HashMap::new(),
+        })
+    }
+
+    /// Compiles (once) and returns the forward kernel variant.
+    pub fn fwd_kernel(&mut self, var: FwdVariant) -> Result<CudaFunction, Error> {
+        if let Some(f) = self.kernels.get(&var) {
+            return Ok(f.clone());
+        }
+        let ptx = compile_fwd(var, &self.include_dirs)?;
+        let module = self
+            .ctx
+            .load_module(ptx)
+            .map_err(cuda("cuModuleLoadData"))?;
+        let f = module
+            .load_function("attn_fwd")
+            .map_err(cuda("cuModuleGetFunction"))?;
+        f.set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            var.smem_bytes() as i32,
+        )
+        .map_err(cuda("cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)"))?;
+        self.kernels.insert(var, f.clone());
+        Ok(f)
+    }
+
+    /// Registers, spilled (local) bytes of a compiled variant.
+    pub fn kernel_resources(&mut self, var: FwdVariant) -> Result<(i32, i32), Error> {
+        let f = self.fwd_kernel(var)?;
+        Ok((
+            f.num_regs().map_err(cuda("cuFuncGetAttribute(NUM_REGS)"))?,
+            f.local_size_bytes()
+                .map_err(cuda("cuFuncGetAttribute(LOCAL_SIZE_BYTES)"))?,
+        ))
+    }
+
+    /// Uploads inputs and allocates poisoned outputs for one launch.
+    pub fn upload(
+        &self,
+        layout: &Layout,
+        heads: Heads,
+        q: &[u16],
+        k: &[u16],
+        v: &[u16],
+    ) -> Result<FwdBuffers, Error> {
+        let s = &self.stream;
+        let d = heads.head_dim as usize;
+        if q.len() != layout.q_rows * heads.h_q as usize * d {
+            return Err(invalid("q length", q.len(), "q_rows·h_q·head_dim"));
+        }
+        if k.len() != layout.kv_rows * heads.h_kv as usize * d || v.len() != k.len() {
+            return Err(invalid("k/v length", k.len(), "kv_rows·h_kv·head_dim"));
+        }
+        let mut b = FwdBuffers {
+            q: s.clone_htod(q).map_err(cuda("cuMemcpyHtoD(q)"))?,
+            k: s.clone_htod(k).map_err(cuda("cuMemcpyHtoD(k)"))?,
+            v: s.clone_htod(v).map_err(cuda("cuMemcpyHtoD(v)"))?,
+            o: s.alloc_zeros::<u16>(q.len())
+                .map_err(cuda("cuMemAlloc(o)"))?,
+            lse: s
+                .alloc_zeros::<f32>(layout.q_rows * heads.h_q as usize)
+                .map_err(cuda("cuMemAlloc(lse)"))?,
+            units: s
+                .clone_htod(&layout.unit_words)
+                .map_err(cuda("cuMemcpyHtoD(units)"))?,
+            tiles: s
+                .clone_htod(&layout.tile_words())
+                .map_err(cuda("cuMemcpyHtoD(tiles)"))?,
+            n_tiles: u32::try_from(layout.tiles.len())
+                .map_err(|_| invalid("tiles", layout.tiles.len(), "< 2^32"))?,
+        };
+        self.poison(&mut b)?;
+        Ok(b)
+    }
+
+    /// Replaces the units/tiles of `b` with those of `layout`, which must have the same Q and
+    /// K/V row counts as the uploaded tensors.
+    pub fn set_layout(
+        &self,
+        b: &mut FwdBuffers,
+        layout: &Layout,
+        heads: Heads,
+    ) -> Result<(), Error> {
+        let d = heads.head_dim as usize;
+        if b.q.len() != layout.q_rows * heads.h_q as usize * d
+            || b.k.len() != layout.kv_rows * heads.h_kv as usize * d
+        {
+            return Err(invalid(
+                "layout rows",
+                format!("q {} / kv {}", layout.q_rows, layout.kv_rows),
+                "the row counts of the uploaded tensors",
+            ));
+        }
+        b.units = self
+            .stream
+            .clone_htod(&layout.unit_words)
+            .map_err(cuda("cuMemcpyHtoD(units)"))?;
+        b.tiles = self
+            .stream
+            .clone_htod(&layout.tile_words())
+            .map_err(cuda("cuMemcpyHtoD(tiles)"))?;
+        b.n_tiles = u32::try_from(layout.tiles.len())
+            .map_err(|_| invalid("tiles", layout.tiles.len(), "< 2^32"))?;
+        Ok(())
+    }
+
+    /// Fills O with bf16 NaN and LSE with f32 NaN, so unwritten elements are detected.
+    pub fn poison(&self, b: &mut FwdBuffers) -> Result<(), Error> {
+        let po = vec![bf16::POISON; b.o.len()];
+        self.stream
+            .memcpy_htod(&po, &mut b.o)
+            .map_err(cuda("cuMemcpyHtoD(poison o)"))?;
+        let pl = vec![f32::NAN; b.lse.len()];
+        self.stream
+            .memcpy_htod(&pl, &mut b.lse)
+            .map_err(cuda("cuMemcpyHtoD(poison lse)"))?;
+        Ok(())
+    }
+
+    /// Enqueues one forward launch (no synchronisation).
+    pub fn launch_fwd(
+        &mut self,
+        var: FwdVariant,
+        heads: Heads,
+        b: &mut FwdBuffers,
+        scale: f32,
+    ) -> Result<(), Error> {
+        if var.head_dim != heads.head_dim {
+            return Err(invalid(
+                "kernel head_dim",
+                var.head_dim,
+                format!("the data's head_dim {}", heads.head_dim),
+            ));
+        }
+        if b.n_tiles == 0 {
+            return Ok(());
+        }
+        let f = self.fwd_kernel(var)?;
+        let cfg = LaunchConfig {
+            grid_dim: (b.n_tiles, heads.h_q, 1),
+            block_dim: (32 * var.nwarps, 1, 1),
+            shared_mem_bytes: var.smem_bytes(),
+        };
+        let (hq, hkv) = (heads.h_q as i32, heads.h_kv as i32);
+        let scale_log2 = scale * std::f32::consts::LOG2_E;
+        let mut l = self.stream.launch_builder(&f);
+        l.arg(&b.q)
+            .arg(&b.k)
+            .arg(&b.v)
+            .arg(&mut b.o)
+            .arg(&mut b.lse)
+            .arg(&b.units)
+            .arg(&b.tiles)
+            .arg(&hq)
+            .arg(&hkv)
+            .arg(&scale_log2);
+        // SAFETY: argument order and types match `attn_fwd`'s signature; buffer sizes were
+        // checked in `upload` against the layout the tiles/units index.
+        unsafe { l.launch(cfg) }.map_err(cuda("cuLaunchKernel(attn_fwd)"))?;
+        self.ctx
+            .check_err()
+            .map_err(cuda("attn_fwd (async error)"))?;
+        Ok(())
+    }
+
+    /// Waits for the stream and surfaces any asynchronous error.
+    pub fn sync(&self) -> Result<(), Error> {
+        self.stream
+            .synchronize()
+            .map_err(cuda("cuStreamSynchronize"))
+    }
+
+    /// Times `reps` launches, each between its own pair of CUDA events, after `warmup` untimed
+    /// ones. Returns per-launch milliseconds.
+    pub fn time_fwd(
+        &mut self,
+        var: FwdVariant,
+        heads: Heads,
+        b: &mut FwdBuffers,
+        scale: f32,
+        warmup: usize,
+        reps: usize,
+    ) -> Result<Vec<f64>, Error> {
+        for _ in 0..warmup {
+            self.launch_fwd(var, heads, b, scale)?;
+        }
+        self.sync()?;
+        let flags = Some(CUevent_flags::CU_EVENT_DEFAULT);
+        let mut evs = Vec::with_capacity(reps + 1);
+        for _ in 0..=reps {
+            evs.push(self.ctx.new_event(flags).map_err(cuda("cuEventCreate"))?);
+        }
+        evs[0].record(&self.stream).map_err(cuda("cuEventRecord"))?;
+        let mut pairs = Vec::with_capacity(reps);
+        // Back-to-back launches with an event between each: launch i is timed by (ev[i], ev[i+1]).
+        for i in 0..reps {
+            self.launch_fwd(var, heads, b, scale)?;
+            evs[i + 1]
+                .record(&self.stream)
+                .map_err(cuda("cuEventRecord"))?;
+            pairs.push(i);
+        }
+        self.sync()?;
+        pairs
+            .iter()
+            .map(|&i| {
+                evs[i]
+                    .elapsed_ms(&evs[i + 1])
+                    .map(f64::from)
+                    .map_err(cuda("cuEventElapsedTime"))
+            })
+            .collect()
+    }
+
+    /// Copies O and LSE back.
+    pub fn download(&self, b: &FwdBuffers) -> Result<(Vec<u16>, Vec<f32>), Error> {
+        let o = self
+            .stream
+            .clone_dtoh(&b.o)
+            .map_err(cuda("cuMemcpyDtoH(o)"))?;
+        let l = self
+            .stream
+            .clone_dtoh(&b.lse)
+            .map_err(cuda("cuMemcpyDtoH(lse)"))?;
+        Ok((o, l))
+    }
+}
