@@ -162,8 +162,39 @@ mod tests {
         let rp = attention(&part, &lp, heads, &qp, &k, &v, 0.3).unwrap();
         let want = &rw.out[a * 4 * d..e * 4 * d];
         assert!(rel_l2(&rp.out, want) < 1e-14);
-        // Heads 0 and 1 share KV head 0; heads 2, 3 share KV head 1: swapping KV heads changes
-        // heads 2..4 only.
+        // GQA: query head 3 reads KV head 1 (group of 2): single-head attention on the
+        // extracted slices must give the same rows.
+        let pick = |x: &[u16], nh: usize, h: usize| -> Vec<u16> {
+            (0..len)
+                .flat_map(|t| x[(t * nh + h) * d..][..d].to_vec())
+                .collect()
+        };
+        let one = Heads::new(1, 1, 64).unwrap();
+        let r1 = attention(
+            &whole,
+            &lw,
+            one,
+            &pick(&q, 4, 3),
+            &pick(&k, 2, 1),
+            &pick(&v, 2, 1),
+            0.3,
+        )
+        .unwrap();
+        let got: Vec<f64> = (0..len)
+            .flat_map(|t| rw.out[(t * 4 + 3) * d..][..d].to_vec())
+            .collect();
+        assert!(rel_l2(&got, &r1.out) < 1e-14);
+        let wrong = attention(
+            &whole,
+            &lw,
+            one,
+            &pick(&q, 4, 3),
+            &pick(&k, 2, 0),
+            &pick(&v, 2, 0),
+            0.3,
+        )
+        .unwrap();
+        assert!(rel_l2(&got, &wrong.out) > 1e-3);
         assert!(rel_l2(&[1.0, f64::NAN], &[1.0, 1.0]).is_infinite());
     }
 }

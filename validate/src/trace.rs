@@ -103,6 +103,25 @@ pub fn parse_kernels(json: &str, name_filter: &str) -> Result<Vec<KernelEvent>, 
     Ok(out)
 }
 
+impl KernelEvent {
+    /// Causal-attention FLOPs of a FlashAttention forward kernel launched by
+    /// `aten::_flash_attention_forward`, whose first input is the query `[batch, seq, heads,
+    /// head_dim]`: `4·d·h·b·l(l+1)/2` (the count of the reference CSV). `None` for another
+    /// operator or shape.
+    pub fn causal_flash_fwd_flops(&self) -> Option<f64> {
+        if self.op.as_deref() != Some("aten::_flash_attention_forward") {
+            return None;
+        }
+        match self.input_dims.first()?.as_slice() {
+            &[b, l, h, d] if b > 0 && l > 0 && h > 0 && d > 0 => {
+                let (b, l, h, d) = (b as f64, l as f64, h as f64, d as f64);
+                Some(4.0 * d * h * b * l * (l + 1.0) / 2.0)
+            }
+            _ => None,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -126,6 +145,12 @@ mod tests {
         assert_eq!(k[1].input_dims[0], vec![2, 1024, 32, 128]);
         assert!(k[1].input_dims[2].is_empty());
         assert_eq!(parse_kernels(json, "").unwrap().len(), 3);
+        // 4·128·32·2·1024·1025/2
+        assert_eq!(
+            k[1].causal_flash_fwd_flops(),
+            Some(4.0 * 128.0 * 32.0 * 2.0 * 1024.0 * 1025.0 / 2.0)
+        );
+        assert_eq!(k[0].causal_flash_fwd_flops(), None);
     }
 
     #[test]
