@@ -12,13 +12,13 @@ if ! ldconfig -p | grep -q libnvrtc.so; then
   n=$(find / -name 'libnvrtc.so*' -not -path '*/proc/*' 2>/dev/null | head -1)
   [ -n "$n" ] && export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}:$(dirname $n)
 fi
-echo "== env"; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
+echo "== env"; (nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,clocks.max.sm,temperature.gpu,power.draw --format=csv; nvidia-smi | head -12; date -u) 2>&1 | tee $OUT/env.txt
 echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
 for step in "$@"; do
   case $step in
     check) echo "== check"; $B check 2>&1 | tee $OUT/check.txt ;;
     bench) echo "== bench"; $B bench --nwarps ${NWARPS:-4,8} --csv $OUT/ours.csv 2>&1 | tee $OUT/bench.txt ;;
-    jitter) echo "== jitter"; $B jitter --heads 32,2 --doc-len 512,4096 --reps 200 --csv $OUT/jitter_raw.csv 2>&1 | tee $OUT/jitter.txt ;;
+    jitter) echo "== jitter"; $B jitter --nwarps ${JNWARPS:-8} --heads 32,2 --doc-len 512,4096 --reps 200 --csv $OUT/jitter_raw.csv 2>&1 | tee $OUT/jitter.txt ;;
     torch) echo "== torch"; python3 $S/torch_bench.py $OUT/torch.csv $OUT/ours.csv 2>&1 | tee $OUT/torch.txt ;;
     trace) echo "== trace"; python3 $S/torch_profile_trace.py $OUT/flash_trace.json 2>&1 | tail -20; ls -la $OUT/flash_trace.json; $B trace $OUT/flash_trace.json | head -20 ;;
   esac

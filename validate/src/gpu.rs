@@ -17,8 +17,16 @@ use crate::bf16;
 use crate::error::{invalid, Error};
 use crate::units::{Heads, Layout};
 
-/// The forward kernel's source, embedded at build time.
-pub const ATTN_FWD_SRC: &str = include_str!("../kernels/attn_fwd.cu");
+/// The forward kernel's source (shared definitions first), embedded at build time.
+pub const ATTN_FWD_SRC: &str = concat!(
+    include_str!("../kernels/attn_common.cuh"),
+    include_str!("../kernels/attn_fwd.cu")
+);
+/// The backward kernels' source (shared definitions first).
+pub const ATTN_BWD_SRC: &str = concat!(
+    include_str!("../kernels/attn_common.cuh"),
+    include_str!("../kernels/attn_bwd.cu")
+);
 
 fn cuda(call: &'static str) -> impl Fn(DriverError) -> Error {
     move |e| Error::Cuda {
@@ -51,6 +59,24 @@ impl FwdVariant {
 
 /// Compiles a forward-kernel variant to PTX with NVRTC (needs libnvrtc, not a GPU).
 pub fn compile_fwd(var: FwdVariant, include_dirs: &[String]) -> Result<Ptx, Error> {
+    compile_src(ATTN_FWD_SRC, "attn_fwd.cu", var, include_dirs)
+}
+
+/// Compiles the backward kernels (4 warps: 64-row query and key tiles) for `head_dim`.
+pub fn compile_bwd(head_dim: u32, include_dirs: &[String]) -> Result<Ptx, Error> {
+    let var = FwdVariant {
+        head_dim,
+        nwarps: 4,
+    };
+    compile_src(ATTN_BWD_SRC, "attn_bwd.cu", var, include_dirs)
+}
+
+fn compile_src(
+    src: &str,
+    name: &str,
+    var: FwdVariant,
+    include_dirs: &[String],
+) -> Result<Ptx, Error> {
     if var.head_dim != 64 && var.head_dim != 128 {
         return Err(invalid("head_dim", var.head_dim, "64 or 128"));
     }
@@ -69,10 +95,10 @@ pub fn compile_fwd(var: FwdVariant, include_dirs: &[String]) -> Result<Ptx, Erro
             "-std=c++17".into(),
         ],
         include_paths: include_dirs.to_vec(),
-        name: Some("attn_fwd.cu".into()),
+        name: Some(name.into()),
         ..Default::default()
     };
-    compile_ptx_with_opts(ATTN_FWD_SRC, opts.clone()).map_err(|e| match e {
+    compile_ptx_with_opts(src, opts.clone()).map_err(|e| match e {
         CompileError::CompileError { log, .. } => Error::Compile {
             kernel: var.label(),
             options: opts.options.clone(),
@@ -95,6 +121,20 @@ pub struct Gpu {
     pub sm_count: i32,
     include_dirs: Vec<String>,
     kernels: HashMap<FwdVariant, CudaFunction>,
+    bwd_kernels: HashMap<u32, [CudaFunction; 3]>,
+}
+
+/// Gradients from the backward kernels, fp32, in the layouts of Q and K/V.
+pub struct GpuGrads {
+    pub dq: Vec<f32>,
+    pub dk: Vec<f32>,
+    pub dv: Vec<f32>,
+}
+
+/// Dynamic shared memory of the backward kernels: two 64-row tiles + two double-buffered ones,
+/// plus 2x2x64 floats of LSE/Dv.
+pub fn bwd_smem_bytes(head_dim: u32) -> u32 {
+    6 * 64 * head_dim * 2 + 4 * 64 * 4
 }
 
 /// Device buffers of one forward launch.
@@ -158,6 +198,7 @@ impl Gpu {
             sm_count,
             include_dirs,
             kernels: HashMap::new(),
+            bwd_kernels: HashMap::new(),
         })
     }
 
@@ -181,6 +222,174 @@ impl Gpu {
         .map_err(cuda("cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)"))?;
         self.kernels.insert(var, f.clone());
         Ok(f)
+    }
+
+    /// Compiles (once) the backward kernels for `head_dim`: [dot, dq, dkdv].
+    pub fn bwd_kernels(&mut self, head_dim: u32) -> Result<[CudaFunction; 3], Error> {
+        if let Some(f) = self.bwd_kernels.get(&head_dim) {
+            return Ok(f.clone());
+        }
+        let ptx = compile_bwd(head_dim, &self.include_dirs)?;
+        let module = self
+            .ctx
+            .load_module(ptx)
+            .map_err(cuda("cuModuleLoadData(bwd)"))?;
+        let get = |n: &str| {
+            module
+                .load_function(n)
+                .map_err(cuda("cuModuleGetFunction(bwd)"))
+        };
+        let fs = [
+            get("attn_bwd_dot")?,
+            get("attn_bwd_dq")?,
+            get("attn_bwd_dkdv")?,
+        ];
+        for f in &fs[1..] {
+            f.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bwd_smem_bytes(head_dim) as i32,
+            )
+            .map_err(cuda(
+                "cuFuncSetAttribute(bwd MAX_DYNAMIC_SHARED_SIZE_BYTES)",
+            ))?;
+        }
+        self.bwd_kernels.insert(head_dim, fs.clone());
+        Ok(fs)
+    }
+
+    /// Backward pass for the units of `layout` (`key_tiles` from [`Layout::key_tiles`] with 64
+    /// keys), given the forward buffers (O and LSE already computed) and upstream gradient `dout`.
+    /// dQ is poisoned with NaN before the launch and must be fully written; dK/dV are
+    /// accumulated atomically from zero.
+    pub fn backward(
+        &mut self,
+        heads: Heads,
+        layout: &Layout,
+        key_tiles: &[crate::units::Tile],
+        fwd: &FwdBuffers,
+        dout: &[u16],
+        scale: f32,
+    ) -> Result<GpuGrads, Error> {
+        if layout.block_m != 64 {
+            return Err(invalid(
+                "layout block_m",
+                layout.block_m,
+                "64 for the backward kernels",
+            ));
+        }
+        if dout.len() != fwd.q.len() {
+            return Err(invalid(
+                "dout length",
+                dout.len(),
+                format!("{} (as q)", fwd.q.len()),
+            ));
+        }
+        let [fdot, fdq, fdkdv] = self.bwd_kernels(heads.head_dim)?;
+        let s = self.stream.clone();
+        let dgo = s.clone_htod(dout).map_err(cuda("cuMemcpyHtoD(dout)"))?;
+        let rows_heads = (layout.q_rows * heads.h_q as usize) as i64;
+        let mut dvec = s
+            .alloc_zeros::<f32>(rows_heads as usize)
+            .map_err(cuda("cuMemAlloc(Dv)"))?;
+        let mut dq = s
+            .clone_htod(&vec![f32::NAN; fwd.q.len()])
+            .map_err(cuda("cuMemcpyHtoD(poison dq)"))?;
+        let mut dk = s
+            .alloc_zeros::<f32>(fwd.k.len())
+            .map_err(cuda("cuMemAlloc(dk)"))?;
+        let mut dv = s
+            .alloc_zeros::<f32>(fwd.v.len())
+            .map_err(cuda("cuMemAlloc(dv)"))?;
+        let kt: Vec<i32> = key_tiles
+            .iter()
+            .flat_map(|t| [t.unit as i32, t.m_block as i32])
+            .collect();
+        let ktiles = s.clone_htod(&kt).map_err(cuda("cuMemcpyHtoD(key tiles)"))?;
+        let (hq, hkv) = (heads.h_q as i32, heads.h_kv as i32);
+        let blocks = u32::try_from((rows_heads + 7) / 8)
+            .map_err(|_| invalid("rows x heads", rows_heads, "< 2^35"))?;
+        // SAFETY (all three launches): argument lists match the kernels' signatures in
+        // attn_bwd.cu; buffers have the sizes the layout's units/tiles index.
+        let mut l = s.launch_builder(&fdot);
+        l.arg(&fwd.o).arg(&dgo).arg(&mut dvec).arg(&rows_heads);
+        unsafe {
+            l.launch(LaunchConfig {
+                grid_dim: (blocks.max(1), 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .map_err(cuda("cuLaunchKernel(attn_bwd_dot)"))?;
+        let smem = bwd_smem_bytes(heads.head_dim);
+        if fwd.n_tiles > 0 {
+            let mut l = s.launch_builder(&fdq);
+            l.arg(&fwd.q)
+                .arg(&fwd.k)
+                .arg(&fwd.v)
+                .arg(&dgo)
+                .arg(&fwd.lse)
+                .arg(&dvec)
+                .arg(&mut dq)
+                .arg(&fwd.units)
+                .arg(&fwd.tiles)
+                .arg(&hq)
+                .arg(&hkv)
+                .arg(&scale);
+            unsafe {
+                l.launch(LaunchConfig {
+                    grid_dim: (fwd.n_tiles, heads.h_q, 1),
+                    block_dim: (128, 1, 1),
+                    shared_mem_bytes: smem,
+                })
+            }
+            .map_err(cuda("cuLaunchKernel(attn_bwd_dq)"))?;
+        }
+        if !key_tiles.is_empty() {
+            let mut l = s.launch_builder(&fdkdv);
+            l.arg(&fwd.q)
+                .arg(&fwd.k)
+                .arg(&fwd.v)
+                .arg(&dgo)
+                .arg(&fwd.lse)
+                .arg(&dvec)
+                .arg(&mut dk)
+                .arg(&mut dv)
+                .arg(&fwd.units)
+                .arg(&ktiles)
+                .arg(&hq)
+                .arg(&hkv)
+                .arg(&scale);
+            let n = u32::try_from(key_tiles.len())
+                .map_err(|_| invalid("key tiles", key_tiles.len(), "< 2^32"))?;
+            unsafe {
+                l.launch(LaunchConfig {
+                    grid_dim: (n, heads.h_q, 1),
+                    block_dim: (128, 1, 1),
+                    shared_mem_bytes: smem,
+                })
+            }
+            .map_err(cuda("cuLaunchKernel(attn_bwd_dkdv)"))?;
+        }
+        self.sync()?;
+        Ok(GpuGrads {
+            dq: s.clone_dtoh(&dq).map_err(cuda("cuMemcpyDtoH(dq)"))?,
+            dk: s.clone_dtoh(&dk).map_err(cuda("cuMemcpyDtoH(dk)"))?,
+            dv: s.clone_dtoh(&dv).map_err(cuda("cuMemcpyDtoH(dv)"))?,
+        })
+    }
+
+    /// Registers, spilled (local) bytes of the backward kernels [dot, dq, dkdv].
+    pub fn bwd_resources(&mut self, head_dim: u32) -> Result<Vec<(i32, i32)>, Error> {
+        self.bwd_kernels(head_dim)?
+            .iter()
+            .map(|f| {
+                Ok((
+                    f.num_regs().map_err(cuda("cuFuncGetAttribute(NUM_REGS)"))?,
+                    f.local_size_bytes()
+                        .map_err(cuda("cuFuncGetAttribute(LOCAL_SIZE_BYTES)"))?,
+                ))
+            })
+            .collect()
     }
 
     /// Registers, spilled (local) bytes of a compiled variant.

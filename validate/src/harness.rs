@@ -116,6 +116,63 @@ pub fn check_case(
     })
 }
 
+/// Result of one backward correctness case.
+#[derive(Clone, Debug)]
+pub struct BwdCheckResult {
+    pub case: String,
+    pub rel_l2_dq: f64,
+    pub rel_l2_dk: f64,
+    pub rel_l2_dv: f64,
+    pub unwritten_dq: usize,
+}
+
+impl BwdCheckResult {
+    pub fn passed(&self) -> bool {
+        self.unwritten_dq == 0
+            && self.rel_l2_dq < MAX_REL_L2
+            && self.rel_l2_dk < MAX_REL_L2
+            && self.rel_l2_dv < MAX_REL_L2
+    }
+}
+
+/// Runs forward then backward on the GPU and compares dQ, dK, dV with the f64 reference.
+pub fn check_bwd_case(gpu: &mut Gpu, case: &CheckCase, seed: u64) -> Result<BwdCheckResult, Error> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let var = FwdVariant {
+        head_dim: case.heads.head_dim,
+        nwarps: 4,
+    };
+    let layout = Layout::new(&case.batch, 64)?;
+    let key_tiles = layout.key_tiles(&case.batch, 64)?;
+    let d = case.heads.head_dim as usize;
+    let q = random_bf16(layout.q_rows * case.heads.h_q as usize * d, &mut rng);
+    let k = random_bf16(layout.kv_rows * case.heads.h_kv as usize * d, &mut rng);
+    let v = random_bf16(layout.kv_rows * case.heads.h_kv as usize * d, &mut rng);
+    let dout = random_bf16(q.len(), &mut rng);
+    let scale = 1.0 / (d as f64).sqrt();
+    let mut buf = gpu.upload(&layout, case.heads, &q, &k, &v)?;
+    gpu.launch_fwd(var, case.heads, &mut buf, scale as f32)?;
+    let g = gpu.backward(case.heads, &layout, &key_tiles, &buf, &dout, scale as f32)?;
+    let want = crate::reference::attention_bwd(
+        &case.batch,
+        &layout,
+        case.heads,
+        &q,
+        &k,
+        &v,
+        &dout,
+        scale,
+    )?;
+    let f = |x: &[f32]| -> Vec<f64> { x.iter().map(|&y| f64::from(y)).collect() };
+    Ok(BwdCheckResult {
+        case: case.name.to_string(),
+        rel_l2_dq: rel_l2(&f(&g.dq), &want.dq),
+        rel_l2_dk: rel_l2(&f(&g.dk), &want.dk),
+        rel_l2_dv: rel_l2(&f(&g.dv), &want.dv),
+        unwritten_dq: g.dq.iter().filter(|x| x.is_nan()).count(),
+    })
+}
+
 /// One benchmark row.
 #[derive(Clone, Debug)]
 pub struct BenchRow {

@@ -85,6 +85,88 @@ pub fn attention(
     Ok(Reference { out, lse })
 }
 
+/// Reference gradients (f64) in the layouts of Q and K/V.
+pub struct Grads {
+    pub dq: Vec<f64>,
+    pub dk: Vec<f64>,
+    pub dv: Vec<f64>,
+}
+
+/// Backward of [`attention`] for upstream gradient `dout` (layout of Q): with P the softmax
+/// weights, dV_j += P_j dO, dP_j = dO·v_j, dS_j = P_j (dP_j − Σ_i P_i dP_i),
+/// dQ = scale Σ_j dS_j k_j, dK_j += scale dS_j q.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_bwd(
+    batch: &Batch,
+    layout: &Layout,
+    heads: Heads,
+    q: &[u16],
+    k: &[u16],
+    v: &[u16],
+    dout: &[u16],
+    scale: f64,
+) -> Result<Grads, Error> {
+    let d = heads.head_dim as usize;
+    let (hq, hkv) = (heads.h_q as usize, heads.h_kv as usize);
+    if dout.len() != q.len() {
+        return Err(invalid(
+            "dout length",
+            dout.len(),
+            format!("{} (as q)", q.len()),
+        ));
+    }
+    let fwd = attention(batch, layout, heads, q, k, v, scale)?;
+    let f = |x: &[u16]| -> Vec<f64> { x.iter().map(|&h| f64::from(bf16::to_f32(h))).collect() };
+    let (qf, kf, vf, gf) = (f(q), f(k), f(v), f(dout));
+    let mut dq = vec![0.0f64; q.len()];
+    let mut dk = vec![0.0f64; k.len()];
+    let mut dv = vec![0.0f64; v.len()];
+    let mut p = Vec::new();
+    let mut dp = Vec::new();
+    for (ui, u) in batch.units.iter().enumerate() {
+        let kv0 = layout.kv_off[u.sample];
+        for pos in u.a..u.e {
+            let qrow = layout.q_off[ui] + (pos - u.a) as usize;
+            for h in 0..hq {
+                let kh = h / (hq / hkv);
+                let qi = (qrow * hq + h) * d;
+                let qv = &qf[qi..][..d];
+                let g = &gf[qi..][..d];
+                let lse = fwd.lse[qrow * hq + h];
+                p.clear();
+                dp.clear();
+                for j in 0..=pos as usize {
+                    let ki = ((kv0 + j) * hkv + kh) * d;
+                    let s = qv
+                        .iter()
+                        .zip(&kf[ki..][..d])
+                        .map(|(a, b)| a * b)
+                        .sum::<f64>()
+                        * scale;
+                    p.push((s - lse).exp());
+                    dp.push(
+                        g.iter()
+                            .zip(&vf[ki..][..d])
+                            .map(|(a, b)| a * b)
+                            .sum::<f64>(),
+                    );
+                }
+                let dsum: f64 = p.iter().zip(&dp).map(|(a, b)| a * b).sum();
+                for j in 0..=pos as usize {
+                    let ki = ((kv0 + j) * hkv + kh) * d;
+                    let ds = p[j] * (dp[j] - dsum);
+                    for x in 0..d {
+                        dq[qi + x] += scale * ds * kf[ki + x];
+                        dk[ki + x] += scale * ds * qv[x];
+                        dv[ki + x] += p[j] * g[x];
+                    }
+                }
+            }
+        }
+    }
+    Ok(Grads { dq, dk, dv })
+}
+
 /// ‖got − want‖₂ / ‖want‖₂; infinite if any `got` is NaN or the lengths differ.
 pub fn rel_l2(got: &[f64], want: &[f64]) -> f64 {
     if got.len() != want.len() || got.iter().any(|x| !x.is_finite()) {
@@ -130,6 +212,70 @@ mod tests {
         assert!((r.out[d + 1] - (1.0 + 3.0 * e) / (1.0 + e)).abs() < 1e-12);
         assert!((r.lse[1] - (1.0 + e).ln()).abs() < 1e-12);
         assert!(r.out[d].abs() < 1e-12);
+    }
+
+    #[test]
+    fn backward_matches_finite_differences() {
+        // L = Σ dO∘O; dL/dq[x] ≈ (L(q + h e_x) − L(q − h e_x)) / 2h, with q values bf16-exact
+        // perturbations (h = 1/64 on values that are multiples of 1/64).
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+        let (len, d) = (6usize, 64usize);
+        let heads = Heads::new(2, 1, 64).unwrap();
+        let gen = |n: usize, rng: &mut rand_chacha::ChaCha8Rng| -> Vec<u16> {
+            (0..n)
+                .map(|_| w(f32::from(rng.random_range(-32i8..32)) / 64.0))
+                .collect()
+        };
+        let q = gen(len * 2 * d, &mut rng);
+        let k = gen(len * d, &mut rng);
+        let v = gen(len * d, &mut rng);
+        let g = gen(len * 2 * d, &mut rng);
+        let batch = Batch::documents(&[len as u32]);
+        let lay = Layout::new(&batch, 64).unwrap();
+        let grads = attention_bwd(&batch, &lay, heads, &q, &k, &v, &g, 0.7).unwrap();
+        let loss = |q: &[u16], k: &[u16], v: &[u16]| -> f64 {
+            let r = attention(&batch, &lay, heads, q, k, v, 0.7).unwrap();
+            r.out
+                .iter()
+                .zip(&g)
+                .map(|(o, &gg)| o * f64::from(bf16::to_f32(gg)))
+                .sum()
+        };
+        let hstep = 1.0 / 64.0;
+        let bump = |x: &[u16], i: usize, s: f32| -> Vec<u16> {
+            let mut y = x.to_vec();
+            y[i] = w(bf16::to_f32(y[i]) + s);
+            y
+        };
+        for &i in &[0usize, 70, 3 * 2 * d + 5, 11 * d - 1] {
+            let num = (loss(&bump(&q, i, hstep as f32), &k, &v)
+                - loss(&bump(&q, i, -hstep as f32), &k, &v))
+                / (2.0 * hstep);
+            assert!(
+                (num - grads.dq[i]).abs() < 2e-3,
+                "dq[{i}] {num} vs {}",
+                grads.dq[i]
+            );
+        }
+        for &i in &[0usize, 64 + 7, 5 * d + 63] {
+            let nk = (loss(&q, &bump(&k, i, hstep as f32), &v)
+                - loss(&q, &bump(&k, i, -hstep as f32), &v))
+                / (2.0 * hstep);
+            assert!(
+                (nk - grads.dk[i]).abs() < 2e-3,
+                "dk[{i}] {nk} vs {}",
+                grads.dk[i]
+            );
+            let nv = (loss(&q, &k, &bump(&v, i, hstep as f32))
+                - loss(&q, &k, &bump(&v, i, -hstep as f32)))
+                / (2.0 * hstep);
+            assert!(
+                (nv - grads.dv[i]).abs() < 1e-9,
+                "dv[{i}] {nv} vs {}",
+                grads.dv[i]
+            );
+        }
     }
 
     #[test]

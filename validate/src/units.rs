@@ -213,6 +213,35 @@ impl Layout {
             .collect()
     }
 
+    /// Key tiles of the backward dK/dV launch: per unit, blocks of `block_n` keys of its KV
+    /// prefix `[0, e)`; heaviest (most query rows that see the block) first, ties by
+    /// (unit, block). `Tile::m_block` is the key-block index.
+    pub fn key_tiles(&self, batch: &Batch, block_n: u32) -> Result<Vec<Tile>, Error> {
+        if block_n == 0 {
+            return Err(invalid("block_n", block_n, ">= 1"));
+        }
+        let mut tiles = Vec::new();
+        for (i, u) in batch.units.iter().enumerate() {
+            for kb in 0..u.e.div_ceil(block_n) {
+                tiles.push(Tile {
+                    unit: i as u32,
+                    m_block: kb,
+                });
+            }
+        }
+        let rows = |t: &Tile| {
+            let u = &batch.units[t.unit as usize];
+            u.e - u.a.max(t.m_block * block_n)
+        };
+        tiles.sort_by(|x, y| {
+            rows(y)
+                .cmp(&rows(x))
+                .then(x.unit.cmp(&y.unit))
+                .then(x.m_block.cmp(&y.m_block))
+        });
+        Ok(tiles)
+    }
+
     /// Bytes a launch must move at least: Q and O once, K and V once.
     pub fn min_bytes(&self, heads: Heads) -> f64 {
         let d = f64::from(heads.head_dim) * 2.0;
@@ -265,6 +294,15 @@ mod tests {
         let order: Vec<(u32, u32)> = l.tiles.iter().map(|t| (t.unit, t.m_block)).collect();
         assert_eq!(order, vec![(0, 1), (2, 0), (0, 0), (1, 0)]);
         assert_eq!(l.tile_words(), vec![0, 1, 2, 0, 0, 0, 1, 0]);
+        // Key tiles (64 keys): unit 0 blocks 0,1 see 100 and 36 query rows; unit 1 block 0
+        // sees 30; unit 2 ([64,80) of s0, keys [0,80)) blocks 0,1 see 16 each.
+        let kt: Vec<(u32, u32)> = l
+            .key_tiles(&batch, 64)
+            .unwrap()
+            .iter()
+            .map(|t| (t.unit, t.m_block))
+            .collect();
+        assert_eq!(kt, vec![(0, 0), (0, 1), (1, 0), (2, 0), (2, 1)]);
         // Bytes: Q+O = 2*146*4*128 B, K+V = 2*140*2*128 B.
         assert_eq!(
             l.min_bytes(heads()),

@@ -13,7 +13,9 @@ use std::process::ExitCode;
 
 use validate::error::{invalid, Error};
 use validate::gpu::{FwdVariant, Gpu};
-use validate::harness::{bench_docs, check_case, check_cases, upload_random, BenchRow};
+use validate::harness::{
+    bench_docs, check_bwd_case, check_case, check_cases, upload_random, BenchRow,
+};
 use validate::stats::Jitter;
 use validate::units::Heads;
 
@@ -109,6 +111,27 @@ fn check(a: &Args) -> Result<(), Error> {
                 if ok { "PASS" } else { "FAIL" }
             );
         }
+    }
+    for d in [64u32, 128] {
+        for (i, (regs, local)) in gpu.bwd_resources(d)?.iter().enumerate() {
+            let n = ["dot", "dq", "dkdv"][i];
+            println!("# bwd-v1-d{d} {n}: {regs} registers/thread, {local} B local (spill) memory");
+        }
+    }
+    for (i, case) in check_cases()?.iter().enumerate() {
+        let r = check_bwd_case(&mut gpu, case, seed.wrapping_add(100 + i as u64))?;
+        let ok = r.passed();
+        failed += usize::from(!ok);
+        println!(
+            "{:<18} bwd-v1-d{:<8} rel_l2(dQ) {:.2e}  rel_l2(dK) {:.2e}  rel_l2(dV) {:.2e}  unwritten dQ {}  {}",
+            r.case,
+            case.heads.head_dim,
+            r.rel_l2_dq,
+            r.rel_l2_dk,
+            r.rel_l2_dv,
+            r.unwritten_dq,
+            if ok { "PASS" } else { "FAIL" }
+        );
     }
     if failed > 0 {
         return Err(Error::CheckFailed(format!("{failed} case(s) failed")));
@@ -221,12 +244,18 @@ fn compile(a: &Args) -> Result<(), Error> {
     for nwarps in [4u32, 8] {
         for head_dim in [64u32, 128] {
             let var = FwdVariant { head_dim, nwarps };
-            let ptx = validate::gpu::compile_fwd(var, &[])?;
-            let src = ptx.to_src();
-            println!("{}: {} lines of PTX", var.label(), src.lines().count());
-            if let Some(d) = dir {
-                let p = format!("{d}/{}.ptx", var.label());
-                std::fs::write(&p, src).map_err(|e| invalid("--ptx-dir", d, e.to_string()))?;
+            let mut outs = vec![(var.label(), validate::gpu::compile_fwd(var, &[])?)];
+            if nwarps == 4 {
+                let bwd = validate::gpu::compile_bwd(head_dim, &[])?;
+                outs.push((format!("bwd-v1-d{head_dim}"), bwd));
+            }
+            for (label, ptx) in outs {
+                let src = ptx.to_src();
+                println!("{label}: {} lines of PTX", src.lines().count());
+                if let Some(d) = dir {
+                    let p = format!("{d}/{label}.ptx");
+                    std::fs::write(&p, src).map_err(|e| invalid("--ptx-dir", d, e.to_string()))?;
+                }
             }
         }
     }
