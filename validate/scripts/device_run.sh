@@ -19,7 +19,9 @@ for step in "$@"; do
     check) echo "== check"; $B check 2>&1 | tee $OUT/check.txt ;;
     bench) echo "== bench"; $B bench --nwarps ${NWARPS:-4,8} --csv $OUT/ours.csv 2>&1 | tee $OUT/bench.txt ;;
     jitter) echo "== jitter"; $B jitter --nwarps ${JNWARPS:-8} --heads 32,2 --doc-len 512,4096 --reps 200 --csv $OUT/jitter_raw.csv 2>&1 | tee $OUT/jitter.txt ;;
-    torch) echo "== torch"; python3 $S/torch_bench.py $OUT/torch.csv $OUT/ours.csv 2>&1 | tee $OUT/torch.txt ;;
+    torch) echo "== torch"; python3 $S/torch_bench.py fwd $OUT/torch.csv $OUT/ours.csv 2>&1 | tee $OUT/torch.txt ;;
+    bwd) echo "== bwd"; ($B bench-bwd --csv $OUT/ours_bwd.csv && python3 $S/torch_bench.py bwd $OUT/torch_bwd.csv $OUT/ours_bwd.csv) 2>&1 | tee $OUT/bwd.txt ;;
+    mixed) echo "== mixed"; mkdir -p /tmp/units; ($B bench-mixed --corpus $S/wlbllm.json --units-dir /tmp/units --csv $OUT/ours_mixed.csv && python3 $S/torch_bench.py mixed $OUT/torch_mixed.csv $OUT/ours_mixed.csv /tmp/units) 2>&1 | tee $OUT/mixed.txt ;;
     trace) echo "== trace"; python3 $S/torch_profile_trace.py $OUT/flash_trace.json 2>&1 | tail -20; ls -la $OUT/flash_trace.json; $B trace $OUT/flash_trace.json | head -20 ;;
   esac
 done

@@ -1,15 +1,22 @@
-"""PyTorch side of the side-by-side benchmark (skewsim issue 7).
+"""PyTorch side of the side-by-side benchmarks (skewsim issue 7).
 
-Times torch.nn.functional.scaled_dot_product_attention with the FlashAttention backend on the
-shapes of shared/data/h200_torch_flash_causal_fwd.csv: `total` tokens cut into documents of
-`doc_len` tokens, run as a batch of independent causal documents (B = total/doc_len, heads, doc_len,
-head_dim 128), bf16; median of `reps` CUDA-event-timed runs after 3 warm-ups; TFLOP/s counts
-4*head_dim*heads*sum l(l+1)/2. Writes a CSV and, given the Rust kernel's CSV
-(skewsim-validate bench --csv), prints the ratio table.
+fwd:   times torch.nn.functional.scaled_dot_product_attention with the FlashAttention backend on the
+       shapes of shared/data/h200_torch_flash_causal_fwd.csv: `total` tokens cut into documents of
+       `doc_len` tokens, run as a batch of independent causal documents (B = total/doc_len, heads,
+       doc_len, head_dim 128), bf16; median of `reps` CUDA-event-timed runs after 3 warm-ups;
+       TFLOP/s counts 4*head_dim*heads*sum l(l+1)/2.
+bwd:   the same shapes, timing out.backward(dO) of that call (FLOPs counted 2.5x the forward's).
+mixed: the variable-length batches skewsim-validate bench-mixed wrote (units_h{H}_c{C}.csv:
+       sample, sample_len, a, e), through torch.ops.aten._flash_attention_forward with cu_seqlens
+       (each unit: queries [a, e), keys [0, e) of its sample; causal is bottom-right aligned).
+Given our kernel's CSV, prints the ratio table.
 
-usage: python3 torch_bench.py OUT.csv [OURS.csv]
+usage: python3 torch_bench.py fwd|bwd OUT.csv [OURS.csv]
+       python3 torch_bench.py mixed OUT.csv OURS.csv UNITS_DIR
 """
 import csv
+import glob
+import os
 import statistics
 import sys
 
@@ -20,56 +27,110 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 TOTAL = 65536
 HEADS = [32, 8, 2]
 DOCS = [128, 256, 512, 1024, 4096, 16384, 65536]
+BWD_DOCS = [512, 4096, 16384]
 HEAD_DIM = 128
 WARMUP, REPS = 3, 20
 
 
-def bench(h, l):
+def timed(fn, reps=REPS, warmup=WARMUP):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e))
+    return statistics.median(times)
+
+
+def rand(*shape, g, grad=False):
+    t = torch.rand(*shape, device="cuda", dtype=torch.bfloat16, generator=g) * 2 - 1
+    return t.requires_grad_(grad)
+
+
+def bench(h, l, bwd):
     b = TOTAL // l
     g = torch.Generator(device="cuda").manual_seed(h * 1000003 + l)
-    q, k, v = (
-        torch.rand(b, h, l, HEAD_DIM, device="cuda", dtype=torch.bfloat16, generator=g) * 2 - 1
-        for _ in range(3)
-    )
-    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
-        for _ in range(WARMUP):
-            F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(REPS):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            e.record()
-            e.synchronize()
-            times.append(s.elapsed_time(e))
-    ms = statistics.median(times)
+    q, k, v = (rand(b, h, l, HEAD_DIM, g=g, grad=bwd) for _ in range(3))
     flops = 4 * HEAD_DIM * h * b * l * (l + 1) / 2
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        if not bwd:
+            ms = timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            do = rand(*out.shape, g=g)
+            # autograd.grad: no accumulation into .grad (which would add 3 elementwise kernels)
+            ms = timed(lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True), reps=10, warmup=2)
+            flops *= 2.5
     return ms, flops / (ms * 1e-3) / 1e12
 
 
-def main():
-    out = sys.argv[1]
-    print(f"# torch {torch.__version__}, {torch.cuda.get_device_name()}", flush=True)
+def mixed(units_dir):
     rows = []
-    for h in HEADS:
-        for l in DOCS:
-            ms, tf = bench(h, l)
-            rows.append((h, l, ms, tf))
-            print(f"torch,{h},{l},{ms:.4f},{tf:.1f}", flush=True)
-            torch.cuda.empty_cache()
-    with open(out, "w") as f:
-        f.write("heads,doc_len,total_tokens,head_dim,median_ms,tflops\n")
-        for h, l, ms, tf in rows:
-            f.write(f"{h},{l},{TOTAL},{HEAD_DIM},{ms:.4f},{tf:.1f}\n")
-    if len(sys.argv) > 2:
-        ours = list(csv.DictReader(open(sys.argv[2])))
-        print("\nkernel            heads doc_len  ours_TF torch_TF  ratio")
-        for r in ours:
-            t = [x for x in rows if x[0] == int(r["heads"]) and x[1] == int(r["doc_len"])]
+    for path in sorted(glob.glob(os.path.join(units_dir, "units_h*_c*.csv"))):
+        name = os.path.basename(path)[:-4]
+        h = int(name.split("_")[1][1:])
+        c = int(name.split("_")[2][1:])
+        units = [tuple(int(x) for x in (r["sample"], r["sample_len"], r["a"], r["e"])) for r in csv.DictReader(open(path))]
+        nq = sum(e - a for _, _, a, e in units)
+        nk = sum(e for _, _, _, e in units)  # each unit gets its own copy of its sample's prefix
+        g = torch.Generator(device="cuda").manual_seed(h * 7 + c)
+        q = rand(nq, h, HEAD_DIM, g=g)
+        k = rand(nk, h, HEAD_DIM, g=g)
+        v = rand(nk, h, HEAD_DIM, g=g)
+        cq = torch.tensor([0] + list(__import__("itertools").accumulate(e - a for _, _, a, e in units)), device="cuda", dtype=torch.int32)
+        ck = torch.tensor([0] + list(__import__("itertools").accumulate(e for _, _, _, e in units)), device="cuda", dtype=torch.int32)
+        mq = max(e - a for _, _, a, e in units)
+        mk = max(e for _, _, _, e in units)
+        f = lambda: torch.ops.aten._flash_attention_forward(q, k, v, cq, ck, mq, mk, 0.0, True, False)
+        try:
+            ms = timed(f)
+        except Exception as ex:  # report the signature this torch has, then skip the batch
+            print(f"# _flash_attention_forward failed: {ex}\n# schema: {torch.ops.aten._flash_attention_forward.default._schema}", flush=True)
+            return rows
+        flops = sum(4 * HEAD_DIM * h * ((e * (e + 1) - a * (a + 1)) / 2) for _, _, a, e in units)
+        rows.append((h, c, len(units), ms, flops / (ms * 1e-3) / 1e12))
+        print(f"torch-varlen,{h},{c},{len(units)},{ms:.4f},{rows[-1][4]:.1f}", flush=True)
+        del q, k, v
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main():
+    mode, out = sys.argv[1], sys.argv[2]
+    print(f"# torch {torch.__version__}, {torch.cuda.get_device_name()}, mode {mode}", flush=True)
+    rows = []
+    if mode in ("fwd", "bwd"):
+        for h in HEADS:
+            for l in DOCS if mode == "fwd" else BWD_DOCS:
+                ms, tf = bench(h, l, mode == "bwd")
+                rows.append((h, l, ms, tf))
+                print(f"torch-{mode},{h},{l},{ms:.4f},{tf:.1f}", flush=True)
+                torch.cuda.empty_cache()
+        with open(out, "w") as f:
+            f.write("heads,doc_len,total_tokens,head_dim,median_ms,tflops\n")
+            for h, l, ms, tf in rows:
+                f.write(f"{h},{l},{TOTAL},{HEAD_DIM},{ms:.4f},{tf:.1f}\n")
+        key = lambda r: (int(r["heads"]), int(r["doc_len"]))
+        ref = {(h, l): tf for h, l, _, tf in rows}
+    else:
+        rows = mixed(sys.argv[4])
+        with open(out, "w") as f:
+            f.write("heads,chunk,units,median_ms,tflops\n")
+            for h, c, n, ms, tf in rows:
+                f.write(f"{h},{c},{n},{ms:.4f},{tf:.1f}\n")
+        key = lambda r: (int(r["heads"]), int(r["chunk"]))
+        ref = {(h, c): tf for h, c, _, _, tf in rows}
+    if len(sys.argv) > 3:
+        print("\nkernel            heads  len/chunk  ours_TF torch_TF  ratio")
+        for r in csv.DictReader(open(sys.argv[3])):
+            t = ref.get(key(r))
             if t:
-                ratio = float(r["tflops"]) / t[0][3]
-                print(f"{r['kernel']:<17} {r['heads']:>5} {r['doc_len']:>7} {float(r['tflops']):8.1f} {t[0][3]:8.1f} {ratio:6.2f}")
+                print(f"{r['kernel']:<17} {r['heads']:>5} {list(key(r))[1]:>10} {float(r['tflops']):8.1f} {t:8.1f} {float(r['tflops']) / t:6.2f}")
 
 
 if __name__ == "__main__":

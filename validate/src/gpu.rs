@@ -131,6 +131,17 @@ pub struct GpuGrads {
     pub dv: Vec<f32>,
 }
 
+/// Device buffers of one backward pass.
+pub struct BwdBuffers {
+    pub dout: CudaSlice<u16>,
+    pub dvec: CudaSlice<f32>,
+    pub dq: CudaSlice<f32>,
+    pub dk: CudaSlice<f32>,
+    pub dv: CudaSlice<f32>,
+    pub key_tiles: CudaSlice<i32>,
+    pub n_key_tiles: u32,
+}
+
 /// Dynamic shared memory of the backward kernels: two 64-row tiles + two double-buffered ones,
 /// plus 2x2x64 floats of LSE/Dv.
 pub fn bwd_smem_bytes(head_dim: u32) -> u32 {
@@ -257,19 +268,16 @@ impl Gpu {
         Ok(fs)
     }
 
-    /// Backward pass for the units of `layout` (`key_tiles` from [`Layout::key_tiles`] with 64
-    /// keys), given the forward buffers (O and LSE already computed) and upstream gradient `dout`.
-    /// dQ is poisoned with NaN before the launch and must be fully written; dK/dV are
-    /// accumulated atomically from zero.
-    pub fn backward(
-        &mut self,
+    /// Allocates the backward buffers for the units of `layout` (`key_tiles` from
+    /// [`Layout::key_tiles`] with 64 keys) and uploads the upstream gradient `dout`.
+    pub fn alloc_bwd(
+        &self,
         heads: Heads,
         layout: &Layout,
         key_tiles: &[crate::units::Tile],
         fwd: &FwdBuffers,
         dout: &[u16],
-        scale: f32,
-    ) -> Result<GpuGrads, Error> {
+    ) -> Result<BwdBuffers, Error> {
         if layout.block_m != 64 {
             return Err(invalid(
                 "layout block_m",
@@ -284,34 +292,52 @@ impl Gpu {
                 format!("{} (as q)", fwd.q.len()),
             ));
         }
-        let [fdot, fdq, fdkdv] = self.bwd_kernels(heads.head_dim)?;
-        let s = self.stream.clone();
-        let dgo = s.clone_htod(dout).map_err(cuda("cuMemcpyHtoD(dout)"))?;
-        let rows_heads = (layout.q_rows * heads.h_q as usize) as i64;
-        let mut dvec = s
-            .alloc_zeros::<f32>(rows_heads as usize)
-            .map_err(cuda("cuMemAlloc(Dv)"))?;
-        let mut dq = s
-            .clone_htod(&vec![f32::NAN; fwd.q.len()])
-            .map_err(cuda("cuMemcpyHtoD(poison dq)"))?;
-        let mut dk = s
-            .alloc_zeros::<f32>(fwd.k.len())
-            .map_err(cuda("cuMemAlloc(dk)"))?;
-        let mut dv = s
-            .alloc_zeros::<f32>(fwd.v.len())
-            .map_err(cuda("cuMemAlloc(dv)"))?;
+        let s = &self.stream;
         let kt: Vec<i32> = key_tiles
             .iter()
             .flat_map(|t| [t.unit as i32, t.m_block as i32])
             .collect();
-        let ktiles = s.clone_htod(&kt).map_err(cuda("cuMemcpyHtoD(key tiles)"))?;
+        Ok(BwdBuffers {
+            dout: s.clone_htod(dout).map_err(cuda("cuMemcpyHtoD(dout)"))?,
+            dvec: s
+                .alloc_zeros::<f32>(layout.q_rows * heads.h_q as usize)
+                .map_err(cuda("cuMemAlloc(Dv)"))?,
+            dq: s
+                .clone_htod(&vec![f32::NAN; fwd.q.len()])
+                .map_err(cuda("cuMemcpyHtoD(poison dq)"))?,
+            dk: s
+                .alloc_zeros::<f32>(fwd.k.len())
+                .map_err(cuda("cuMemAlloc(dk)"))?,
+            dv: s
+                .alloc_zeros::<f32>(fwd.v.len())
+                .map_err(cuda("cuMemAlloc(dv)"))?,
+            key_tiles: s.clone_htod(&kt).map_err(cuda("cuMemcpyHtoD(key tiles)"))?,
+            n_key_tiles: u32::try_from(key_tiles.len())
+                .map_err(|_| invalid("key tiles", key_tiles.len(), "< 2^32"))?,
+        })
+    }
+
+    /// Enqueues one backward pass: zeroes dK/dV (they are accumulated atomically), then the
+    /// dot, dQ and dK/dV launches. No synchronisation.
+    pub fn launch_bwd(
+        &mut self,
+        heads: Heads,
+        fwd: &FwdBuffers,
+        g: &mut BwdBuffers,
+        scale: f32,
+    ) -> Result<(), Error> {
+        let [fdot, fdq, fdkdv] = self.bwd_kernels(heads.head_dim)?;
+        let s = self.stream.clone();
+        s.memset_zeros(&mut g.dk).map_err(cuda("cuMemsetD8(dk)"))?;
+        s.memset_zeros(&mut g.dv).map_err(cuda("cuMemsetD8(dv)"))?;
+        let rows_heads = g.dvec.len() as i64;
         let (hq, hkv) = (heads.h_q as i32, heads.h_kv as i32);
         let blocks = u32::try_from((rows_heads + 7) / 8)
             .map_err(|_| invalid("rows x heads", rows_heads, "< 2^35"))?;
         // SAFETY (all three launches): argument lists match the kernels' signatures in
         // attn_bwd.cu; buffers have the sizes the layout's units/tiles index.
         let mut l = s.launch_builder(&fdot);
-        l.arg(&fwd.o).arg(&dgo).arg(&mut dvec).arg(&rows_heads);
+        l.arg(&fwd.o).arg(&g.dout).arg(&mut g.dvec).arg(&rows_heads);
         unsafe {
             l.launch(LaunchConfig {
                 grid_dim: (blocks.max(1), 1, 1),
@@ -326,10 +352,10 @@ impl Gpu {
             l.arg(&fwd.q)
                 .arg(&fwd.k)
                 .arg(&fwd.v)
-                .arg(&dgo)
+                .arg(&g.dout)
                 .arg(&fwd.lse)
-                .arg(&dvec)
-                .arg(&mut dq)
+                .arg(&g.dvec)
+                .arg(&mut g.dq)
                 .arg(&fwd.units)
                 .arg(&fwd.tiles)
                 .arg(&hq)
@@ -344,38 +370,96 @@ impl Gpu {
             }
             .map_err(cuda("cuLaunchKernel(attn_bwd_dq)"))?;
         }
-        if !key_tiles.is_empty() {
+        if g.n_key_tiles > 0 {
             let mut l = s.launch_builder(&fdkdv);
             l.arg(&fwd.q)
                 .arg(&fwd.k)
                 .arg(&fwd.v)
-                .arg(&dgo)
+                .arg(&g.dout)
                 .arg(&fwd.lse)
-                .arg(&dvec)
-                .arg(&mut dk)
-                .arg(&mut dv)
+                .arg(&g.dvec)
+                .arg(&mut g.dk)
+                .arg(&mut g.dv)
                 .arg(&fwd.units)
-                .arg(&ktiles)
+                .arg(&g.key_tiles)
                 .arg(&hq)
                 .arg(&hkv)
                 .arg(&scale);
-            let n = u32::try_from(key_tiles.len())
-                .map_err(|_| invalid("key tiles", key_tiles.len(), "< 2^32"))?;
             unsafe {
                 l.launch(LaunchConfig {
-                    grid_dim: (n, heads.h_q, 1),
+                    grid_dim: (g.n_key_tiles, heads.h_q, 1),
                     block_dim: (128, 1, 1),
                     shared_mem_bytes: smem,
                 })
             }
             .map_err(cuda("cuLaunchKernel(attn_bwd_dkdv)"))?;
         }
-        self.sync()?;
+        self.ctx
+            .check_err()
+            .map_err(cuda("attn_bwd (async error)"))?;
+        Ok(())
+    }
+
+    /// Copies dQ, dK, dV back.
+    pub fn download_bwd(&self, g: &BwdBuffers) -> Result<GpuGrads, Error> {
+        let s = &self.stream;
         Ok(GpuGrads {
-            dq: s.clone_dtoh(&dq).map_err(cuda("cuMemcpyDtoH(dq)"))?,
-            dk: s.clone_dtoh(&dk).map_err(cuda("cuMemcpyDtoH(dk)"))?,
-            dv: s.clone_dtoh(&dv).map_err(cuda("cuMemcpyDtoH(dv)"))?,
+            dq: s.clone_dtoh(&g.dq).map_err(cuda("cuMemcpyDtoH(dq)"))?,
+            dk: s.clone_dtoh(&g.dk).map_err(cuda("cuMemcpyDtoH(dk)"))?,
+            dv: s.clone_dtoh(&g.dv).map_err(cuda("cuMemcpyDtoH(dv)"))?,
         })
+    }
+
+    /// Backward pass, synchronised: dQ poisoned with NaN before and required written by the
+    /// caller's check; dK/dV accumulated from zero.
+    pub fn backward(
+        &mut self,
+        heads: Heads,
+        layout: &Layout,
+        key_tiles: &[crate::units::Tile],
+        fwd: &FwdBuffers,
+        dout: &[u16],
+        scale: f32,
+    ) -> Result<GpuGrads, Error> {
+        let mut g = self.alloc_bwd(heads, layout, key_tiles, fwd, dout)?;
+        self.launch_bwd(heads, fwd, &mut g, scale)?;
+        self.sync()?;
+        self.download_bwd(&g)
+    }
+
+    /// Times `reps` backward passes (each: dK/dV zeroing + 3 launches) between CUDA events after
+    /// `warmup` untimed ones; per-pass milliseconds.
+    pub fn time_bwd(
+        &mut self,
+        heads: Heads,
+        fwd: &FwdBuffers,
+        g: &mut BwdBuffers,
+        scale: f32,
+        warmup: usize,
+        reps: usize,
+    ) -> Result<Vec<f64>, Error> {
+        for _ in 0..warmup {
+            self.launch_bwd(heads, fwd, g, scale)?;
+        }
+        self.sync()?;
+        let flags = Some(CUevent_flags::CU_EVENT_DEFAULT);
+        let mut evs = Vec::with_capacity(reps + 1);
+        for _ in 0..=reps {
+            evs.push(self.ctx.new_event(flags).map_err(cuda("cuEventCreate"))?);
+        }
+        evs[0].record(&self.stream).map_err(cuda("cuEventRecord"))?;
+        for ev in evs.iter().skip(1) {
+            self.launch_bwd(heads, fwd, g, scale)?;
+            ev.record(&self.stream).map_err(cuda("cuEventRecord"))?;
+        }
+        self.sync()?;
+        evs.windows(2)
+            .map(|w| {
+                w[0].elapsed_ms(&w[1])
+                    .map(f64::from)
+                    .map_err(cuda("cuEventElapsedTime"))
+            })
+            .collect()
     }
 
     /// Registers, spilled (local) bytes of the backward kernels [dot, dq, dkdv].

@@ -207,6 +207,61 @@ impl BenchRow {
     }
 }
 
+/// Times the backward pass on `total / doc_len` documents (after one forward launch that writes
+/// O and LSE); FLOPs counted as 2.5× the forward's (five matrix products instead of two).
+#[allow(clippy::too_many_arguments)]
+pub fn bench_bwd_docs(
+    gpu: &mut Gpu,
+    buf: &mut FwdBuffers,
+    heads: Heads,
+    total: u32,
+    doc_len: u32,
+    warmup: usize,
+    reps: usize,
+    seed: u64,
+) -> Result<BenchRow, Error> {
+    let var = FwdVariant {
+        head_dim: heads.head_dim,
+        nwarps: 4,
+    };
+    let batch = Batch::equal_documents(total, doc_len)?;
+    let layout = Layout::new(&batch, 64)?;
+    let key_tiles = layout.key_tiles(&batch, 64)?;
+    gpu.set_layout(buf, &layout, heads)?;
+    let scale = 1.0 / (heads.head_dim as f32).sqrt();
+    gpu.launch_fwd(var, heads, buf, scale)?;
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let dout = random_bf16(buf.q.len(), &mut rng);
+    let mut g = gpu.alloc_bwd(heads, &layout, &key_tiles, buf, &dout)?;
+    let ms = gpu.time_bwd(heads, buf, &mut g, scale, warmup, reps)?;
+    let grads = gpu.download_bwd(&g)?;
+    let bad = grads
+        .dq
+        .iter()
+        .chain(&grads.dk)
+        .chain(&grads.dv)
+        .filter(|x| !x.is_finite())
+        .count();
+    if bad > 0 {
+        return Err(Error::CheckFailed(format!(
+            "bwd: {bad} gradient elements unwritten or non-finite at doc_len {doc_len}"
+        )));
+    }
+    let jitter = Jitter::from_times(&ms)
+        .ok_or_else(|| Error::CheckFailed(format!("no valid timings for doc_len {doc_len}")))?;
+    Ok(BenchRow {
+        kernel: format!("bwd-v1-d{}", heads.head_dim),
+        heads: heads.h_q,
+        h_kv: heads.h_kv,
+        doc_len,
+        total_tokens: total,
+        head_dim: heads.head_dim,
+        median_ms: jitter.median_ms,
+        tflops: 2.5 * batch.flops(heads) / (jitter.median_ms * 1e-3) / 1e12,
+        jitter,
+    })
+}
+
 /// Random inputs for `total` tokens of `heads`, uploaded once and reused across document
 /// lengths (the buffers' token count does not depend on how the tokens are cut into documents).
 pub fn upload_random(
@@ -239,7 +294,24 @@ pub fn bench_docs(
     reps: usize,
 ) -> Result<(BenchRow, Vec<f64>), Error> {
     let batch = Batch::equal_documents(total, doc_len)?;
-    let layout = Layout::new(&batch, var.block_m())?;
+    bench_batch(gpu, buf, var, heads, &batch, doc_len, warmup, reps)
+}
+
+/// Times the kernel on `batch` (whose Q and K/V row counts must match `buf`); `doc_len` is only
+/// the label of the row.
+#[allow(clippy::too_many_arguments)]
+pub fn bench_batch(
+    gpu: &mut Gpu,
+    buf: &mut FwdBuffers,
+    var: FwdVariant,
+    heads: Heads,
+    batch: &Batch,
+    doc_len: u32,
+    warmup: usize,
+    reps: usize,
+) -> Result<(BenchRow, Vec<f64>), Error> {
+    let total = batch.sample_lens.iter().sum::<u32>();
+    let layout = Layout::new(batch, var.block_m())?;
     gpu.set_layout(buf, &layout, heads)?;
     gpu.poison(buf)?;
     let scale = 1.0 / (var.head_dim as f32).sqrt();

@@ -89,6 +89,55 @@ impl Batch {
         Ok(Self::documents(&vec![doc_len; (total / doc_len) as usize]))
     }
 
+    /// A packed batch of `total` tokens drawn from a document-length corpus: lengths are read in
+    /// corpus order from a seeded random offset (wrapping), each capped at what is left, until
+    /// `total` is filled. With `chunk`, every document is cut into units of `chunk` query tokens
+    /// `[0, c), [c, 2c), …`, each attending its document's prefix (context-parallel / TAP-style
+    /// pieces, bottom-right aligned); without, one unit per document.
+    pub fn from_corpus(
+        corpus: &[u32],
+        total: u32,
+        chunk: Option<u32>,
+        rng: &mut impl rand::Rng,
+    ) -> Result<Self, Error> {
+        if corpus.is_empty() || corpus.contains(&0) {
+            return Err(invalid(
+                "corpus",
+                format!("{} lengths", corpus.len()),
+                "a non-empty list of positive lengths",
+            ));
+        }
+        if total == 0 {
+            return Err(invalid("total_tokens", total, ">= 1"));
+        }
+        if chunk == Some(0) {
+            return Err(invalid("chunk", 0, ">= 1"));
+        }
+        let mut i = rng.random_range(0..corpus.len());
+        let mut lens = Vec::new();
+        let mut left = total;
+        while left > 0 {
+            let l = corpus[i].min(left);
+            lens.push(l);
+            left -= l;
+            i = (i + 1) % corpus.len();
+        }
+        let mut units = Vec::new();
+        for (s, &l) in lens.iter().enumerate() {
+            let c = chunk.unwrap_or(l);
+            let mut a = 0;
+            while a < l {
+                let e = (a + c).min(l);
+                units.push(WorkUnit { sample: s, a, e });
+                a = e;
+            }
+        }
+        Ok(Batch {
+            sample_lens: lens,
+            units,
+        })
+    }
+
     /// Causal attention FLOPs of the batch: 4·head_dim·h_q per (query, visible key) pair, i.e.
     /// `4·d·h·Σ_units Σ_{p=a}^{e-1} (p+1)` (for a whole document of `l` tokens, `4·d·h·l(l+1)/2`,
     /// the count the reference CSV uses).
@@ -326,6 +375,42 @@ mod tests {
             }],
         };
         assert_eq!(s.flops(Heads::new(1, 1, 64).unwrap()), 4.0 * 64.0 * 7.0);
+    }
+
+    #[test]
+    fn corpus_batches_fill_the_total_and_chunk_documents() {
+        use rand::SeedableRng;
+        let corpus = [5u32, 300, 7, 1000];
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+        let b = Batch::from_corpus(&corpus, 1500, Some(128), &mut rng).unwrap();
+        assert_eq!(b.sample_lens.iter().sum::<u32>(), 1500);
+        // Consecutive corpus entries (wrapping), the last one capped.
+        let start = corpus.iter().position(|&c| c == b.sample_lens[0]).unwrap();
+        for (k, &l) in b.sample_lens.iter().enumerate() {
+            let want = corpus[(start + k) % 4];
+            assert!(
+                l == want || (k == b.sample_lens.len() - 1 && l < want),
+                "{:?}",
+                b.sample_lens
+            );
+        }
+        // Units tile each document exactly, in chunks of 128 query rows.
+        let mut covered = vec![0u32; b.sample_lens.len()];
+        for u in &b.units {
+            assert!(u.e - u.a <= 128 && u.e <= b.sample_lens[u.sample]);
+            assert_eq!(u.a, covered[u.sample]);
+            covered[u.sample] = u.e;
+        }
+        assert_eq!(covered, b.sample_lens);
+        let l = Layout::new(&b, 64).unwrap();
+        assert_eq!((l.q_rows, l.kv_rows), (1500, 1500));
+        // Same seed, same batch; no chunk, one unit per document.
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+        let w = Batch::from_corpus(&corpus, 1500, None, &mut rng).unwrap();
+        assert_eq!(w.sample_lens, b.sample_lens);
+        assert_eq!(w.units.len(), w.sample_lens.len());
+        assert!(Batch::from_corpus(&[], 10, None, &mut rng).is_err());
+        assert!(Batch::from_corpus(&[4], 10, Some(0), &mut rng).is_err());
     }
 
     #[test]

@@ -5,19 +5,23 @@
 //!   bench  [--heads 32,8,2] [--docs 128,...] [--reps 20] [--warmup 3] [--nwarps 4] [--csv FILE]
 //!   jitter [--doc-len 4096] [--heads 32] [--reps 200] [--csv FILE]
 //!   trace  FILE [--filter flash]              list kernels of a PyTorch-profiler Chrome trace
+//!   bench-bwd [--heads 32,8,2] [--docs 512,4096,16384] [--csv FILE]   backward speed
+//!   bench-mixed --corpus FILE [--heads 32,8] [--chunk 0,4096,1024] [--units-dir DIR] [--csv FILE]
 //!   compile [--ptx-dir DIR]                   NVRTC-compile every kernel variant (no GPU needed)
 //! Exits non-zero with a message ("no CUDA driver found") on a machine without a GPU.
 
 use std::io::Write;
 use std::process::ExitCode;
 
+use rand::SeedableRng;
 use validate::error::{invalid, Error};
 use validate::gpu::{FwdVariant, Gpu};
 use validate::harness::{
-    bench_docs, check_bwd_case, check_case, check_cases, upload_random, BenchRow,
+    bench_batch, bench_bwd_docs, bench_docs, check_bwd_case, check_case, check_cases,
+    upload_random, BenchRow,
 };
 use validate::stats::Jitter;
-use validate::units::Heads;
+use validate::units::{Batch, Heads};
 
 struct Args {
     rest: Vec<String>,
@@ -217,6 +221,100 @@ fn jitter(a: &Args) -> Result<(), Error> {
     write_csv(a.opt("--csv"), hdr, &raw)
 }
 
+fn bench_bwd(a: &Args) -> Result<(), Error> {
+    let heads = a.list("--heads", &[32, 8, 2])?;
+    let docs = a.list("--docs", &[512, 4096, 16384])?;
+    let total = a.num("--total", 65536u32)?;
+    let reps = a.num("--reps", 10usize)?;
+    let warmup = a.num("--warmup", 2usize)?;
+    let seed = a.num("--seed", default_seed())?;
+    let mut gpu = Gpu::open(0)?;
+    header(&gpu);
+    println!("{}", BenchRow::CSV_HEADER);
+    let mut rows = Vec::new();
+    for &h in &heads {
+        let hd = Heads::new(h, h, 128)?;
+        let mut buf = upload_random(&gpu, hd, total, 64, seed)?;
+        for &l in &docs {
+            let r = bench_bwd_docs(
+                &mut gpu,
+                &mut buf,
+                hd,
+                total,
+                l,
+                warmup,
+                reps,
+                seed ^ 0x5eed,
+            )?;
+            println!("{}", r.csv());
+            rows.push(r.csv());
+        }
+    }
+    write_csv(a.opt("--csv"), BenchRow::CSV_HEADER, &rows)
+}
+
+/// Forward on packed batches drawn from a document-length corpus (JSON list of lengths), whole
+/// documents (`--chunk 0`) or cut into chunks of query tokens; writes each batch's units for the
+/// PyTorch side (`--units-dir`).
+fn bench_mixed(a: &Args) -> Result<(), Error> {
+    let path = a
+        .opt("--corpus")
+        .ok_or_else(|| invalid("--corpus", "(missing)", "a JSON list of document lengths"))?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| invalid("--corpus", path, format!("a readable file ({e})")))?;
+    let corpus: Vec<u32> = serde_json::from_str(&text)
+        .map_err(|e| validate::error::parse_error(format!("corpus {path}"), e))?;
+    let heads = a.list("--heads", &[32, 8])?;
+    let chunks = a.list("--chunk", &[0, 4096, 1024])?;
+    let nw = a.list("--nwarps", &[4, 8])?;
+    let total = a.num("--total", 65536u32)?;
+    let reps = a.num("--reps", 20usize)?;
+    let seed = a.num("--seed", 7u64)?;
+    let mut gpu = Gpu::open(0)?;
+    header(&gpu);
+    let hdr = "kernel,heads,chunk,samples,units,total_tokens,max_doc,median_ms,tflops";
+    println!("{hdr}");
+    let mut rows = Vec::new();
+    for &h in &heads {
+        let hd = Heads::new(h, h, 128)?;
+        let mut buf = upload_random(&gpu, hd, total, 64, seed)?;
+        for &c in &chunks {
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+            let batch = Batch::from_corpus(&corpus, total, (c > 0).then_some(c), &mut rng)?;
+            if let Some(dir) = a.opt("--units-dir") {
+                let mut t = String::from("sample,sample_len,a,e\n");
+                for u in &batch.units {
+                    t.push_str(&format!(
+                        "{},{},{},{}\n",
+                        u.sample, batch.sample_lens[u.sample], u.a, u.e
+                    ));
+                }
+                let p = format!("{dir}/units_h{h}_c{c}.csv");
+                std::fs::write(&p, t).map_err(|e| invalid("--units-dir", dir, e.to_string()))?;
+            }
+            for &nwarps in &nw {
+                let var = FwdVariant {
+                    head_dim: 128,
+                    nwarps,
+                };
+                let (r, _) = bench_batch(&mut gpu, &mut buf, var, hd, &batch, c, 3, reps)?;
+                let row = format!(
+                    "{},{h},{c},{},{},{total},{},{:.4},{:.1}",
+                    r.kernel,
+                    batch.sample_lens.len(),
+                    batch.units.len(),
+                    batch.sample_lens.iter().max().copied().unwrap_or(0),
+                    r.median_ms,
+                    r.tflops
+                );
+                println!("{row}");
+                rows.push(row);
+            }
+        }
+    }
+    write_csv(a.opt("--csv"), hdr, &rows)
+}
+
 fn trace(a: &Args) -> Result<(), Error> {
     let path = a
         .rest
@@ -274,10 +372,12 @@ fn main() -> ExitCode {
         "jitter" => jitter(&a),
         "trace" => trace(&a),
         "compile" => compile(&a),
+        "bench-bwd" => bench_bwd(&a),
+        "bench-mixed" => bench_mixed(&a),
         other => Err(invalid(
             "subcommand",
             other,
-            "check, bench, jitter, trace or compile",
+            "check, bench, bench-bwd, bench-mixed, jitter, trace or compile",
         )),
     };
     match r {
