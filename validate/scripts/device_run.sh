@@ -1,10 +1,12 @@
 #!/bin/bash
-# One device run of issue 7's GPU work (run from the repository root on the H200 machine, with the
+# One device run of issue 7's GPU work; steps: check bench jitter torch bwd mixed trace (run from the repository root on the H200 machine, with the
 # binary and this script carried in .carry-gpu/). Everything is logged under $OUT.
 set -u
 B=./.carry-gpu/skewsim-validate
 S=./.carry-gpu
 export PYTHONUNBUFFERED=1
+V=${VARIANTS:-v1w4,v1w8,v2w4,v2w8}   # forward kernel variants
+L=/tmp/logs; mkdir -p $L              # logs that duplicate CSVs stay there ($OUT keeps <= 8 files)
 for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
   [ -d $d ] && export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}:$d
 done
@@ -16,12 +18,12 @@ echo "== env"; (nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,
 echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
 for step in "$@"; do
   case $step in
-    check) echo "== check"; $B check 2>&1 | tee $OUT/check.txt ;;
-    bench) echo "== bench"; $B bench --nwarps ${NWARPS:-4,8} --csv $OUT/ours.csv 2>&1 | tee $OUT/bench.txt ;;
-    jitter) echo "== jitter"; $B jitter --nwarps ${JNWARPS:-8} --heads 32,2 --doc-len 512,4096 --reps 200 --csv $OUT/jitter_raw.csv 2>&1 | tee $OUT/jitter.txt ;;
-    torch) echo "== torch"; python3 $S/torch_bench.py fwd $OUT/torch.csv $OUT/ours.csv 2>&1 | tee $OUT/torch.txt ;;
-    bwd) echo "== bwd"; ($B bench-bwd --csv $OUT/ours_bwd.csv && python3 $S/torch_bench.py bwd $OUT/torch_bwd.csv $OUT/ours_bwd.csv) 2>&1 | tee $OUT/bwd.txt ;;
-    mixed) echo "== mixed"; mkdir -p /tmp/units; ($B bench-mixed --corpus $S/wlbllm.json --units-dir /tmp/units --csv $OUT/ours_mixed.csv && python3 $S/torch_bench.py mixed $OUT/torch_mixed.csv $OUT/ours_mixed.csv /tmp/units) 2>&1 | tee $OUT/mixed.txt ;;
+    check) echo "== check"; $B check --variants $V 2>&1 | tee $OUT/check.txt ;;
+    bench) echo "== bench"; $B bench --variants $V --csv $OUT/ours.csv 2>&1 | tee $L/bench.txt ;;
+    jitter) echo "== jitter"; $B jitter --variant ${JVARIANT:-v1w8} --heads 32,2 --doc-len 512,4096 --reps 200 --csv $OUT/jitter_raw.csv 2>&1 | tee $OUT/jitter.txt ;;
+    torch) echo "== torch"; python3 $S/torch_bench.py fwd $OUT/torch.csv $OUT/ours.csv 2>&1 | tee $L/torch.txt ;;
+    bwd) echo "== bwd"; ($B bench-bwd --csv $OUT/ours_bwd.csv && python3 $S/torch_bench.py bwd $OUT/torch_bwd.csv $OUT/ours_bwd.csv) 2>&1 | tee $L/bwd.txt ;;
+    mixed) echo "== mixed"; mkdir -p /tmp/units; ($B bench-mixed --variants $V --corpus $S/wlbllm.json --units-dir /tmp/units --csv $OUT/ours_mixed.csv && python3 $S/torch_bench.py mixed $OUT/torch_mixed.csv $OUT/ours_mixed.csv /tmp/units) 2>&1 | tee $L/mixed.txt ;;
     trace) echo "== trace"; python3 $S/torch_profile_trace.py $OUT/flash_trace.json 2>&1 | tail -20; ls -la $OUT/flash_trace.json; $B trace $OUT/flash_trace.json | head -20 ;;
   esac
 done

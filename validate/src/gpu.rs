@@ -22,6 +22,11 @@ pub const ATTN_FWD_SRC: &str = concat!(
     include_str!("../kernels/attn_common.cuh"),
     include_str!("../kernels/attn_fwd.cu")
 );
+/// The version-2 forward kernel's source (shared definitions first).
+pub const ATTN_FWD_V2_SRC: &str = concat!(
+    include_str!("../kernels/attn_common.cuh"),
+    include_str!("../kernels/attn_fwd_v2.cu")
+);
 /// The backward kernels' source (shared definitions first).
 pub const ATTN_BWD_SRC: &str = concat!(
     include_str!("../kernels/attn_common.cuh"),
@@ -39,13 +44,53 @@ fn cuda(call: &'static str) -> impl Fn(DriverError) -> Error {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct FwdVariant {
     pub head_dim: u32,
-    /// Warps per block; each owns 16 query rows, so `block_m = 16·nwarps`.
+    /// Warps per block.
     pub nwarps: u32,
+    /// Kernel version: 1 = `attn_fwd` (16 query rows per warp, Q in registers), 2 =
+    /// `attn_fwd_v2` (32 rows per warp, Q re-read from shared memory).
+    pub version: u32,
 }
 
 impl FwdVariant {
+    /// Version-1 kernel.
+    pub fn v1(head_dim: u32, nwarps: u32) -> Self {
+        FwdVariant {
+            head_dim,
+            nwarps,
+            version: 1,
+        }
+    }
+    /// Version-2 kernel.
+    pub fn v2(head_dim: u32, nwarps: u32) -> Self {
+        FwdVariant {
+            head_dim,
+            nwarps,
+            version: 2,
+        }
+    }
+    /// Parses `v{version}w{nwarps}` (e.g. `v2w4`) for head dimension `head_dim`.
+    pub fn parse(spec: &str, head_dim: u32) -> Result<Self, Error> {
+        let bad = || invalid("kernel variant", spec, "v1w4, v1w8, v2w4 or v2w8");
+        let rest = spec.strip_prefix('v').ok_or_else(bad)?;
+        let (v, w) = rest.split_once('w').ok_or_else(bad)?;
+        let (version, nwarps) = (v.parse().map_err(|_| bad())?, w.parse().map_err(|_| bad())?);
+        if !matches!(version, 1 | 2) || !matches!(nwarps, 4 | 8) {
+            return Err(bad());
+        }
+        Ok(FwdVariant {
+            head_dim,
+            nwarps,
+            version,
+        })
+    }
+
+    /// Query rows per tile: 16 (v1) or 32 (v2) per warp.
     pub fn block_m(&self) -> u32 {
-        16 * self.nwarps
+        if self.version == 2 {
+            32 * self.nwarps
+        } else {
+            16 * self.nwarps
+        }
     }
     /// Dynamic shared memory: Q tile + double-buffered K and V tiles of 64 rows, bf16.
     pub fn smem_bytes(&self) -> u32 {
@@ -53,21 +98,41 @@ impl FwdVariant {
     }
     /// Kernel-version label for CSV/BENCHMARKS.
     pub fn label(&self) -> String {
-        format!("fwd-v1-d{}-w{}", self.head_dim, self.nwarps)
+        format!("fwd-v{}-d{}-w{}", self.version, self.head_dim, self.nwarps)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn variants_parse_and_size_their_tiles() {
+        let v = FwdVariant::parse("v2w4", 128).unwrap();
+        assert_eq!(v, FwdVariant::v2(128, 4));
+        assert_eq!(v.block_m(), 128);
+        assert_eq!(v.smem_bytes(), (128 + 256) * 128 * 2);
+        assert_eq!(v.label(), "fwd-v2-d128-w4");
+        assert_eq!(FwdVariant::parse("v1w8", 64).unwrap().block_m(), 128);
+        assert_eq!(FwdVariant::v1(128, 4).smem_bytes(), 80 * 1024);
+        for bad in ["v3w4", "v1w5", "w4", "v1", "v1wx", ""] {
+            assert!(FwdVariant::parse(bad, 128).is_err(), "{bad}");
+        }
     }
 }
 
 /// Compiles a forward-kernel variant to PTX with NVRTC (needs libnvrtc, not a GPU).
 pub fn compile_fwd(var: FwdVariant, include_dirs: &[String]) -> Result<Ptx, Error> {
-    compile_src(ATTN_FWD_SRC, "attn_fwd.cu", var, include_dirs)
+    match var.version {
+        1 => compile_src(ATTN_FWD_SRC, "attn_fwd.cu", var, include_dirs),
+        2 => compile_src(ATTN_FWD_V2_SRC, "attn_fwd_v2.cu", var, include_dirs),
+        v => Err(invalid("kernel version", v, "1 or 2")),
+    }
 }
 
 /// Compiles the backward kernels (4 warps: 64-row query and key tiles) for `head_dim`.
 pub fn compile_bwd(head_dim: u32, include_dirs: &[String]) -> Result<Ptx, Error> {
-    let var = FwdVariant {
-        head_dim,
-        nwarps: 4,
-    };
+    let var = FwdVariant::v1(head_dim, 4);
     compile_src(ATTN_BWD_SRC, "attn_bwd.cu", var, include_dirs)
 }
 
@@ -224,7 +289,11 @@ impl Gpu {
             .load_module(ptx)
             .map_err(cuda("cuModuleLoadData"))?;
         let f = module
-            .load_function("attn_fwd")
+            .load_function(if var.version == 2 {
+                "attn_fwd_v2"
+            } else {
+                "attn_fwd"
+            })
             .map_err(cuda("cuModuleGetFunction"))?;
         f.set_attribute(
             CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,

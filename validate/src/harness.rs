@@ -85,13 +85,13 @@ impl CheckResult {
 pub fn check_case(
     gpu: &mut Gpu,
     case: &CheckCase,
-    nwarps: u32,
+    var: FwdVariant,
     seed: u64,
 ) -> Result<CheckResult, Error> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let var = FwdVariant {
         head_dim: case.heads.head_dim,
-        nwarps,
+        ..var
     };
     let layout = Layout::new(&case.batch, var.block_m())?;
     let d = case.heads.head_dim as usize;
@@ -138,10 +138,7 @@ impl BwdCheckResult {
 /// Runs forward then backward on the GPU and compares dQ, dK, dV with the f64 reference.
 pub fn check_bwd_case(gpu: &mut Gpu, case: &CheckCase, seed: u64) -> Result<BwdCheckResult, Error> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let var = FwdVariant {
-        head_dim: case.heads.head_dim,
-        nwarps: 4,
-    };
+    let var = FwdVariant::v1(case.heads.head_dim, 4);
     let layout = Layout::new(&case.batch, 64)?;
     let key_tiles = layout.key_tiles(&case.batch, 64)?;
     let d = case.heads.head_dim as usize;
@@ -220,10 +217,7 @@ pub fn bench_bwd_docs(
     reps: usize,
     seed: u64,
 ) -> Result<BenchRow, Error> {
-    let var = FwdVariant {
-        head_dim: heads.head_dim,
-        nwarps: 4,
-    };
+    let var = FwdVariant::v1(heads.head_dim, 4);
     let batch = Batch::equal_documents(total, doc_len)?;
     let layout = Layout::new(&batch, 64)?;
     let key_tiles = layout.key_tiles(&batch, 64)?;

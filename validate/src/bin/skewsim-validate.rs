@@ -1,12 +1,12 @@
 //! `skewsim-validate`: runs the attention kernels on a real GPU.
 //!
 //! Subcommands:
-//!   check  [--seed N]                         correctness vs the f64 CPU reference
-//!   bench  [--heads 32,8,2] [--docs 128,...] [--reps 20] [--warmup 3] [--nwarps 4] [--csv FILE]
-//!   jitter [--doc-len 4096] [--heads 32] [--reps 200] [--csv FILE]
+//!   check  [--seed N] [--variants v1w4,v1w8,v2w4]
+//!   bench  [--heads 32,8,2] [--docs 128,...] [--reps 20] [--warmup 3] [--variants v1w4,v1w8,v2w4] [--csv FILE]
+//!   jitter [--doc-len 4096] [--heads 32] [--reps 200] [--variant v1w8] [--csv FILE]
 //!   trace  FILE [--filter flash]              list kernels of a PyTorch-profiler Chrome trace
 //!   bench-bwd [--heads 32,8,2] [--docs 512,4096,16384] [--csv FILE]   backward speed
-//!   bench-mixed --corpus FILE [--heads 32,8] [--chunk 0,4096,1024] [--units-dir DIR] [--csv FILE]
+//!   bench-mixed --corpus FILE [--heads 32,8] [--chunk 0,4096,1024] [--variants ...] [--units-dir DIR] [--csv FILE]
 //!   compile [--ptx-dir DIR]                   NVRTC-compile every kernel variant (no GPU needed)
 //! Exits non-zero with a message ("no CUDA driver found") on a machine without a GPU.
 
@@ -41,6 +41,12 @@ impl Args {
             Some(s) => s
                 .parse()
                 .map_err(|_| invalid(name, s, "a non-negative integer")),
+        }
+    }
+    fn strs(&self, name: &str, default: &[&str]) -> Vec<String> {
+        match self.opt(name) {
+            None => default.iter().map(|s| s.to_string()).collect(),
+            Some(s) => s.split(',').map(|x| x.trim().to_string()).collect(),
         }
     }
     fn list(&self, name: &str, default: &[u32]) -> Result<Vec<u32>, Error> {
@@ -89,12 +95,9 @@ fn check(a: &Args) -> Result<(), Error> {
     header(&gpu);
     println!("# seed {seed}");
     let mut failed = 0;
-    for nwarps in [4u32, 8] {
+    for spec in a.strs("--variants", &["v1w4", "v1w8", "v2w4"]) {
         for d in [64u32, 128] {
-            let var = FwdVariant {
-                head_dim: d,
-                nwarps,
-            };
+            let var = FwdVariant::parse(&spec, d)?;
             let (regs, local) = gpu.kernel_resources(var)?;
             println!(
                 "# {}: {regs} registers/thread, {local} B local (spill) memory",
@@ -102,7 +105,8 @@ fn check(a: &Args) -> Result<(), Error> {
             );
         }
         for (i, case) in check_cases()?.iter().enumerate() {
-            let r = check_case(&mut gpu, case, nwarps, seed.wrapping_add(i as u64))?;
+            let var = FwdVariant::parse(&spec, case.heads.head_dim)?;
+            let r = check_case(&mut gpu, case, var, seed.wrapping_add(i as u64))?;
             let ok = r.passed();
             failed += usize::from(!ok);
             println!(
@@ -150,7 +154,7 @@ fn bench(a: &Args) -> Result<(), Error> {
     let reps = a.num("--reps", 20usize)?;
     let warmup = a.num("--warmup", 3usize)?;
     let d = a.num("--head-dim", 128u32)?;
-    let nw = a.list("--nwarps", &[4])?;
+    let variants = a.strs("--variants", &["v1w4", "v1w8", "v2w4"]);
     let seed = a.num("--seed", default_seed())?;
     let mut gpu = Gpu::open(0)?;
     header(&gpu);
@@ -159,11 +163,8 @@ fn bench(a: &Args) -> Result<(), Error> {
     for &h in &heads {
         let hd = Heads::new(h, h, d)?;
         let mut buf = upload_random(&gpu, hd, total, 64, seed)?;
-        for &nwarps in &nw {
-            let var = FwdVariant {
-                head_dim: d,
-                nwarps,
-            };
+        for spec in &variants {
+            let var = FwdVariant::parse(spec, d)?;
             for &l in &docs {
                 let (r, _) = bench_docs(&mut gpu, &mut buf, var, hd, total, l, warmup, reps)?;
                 println!("{}", r.csv());
@@ -178,15 +179,11 @@ fn jitter(a: &Args) -> Result<(), Error> {
     let docs = a.list("--doc-len", &[4096])?;
     let heads = a.list("--heads", &[32])?;
     let reps = a.num("--reps", 200usize)?;
-    let nwarps = a.num("--nwarps", 4u32)?;
+    let var = FwdVariant::parse(a.opt("--variant").unwrap_or("v1w8"), 128)?;
     let total = a.num("--total", 65536u32)?;
     let seed = a.num("--seed", default_seed())?;
     let mut gpu = Gpu::open(0)?;
     header(&gpu);
-    let var = FwdVariant {
-        head_dim: 128,
-        nwarps,
-    };
     let hdr = "kernel,heads,doc_len,rep,ms,factor";
     let mut raw = Vec::new();
     println!("kernel,heads,doc_len,n,median_ms,min,p10,p90,p99,max,std");
@@ -266,7 +263,7 @@ fn bench_mixed(a: &Args) -> Result<(), Error> {
         .map_err(|e| validate::error::parse_error(format!("corpus {path}"), e))?;
     let heads = a.list("--heads", &[32, 8])?;
     let chunks = a.list("--chunk", &[0, 4096, 1024])?;
-    let nw = a.list("--nwarps", &[4, 8])?;
+    let variants = a.strs("--variants", &["v1w4", "v1w8", "v2w4"]);
     let total = a.num("--total", 65536u32)?;
     let reps = a.num("--reps", 20usize)?;
     let seed = a.num("--seed", 7u64)?;
@@ -292,11 +289,8 @@ fn bench_mixed(a: &Args) -> Result<(), Error> {
                 let p = format!("{dir}/units_h{h}_c{c}.csv");
                 std::fs::write(&p, t).map_err(|e| invalid("--units-dir", dir, e.to_string()))?;
             }
-            for &nwarps in &nw {
-                let var = FwdVariant {
-                    head_dim: 128,
-                    nwarps,
-                };
+            for spec in &variants {
+                let var = FwdVariant::parse(spec, 128)?;
                 let (r, _) = bench_batch(&mut gpu, &mut buf, var, hd, &batch, c, 3, reps)?;
                 let row = format!(
                     "{},{h},{c},{},{},{total},{},{:.4},{:.1}",
@@ -339,11 +333,11 @@ fn trace(a: &Args) -> Result<(), Error> {
 
 fn compile(a: &Args) -> Result<(), Error> {
     let dir = a.opt("--ptx-dir");
-    for nwarps in [4u32, 8] {
+    for spec in ["v1w4", "v1w8", "v2w4", "v2w8"] {
         for head_dim in [64u32, 128] {
-            let var = FwdVariant { head_dim, nwarps };
+            let var = FwdVariant::parse(spec, head_dim)?;
             let mut outs = vec![(var.label(), validate::gpu::compile_fwd(var, &[])?)];
-            if nwarps == 4 {
+            if spec == "v1w4" {
                 let bwd = validate::gpu::compile_bwd(head_dim, &[])?;
                 outs.push((format!("bwd-v1-d{head_dim}"), bwd));
             }
