@@ -102,25 +102,6 @@ impl FwdVariant {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn variants_parse_and_size_their_tiles() {
-        let v = FwdVariant::parse("v2w4", 128).unwrap();
-        assert_eq!(v, FwdVariant::v2(128, 4));
-        assert_eq!(v.block_m(), 128);
-        assert_eq!(v.smem_bytes(), (128 + 256) * 128 * 2);
-        assert_eq!(v.label(), "fwd-v2-d128-w4");
-        assert_eq!(FwdVariant::parse("v1w8", 64).unwrap().block_m(), 128);
-        assert_eq!(FwdVariant::v1(128, 4).smem_bytes(), 80 * 1024);
-        for bad in ["v3w4", "v1w5", "w4", "v1", "v1wx", ""] {
-            assert!(FwdVariant::parse(bad, 128).is_err(), "{bad}");
-        }
-    }
-}
-
 /// Compiles a forward-kernel variant to PTX with NVRTC (needs libnvrtc, not a GPU).
 pub fn compile_fwd(var: FwdVariant, include_dirs: &[String]) -> Result<Ptx, Error> {
     match var.version {
@@ -744,5 +725,24 @@ impl Gpu {
             .clone_dtoh(&b.lse)
             .map_err(cuda("cuMemcpyDtoH(lse)"))?;
         Ok((o, l))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn variants_parse_and_size_their_tiles() {
+        let v = FwdVariant::parse("v2w4", 128).unwrap();
+        assert_eq!(v, FwdVariant::v2(128, 4));
+        assert_eq!(v.block_m(), 128);
+        assert_eq!(v.smem_bytes(), (128 + 256) * 128 * 2);
+        assert_eq!(v.label(), "fwd-v2-d128-w4");
+        assert_eq!(FwdVariant::parse("v1w8", 64).unwrap().block_m(), 128);
+        assert_eq!(FwdVariant::v1(128, 4).smem_bytes(), 80 * 1024);
+        for bad in ["v3w4", "v1w5", "w4", "v1", "v1wx", ""] {
+            assert!(FwdVariant::parse(bad, 128).is_err(), "{bad}");
+        }
     }
 }
