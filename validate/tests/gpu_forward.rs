@@ -4,8 +4,8 @@
 
 use std::io::Write;
 
-use validate::gpu::Gpu;
-use validate::harness::{check_case, check_cases};
+use validate::gpu::{FwdVariant, Gpu};
+use validate::harness::{check_bwd_case, check_case, check_cases};
 use validate::Error;
 
 #[test]
@@ -22,11 +22,16 @@ fn forward_matches_f64_reference_on_gpu_or_skips() {
         Err(e) => panic!("GPU present but unusable: {e}"),
     };
     let cases = check_cases().expect("check cases are valid");
-    for nwarps in [4, 8] {
+    for spec in ["v1w4", "v1w8", "v2w4", "v2w8"] {
         for (i, case) in cases.iter().enumerate() {
-            let r = check_case(&mut gpu, case, nwarps, 1000 + i as u64).expect("check runs");
+            let var = FwdVariant::parse(spec, case.heads.head_dim).expect("valid variant");
+            let r = check_case(&mut gpu, case, var, 1000 + i as u64).expect("check runs");
             assert!(r.passed(), "{r:?}");
         }
+    }
+    for (i, case) in cases.iter().enumerate() {
+        let r = check_bwd_case(&mut gpu, case, 2000 + i as u64).expect("bwd check runs");
+        assert!(r.passed(), "{r:?}");
     }
 }
 
