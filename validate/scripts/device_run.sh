@@ -24,6 +24,13 @@ for step in "$@"; do
     torch) echo "== torch"; python3 $S/torch_bench.py fwd $OUT/torch.csv $OUT/ours.csv 2>&1 | tee $L/torch.txt ;;
     bwd) echo "== bwd"; ($B bench-bwd --csv $OUT/ours_bwd.csv && python3 $S/torch_bench.py bwd $OUT/torch_bwd.csv $OUT/ours_bwd.csv) 2>&1 | tee $L/bwd.txt ;;
     mixed) echo "== mixed"; mkdir -p /tmp/units; ($B bench-mixed --variants $V --corpus $S/wlbllm.json --units-dir /tmp/units --csv $OUT/ours_mixed.csv && python3 $S/torch_bench.py mixed $OUT/torch_mixed.csv $OUT/ours_mixed.csv /tmp/units) 2>&1 | tee $L/mixed.txt ;;
+    jitterlong) echo "== jitterlong"
+      Q=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active
+      nvidia-smi --query-gpu=$Q --format=csv >/dev/null 2>&1 || Q=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu
+      nvidia-smi --query-gpu=$Q --format=csv -lms 100 > $OUT/clocks.csv & SMI=$!
+      $B jitter --variant v2w8 --heads 32 --doc-len 4096 --reps 1000 --csv $OUT/jitter_raw.csv 2>&1 | tee $OUT/jitter.txt
+      $B jitter --variant v2w4 --heads 32,2 --doc-len 512,4096 --reps 500 --csv $OUT/jitter_raw2.csv 2>&1 | tee -a $OUT/jitter.txt
+      kill $SMI ;;
     trace) echo "== trace"; python3 $S/torch_profile_trace.py $OUT/flash_trace.json 2>&1 | tail -20; ls -la $OUT/flash_trace.json; $B trace $OUT/flash_trace.json | head -20 ;;
   esac
 done

@@ -167,6 +167,9 @@ pub struct Gpu {
     pub sm_count: i32,
     include_dirs: Vec<String>,
     kernels: HashMap<FwdVariant, CudaFunction>,
+    /// Host wall-clock time (ms since the Unix epoch) when the last timed series started, to
+    /// line launches up with an external clock/power log.
+    pub last_timing_start_unix_ms: f64,
     bwd_kernels: HashMap<u32, [CudaFunction; 3]>,
 }
 
@@ -255,6 +258,7 @@ impl Gpu {
             sm_count,
             include_dirs,
             kernels: HashMap::new(),
+            last_timing_start_unix_ms: 0.0,
             bwd_kernels: HashMap::new(),
         })
     }
@@ -693,6 +697,10 @@ impl Gpu {
             evs.push(self.ctx.new_event(flags).map_err(cuda("cuEventCreate"))?);
         }
         evs[0].record(&self.stream).map_err(cuda("cuEventRecord"))?;
+        self.last_timing_start_unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64() * 1e3)
+            .unwrap_or(0.0);
         let mut pairs = Vec::with_capacity(reps);
         // Back-to-back launches with an event between each: launch i is timed by (ev[i], ev[i+1]).
         for i in 0..reps {

@@ -28,6 +28,23 @@ pub struct Jitter {
     pub max: f64,
     /// Standard deviation of the factors (coefficient of variation around the median).
     pub std: f64,
+    /// Lag-1 autocorrelation of consecutive launches' factors (0 for independent draws; near 1
+    /// when the GPU drifts between slow and fast regimes that persist over many launches).
+    pub lag1: f64,
+}
+
+/// Lag-1 autocorrelation of `xs` (0 when the series is constant or shorter than 2).
+pub fn lag1_autocorrelation(xs: &[f64]) -> f64 {
+    if xs.len() < 2 {
+        return 0.0;
+    }
+    let mean = xs.iter().sum::<f64>() / xs.len() as f64;
+    let var: f64 = xs.iter().map(|x| (x - mean) * (x - mean)).sum();
+    if var == 0.0 {
+        return 0.0;
+    }
+    let cov: f64 = xs.windows(2).map(|w| (w[0] - mean) * (w[1] - mean)).sum();
+    cov / var
 }
 
 impl Jitter {
@@ -49,6 +66,7 @@ impl Jitter {
             p99: quantile(&f, 0.99)?,
             max: quantile(&f, 1.0)?,
             std: var.sqrt(),
+            lag1: lag1_autocorrelation(&f),
         })
     }
 }
@@ -66,6 +84,20 @@ mod tests {
         assert_eq!(quantile(&xs, 0.9), Some(4.6));
         assert_eq!(quantile(&[], 0.5), None);
         assert_eq!(quantile(&[1.0, f64::NAN], 0.5), None);
+    }
+
+    #[test]
+    fn lag1_autocorrelation_separates_drift_from_alternation() {
+        // Alternating ±1: cov = -(n-1), var = n -> -(n-1)/n.
+        let alt: Vec<f64> = (0..10)
+            .map(|i| if i % 2 == 0 { 1.0 } else { -1.0 })
+            .collect();
+        assert!((lag1_autocorrelation(&alt) + 0.9).abs() < 1e-12);
+        // Two regimes (five 0s then five 1s): deviations ±0.5, var = 2.5, cov = 8·0.25 − 0.25.
+        let steps = [0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0];
+        assert!((lag1_autocorrelation(&steps) - 0.7).abs() < 1e-12);
+        assert_eq!(lag1_autocorrelation(&[2.0, 2.0, 2.0]), 0.0);
+        assert_eq!(lag1_autocorrelation(&[1.0]), 0.0);
     }
 
     #[test]

@@ -186,16 +186,21 @@ fn jitter(a: &Args) -> Result<(), Error> {
     header(&gpu);
     let hdr = "kernel,heads,doc_len,rep,ms,factor";
     let mut raw = Vec::new();
-    println!("kernel,heads,doc_len,n,median_ms,min,p10,p90,p99,max,std");
+    println!("kernel,heads,doc_len,n,median_ms,min,p10,p90,p99,max,std,lag1");
     for &h in &heads {
         let hd = Heads::new(h, h, 128)?;
         let mut buf = upload_random(&gpu, hd, total, 64, seed)?;
         for &l in &docs {
             let (_, ms) = bench_docs(&mut gpu, &mut buf, var, hd, total, l, 10, reps)?;
+            println!(
+                "# {} heads {h} doc_len {l}: series started at unix {:.1} ms (host clock)",
+                var.label(),
+                gpu.last_timing_start_unix_ms
+            );
             let j = Jitter::from_times(&ms)
                 .ok_or_else(|| Error::CheckFailed("no valid timings".into()))?;
             println!(
-                "{},{h},{l},{},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4}",
+                "{},{h},{l},{},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{:.3}",
                 var.label(),
                 j.n,
                 j.median_ms,
@@ -204,7 +209,8 @@ fn jitter(a: &Args) -> Result<(), Error> {
                 j.p90,
                 j.p99,
                 j.max,
-                j.std
+                j.std,
+                j.lag1
             );
             for (i, t) in ms.iter().enumerate() {
                 raw.push(format!(
