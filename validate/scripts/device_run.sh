@@ -1,5 +1,5 @@
 #!/bin/bash
-# One device run of issue 7's GPU work; steps: check bench jitter torch bwd mixed trace (run from the repository root on the H200 machine, with the
+# One device run of issue 7's GPU work; steps: check bench jitter torch bwd mixed gqa d64 jitterlong trace (run from the repository root on the H200 machine, with the
 # binary and this script carried in .carry-gpu/). Everything is logged under $OUT.
 set -u
 B=./.carry-gpu/skewsim-validate
@@ -31,6 +31,8 @@ for step in "$@"; do
       $B jitter --variant v2w8 --heads 32 --doc-len 4096 --reps 1000 --csv $OUT/jitter_raw.csv 2>&1 | tee $OUT/jitter.txt
       $B jitter --variant v2w4 --heads 32,2 --doc-len 512,4096 --reps 500 --csv $OUT/jitter_raw2.csv 2>&1 | tee -a $OUT/jitter.txt
       kill $SMI ;;
+    gqa) echo "== gqa (h_q 32, h_kv 8)"; ($B bench --variants $V --heads 32 --kv-div 4 --docs 512,4096,16384 --csv $OUT/ours_gqa.csv && HEADS=32 DOCS=512,4096,16384 KV_DIV=4 python3 $S/torch_bench.py gqa $OUT/torch_gqa.csv $OUT/ours_gqa.csv) 2>&1 | tee $L/gqa.txt ;;
+    d64) echo "== head_dim 64"; ($B bench --variants $V --heads 32 --head-dim 64 --docs 512,4096,16384 --csv $OUT/ours_d64.csv && HEADS=32 DOCS=512,4096,16384 HEAD_DIM=64 python3 $S/torch_bench.py fwd $OUT/torch_d64.csv $OUT/ours_d64.csv) 2>&1 | tee $L/d64.txt ;;
     trace) echo "== trace"; python3 $S/torch_profile_trace.py $OUT/flash_trace.json 2>&1 | tail -20; ls -la $OUT/flash_trace.json; $B trace $OUT/flash_trace.json | head -20 ;;
   esac
 done

@@ -11,7 +11,11 @@ mixed: the variable-length batches skewsim-validate bench-mixed wrote (units_h{H
        (each unit: queries [a, e), keys [0, e) of its sample; causal is bottom-right aligned).
 Given our kernel's CSV, prints the ratio table.
 
-usage: python3 torch_bench.py fwd|bwd OUT.csv [OURS.csv]
+gqa:   equal documents through torch.ops.aten._flash_attention_forward (cu_seqlens) with
+       h_kv = heads / KV_DIV (FlashAttention's native GQA).
+Environment overrides: HEAD_DIM (fwd/gqa), HEADS, DOCS (comma lists), KV_DIV (gqa).
+
+usage: python3 torch_bench.py fwd|bwd|gqa OUT.csv [OURS.csv]
        python3 torch_bench.py mixed OUT.csv OURS.csv UNITS_DIR
 """
 import csv
@@ -28,7 +32,12 @@ TOTAL = 65536
 HEADS = [32, 8, 2]
 DOCS = [128, 256, 512, 1024, 4096, 16384, 65536]
 BWD_DOCS = [512, 4096, 16384]
-HEAD_DIM = 128
+HEAD_DIM = int(os.environ.get("HEAD_DIM", "128"))
+if os.environ.get("HEADS"):
+    HEADS = [int(x) for x in os.environ["HEADS"].split(",")]
+if os.environ.get("DOCS"):
+    DOCS = [int(x) for x in os.environ["DOCS"].split(",")]
+KV_DIV = int(os.environ.get("KV_DIV", "1"))  # gqa mode: h_kv = heads / KV_DIV
 WARMUP, REPS = 3, 20
 
 
@@ -69,6 +78,20 @@ def bench(h, l, bwd):
     return ms, flops / (ms * 1e-3) / 1e12
 
 
+def gqa(h, l):
+    """Equal documents through the varlen FlashAttention op, whose K/V may have fewer heads."""
+    hk = h // KV_DIV
+    b = TOTAL // l
+    g = torch.Generator(device="cuda").manual_seed(h * 31 + l)
+    q = rand(TOTAL, h, HEAD_DIM, g=g)
+    k = rand(TOTAL, hk, HEAD_DIM, g=g)
+    v = rand(TOTAL, hk, HEAD_DIM, g=g)
+    cu = torch.arange(0, TOTAL + 1, l, device="cuda", dtype=torch.int32)
+    ms = timed(lambda: torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, l, l, 0.0, True, False))
+    flops = 4 * HEAD_DIM * h * b * l * (l + 1) / 2
+    return ms, flops / (ms * 1e-3) / 1e12
+
+
 def mixed(units_dir):
     rows = []
     for path in sorted(glob.glob(os.path.join(units_dir, "units_h*_c*.csv"))):
@@ -104,10 +127,10 @@ def main():
     mode, out = sys.argv[1], sys.argv[2]
     print(f"# torch {torch.__version__}, {torch.cuda.get_device_name()}, mode {mode}", flush=True)
     rows = []
-    if mode in ("fwd", "bwd"):
+    if mode in ("fwd", "bwd", "gqa"):
         for h in HEADS:
-            for l in DOCS if mode == "fwd" else BWD_DOCS:
-                ms, tf = bench(h, l, mode == "bwd")
+            for l in BWD_DOCS if mode == "bwd" else DOCS:
+                ms, tf = gqa(h, l) if mode == "gqa" else bench(h, l, mode == "bwd")
                 rows.append((h, l, ms, tf))
                 print(f"torch-{mode},{h},{l},{ms:.4f},{tf:.1f}", flush=True)
                 torch.cuda.empty_cache()

@@ -2,7 +2,8 @@
 //!
 //! Subcommands:
 //!   check  [--seed N] [--variants v1w4,v1w8,v2w4]
-//!   bench  [--heads 32,8,2] [--docs 128,...] [--reps 20] [--warmup 3] [--variants v1w4,v1w8,v2w4] [--csv FILE]
+//!   bench  [--heads 32,8,2] [--kv-div 1] [--head-dim 128] [--docs 128,...] [--reps 20] [--warmup 3]
+//!          [--variants v1w4,v1w8,v2w4] [--csv FILE]      (h_kv = heads / kv-div)
 //!   jitter [--doc-len 4096] [--heads 32] [--reps 200] [--variant v1w8] [--csv FILE]
 //!   trace  FILE [--filter flash]              list kernels of a PyTorch-profiler Chrome trace
 //!   bench-bwd [--heads 32,8,2] [--docs 512,4096,16384] [--csv FILE]   backward speed
@@ -156,12 +157,20 @@ fn bench(a: &Args) -> Result<(), Error> {
     let d = a.num("--head-dim", 128u32)?;
     let variants = a.strs("--variants", &["v1w4", "v1w8", "v2w4"]);
     let seed = a.num("--seed", default_seed())?;
+    let kv_div = a.num("--kv-div", 1u32)?;
     let mut gpu = Gpu::open(0)?;
     header(&gpu);
     println!("{}", BenchRow::CSV_HEADER);
     let mut rows = Vec::new();
     for &h in &heads {
-        let hd = Heads::new(h, h, d)?;
+        if kv_div == 0 || h % kv_div != 0 {
+            return Err(invalid(
+                "--kv-div",
+                kv_div,
+                format!("a divisor of heads = {h}"),
+            ));
+        }
+        let hd = Heads::new(h, h / kv_div, d)?;
         let mut buf = upload_random(&gpu, hd, total, 64, seed)?;
         for spec in &variants {
             let var = FwdVariant::parse(spec, d)?;
