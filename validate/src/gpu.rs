@@ -27,6 +27,11 @@ pub const ATTN_FWD_V2_SRC: &str = concat!(
     include_str!("../kernels/attn_common.cuh"),
     include_str!("../kernels/attn_fwd_v2.cu")
 );
+/// The version-3 forward kernel's source (shared definitions first).
+pub const ATTN_FWD_V3_SRC: &str = concat!(
+    include_str!("../kernels/attn_common.cuh"),
+    include_str!("../kernels/attn_fwd_v3.cu")
+);
 /// The backward kernels' source (shared definitions first).
 pub const ATTN_BWD_SRC: &str = concat!(
     include_str!("../kernels/attn_common.cuh"),
@@ -47,7 +52,8 @@ pub struct FwdVariant {
     /// Warps per block.
     pub nwarps: u32,
     /// Kernel version: 1 = `attn_fwd` (16 query rows per warp, Q in registers), 2 =
-    /// `attn_fwd_v2` (32 rows per warp, Q re-read from shared memory).
+    /// `attn_fwd_v2` (32 rows per warp, Q re-read from shared memory), 3 = `attn_fwd_v3` (v2 with
+    /// precomputed copy addresses and coalesced O stores).
     pub version: u32,
 }
 
@@ -70,11 +76,11 @@ impl FwdVariant {
     }
     /// Parses `v{version}w{nwarps}` (e.g. `v2w4`) for head dimension `head_dim`.
     pub fn parse(spec: &str, head_dim: u32) -> Result<Self, Error> {
-        let bad = || invalid("kernel variant", spec, "v1w4, v1w8, v2w4 or v2w8");
+        let bad = || invalid("kernel variant", spec, "v{1,2,3}w{4,8}, e.g. v2w4");
         let rest = spec.strip_prefix('v').ok_or_else(bad)?;
         let (v, w) = rest.split_once('w').ok_or_else(bad)?;
         let (version, nwarps) = (v.parse().map_err(|_| bad())?, w.parse().map_err(|_| bad())?);
-        if !matches!(version, 1 | 2) || !matches!(nwarps, 4 | 8) {
+        if !matches!(version, 1..=3) || !matches!(nwarps, 4 | 8) {
             return Err(bad());
         }
         Ok(FwdVariant {
@@ -86,7 +92,7 @@ impl FwdVariant {
 
     /// Query rows per tile: 16 (v1) or 32 (v2) per warp.
     pub fn block_m(&self) -> u32 {
-        if self.version == 2 {
+        if self.version >= 2 {
             32 * self.nwarps
         } else {
             16 * self.nwarps
@@ -107,7 +113,8 @@ pub fn compile_fwd(var: FwdVariant, include_dirs: &[String]) -> Result<Ptx, Erro
     match var.version {
         1 => compile_src(ATTN_FWD_SRC, "attn_fwd.cu", var, include_dirs),
         2 => compile_src(ATTN_FWD_V2_SRC, "attn_fwd_v2.cu", var, include_dirs),
-        v => Err(invalid("kernel version", v, "1 or 2")),
+        3 => compile_src(ATTN_FWD_V3_SRC, "attn_fwd_v3.cu", var, include_dirs),
+        v => Err(invalid("kernel version", v, "1, 2 or 3")),
     }
 }
 
@@ -749,7 +756,8 @@ mod tests {
         assert_eq!(v.label(), "fwd-v2-d128-w4");
         assert_eq!(FwdVariant::parse("v1w8", 64).unwrap().block_m(), 128);
         assert_eq!(FwdVariant::v1(128, 4).smem_bytes(), 80 * 1024);
-        for bad in ["v3w4", "v1w5", "w4", "v1", "v1wx", ""] {
+        assert_eq!(FwdVariant::parse("v3w8", 128).unwrap().block_m(), 256);
+        for bad in ["v4w4", "v1w5", "w4", "v1", "v1wx", ""] {
             assert!(FwdVariant::parse(bad, 128).is_err(), "{bad}");
         }
     }

@@ -22,7 +22,7 @@ fn forward_matches_f64_reference_on_gpu_or_skips() {
         Err(e) => panic!("GPU present but unusable: {e}"),
     };
     let cases = check_cases().expect("check cases are valid");
-    for spec in ["v1w4", "v1w8", "v2w4", "v2w8"] {
+    for spec in ["v1w4", "v1w8", "v2w4", "v2w8", "v3w4", "v3w8"] {
         for (i, case) in cases.iter().enumerate() {
             let var = FwdVariant::parse(spec, case.heads.head_dim).expect("valid variant");
             let r = check_case(&mut gpu, case, var, 1000 + i as u64).expect("check runs");

@@ -8,7 +8,7 @@ use validate::Error;
 
 #[test]
 fn all_kernel_variants_compile_with_nvrtc_or_skip() {
-    for spec in ["v1w4", "v1w8", "v2w4", "v2w8"] {
+    for spec in ["v1w4", "v1w8", "v2w4", "v2w8", "v3w4", "v3w8"] {
         for d in [64, 128] {
             let var = FwdVariant::parse(spec, d).expect("valid spec");
             match compile_fwd(var, &[]) {

@@ -348,7 +348,7 @@ fn trace(a: &Args) -> Result<(), Error> {
 
 fn compile(a: &Args) -> Result<(), Error> {
     let dir = a.opt("--ptx-dir");
-    for spec in ["v1w4", "v1w8", "v2w4", "v2w8"] {
+    for spec in ["v1w4", "v1w8", "v2w4", "v2w8", "v3w4", "v3w8"] {
         for head_dim in [64u32, 128] {
             let var = FwdVariant::parse(spec, head_dim)?;
             let mut outs = vec![(var.label(), validate::gpu::compile_fwd(var, &[])?)];
