@@ -90,7 +90,16 @@ impl FwdVariant {
         })
     }
 
-    /// Query rows per tile: 16 (v1) or 32 (v2) per warp.
+    /// The kernel's entry-point name in its source.
+    pub fn entry(&self) -> &'static str {
+        match self.version {
+            2 => "attn_fwd_v2",
+            3 => "attn_fwd_v3",
+            _ => "attn_fwd",
+        }
+    }
+
+    /// Query rows per tile: 16 (v1) or 32 (v2, v3) per warp.
     pub fn block_m(&self) -> u32 {
         if self.version >= 2 {
             32 * self.nwarps
@@ -281,11 +290,7 @@ impl Gpu {
             .load_module(ptx)
             .map_err(cuda("cuModuleLoadData"))?;
         let f = module
-            .load_function(if var.version == 2 {
-                "attn_fwd_v2"
-            } else {
-                "attn_fwd"
-            })
+            .load_function(var.entry())
             .map_err(cuda("cuModuleGetFunction"))?;
         f.set_attribute(
             CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
