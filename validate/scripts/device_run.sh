@@ -33,6 +33,14 @@ for step in "$@"; do
       kill $SMI ;;
     gqa) echo "== gqa (h_q 32, h_kv 8)"; ($B bench --variants $V --heads 32 --kv-div 4 --docs 512,4096,16384 --csv $OUT/ours_gqa.csv && HEADS=32 DOCS=512,4096,16384 KV_DIV=4 python3 $S/torch_bench.py gqa $OUT/torch_gqa.csv $OUT/ours_gqa.csv) 2>&1 | tee $L/gqa.txt ;;
     d64) echo "== head_dim 64"; ($B bench --variants $V --heads 32 --head-dim 64 --docs 512,4096,16384 --csv $OUT/ours_d64.csv && HEADS=32 DOCS=512,4096,16384 HEAD_DIM=64 python3 $S/torch_bench.py fwd $OUT/torch_d64.csv $OUT/ours_d64.csv) 2>&1 | tee $L/d64.txt ;;
+    jitter2gpu) echo "== jitter on every GPU at once (cross-GPU spread)"
+      nvidia-smi --query-gpu=timestamp,index,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active --format=csv -lms 100 > $OUT/clocks.csv & SMI=$!
+      n=$(nvidia-smi -L | wc -l)
+      for d in $(seq 0 $((n-1))); do
+        $B jitter --device $d --variant ${JVARIANT:-v3w4} --heads 32,2 --doc-len 512,4096 --reps 300 --seed 11 --csv $OUT/jitter_gpu$d.csv > $L/jitter_gpu$d.txt 2>&1 &
+      done
+      wait $(jobs -p | grep -v "^$SMI$") 2>/dev/null; kill $SMI
+      cat $L/jitter_gpu*.txt | tee $OUT/jitter.txt ;;
     trace) echo "== trace"; python3 $S/torch_profile_trace.py $OUT/flash_trace.json 2>&1 | tail -20; ls -la $OUT/flash_trace.json; $B trace $OUT/flash_trace.json | head -20 ;;
   esac
 done

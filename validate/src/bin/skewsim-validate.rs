@@ -4,7 +4,7 @@
 //!   check  [--seed N] [--variants v1w4,v1w8,v2w4]
 //!   bench  [--heads 32,8,2] [--kv-div 1] [--head-dim 128] [--docs 128,...] [--reps 20] [--warmup 3]
 //!          [--variants v1w4,v1w8,v2w4] [--csv FILE]      (h_kv = heads / kv-div)
-//!   jitter [--doc-len 4096] [--heads 32] [--reps 200] [--variant v1w8] [--csv FILE]
+//!   jitter [--doc-len 4096] [--heads 32] [--reps 200] [--variant v1w8] [--device 0] [--csv FILE]
 //!   trace  FILE [--filter flash]              list kernels of a PyTorch-profiler Chrome trace
 //!   bench-bwd [--heads 32,8,2] [--docs 512,4096,16384] [--csv FILE]   backward speed
 //!   bench-mixed --corpus FILE [--heads 32,8] [--chunk 0,4096,1024] [--variants ...] [--units-dir DIR] [--csv FILE]
@@ -191,9 +191,10 @@ fn jitter(a: &Args) -> Result<(), Error> {
     let var = FwdVariant::parse(a.opt("--variant").unwrap_or("v1w8"), 128)?;
     let total = a.num("--total", 65536u32)?;
     let seed = a.num("--seed", default_seed())?;
-    let mut gpu = Gpu::open(0)?;
+    let device = a.num("--device", 0usize)?;
+    let mut gpu = Gpu::open(device)?;
     header(&gpu);
-    let hdr = "kernel,heads,doc_len,rep,ms,factor";
+    let hdr = "device,kernel,heads,doc_len,rep,ms,factor";
     let mut raw = Vec::new();
     println!("kernel,heads,doc_len,n,median_ms,min,p10,p90,p99,max,std,lag1");
     for &h in &heads {
@@ -223,7 +224,7 @@ fn jitter(a: &Args) -> Result<(), Error> {
             );
             for (i, t) in ms.iter().enumerate() {
                 raw.push(format!(
-                    "{},{h},{l},{i},{t:.5},{:.5}",
+                    "{device},{},{h},{l},{i},{t:.5},{:.5}",
                     var.label(),
                     t / j.median_ms
                 ));
