@@ -5,7 +5,7 @@ set -u
 B=./.carry-gpu/skewsim-validate
 S=./.carry-gpu
 export PYTHONUNBUFFERED=1
-V=${VARIANTS:-v1w4,v1w8,v2w4,v2w8}   # forward kernel variants
+V=${VARIANTS:-v3w4,v3w8}   # forward kernel variants (runs 1-6 used v1w4,v1w8[,v2w4,v2w8])
 L=/tmp/logs; mkdir -p $L              # logs that duplicate CSVs stay there ($OUT keeps <= 8 files)
 for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
   [ -d $d ] && export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}:$d
@@ -20,7 +20,7 @@ for step in "$@"; do
   case $step in
     check) echo "== check"; $B check --variants $V 2>&1 | tee $OUT/check.txt ;;
     bench) echo "== bench"; $B bench --variants $V --csv $OUT/ours.csv 2>&1 | tee $L/bench.txt ;;
-    jitter) echo "== jitter"; $B jitter --variant ${JVARIANT:-v1w8} --heads 32,2 --doc-len 512,4096 --reps 200 --csv $OUT/jitter_raw.csv 2>&1 | tee $OUT/jitter.txt ;;
+    jitter) echo "== jitter"; $B jitter --variant ${JVARIANT:-v3w4} --heads 32,2 --doc-len 512,4096 --reps 200 --csv $OUT/jitter_raw.csv 2>&1 | tee $OUT/jitter.txt ;;
     torch) echo "== torch"; python3 $S/torch_bench.py fwd $OUT/torch.csv $OUT/ours.csv 2>&1 | tee $L/torch.txt ;;
     bwd) echo "== bwd"; ($B bench-bwd --csv $OUT/ours_bwd.csv && python3 $S/torch_bench.py bwd $OUT/torch_bwd.csv $OUT/ours_bwd.csv) 2>&1 | tee $L/bwd.txt ;;
     mixed) echo "== mixed"; mkdir -p /tmp/units; ($B bench-mixed --variants $V --corpus $S/wlbllm.json --units-dir /tmp/units --csv $OUT/ours_mixed.csv && python3 $S/torch_bench.py mixed $OUT/torch_mixed.csv $OUT/ours_mixed.csv /tmp/units) 2>&1 | tee $L/mixed.txt ;;

@@ -9,6 +9,12 @@
 //! `[a, e)` of one sample with that sample's KV prefix `[0, e)` — exactly the units TAP tiles
 //! (Libra reading note, /work/shared/papers/000_*) and DistCA shards (002_*) produce.
 //!
+//! Kernels: forward versions 1–3 (`attn_fwd.cu`, `attn_fwd_v2.cu`, `attn_fwd_v3.cu`; v3 is the
+//! fast one, 0.93–0.96 of PyTorch's FlashAttention-2 on an H200 for long documents) and the
+//! backward (`attn_bwd.cu`); versions, figures and commands in BENCHMARKS.md, "Validation
+//! (issue 7)". The `skewsim-validate` binary drives them (check, bench, bench-bwd, bench-mixed,
+//! jitter, trace, compile).
+//!
 //! Everything except [`gpu`] is plain CPU code and is tested on machines without a GPU; [`gpu`]
 //! returns [`Error::NoDriver`] there instead of panicking.
 

@@ -1,14 +1,15 @@
 //! `skewsim-validate`: runs the attention kernels on a real GPU.
 //!
 //! Subcommands:
-//!   check  [--seed N] [--variants v1w4,v1w8,v2w4]
+//!   check  [--seed N] [--variants v1w4,...]        (default: every forward variant, and the backward)
 //!   bench  [--heads 32,8,2] [--kv-div 1] [--head-dim 128] [--docs 128,...] [--reps 20] [--warmup 3]
-//!          [--variants v1w4,v1w8,v2w4] [--csv FILE]      (h_kv = heads / kv-div)
-//!   jitter [--doc-len 4096] [--heads 32] [--reps 200] [--variant v1w8] [--device 0] [--csv FILE]
+//!          [--variants v3w4] [--csv FILE]      (h_kv = heads / kv-div)
+//!   jitter [--doc-len 4096] [--heads 32] [--reps 200] [--variant v3w4] [--device 0] [--csv FILE]
 //!   trace  FILE [--filter flash]              list kernels of a PyTorch-profiler Chrome trace
 //!   bench-bwd [--heads 32,8,2] [--docs 512,4096,16384] [--csv FILE]   backward speed
-//!   bench-mixed --corpus FILE [--heads 32,8] [--chunk 0,4096,1024] [--variants ...] [--units-dir DIR] [--csv FILE]
+//!   bench-mixed --corpus FILE [--heads 32,8] [--chunk 0,4096,1024] [--variants v3w4] [--units-dir DIR] [--csv FILE]
 //!   compile [--ptx-dir DIR]                   NVRTC-compile every kernel variant (no GPU needed)
+//! Variants: v{1,2,3}w{4,8} = kernel version, warps per block (BENCHMARKS.md, "Kernel versions").
 //! Exits non-zero with a message ("no CUDA driver found") on a machine without a GPU.
 
 use std::io::Write;
@@ -96,7 +97,8 @@ fn check(a: &Args) -> Result<(), Error> {
     header(&gpu);
     println!("# seed {seed}");
     let mut failed = 0;
-    for spec in a.strs("--variants", &["v1w4", "v1w8", "v2w4"]) {
+    let all = ["v1w4", "v1w8", "v2w4", "v2w8", "v3w4", "v3w8"];
+    for spec in a.strs("--variants", &all) {
         for d in [64u32, 128] {
             let var = FwdVariant::parse(&spec, d)?;
             let (regs, local) = gpu.kernel_resources(var)?;
@@ -155,7 +157,7 @@ fn bench(a: &Args) -> Result<(), Error> {
     let reps = a.num("--reps", 20usize)?;
     let warmup = a.num("--warmup", 3usize)?;
     let d = a.num("--head-dim", 128u32)?;
-    let variants = a.strs("--variants", &["v1w4", "v1w8", "v2w4"]);
+    let variants = a.strs("--variants", &["v3w4"]);
     let seed = a.num("--seed", default_seed())?;
     let kv_div = a.num("--kv-div", 1u32)?;
     let mut gpu = Gpu::open(0)?;
@@ -188,7 +190,7 @@ fn jitter(a: &Args) -> Result<(), Error> {
     let docs = a.list("--doc-len", &[4096])?;
     let heads = a.list("--heads", &[32])?;
     let reps = a.num("--reps", 200usize)?;
-    let var = FwdVariant::parse(a.opt("--variant").unwrap_or("v1w8"), 128)?;
+    let var = FwdVariant::parse(a.opt("--variant").unwrap_or("v3w4"), 128)?;
     let total = a.num("--total", 65536u32)?;
     let seed = a.num("--seed", default_seed())?;
     let device = a.num("--device", 0usize)?;
@@ -279,7 +281,7 @@ fn bench_mixed(a: &Args) -> Result<(), Error> {
         .map_err(|e| validate::error::parse_error(format!("corpus {path}"), e))?;
     let heads = a.list("--heads", &[32, 8])?;
     let chunks = a.list("--chunk", &[0, 4096, 1024])?;
-    let variants = a.strs("--variants", &["v1w4", "v1w8", "v2w4"]);
+    let variants = a.strs("--variants", &["v3w4"]);
     let total = a.num("--total", 65536u32)?;
     let reps = a.num("--reps", 20usize)?;
     let seed = a.num("--seed", 7u64)?;
