@@ -40,7 +40,9 @@ for step in "$@"; do
         $B jitter --device $d --variant ${JVARIANT:-v3w4} --heads 32,2 --doc-len 512,4096 --reps 300 --seed 11 --csv $OUT/jitter_gpu$d.csv > $L/jitter_gpu$d.txt 2>&1 &
       done
       wait $(jobs -p | grep -v "^$SMI$") 2>/dev/null; kill $SMI
-      cat $L/jitter_gpu*.txt | tee $OUT/jitter.txt ;;
+      cat $L/jitter_gpu*.txt | tee $OUT/jitter.txt
+      (head -1 $OUT/jitter_gpu0.csv; tail -q -n +2 $OUT/jitter_gpu*.csv) > $OUT/jitter_raw.csv && rm $OUT/jitter_gpu*.csv
+      $B jitter-fit $OUT/jitter_raw.csv ;;
     trace) echo "== trace"; python3 $S/torch_profile_trace.py $OUT/flash_trace.json 2>&1 | tail -20; ls -la $OUT/flash_trace.json; $B trace $OUT/flash_trace.json | head -20 ;;
   esac
 done

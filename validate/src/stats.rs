@@ -71,6 +71,66 @@ impl Jitter {
     }
 }
 
+/// Launch times expressed in the parameters of skewsim's variance model (`cluster::variance`:
+/// per-kernel jitter `Lognormal { sigma }` plus spikes that slow a kernel by `1 + Exp(mean)`
+/// with probability `prob`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct VarianceFit {
+    pub n: usize,
+    /// σ of ln(factor), robust: (ln q90 − ln q10) / (2·1.28155), so spikes and drift in the
+    /// tails do not inflate it.
+    pub sigma: f64,
+    /// Fraction of launches slower than `max(exp(4σ), 1 + SPIKE_FLOOR)` × median: beyond the
+    /// lognormal body, and by at least 2% (a tight body would otherwise call +0.1% a spike).
+    pub spike_prob: f64,
+    /// Mean of (factor − 1) over those launches (0 when there are none).
+    pub spike_mean: f64,
+    /// Lag-1 autocorrelation of the factors (the model assumes 0).
+    pub lag1: f64,
+}
+
+/// Smallest slowdown counted as a spike.
+pub const SPIKE_FLOOR: f64 = 0.02;
+
+/// z of the 90th percentile of the standard normal.
+const Z90: f64 = 1.281_551_565_544_600_5;
+
+/// Fits [`VarianceFit`] to launch times (any unit). `None` for fewer than 10 times, NaN or a
+/// non-positive time.
+pub fn fit_variance(times: &[f64]) -> Option<VarianceFit> {
+    if times.len() < 10 || times.iter().any(|t| !(t.is_finite() && *t > 0.0)) {
+        return None;
+    }
+    let med = quantile(times, 0.5)?;
+    let f: Vec<f64> = times.iter().map(|t| t / med).collect();
+    let sigma = (quantile(&f, 0.9)?.ln() - quantile(&f, 0.1)?.ln()) / (2.0 * Z90);
+    let cut = (4.0 * sigma).exp().max(1.0 + SPIKE_FLOOR);
+    let spikes: Vec<f64> = f.iter().copied().filter(|&x| x > cut).collect();
+    let spike_mean = if spikes.is_empty() {
+        0.0
+    } else {
+        spikes.iter().map(|x| x - 1.0).sum::<f64>() / spikes.len() as f64
+    };
+    Some(VarianceFit {
+        n: f.len(),
+        sigma,
+        spike_prob: spikes.len() as f64 / f.len() as f64,
+        spike_mean,
+        lag1: lag1_autocorrelation(&f),
+    })
+}
+
+/// σ of the persistent per-GPU factor from each GPU's median time for the same kernel: the
+/// sample standard deviation (n − 1) of ln(median). `None` for fewer than two GPUs.
+pub fn persistent_sigma(medians: &[f64]) -> Option<f64> {
+    if medians.len() < 2 || medians.iter().any(|m| !(m.is_finite() && *m > 0.0)) {
+        return None;
+    }
+    let l: Vec<f64> = medians.iter().map(|m| m.ln()).collect();
+    let mean = l.iter().sum::<f64>() / l.len() as f64;
+    Some((l.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / (l.len() - 1) as f64).sqrt())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -98,6 +158,42 @@ mod tests {
         assert!((lag1_autocorrelation(&steps) - 0.7).abs() < 1e-12);
         assert_eq!(lag1_autocorrelation(&[2.0, 2.0, 2.0]), 0.0);
         assert_eq!(lag1_autocorrelation(&[1.0]), 0.0);
+    }
+
+    #[test]
+    fn variance_fit_recovers_sigma_and_spikes() {
+        // 100 launches: factors exp(σ·z_i), z_i = (i − 49.5)/20 (a symmetric grid, |z| ≤ 2.475),
+        // with two central ones replaced by spikes of +10% and +20%. σ̂ is checked against the
+        // quantile formula evaluated independently here.
+        let sigma = 0.01;
+        let mut t: Vec<f64> = (0..100)
+            .map(|i| (sigma * (i as f64 - 49.5) / 20.0).exp())
+            .collect();
+        t[50] = 1.10;
+        t[51] = 1.20;
+        let fit = fit_variance(&t).unwrap();
+        let med = quantile(&t, 0.5).unwrap();
+        let f: Vec<f64> = t.iter().map(|x| x / med).collect();
+        let want =
+            (quantile(&f, 0.9).unwrap().ln() - quantile(&f, 0.1).unwrap().ln()) / (2.0 * Z90);
+        assert!((fit.sigma - want).abs() < 1e-15);
+        // The body spans ±2.475σ: no body launch passes exp(4σ̂); both spikes do.
+        assert_eq!(fit.spike_prob, 0.02);
+        let want_mean = (1.10 / med - 1.0 + 1.20 / med - 1.0) / 2.0;
+        assert!((fit.spike_mean - want_mean).abs() < 1e-12);
+        assert!(fit_variance(&t[..9]).is_none());
+        // A tight body: +1% is not a spike (floor 2%), +3% is.
+        let mut tight = vec![1.0; 50];
+        tight[3] = 1.01;
+        tight[7] = 1.03;
+        let ft = fit_variance(&tight).unwrap();
+        assert_eq!((ft.spike_prob, ft.sigma), (0.02, 0.0));
+        assert!((ft.spike_mean - 0.03).abs() < 1e-12);
+        assert!(fit_variance(&[1.0; 10]).unwrap().sigma == 0.0);
+        // Persistent: medians 1.0 and e^0.02 → ln-std = 0.02/√2.
+        let p = persistent_sigma(&[1.0, 0.02f64.exp()]).unwrap();
+        assert!((p - 0.02 / 2f64.sqrt()).abs() < 1e-12);
+        assert!(persistent_sigma(&[1.0]).is_none());
     }
 
     #[test]

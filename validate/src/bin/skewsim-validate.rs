@@ -5,6 +5,7 @@
 //!   bench  [--heads 32,8,2] [--kv-div 1] [--head-dim 128] [--docs 128,...] [--reps 20] [--warmup 3]
 //!          [--variants v3w4] [--csv FILE]      (h_kv = heads / kv-div)
 //!   jitter [--doc-len 4096] [--heads 32] [--reps 200] [--variant v3w4] [--device 0] [--csv FILE]
+//!   jitter-fit FILE...                        variance-model parameters from jitter CSVs (no GPU)
 //!   trace  FILE [--filter flash]              list kernels of a PyTorch-profiler Chrome trace
 //!   bench-bwd [--heads 32,8,2] [--docs 512,4096,16384] [--csv FILE]   backward speed
 //!   bench-mixed --corpus FILE [--heads 32,8] [--chunk 0,4096,1024] [--variants v3w4] [--units-dir DIR] [--csv FILE]
@@ -327,6 +328,86 @@ fn bench_mixed(a: &Args) -> Result<(), Error> {
     write_csv(a.opt("--csv"), hdr, &rows)
 }
 
+/// Fits the simulator's variance-model parameters to raw jitter CSVs (`jitter --csv`): per
+/// (device, kernel, heads, doc_len) series, and the persistent per-GPU σ where a series ran on
+/// several devices.
+fn jitter_fit(a: &Args) -> Result<(), Error> {
+    use std::collections::BTreeMap;
+    use validate::stats::{fit_variance, persistent_sigma, quantile};
+    let files: Vec<&String> = a.rest.iter().filter(|x| !x.starts_with("--")).collect();
+    if files.is_empty() {
+        return Err(invalid(
+            "jitter-fit FILE",
+            "(none)",
+            "one or more jitter CSV files",
+        ));
+    }
+    // (file, kernel, heads, doc_len) -> device -> times. Persistent σ is only estimated across
+    // the devices of one file (one run on several GPUs at once).
+    type Key = (String, String, u32, u32);
+    let mut series: BTreeMap<Key, BTreeMap<String, Vec<f64>>> = BTreeMap::new();
+    for path in files {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| invalid("jitter-fit FILE", path, format!("a readable file ({e})")))?;
+        let mut lines = text.lines();
+        let header: Vec<&str> = lines.next().unwrap_or_default().split(',').collect();
+        let col = |name: &str| {
+            header.iter().position(|h| *h == name).ok_or_else(|| {
+                validate::error::parse_error(path.as_str(), format!("no `{name}` column"))
+            })
+        };
+        let (ck, ch, cl, cm) = (col("kernel")?, col("heads")?, col("doc_len")?, col("ms")?);
+        let cd = header.iter().position(|h| *h == "device");
+        for (i, line) in lines.enumerate() {
+            let f: Vec<&str> = line.split(',').collect();
+            let bad =
+                |what: &str| validate::error::parse_error(format!("{path} line {}", i + 2), what);
+            let get = |c: usize| f.get(c).copied().ok_or_else(|| bad("too few fields"));
+            let heads: u32 = get(ch)?
+                .parse()
+                .map_err(|_| bad("heads is not an integer"))?;
+            let doc: u32 = get(cl)?
+                .parse()
+                .map_err(|_| bad("doc_len is not an integer"))?;
+            let ms: f64 = get(cm)?.parse().map_err(|_| bad("ms is not a number"))?;
+            let dev = match cd {
+                Some(c) => get(c)?.to_string(),
+                None => "0".to_string(),
+            };
+            series
+                .entry((path.to_string(), get(ck)?.to_string(), heads, doc))
+                .or_default()
+                .entry(dev)
+                .or_default()
+                .push(ms);
+        }
+    }
+    println!(
+        "file,device,kernel,heads,doc_len,n,median_ms,jitter_sigma,spike_prob,spike_mean,lag1"
+    );
+    for ((file, k, h, l), devs) in &series {
+        let mut medians = Vec::new();
+        for (dev, ms) in devs {
+            let fit = fit_variance(ms).ok_or_else(|| {
+                Error::CheckFailed(format!("{dev} {k} {h} {l}: fewer than 10 valid times"))
+            })?;
+            let med = quantile(ms, 0.5).unwrap_or(f64::NAN);
+            medians.push(med);
+            println!(
+                "{file},{dev},{k},{h},{l},{},{med:.4},{:.4},{:.4},{:.4},{:.2}",
+                fit.n, fit.sigma, fit.spike_prob, fit.spike_mean, fit.lag1
+            );
+        }
+        if let Some(p) = persistent_sigma(&medians) {
+            println!(
+                "# {file} {k} heads {h} doc_len {l}: persistent sigma across {} GPUs = {p:.4}",
+                medians.len()
+            );
+        }
+    }
+    Ok(())
+}
+
 fn trace(a: &Args) -> Result<(), Error> {
     let path = a
         .rest
@@ -386,10 +467,11 @@ fn main() -> ExitCode {
         "compile" => compile(&a),
         "bench-bwd" => bench_bwd(&a),
         "bench-mixed" => bench_mixed(&a),
+        "jitter-fit" => jitter_fit(&a),
         other => Err(invalid(
             "subcommand",
             other,
-            "check, bench, bench-bwd, bench-mixed, jitter, trace or compile",
+            "check, bench, bench-bwd, bench-mixed, jitter, jitter-fit, trace or compile",
         )),
     };
     match r {
