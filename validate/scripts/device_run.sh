@@ -1,5 +1,5 @@
 #!/bin/bash
-# One device run of issue 7's GPU work; steps: check bench jitter torch bwd mixed gqa d64 jitterlong trace (run from the repository root on the H200 machine, with the
+# One device run of issue 7's GPU work; steps: check bench jitter torch bwd mixed gqa d64 grid jitterlong jitter2gpu trace (run from the repository root on the H200 machine, with the
 # binary and this script carried in .carry-gpu/). Everything is logged under $OUT.
 set -u
 B=./.carry-gpu/skewsim-validate
@@ -43,6 +43,7 @@ for step in "$@"; do
       cat $L/jitter_gpu*.txt | tee $OUT/jitter.txt
       (head -1 $OUT/jitter_gpu0.csv; tail -q -n +2 $OUT/jitter_gpu*.csv) > $OUT/jitter_raw.csv && rm $OUT/jitter_gpu*.csv
       $B jitter-fit $OUT/jitter_raw.csv ;;
+    grid) echo "== calibration grid"; mkdir -p /tmp/gunits; ($B bench-grid --variant ${JVARIANT:-v3w4} --units-dir /tmp/gunits --csv $OUT/ours_grid.csv && python3 $S/torch_bench.py grid $OUT/torch_grid.csv $OUT/ours_grid.csv /tmp/gunits) 2>&1 | tee $L/grid.txt ;;
     trace) echo "== trace"; python3 $S/torch_profile_trace.py $OUT/flash_trace.json 2>&1 | tail -20; ls -la $OUT/flash_trace.json; $B trace $OUT/flash_trace.json | head -20 ;;
   esac
 done

@@ -15,7 +15,10 @@ gqa:   equal documents through torch.ops.aten._flash_attention_forward (cu_seqle
        h_kv = heads / KV_DIV (FlashAttention's native GQA).
 Environment overrides: HEAD_DIM (fwd/gqa), HEADS, DOCS (comma lists), KV_DIV (gqa).
 
+grid:  the calibration grid skewsim-validate bench-grid wrote (units_g_h{H}_q{Q}_k{K}_n{N}.csv),
+       through the same varlen op; joined with ours on the case name.
 usage: python3 torch_bench.py fwd|bwd|gqa OUT.csv [OURS.csv]
+       python3 torch_bench.py grid OUT.csv OURS.csv UNITS_DIR
        python3 torch_bench.py mixed OUT.csv OURS.csv UNITS_DIR
 """
 import csv
@@ -92,34 +95,52 @@ def gqa(h, l):
     return ms, flops / (ms * 1e-3) / 1e12
 
 
+def run_units(path, h):
+    """Times torch's varlen FlashAttention on the units of one units CSV; returns (n, ms, TF/s)."""
+    units = [tuple(int(x) for x in (r["sample"], r["sample_len"], r["a"], r["e"])) for r in csv.DictReader(open(path))]
+    nq = sum(e - a for _, _, a, e in units)
+    nk = sum(e for _, _, _, e in units)  # each unit gets its own copy of its sample's prefix
+    g = torch.Generator(device="cuda").manual_seed(h * 7 + nq)
+    q = rand(nq, h, HEAD_DIM, g=g)
+    k = rand(nk, h, HEAD_DIM, g=g)
+    v = rand(nk, h, HEAD_DIM, g=g)
+    acc = lambda xs: [0] + list(__import__("itertools").accumulate(xs))
+    cq = torch.tensor(acc(e - a for _, _, a, e in units), device="cuda", dtype=torch.int32)
+    ck = torch.tensor(acc(e for _, _, _, e in units), device="cuda", dtype=torch.int32)
+    mq = max(e - a for _, _, a, e in units)
+    mk = max(e for _, _, _, e in units)
+    f = lambda: torch.ops.aten._flash_attention_forward(q, k, v, cq, ck, mq, mk, 0.0, True, False)
+    ms = timed(f)
+    flops = sum(4 * HEAD_DIM * h * ((e * (e + 1) - a * (a + 1)) / 2) for _, _, a, e in units)
+    del q, k, v
+    torch.cuda.empty_cache()
+    return len(units), ms, flops / (ms * 1e-3) / 1e12
+
+
 def mixed(units_dir):
     rows = []
     for path in sorted(glob.glob(os.path.join(units_dir, "units_h*_c*.csv"))):
         name = os.path.basename(path)[:-4]
         h = int(name.split("_")[1][1:])
         c = int(name.split("_")[2][1:])
-        units = [tuple(int(x) for x in (r["sample"], r["sample_len"], r["a"], r["e"])) for r in csv.DictReader(open(path))]
-        nq = sum(e - a for _, _, a, e in units)
-        nk = sum(e for _, _, _, e in units)  # each unit gets its own copy of its sample's prefix
-        g = torch.Generator(device="cuda").manual_seed(h * 7 + c)
-        q = rand(nq, h, HEAD_DIM, g=g)
-        k = rand(nk, h, HEAD_DIM, g=g)
-        v = rand(nk, h, HEAD_DIM, g=g)
-        cq = torch.tensor([0] + list(__import__("itertools").accumulate(e - a for _, _, a, e in units)), device="cuda", dtype=torch.int32)
-        ck = torch.tensor([0] + list(__import__("itertools").accumulate(e for _, _, _, e in units)), device="cuda", dtype=torch.int32)
-        mq = max(e - a for _, _, a, e in units)
-        mk = max(e for _, _, _, e in units)
-        f = lambda: torch.ops.aten._flash_attention_forward(q, k, v, cq, ck, mq, mk, 0.0, True, False)
         try:
-            ms = timed(f)
-        except Exception as ex:  # report the signature this torch has, then skip the batch
+            n, ms, tf = run_units(path, h)
+        except Exception as ex:  # report the signature this torch has, then stop
             print(f"# _flash_attention_forward failed: {ex}\n# schema: {torch.ops.aten._flash_attention_forward.default._schema}", flush=True)
             return rows
-        flops = sum(4 * HEAD_DIM * h * ((e * (e + 1) - a * (a + 1)) / 2) for _, _, a, e in units)
-        rows.append((h, c, len(units), ms, flops / (ms * 1e-3) / 1e12))
-        print(f"torch-varlen,{h},{c},{len(units)},{ms:.4f},{rows[-1][4]:.1f}", flush=True)
-        del q, k, v
-        torch.cuda.empty_cache()
+        rows.append((h, c, n, ms, tf))
+        print(f"torch-varlen,{h},{c},{n},{ms:.4f},{tf:.1f}", flush=True)
+    return rows
+
+
+def grid(units_dir):
+    rows = []
+    for path in sorted(glob.glob(os.path.join(units_dir, "units_g_*.csv"))):
+        case = os.path.basename(path)[len("units_"):-4]
+        h = int(case.split("_")[1][1:])
+        n, ms, tf = run_units(path, h)
+        rows.append((case, n, ms, tf))
+        print(f"torch-grid,{case},{n},{ms:.4f},{tf:.1f}", flush=True)
     return rows
 
 
@@ -140,6 +161,20 @@ def main():
                 f.write(f"{h},{l},{TOTAL},{HEAD_DIM},{ms:.4f},{tf:.1f}\n")
         key = lambda r: (int(r["heads"]), int(r["doc_len"]))
         ref = {(h, l): tf for h, l, _, tf in rows}
+    elif mode == "grid":
+        rows = grid(sys.argv[4])
+        with open(out, "w") as f:
+            f.write("case,units,median_ms,tflops\n")
+            for case, n, ms, tf in rows:
+                f.write(f"{case},{n},{ms:.4f},{tf:.1f}\n")
+        if len(sys.argv) > 3:
+            ref = {case: tf for case, _, _, tf in rows}
+            print("\ncase                          ours_TF torch_TF  ratio")
+            for r in csv.DictReader(open(sys.argv[3])):
+                t = ref.get(r["case"])
+                if t:
+                    print(f"{r['case']:<28} {float(r['tflops']):8.1f} {t:8.1f} {float(r['tflops']) / t:6.2f}")
+        return
     else:
         rows = mixed(sys.argv[4])
         with open(out, "w") as f:

@@ -599,10 +599,29 @@ impl Gpu {
         layout: &Layout,
         heads: Heads,
     ) -> Result<(), Error> {
+        self.set_layout_within(b, layout, heads, true)
+    }
+
+    /// As [`Gpu::set_layout`]; with `exact == false` the layout may use only the first rows of
+    /// the uploaded tensors (one large random upload serves many smaller batches).
+    pub fn set_layout_within(
+        &self,
+        b: &mut FwdBuffers,
+        layout: &Layout,
+        heads: Heads,
+        exact: bool,
+    ) -> Result<(), Error> {
         let d = heads.head_dim as usize;
-        if b.q.len() != layout.q_rows * heads.h_q as usize * d
-            || b.k.len() != layout.kv_rows * heads.h_kv as usize * d
-        {
+        let (need_q, need_kv) = (
+            layout.q_rows * heads.h_q as usize * d,
+            layout.kv_rows * heads.h_kv as usize * d,
+        );
+        let fits = if exact {
+            b.q.len() == need_q && b.k.len() == need_kv
+        } else {
+            b.q.len() >= need_q && b.k.len() >= need_kv
+        };
+        if !fits {
             return Err(invalid(
                 "layout rows",
                 format!("q {} / kv {}", layout.q_rows, layout.kv_rows),

@@ -256,6 +256,74 @@ pub fn bench_bwd_docs(
     })
 }
 
+/// Random inputs for up to `q_rows` query rows and `kv_rows` key rows (buffers reused by
+/// [`bench_units`] for many smaller batches).
+pub fn upload_random_rows(
+    gpu: &Gpu,
+    heads: Heads,
+    q_rows: u32,
+    kv_rows: u32,
+    seed: u64,
+) -> Result<FwdBuffers, Error> {
+    if q_rows == 0 || q_rows > kv_rows {
+        return Err(crate::error::invalid(
+            "q_rows",
+            q_rows,
+            format!("1..={kv_rows} (kv_rows)"),
+        ));
+    }
+    let batch = Batch {
+        sample_lens: vec![kv_rows],
+        units: vec![WorkUnit {
+            sample: 0,
+            a: kv_rows - q_rows,
+            e: kv_rows,
+        }],
+    };
+    let layout = Layout::new(&batch, 64)?;
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let d = heads.head_dim as usize;
+    let q = random_bf16(layout.q_rows * heads.h_q as usize * d, &mut rng);
+    let k = random_bf16(layout.kv_rows * heads.h_kv as usize * d, &mut rng);
+    let v = random_bf16(layout.kv_rows * heads.h_kv as usize * d, &mut rng);
+    gpu.upload(&layout, heads, &q, &k, &v)
+}
+
+/// Times one launch of `batch` over the first rows of `buf` (median of `reps` after
+/// `warmup`); checks the batch's output rows are fully written. Returns (median ms, TFLOP/s).
+#[allow(clippy::too_many_arguments)]
+pub fn bench_units(
+    gpu: &mut Gpu,
+    buf: &mut FwdBuffers,
+    var: FwdVariant,
+    heads: Heads,
+    batch: &Batch,
+    warmup: usize,
+    reps: usize,
+) -> Result<(f64, f64), Error> {
+    let layout = Layout::new(batch, var.block_m())?;
+    gpu.set_layout_within(buf, &layout, heads, false)?;
+    gpu.poison(buf)?;
+    let scale = 1.0 / (var.head_dim as f32).sqrt();
+    let ms = gpu.time_fwd(var, heads, buf, scale, warmup, reps)?;
+    let (o, _) = gpu.download(buf)?;
+    let used = layout.q_rows * heads.h_q as usize * heads.head_dim as usize;
+    let unwritten = o
+        .iter()
+        .take(used)
+        .filter(|&&h| bf16::to_f32(h).is_nan())
+        .count();
+    if unwritten > 0 {
+        return Err(Error::CheckFailed(format!(
+            "{}: {unwritten} output elements unwritten or NaN",
+            var.label()
+        )));
+    }
+    let med = crate::stats::quantile(&ms, 0.5)
+        .ok_or_else(|| Error::CheckFailed("no valid timings".into()))?;
+    Ok((med, batch.flops(heads) / (med * 1e-3) / 1e12))
+}
+
 /// Random inputs for `total` tokens of `heads`, uploaded once and reused across document
 /// lengths (the buffers' token count does not depend on how the tokens are cut into documents).
 pub fn upload_random(

@@ -9,6 +9,8 @@
 //!   trace  FILE [--filter flash]              list kernels of a PyTorch-profiler Chrome trace
 //!   bench-bwd [--heads 32,8,2] [--docs 512,4096,16384] [--csv FILE]   backward speed
 //!   bench-mixed --corpus FILE [--heads 32,8] [--chunk 0,4096,1024] [--variants v3w4] [--units-dir DIR] [--csv FILE]
+//!   bench-grid [--heads 8,32] [--q 128,512,2048,8192] [--ratio 1,4,16] [--count 1,4] [--variant v3w4]
+//!          [--units-dir DIR] [--csv FILE]   efficiency grid: count units of [kv-q, kv) per launch
 //!   compile [--ptx-dir DIR]                   NVRTC-compile every kernel variant (no GPU needed)
 //! Variants: v{1,2,3}w{4,8} = kernel version, warps per block (BENCHMARKS.md, "Kernel versions").
 //! Exits non-zero with a message ("no CUDA driver found") on a machine without a GPU.
@@ -20,8 +22,8 @@ use rand::SeedableRng;
 use validate::error::{invalid, Error};
 use validate::gpu::{FwdVariant, Gpu};
 use validate::harness::{
-    bench_batch, bench_bwd_docs, bench_docs, check_bwd_case, check_case, check_cases,
-    upload_random, BenchRow,
+    bench_batch, bench_bwd_docs, bench_docs, bench_units, check_bwd_case, check_case, check_cases,
+    upload_random, upload_random_rows, BenchRow,
 };
 use validate::stats::Jitter;
 use validate::units::{Batch, Heads};
@@ -408,6 +410,80 @@ fn jitter_fit(a: &Args) -> Result<(), Error> {
     Ok(())
 }
 
+/// Kernel-efficiency grid for calibration: one launch = `count` identical units, each the last
+/// `q` query positions of a `kv`-token sample (`[kv − q, kv)` attending `[0, kv)`), over
+/// heads × q × (kv = ratio·q) × count. Writes each case's units for the PyTorch side.
+fn bench_grid(a: &Args) -> Result<(), Error> {
+    let heads = a.list("--heads", &[8, 32])?;
+    let qs = a.list("--q", &[128, 512, 2048, 8192])?;
+    let ratios = a.list("--ratio", &[1, 4, 16])?;
+    let counts = a.list("--count", &[1, 4])?;
+    let max_kv = a.num("--max-kv", 65536u32)?;
+    let reps = a.num("--reps", 20usize)?;
+    let seed = a.num("--seed", default_seed())?;
+    let var = FwdVariant::parse(a.opt("--variant").unwrap_or("v3w4"), 128)?;
+    let mut cases = Vec::new();
+    for &q in &qs {
+        for &r in &ratios {
+            let kv = q.saturating_mul(r);
+            if q == 0 || r == 0 || kv > max_kv {
+                continue;
+            }
+            for &n in &counts {
+                cases.push((q, kv, n));
+            }
+        }
+    }
+    let max_n = counts.iter().copied().max().unwrap_or(1);
+    let max_q_rows = cases.iter().map(|c| c.0 * c.2).max().unwrap_or(1);
+    let max_kv_rows = cases
+        .iter()
+        .map(|c| c.1 * c.2)
+        .max()
+        .unwrap_or(1)
+        .max(max_q_rows);
+    let mut gpu = Gpu::open(0)?;
+    header(&gpu);
+    println!("# variant {}, up to {max_n} units per launch", var.label());
+    let hdr = "case,kernel,heads,q_len,kv_len,units,flops,median_ms,tflops";
+    println!("{hdr}");
+    let mut rows = Vec::new();
+    for &h in &heads {
+        let hd = Heads::new(h, h, 128)?;
+        let mut buf = upload_random_rows(&gpu, hd, max_q_rows, max_kv_rows, seed)?;
+        for &(q, kv, n) in &cases {
+            let batch = Batch {
+                sample_lens: vec![kv; n as usize],
+                units: (0..n as usize)
+                    .map(|s| validate::units::WorkUnit {
+                        sample: s,
+                        a: kv - q,
+                        e: kv,
+                    })
+                    .collect(),
+            };
+            let name = format!("g_h{h}_q{q}_k{kv}_n{n}");
+            if let Some(dir) = a.opt("--units-dir") {
+                let mut t = String::from("sample,sample_len,a,e\n");
+                for u in &batch.units {
+                    t.push_str(&format!("{},{kv},{},{}\n", u.sample, u.a, u.e));
+                }
+                let p = format!("{dir}/units_{name}.csv");
+                std::fs::write(&p, t).map_err(|e| invalid("--units-dir", dir, e.to_string()))?;
+            }
+            let (ms, tf) = bench_units(&mut gpu, &mut buf, var, hd, &batch, 3, reps)?;
+            let row = format!(
+                "{name},{},{h},{q},{kv},{n},{:.4e},{ms:.4},{tf:.1}",
+                var.label(),
+                batch.flops(hd)
+            );
+            println!("{row}");
+            rows.push(row);
+        }
+    }
+    write_csv(a.opt("--csv"), hdr, &rows)
+}
+
 fn trace(a: &Args) -> Result<(), Error> {
     let path = a
         .rest
@@ -468,10 +544,11 @@ fn main() -> ExitCode {
         "bench-bwd" => bench_bwd(&a),
         "bench-mixed" => bench_mixed(&a),
         "jitter-fit" => jitter_fit(&a),
+        "bench-grid" => bench_grid(&a),
         other => Err(invalid(
             "subcommand",
             other,
-            "check, bench, bench-bwd, bench-mixed, jitter, jitter-fit, trace or compile",
+            "check, bench, bench-bwd, bench-mixed, bench-grid, jitter, jitter-fit, trace or compile",
         )),
     };
     match r {
