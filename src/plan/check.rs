@@ -15,9 +15,11 @@
 //!    sends, priced exactly by [`crate::cost::AttnShape`];
 //! 5. reach: every non-local piece of a unit's queries comes to its executing worker
 //!    and its output goes back (one transfer per piece); every KV group a unit references
-//!    reaches its executing worker — resident tokens plus KV transfers cover the sample
-//!    exactly once (KV transfers are deduplicated per group and destination); no transfer
-//!    is unneeded;
+//!    reaches its executing worker as far as causality needs it — resident tokens plus KV
+//!    transfers cover the keys [0, e) of the sample, e the largest query end of the
+//!    worker's units reading the group, with no token twice (KV transfers are deduplicated
+//!    per group and destination; a planner may move keys past e, as Libra moves whole
+//!    groups, or only the prefix, as DistCA does); no transfer is unneeded;
 //! 6. the FLOP total (in exact pair·heads) equals the exact causal total Σ ℓ(ℓ+1)/2 · h_q.
 //!
 //! Pure: no I/O. The Plan's own numbers are never trusted; everything is recomputed.
@@ -647,6 +649,15 @@ fn check_group(
     }
 
     // 5. reach
+    // causal need per (KV group, executing worker): keys [0, e) for the largest
+    // sample-local query end e of the worker's units reading the group
+    let mut kv_need: HashMap<(KvGroup, WorkerId), u32> = HashMap::new();
+    for u in &g.units {
+        for (sg, &grp) in u.segments.iter().zip(&u.kv_groups) {
+            let e = kv_need.entry((grp, u.worker)).or_default();
+            *e = (*e).max(sg.end);
+        }
+    }
     let mut kv_done: HashSet<(KvGroup, WorkerId)> = HashSet::new();
     for u in &g.units {
         let sv = &seqs[&u.seq];
@@ -684,7 +695,7 @@ fn check_group(
                 continue;
             }
             let j = grp.sample as usize;
-            let len = sv.seq.samples[j];
+            let need = kv_need.get(&(grp, u.worker)).copied().unwrap_or(0);
             let (s0, s1) = sv.samples.span(j);
             let mut iv: Vec<(u32, u32)> = sv
                 .pieces(s0, s1)
@@ -698,13 +709,13 @@ fn check_group(
             iv.sort_unstable();
             let mut at = 0u32;
             for (a, e) in iv {
-                if a > at {
+                if a > at && at < need {
                     return Err(Kind::MissingKv {
                         unit: u.id,
                         worker: u.worker,
                         group: grp,
                         start: at,
-                        end: a,
+                        end: a.min(need),
                     });
                 }
                 if a < at {
@@ -715,15 +726,15 @@ fn check_group(
                         end: at.min(e),
                     });
                 }
-                at = e;
+                at = at.max(e);
             }
-            if at < len {
+            if at < need {
                 return Err(Kind::MissingKv {
                     unit: u.id,
                     worker: u.worker,
                     group: grp,
                     start: at,
-                    end: len,
+                    end: need,
                 });
             }
         }
