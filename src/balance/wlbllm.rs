@@ -48,6 +48,8 @@
 //! Pure: no I/O, no randomness; ties are broken by the lowest index, so outputs are a
 //! function of the inputs only. May not touch `plan/`, `cost/` formulas or `grouping.rs`.
 
+pub mod lower;
+
 use std::collections::VecDeque;
 
 use serde::{Deserialize, Serialize};
