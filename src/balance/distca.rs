@@ -55,6 +55,8 @@
 //! ([`schedule_ping_pong`]): the engine overlaps nano-batch 0's attention transfers with
 //! nano-batch 1's compute and the other way round. This module only describes the split.
 
+pub mod lower;
+
 use std::cmp::Reverse;
 use std::collections::BTreeSet;
 
