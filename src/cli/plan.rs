@@ -378,7 +378,7 @@ pub fn build_scheme(
             let steps = load_batches(r, step + 1, gbs_dp)?;
             let s_max = match a.s_max {
                 Some(v) => v,
-                None => r.seq_len.checked_mul(2).unwrap_or(u32::MAX),
+                None => r.seq_len.saturating_mul(2),
             };
             let sharding: ShardingMode = a.sharding.as_deref().unwrap_or("adaptive").parse()?;
             let model = ConstantThroughput {
