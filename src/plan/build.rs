@@ -2,13 +2,11 @@
 //! (query range, head shard, executing worker) choices become [`WorkUnit`]s and the
 //! [`Transfer`]s they need.
 //!
-//! Owns the shared lowering used by the Ulysses, WLB-LLM and DistCA planners
-//! (`balance::ulysses`, `balance::wlbllm::to_plan`, `balance::distca::plan_step`): the
-//! contiguous CP layout, unit fields (segments, KV groups per Eq. 7, exact causal pairs
-//! per Eq. 8, FLOPs and bytes through [`AttnShape`]) and the exchange rules the checker
-//! enforces. It may not choose where work runs (the planners do) or do I/O. Libra keeps its
-//! own tile-indexed builder (`balance::libra::exchange`), which follows the same rules over
-//! its precomputed tiling.
+//! Owns the lowering every planner shares (`balance::libra::exchange::build_group`,
+//! `balance::ulysses`, `balance::wlbllm::lower`, `balance::distca::lower`): the contiguous
+//! CP layout, unit fields (segments, KV groups per Eq. 7, exact causal pairs per Eq. 8,
+//! FLOPs and bytes through [`AttnShape`]) and the exchange rules the checker enforces. It
+//! may not choose where work runs (the planners do) or do I/O.
 //!
 //! # Exchange rules
 //! A unit whose queries live (partly) on other workers receives each such layout piece as
@@ -114,9 +112,13 @@ pub fn build_group(site: &GroupSite<'_>, sequences: Vec<PlanSeq>, units: &[UnitS
         .iter()
         .map(|u| index[u.seq].segments(u.q_start, u.q_end))
         .collect();
-    // keys each (group, worker) needs
+    // keys each (group, worker) needs under the causal prefix (whole samples need no table)
     let mut need: HashMap<(KvGroup, WorkerId), u32> = HashMap::new();
-    for (u, ss) in units.iter().zip(&segs) {
+    let prefix_units = match site.kv {
+        KvReach::WholeSample => &[][..],
+        KvReach::CausalPrefix => units,
+    };
+    for (u, ss) in prefix_units.iter().zip(&segs) {
         let seq = &sequences[u.seq];
         for sg in ss {
             let group = KvGroup {
@@ -124,12 +126,8 @@ pub fn build_group(site: &GroupSite<'_>, sequences: Vec<PlanSeq>, units: &[UnitS
                 sample: sg.sample,
                 shard: u.shard,
             };
-            let e = match site.kv {
-                KvReach::WholeSample => seq.samples[sg.sample as usize],
-                KvReach::CausalPrefix => sg.end,
-            };
             let n = need.entry((group, u.worker)).or_default();
-            *n = (*n).max(e);
+            *n = (*n).max(sg.end);
         }
     }
     let mut delivered: HashSet<(KvGroup, WorkerId)> = HashSet::new();
@@ -182,7 +180,10 @@ pub fn build_group(site: &GroupSite<'_>, sequences: Vec<PlanSeq>, units: &[UnitS
             if !delivered.insert((group, u.worker)) {
                 continue;
             }
-            let e = need.get(&(group, u.worker)).copied().unwrap_or(0);
+            let e = match site.kv {
+                KvReach::WholeSample => seq.samples[sg.sample as usize],
+                KvReach::CausalPrefix => need.get(&(group, u.worker)).copied().unwrap_or(0),
+            };
             let (s0, _) = index[u.seq].span(sg.sample as usize);
             for (a, b, holder) in pieces(&seq.layout, s0, s0 + u64::from(e)) {
                 if holder == u.worker {
