@@ -2,7 +2,7 @@
 //! transfers.
 //!
 //! Owns the lowering only; the scheduler and the ping-pong split are the parent module's,
-//! bytes and FLOPs `plan::build`'s (through [`AttnShape`]). No I/O.
+//! bytes and FLOPs `plan::build`'s (through [`crate::cost::AttnShape`]). No I/O.
 //!
 //! # Mapping
 //! GBS packed sequences, DP servers (one GPU each: P = DP, the whole cluster is one
