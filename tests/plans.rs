@@ -6,11 +6,16 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 
 fn skewsim(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_skewsim"))
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("the skewsim binary runs")
+    skewsim_threads(args, None)
+}
+
+fn skewsim_threads(args: &[&str], threads: Option<&str>) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_skewsim"));
+    c.args(args).current_dir(env!("CARGO_MANIFEST_DIR"));
+    if let Some(t) = threads {
+        c.env("RAYON_NUM_THREADS", t);
+    }
+    c.output().expect("the skewsim binary runs")
 }
 
 fn dir() -> PathBuf {
@@ -49,6 +54,11 @@ fn every_scheme_plans_and_checks() {
         ("ulysses", vec!["--cp", "4"]),
         ("wlbllm", vec!["--cp", "2", "--sharding", "per-document"]),
         ("wlbllm", vec!["--cp", "4"]),
+        // outlier delay on step 1: a different set of samples, so a different total
+        (
+            "wlbllm",
+            vec!["--cp", "2", "--outlier-thresholds", "2048,16384"],
+        ),
         ("distca", vec![]),
         ("distca", vec!["--no-ping-pong", "--epsilon", "0.05"]),
     ] {
@@ -77,10 +87,22 @@ fn every_scheme_plans_and_checks() {
         // the file says which scheme made it
         let text = std::fs::read_to_string(&file).unwrap();
         assert!(text.contains(&format!("\"scheme\": \"{scheme}\"")));
+
+        // deterministic: the same settings on one thread write the same bytes
+        let again = format!("{file}.1");
+        let mut args1 = args.clone();
+        args1[4] = &again;
+        assert!(skewsim_threads(&args1, Some("1")).status.success());
+        assert!(
+            std::fs::read_to_string(&again).unwrap() == text,
+            "{args1:?}"
+        );
     }
     // one step, four schemes, the same exact causal total (WLB-LLM: delay off, S_max = 2L,
-    // so it trains exactly the step's samples)
+    // so it trains exactly the step's samples); with outlier delay (the 5th plan) it differs
+    let delayed = flops.remove(4);
     assert!(flops.iter().all(|f| f == &flops[0]), "{flops:?}");
+    assert_ne!(delayed, flops[0]);
 }
 
 #[test]
@@ -133,6 +155,14 @@ fn bad_scheme_settings_are_named() {
             "sharding = diagonal",
         ),
         (vec!["--scheme", "wlbllm", "--s-max", "992"], "s-max = 992"),
+        (
+            vec!["--scheme", "wlbllm", "--outlier-thresholds", "9,x"],
+            "invalid outlier-thresholds = 9,x",
+        ),
+        (
+            vec!["--scheme", "wlbllm", "--outlier-thresholds", "9,4"],
+            "outlier-thresholds = [9, 4]",
+        ),
         (
             vec!["--scheme", "ulysses", "--pipeline", "x.json"],
             "needs --scheme libra",

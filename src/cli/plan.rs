@@ -263,6 +263,10 @@ pub struct SchemeArgs {
     /// WLB-LLM CP sharding: adaptive, per-sequence or per-document [default: adaptive].
     #[arg(long)]
     pub sharding: Option<String>,
+    /// WLB-LLM outlier delay: thresholds L_1 < … < L_(n+1), comma-separated (off when
+    /// absent; it changes which samples a step trains).
+    #[arg(long)]
+    pub outlier_thresholds: Option<String>,
     /// DistCA tolerance ε ≥ 0 [default: 0.10].
     #[arg(long, allow_hyphen_values = true)]
     pub epsilon: Option<f64>,
@@ -279,6 +283,8 @@ pub struct SchemeSettings {
     pub s_max: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sharding: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outlier_thresholds: Option<Vec<u32>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub epsilon: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -349,6 +355,7 @@ pub fn build_scheme(
         scheme: scheme.clone(),
         s_max: None,
         sharding: None,
+        outlier_thresholds: None,
         epsilon: None,
         ping_pong: None,
     };
@@ -385,7 +392,24 @@ pub fn build_scheme(
                 shape,
                 ..ConstantThroughput::h200_llama3_8b()
             };
-            let cfg = WlbConfig::new(r.gbs, s_max, None)?;
+            let outlier = match &a.outlier_thresholds {
+                None => None,
+                Some(list) => {
+                    let t = list
+                        .split(',')
+                        .map(|x| x.trim().parse::<u32>())
+                        .collect::<std::result::Result<Vec<u32>, _>>()
+                        .map_err(|_| {
+                            anyhow::anyhow!(
+                                "invalid outlier-thresholds = {list}: comma-separated token \
+                                 counts L_1 < … < L_(n+1), e.g. 16384,32768,65536"
+                            )
+                        })?;
+                    set.outlier_thresholds = Some(t.clone());
+                    Some(wlbllm::OutlierDelay::new(t)?)
+                }
+            };
+            let cfg = WlbConfig::new(r.gbs, s_max, outlier)?;
             let p = WlbPlanParams {
                 dp: r.dp,
                 cp: r.params.cp,
@@ -479,7 +503,7 @@ pub fn run(args: Args, out: Output) -> Result<()> {
         let mut s = if sc.scheme != "libra" {
             format!(
                 "wrote {}: {} step {} of {} at L = {}, GBS = {} (DP {} × GA {}), {} groups, \
-                 CP = {}{}{}{}{}\n",
+                 CP = {}{}{}{}{}{}\n",
                 report.file,
                 sc.scheme,
                 report.step,
@@ -496,6 +520,10 @@ pub fn run(args: Args, out: Output) -> Result<()> {
                 sc.sharding
                     .as_ref()
                     .map(|v| format!(", sharding {v}"))
+                    .unwrap_or_default(),
+                sc.outlier_thresholds
+                    .as_ref()
+                    .map(|v| format!(", outlier delay {v:?}"))
                     .unwrap_or_default(),
                 sc.epsilon.map(|v| format!(", ε = {v}")).unwrap_or_default(),
                 sc.ping_pong
