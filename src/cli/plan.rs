@@ -1,13 +1,16 @@
 //! `skewsim plan [EXPERIMENT.toml] [flags] [--scheme S] --step N -o plan.json`: write the
 //! checked plan of one training step for scheme S: `libra` (default: VRSP pools, TAP,
 //! exchange), `ulysses` (CP all-to-all to head shards), `wlbllm` (variable-length packing
-//! over the step's GBS micro-batches, adaptive CP sharding, outlier delay off) or `distca`
-//! (in-place attention servers, one per DP replica, CP = 1).
+//! over the step's GBS micro-batches, adaptive CP sharding, outlier delay off unless
+//! `--outlier-thresholds`) or `distca` (in-place attention servers, one per DP replica,
+//! CP = 1, ping-pong nano-batches unless `--no-ping-pong`).
 //!
 //! Settings come from flags; an experiment file (TOML) may give them instead — its
 //! `[libra]` table if it has one, else its top level, with the flags' names in snake_case
 //! (`corpus`, `seq_len`, `gbs`, `dp`, `pool_size`, `cp`, `head_shards`, `tile_tokens`,
-//! `tau`, `chunks`, `seed`, `packing`, `grouping`); other keys are left to their owners.
+//! `tau`, `chunks`, `seed`, `packing`, `grouping`, and for the scheme `scheme`, `s_max`,
+//! `sharding`, `outlier_thresholds` (a list), `epsilon`, `ping_pong`); other keys are left
+//! to their owners.
 //! A flag overrides the file.
 
 use std::path::{Path, PathBuf};
@@ -275,6 +278,30 @@ pub struct SchemeArgs {
     pub no_ping_pong: bool,
 }
 
+impl SchemeArgs {
+    /// Fill what the flags leave out from the experiment's table (keys `scheme`, `s_max`,
+    /// `sharding`, `outlier_thresholds` as a list, `epsilon`, `ping_pong`); a flag
+    /// overrides the file.
+    pub fn with_file(&self, table: Option<&toml::Table>, file: Option<&Path>) -> Result<Self> {
+        let Some(t) = table else {
+            return Ok(self.clone());
+        };
+        let f = file.unwrap_or(Path::new("(no file)"));
+        let thresholds: Option<Vec<u32>> = get(t, "outlier_thresholds", f)?;
+        Ok(SchemeArgs {
+            scheme: self.scheme.clone().or(get(t, "scheme", f)?),
+            s_max: self.s_max.or(get(t, "s_max", f)?),
+            sharding: self.sharding.clone().or(get(t, "sharding", f)?),
+            outlier_thresholds: self
+                .outlier_thresholds
+                .clone()
+                .or(thresholds.map(|v| v.iter().map(u32::to_string).collect::<Vec<_>>().join(","))),
+            epsilon: self.epsilon.or(get(t, "epsilon", f)?),
+            no_ping_pong: self.no_ping_pong || get::<bool>(t, "ping_pong", f)? == Some(false),
+        })
+    }
+}
+
 /// A scheme's settings as resolved (for the report).
 #[derive(Clone, Debug, Serialize)]
 pub struct SchemeSettings {
@@ -450,16 +477,23 @@ pub fn build_scheme(
 }
 
 pub fn run(args: Args, out: Output) -> Result<()> {
-    let (mut r, _) = args.workload.resolve(
+    let (mut r, table) = args.workload.resolve(
         args.experiment.as_deref(),
         args.pool_size,
         args.head_shards,
         args.tile_tokens,
     )?;
-    if args.pipeline.is_some() && args.scheme.scheme.as_deref().is_some_and(|s| s != "libra") {
+    let file = args.experiment.as_deref();
+    let sa = args.scheme.with_file(table.as_ref(), file)?;
+    if args.pipeline.is_some() && sa.scheme.as_deref().is_some_and(|s| s != "libra") {
         bail!("--pipeline writes Libra's pipeliner chunks: it needs --scheme libra");
     }
-    let (plan, scheme) = build_scheme(&mut r, &args.scheme, args.workload.cp, args.step)?;
+    let cp_given = match (args.workload.cp, &table) {
+        (Some(c), _) => Some(c),
+        (None, Some(t)) => get(t, "cp", file.unwrap_or(Path::new("(no file)")))?,
+        (None, None) => None,
+    };
+    let (plan, scheme) = build_scheme(&mut r, &sa, cp_given, args.step)?;
     let summary =
         check(&plan).map_err(|v| anyhow::anyhow!("the planner made a wrong plan: {v}"))?;
     if let Some(path) = &args.pipeline {
@@ -619,6 +653,34 @@ mod tests {
                 .unwrap_err()
         );
         assert!(e.contains("bad.toml: field `gbs` = \"many\""), "{e}");
+    }
+
+    #[test]
+    fn scheme_settings_come_from_flags_then_file() {
+        let f = temp(
+            "scheme.toml",
+            "scheme = \"wlbllm\"\ns_max = 4096\noutlier_thresholds = [10, 20]\n\
+             epsilon = 0.2\nping_pong = false\n",
+        );
+        let t = experiment_table(&f).unwrap();
+        let flags = SchemeArgs {
+            s_max: Some(64),
+            ..SchemeArgs::default()
+        };
+        let a = flags.with_file(Some(&t), Some(&f)).unwrap();
+        assert_eq!(a.scheme.as_deref(), Some("wlbllm")); // file
+        assert_eq!(a.s_max, Some(64)); // flag beats file
+        assert_eq!(a.outlier_thresholds.as_deref(), Some("10,20"));
+        assert_eq!((a.epsilon, a.no_ping_pong), (Some(0.2), true));
+        let bad = temp("scheme-bad.toml", "epsilon = \"tight\"\n");
+        let t = experiment_table(&bad).unwrap();
+        let e = format!(
+            "{:#}",
+            SchemeArgs::default()
+                .with_file(Some(&t), Some(&bad))
+                .unwrap_err()
+        );
+        assert!(e.contains("scheme-bad.toml: field `epsilon`"), "{e}");
     }
 
     #[test]
