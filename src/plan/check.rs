@@ -906,6 +906,86 @@ mod tests {
         assert_eq!(s.flops, 48.0);
     }
 
+    /// The hand plan with unit 1 cut to query 0 of sample 1 (position 2) and a third unit,
+    /// on worker 1, taking query 1 (position 3): worker 0 needs only key 0 of sample 1.
+    fn prefix_plan(kv_end: Option<u32>) -> Plan {
+        let mut p = hand_plan();
+        let g = &mut p.groups[0];
+        let mut u2 = g.units[1].clone();
+        g.units[1].q_end = 3;
+        g.units[1].segments[0].end = 1;
+        g.units[1].pairs = 1;
+        g.units[1].flops = 8.0;
+        u2.id = 2;
+        u2.q_start = 3;
+        u2.segments[0].start = 1;
+        u2.pairs = 2;
+        u2.flops = 16.0;
+        u2.worker = 1;
+        g.units.push(u2);
+        // Q and output of one token (2 B each); KV of `kv_end` keys (2 B per key)
+        g.transfers = vec![
+            Transfer {
+                src: 1,
+                dst: 0,
+                bytes: 2,
+                carries: Payload::Q {
+                    unit: 1,
+                    start: 2,
+                    end: 3,
+                },
+            },
+            Transfer {
+                src: 0,
+                dst: 1,
+                bytes: 2,
+                carries: Payload::Output {
+                    unit: 1,
+                    start: 2,
+                    end: 3,
+                },
+            },
+        ];
+        if let Some(e) = kv_end {
+            g.transfers.push(Transfer {
+                src: 1,
+                dst: 0,
+                bytes: 2 * u64::from(e),
+                carries: Payload::Kv {
+                    group: KvGroup {
+                        seq: 0,
+                        sample: 1,
+                        shard: 0,
+                    },
+                    start: 0,
+                    end: e,
+                },
+            });
+        }
+        p
+    }
+
+    #[test]
+    fn kv_needs_the_causal_prefix_only() {
+        // key 0 suffices; the whole sample is tolerated; nothing is caught
+        assert_eq!(check(&prefix_plan(Some(1))).unwrap().bytes, 6);
+        assert_eq!(check(&prefix_plan(Some(2))).unwrap().bytes, 8);
+        assert_eq!(
+            kind(&prefix_plan(None)),
+            ViolationKind::MissingKv {
+                unit: 1,
+                worker: 0,
+                group: KvGroup {
+                    seq: 0,
+                    sample: 1,
+                    shard: 0
+                },
+                start: 0,
+                end: 1
+            }
+        );
+    }
+
     #[test]
     fn hand_plan_violations() {
         let mut p = hand_plan();
