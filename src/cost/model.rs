@@ -119,7 +119,7 @@ impl ModelConfig {
             ));
         }
         match self.ffn {
-            Ffn::Dense { intermediate } if intermediate == 0 => Err(invalid(
+            Ffn::Dense { intermediate: 0 } => Err(invalid(
                 format!("{ctx}: ffn.intermediate"),
                 0,
                 "a positive integer",
