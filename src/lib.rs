@@ -8,6 +8,7 @@
 
 pub mod balance;
 pub mod cost;
+pub mod engine;
 pub mod error;
 pub mod net;
 pub mod report;
