@@ -13,6 +13,7 @@ pub mod error;
 pub mod net;
 pub mod report;
 pub mod rng;
+pub mod schedule;
 pub mod theory;
 pub mod workload;
 

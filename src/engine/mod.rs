@@ -220,8 +220,9 @@ pub struct Graph {
     coll_parts: Vec<OpId>,
 }
 
-/// Builds a [`Graph`]. Ops must be added to each stream in issue order; dependencies
-/// must name ops already added (so every graph built this way is acyclic).
+/// Builds a [`Graph`]. Ops must be added to each stream in issue order. Dependencies may
+/// be added later with [`GraphBuilder::add_dep`] (a cycle is not rejected here: [`run`]
+/// reports it as ops that never ran).
 #[derive(Default)]
 pub struct GraphBuilder {
     g: Graph,
@@ -289,6 +290,14 @@ impl GraphBuilder {
         id
     }
 
+    /// Make `op` also wait for `dep` (both already added).
+    pub fn add_dep(&mut self, dep: OpId, op: OpId) {
+        if let Some(n) = self.g.ndeps.get_mut(op as usize) {
+            *n += 1;
+        }
+        self.edges.push((dep, op));
+    }
+
     /// Ops added so far.
     pub fn len(&self) -> usize {
         self.g.ops.len()
@@ -332,11 +341,11 @@ impl GraphBuilder {
             }
         }
         for &(d, s) in &self.edges {
-            if d >= s {
+            if d as usize >= n || s as usize >= n || d == s {
                 return Err(invalid(
                     "dependency",
-                    d,
-                    format!("an op added before op {s}"),
+                    format!("{d} -> {s}"),
+                    format!("two distinct ops < {n}"),
                 ));
             }
         }
@@ -390,7 +399,10 @@ impl Graph {
     /// The ops of `stream` in issue order.
     pub fn stream_ops(&self, stream: StreamId) -> &[OpId] {
         let s = stream as usize;
-        &self.stream_ops[self.stream_off[s] as usize..self.stream_off[s + 1] as usize]
+        match (self.stream_off.get(s), self.stream_off.get(s + 1)) {
+            (Some(&a), Some(&b)) => &self.stream_ops[a as usize..b as usize],
+            _ => &[],
+        }
     }
 
     /// Number of collectives.

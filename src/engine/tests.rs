@@ -90,6 +90,19 @@ fn collective_starts_when_the_last_part_arrives() {
 }
 
 #[test]
+fn late_dependency_edges_count() {
+    let mut b = GraphBuilder::default();
+    let s0 = b.add_stream(0, StreamKind::Compute);
+    let s1 = b.add_stream(1, StreamKind::Compute);
+    let a = b.add_op(s0, OpKind::Compute(10), lab(OpClass::LinearFwd), &[]);
+    let c = b.add_op(s1, OpKind::Compute(5), lab(OpClass::LinearFwd), &[]);
+    let d = b.add_op(s0, OpKind::Compute(1), lab(OpClass::LinearFwd), &[]);
+    b.add_dep(c, a);
+    let t = run(&b.build().unwrap(), &mut net()).unwrap();
+    assert_eq!((t.start[a as usize], t.end[d as usize]), (5, 16));
+}
+
+#[test]
 fn empty_collective_finishes_at_the_last_arrival() {
     let mut b = GraphBuilder::default();
     let s0 = b.add_stream(0, StreamKind::CpComm);
@@ -118,7 +131,7 @@ fn crossed_collectives_are_reported_as_a_deadlock() {
 }
 
 #[test]
-fn forward_references_are_rejected() {
+fn dependencies_on_missing_ops_are_rejected() {
     let mut b = GraphBuilder::default();
     let s = b.add_stream(0, StreamKind::Compute);
     b.add_op(s, OpKind::Compute(1), lab(OpClass::LinearFwd), &[3]);

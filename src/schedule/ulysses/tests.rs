@@ -1,0 +1,303 @@
+use super::*;
+use crate::cost::ModelConfig;
+use crate::engine::stub_net::StubNet;
+use crate::engine::{run, Timeline};
+use crate::schedule::{NoVariance, Parallelism, Placement};
+use crate::workload::Sample;
+
+pub(crate) fn seq(lens: &[u32], cap: u32) -> PackedSeq {
+    PackedSeq {
+        samples: lens
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| Sample {
+                doc: i as u64,
+                offset: 0,
+                len,
+                cut: false,
+            })
+            .collect(),
+        capacity: cap,
+    }
+}
+
+fn par(dp: u32, pp: u32, cp: u32, ga: u32) -> Parallelism {
+    Parallelism {
+        dp,
+        pp,
+        cp,
+        ga,
+        pipeline: PipelineKind::OneFOneB,
+        recompute: false,
+        zero_stage: 0,
+        dp_buckets: 1,
+    }
+}
+
+fn qwen() -> CostModel {
+    CostModel::h200(ModelConfig::builtin("qwen3-30b-a3b").unwrap()).unwrap()
+}
+
+fn go(cost: &CostModel, p: Parallelism, batch: &[Vec<PackedSeq>]) -> (StepGraph, Timeline) {
+    let map = RankMap::new(
+        p,
+        Placement {
+            gpus_per_node: 8,
+            nodes: 64,
+        },
+        "test",
+    )
+    .unwrap();
+    let sg = build_step(cost, map, batch, 0, &NoVariance).unwrap();
+    let t = run(&sg.graph, &mut StubNet::dgx_h200()).unwrap();
+    (sg, t)
+}
+
+fn compute_busy(sg: &StepGraph, t: &Timeline, gpu: u32) -> Ps {
+    sg.graph
+        .stream_ops(4 * gpu)
+        .iter()
+        .map(|&o| t.end[o as usize] - t.start[o as usize])
+        .sum()
+}
+
+#[test]
+fn heads_divide_or_are_rejected() {
+    assert_eq!(head_split(32, 4, 16).unwrap(), HeadSplit { q: 2, kv: 1 });
+    assert_eq!(head_split(32, 4, 4).unwrap(), HeadSplit { q: 8, kv: 1 });
+    assert_eq!(head_split(32, 8, 2).unwrap(), HeadSplit { q: 16, kv: 4 });
+    assert_eq!(head_split(64, 8, 32).unwrap(), HeadSplit { q: 2, kv: 1 });
+    assert!(head_split(32, 4, 3)
+        .unwrap_err()
+        .to_string()
+        .contains("32 query heads"));
+    assert!(head_split(48, 12, 8)
+        .unwrap_err()
+        .to_string()
+        .contains("12 KV heads"));
+}
+
+#[test]
+fn pipeline_orders() {
+    let f = |v: Vec<(bool, u32)>| {
+        v.iter()
+            .map(|&(f, m)| format!("{}{m}", if f { 'F' } else { 'B' }))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    assert_eq!(
+        f(stage_order(PipelineKind::OneFOneB, 4, 0, 6)),
+        "F0 F1 F2 F3 B0 F4 B1 F5 B2 B3 B4 B5"
+    );
+    assert_eq!(
+        f(stage_order(PipelineKind::OneFOneB, 4, 3, 3)),
+        "F0 B0 F1 B1 F2 B2"
+    );
+    assert_eq!(
+        f(stage_order(PipelineKind::OneFOneB, 4, 0, 2)),
+        "F0 F1 B0 B1"
+    );
+    assert_eq!(f(stage_order(PipelineKind::Gpipe, 2, 1, 2)), "F0 F1 B0 B1");
+    assert_eq!(
+        stage_layers(48, 5),
+        vec![(0, 10), (10, 20), (20, 30), (30, 39), (39, 48)]
+    );
+    assert_eq!(in_flight(PipelineKind::OneFOneB, 4, 1, 8), 3);
+}
+
+/// A single GPU, a single document, no variance: the step is exactly the cost model's sum.
+#[test]
+fn single_gpu_step_is_the_cost_model_sum() {
+    let c = qwen();
+    let s = seq(&[30_000], 32_768);
+    let (sg, t) = go(&c, par(1, 1, 1, 1), &[vec![s.clone()]]);
+    let tok = 30_000;
+    let per_layer = c.linear_fwd_ps(LinearPart::PreAttn, tok)
+        + c.linear_fwd_ps(LinearPart::PostAttn, tok)
+        + c.linear_bwd_ps(LinearPart::PreAttn, tok)
+        + c.linear_bwd_ps(LinearPart::PostAttn, tok)
+        + c.attn_fwd_ps([30_000], 32)
+        + c.attn_bwd_ps([30_000], 32);
+    let want = 48 * per_layer + 3 * c.lm_head_fwd_ps(tok);
+    assert_eq!(t.makespan, want);
+    assert_eq!(compute_busy(&sg, &t, 0), want);
+    assert_eq!(sg.graph.collectives(), 0);
+    assert_eq!(sg.tokens, 30_000);
+}
+
+/// Identical sequences everywhere: no rank ever waits at a collective.
+#[test]
+fn balanced_batch_never_waits() {
+    let c = qwen();
+    let s = seq(&[4096, 8192, 4096], 16_384);
+    let batch = vec![vec![s.clone(), s.clone()], vec![s.clone(), s.clone()]];
+    let (sg, t) = go(&c, par(2, 1, 4, 2), &batch);
+    let mut colls = 0;
+    for (i, op) in sg.graph.ops.iter().enumerate() {
+        if let OpKind::Coll(cid) = op.kind {
+            colls += 1;
+            assert_eq!(t.start[i], t.coll_start[cid as usize], "op {i} waited");
+        }
+    }
+    // 2 a2a fwd + 2 bwd per layer, per GPU, per micro-batch, plus the DP all-reduce part.
+    assert_eq!(colls, 8 * (48 * 4 * 2 + 1));
+    // A skewed batch: replica 1 carries one long document and waits less than replica 0.
+    let heavy = seq(&[16_384], 16_384);
+    let skew = vec![vec![s.clone(), s.clone()], vec![heavy.clone(), s.clone()]];
+    let (sg2, t2) = go(&c, par(2, 1, 4, 2), &skew);
+    let wait = |gpu: u32| -> Ps {
+        sg2.graph
+            .stream_ops(4 * gpu + 3)
+            .iter()
+            .map(|&o| {
+                t2.coll_start[match sg2.graph.ops[o as usize].kind {
+                    OpKind::Coll(c) => c as usize,
+                    _ => unreachable!(),
+                }] - t2.start[o as usize]
+            })
+            .sum()
+    };
+    let busy0 = compute_busy(&sg2, &t2, 0);
+    let busy4 = compute_busy(&sg2, &t2, 4);
+    assert!(busy4 > busy0);
+    // Replica 0 (GPUs 0..4) waits at the all-reduce for exactly the compute it lacks
+    // (up to the a2a and rounding differences of the two replicas' timelines).
+    assert!(wait(0) > 0 && wait(4) == 0, "{} {}", wait(0), wait(4));
+    let diff = (busy4 - busy0) as f64;
+    assert!(
+        (wait(0) as f64 - diff).abs() / diff < 0.05,
+        "wait {} vs compute gap {diff}",
+        wait(0)
+    );
+}
+
+/// Doubling DP at a fixed global batch halves each replica's work.
+#[test]
+fn doubling_dp_halves_per_replica_work() {
+    let c = qwen();
+    let seqs: Vec<PackedSeq> = (0..8)
+        .map(|i| seq(&[1000 * (i + 1), 2000], 16_384))
+        .collect();
+    let (sg1, t1) = go(&c, par(1, 1, 2, 8), std::slice::from_ref(&seqs));
+    let halves = vec![
+        seqs.iter().step_by(2).cloned().collect::<Vec<_>>(),
+        seqs.iter().skip(1).step_by(2).cloned().collect(),
+    ];
+    let (sg2, t2) = go(&c, par(2, 1, 2, 4), &halves);
+    let w1: Ps = (0..2).map(|g| compute_busy(&sg1, &t1, g)).sum();
+    let w2a: Ps = (0..2).map(|g| compute_busy(&sg2, &t2, g)).sum();
+    let w2b: Ps = (2..4).map(|g| compute_busy(&sg2, &t2, g)).sum();
+    // Work is conserved and split between the replicas by their sequences.
+    assert!(
+        (w2a + w2b).abs_diff(w1) <= 2 * 48 * 8 * 10,
+        "{} + {} vs {}",
+        w2a,
+        w2b,
+        w1
+    );
+    let half = w1 as f64 / 2.0;
+    assert!((w2a as f64 - half).abs() / half < 0.15 && (w2b as f64 - half).abs() / half < 0.15);
+    // Identical sequences: exactly half.
+    let same: Vec<PackedSeq> = (0..8).map(|_| seq(&[5000, 3000], 8192)).collect();
+    let (s1, u1) = go(&c, par(1, 1, 2, 8), std::slice::from_ref(&same));
+    let (s2, u2) = go(
+        &c,
+        par(2, 1, 2, 4),
+        &[same[..4].to_vec(), same[4..].to_vec()],
+    );
+    assert_eq!(compute_busy(&s1, &u1, 0), 2 * compute_busy(&s2, &u2, 0));
+    assert_eq!(compute_busy(&s2, &u2, 0), compute_busy(&s2, &u2, 2));
+}
+
+#[test]
+fn all_to_all_bytes_by_hand() {
+    let c = qwen();
+    // CP = 16 over two nodes: each rank sends Q (2 heads) + K,V (1 KV head) for its 1024
+    // tokens to each peer: 7 peers in its node, 8 across.
+    let (sg, _) = go(&c, par(1, 1, 16, 1), &[vec![seq(&[16_384], 16_384)]]);
+    let pair = 1024 * 2 * 128 * 2 + 2 * 1024 * 128 * 2;
+    let x = sg.graph.coll_xfers(0);
+    assert_eq!(x.len(), 32);
+    assert_eq!(
+        x[0],
+        Xfer {
+            src: 0,
+            dst: 1,
+            bytes: 7 * pair
+        }
+    );
+    assert_eq!(
+        x[1],
+        Xfer {
+            src: 0,
+            dst: 8,
+            bytes: 8 * pair
+        }
+    );
+    // The output all-to-all carries Q-sized blocks.
+    assert_eq!(sg.graph.coll_xfers(1)[0].bytes, 7 * 1024 * 2 * 128 * 2);
+}
+
+#[test]
+fn pipeline_stage_waits_for_activations() {
+    let c = CostModel::h200(ModelConfig::builtin("llama3-8b").unwrap()).unwrap();
+    let s = seq(&[8192], 8192);
+    let mut p = par(1, 2, 1, 2);
+    p.pipeline = PipelineKind::Gpipe;
+    let (sg, t) = go(&c, p, &[vec![s.clone(), s.clone()]]);
+    // DP × CP = 1 fills no node, so stage 1 is GPU 1; it starts when GPU 0's first send lands.
+    let sends: Vec<usize> = sg.graph.stream_ops(2).iter().map(|&o| o as usize).collect();
+    let first1 = sg.graph.stream_ops(4)[0] as usize;
+    assert_eq!(t.start[first1], t.end[sends[0]]);
+    // The send moved 8192 tokens × 4096 × 2 bytes over NVLink: 5 µs + 64 MiB / 450 GB/s.
+    let dur = t.end[sends[0]] - t.start[sends[0]];
+    assert_eq!(
+        dur,
+        5_000_000 + (8192.0 * 4096.0 * 2.0 / 450e9 * 1e12_f64).round() as Ps
+    );
+    // Bubble: stage 1 idles while stage 0 runs its first forward.
+    assert!(t.makespan > compute_busy(&sg, &t, 0) && t.makespan > compute_busy(&sg, &t, 1));
+}
+
+#[test]
+fn bucketed_allreduce_overlaps_backward() {
+    let c = qwen();
+    let s = seq(&[8192], 8192);
+    let batch = vec![vec![s.clone()], vec![s.clone()]];
+    let (_, t1) = go(&c, par(2, 1, 1, 1), &batch);
+    let mut p = par(2, 1, 1, 1);
+    p.dp_buckets = 4;
+    let (_, t4) = go(&c, p, &batch);
+    assert!(
+        t4.makespan < t1.makespan,
+        "{} !< {}",
+        t4.makespan,
+        t1.makespan
+    );
+}
+
+#[test]
+fn wrong_batch_shapes_are_rejected() {
+    let c = qwen();
+    let map = RankMap::new(
+        par(2, 1, 1, 1),
+        Placement {
+            gpus_per_node: 8,
+            nodes: 1,
+        },
+        "t",
+    )
+    .unwrap();
+    let e = build_step(&c, map, &[vec![seq(&[10], 10)]], 0, &NoVariance).unwrap_err();
+    assert!(e.to_string().contains("dp = 2"), "{e}");
+    let map = RankMap::new(
+        par(1, 1, 3, 1),
+        Placement {
+            gpus_per_node: 8,
+            nodes: 1,
+        },
+        "t",
+    )
+    .unwrap();
+    assert!(build_step(&c, map, &[vec![seq(&[10], 12)]], 0, &NoVariance).is_err());
+}
