@@ -47,7 +47,7 @@ pub struct MemoryInputs {
     pub in_flight: u32,
     /// Full activation recomputation.
     pub recompute: bool,
-    /// Gradient-reduction bucket in bytes.
+    /// Gradient-reduction bucket in bytes (a full-size buffer only when ZeRO ≥ 2).
     pub bucket_bytes: u64,
 }
 
@@ -139,7 +139,16 @@ pub fn rank_memory(m: &ModelConfig, x: &MemoryInputs) -> MemoryBreakdown {
         activations,
         // forward inputs and output, and in backward their gradients
         attn_buffers: 2 * (qkv + out),
-        comm_buffers: qkv + x.bucket_bytes,
+        // The all-to-all send buffer; unsharded gradients are reduced in place, sharded
+        // ones (ZeRO ≥ 2) need the bucket being reduced at full size; ZeRO-3 gathers one
+        // layer's weights at a time.
+        comm_buffers: qkv
+            + if x.zero_stage >= 2 { x.bucket_bytes } else { 0 }
+            + if x.zero_stage >= 3 {
+                dt * m.layer_params()
+            } else {
+                0
+            },
     }
 }
 
