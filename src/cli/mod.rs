@@ -5,6 +5,8 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 use serde::Serialize;
 
+mod bench_engine;
+mod exp_train;
 mod run;
 
 /// skewsim: how much does attention-workload skew cost on this cluster, and which
@@ -25,6 +27,8 @@ pub enum Command {
     Corpus,
     /// Run an experiment file (TOML) and write runs/NAME/.
     Run(run::Args),
+    /// Engine benchmarks (throughput, one full step, scaling table).
+    BenchEngine(bench_engine::Args),
 }
 
 /// How a command prints its result.
@@ -50,6 +54,7 @@ pub fn main() -> Result<()> {
     let out = Output { json: cli.json };
     match cli.command {
         Command::Run(args) => run::run(args, out),
+        Command::BenchEngine(args) => bench_engine::run(args, out),
         Command::Corpus => out.emit(&(), || {
             "corpus statistics land with workload/corpus.rs\n".into()
         }),

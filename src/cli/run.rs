@@ -18,9 +18,9 @@ pub struct Args {
 }
 
 /// The experiment kinds this build knows, as `kind = "..."` spells them.
-const KINDS: &[&str] = &[];
+const KINDS: &[&str] = &["train"];
 
-pub fn run(args: Args, _out: Output) -> Result<()> {
+pub fn run(args: Args, out: Output) -> Result<()> {
     let text = std::fs::read_to_string(&args.file)
         .with_context(|| format!("reading experiment file {}", args.file.display()))?;
     let doc: toml::Table = toml::from_str(&text)
@@ -33,7 +33,10 @@ pub fn run(args: Args, _out: Output) -> Result<()> {
             KINDS.join(", ")
         ),
     };
-    let _dir = out_dir(&args.file, args.out.as_deref());
+    let dir = out_dir(&args.file, args.out.as_deref());
+    if kind == "train" {
+        return super::exp_train::run(&args.file, &dir, out);
+    }
     bail!(
         "{}: unknown experiment kind = {kind:?} (one of: {})",
         args.file.display(),

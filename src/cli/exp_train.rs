@@ -1,0 +1,380 @@
+//! Experiment kind `train`: simulate training steps of a model under Ulysses context
+//! parallelism (DP × PP × CP, GA micro-batches) and write steps.csv, gpus.csv,
+//! microbatches.csv, trace.json and summary.md; with a `[sweep]` table, run every point
+//! of the (dp × gbs × seq_len) grid in parallel and write points.csv and summary.md.
+//!
+//! ```toml
+//! kind = "train"
+//! model = "qwen3-30b-a3b"           # a built-in, or a path to a model TOML
+//! # calibration = "cal.json"        # replaces the H200 attention table / hardware figures
+//! steps = 2
+//! [cluster]   # gpus_per_node, nodes
+//! [network]   # alpha_us, intra_gbytes_per_s, inter_gbytes_per_s (stand-in network)
+//! [parallel]  # dp, pp, cp, ga, pipeline = "1f1b" | "gpipe", recompute, zero_stage, dp_buckets
+//! [workload]  # seq_len, seed, and sequences = [[doc lengths], ...] or lognormal = {median, sigma}
+//! [output]    # trace_step, trace_gpus
+//! [sweep]     # dp = [...], gbs = [...], seq_len = [...]  (ga = gbs / dp)
+//! ```
+
+use anyhow::{bail, Context, Result};
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use skewsim::cost::{Calibration, CostModel, ModelConfig};
+use skewsim::engine::stub_net::StubNet;
+use skewsim::report::step::{gpus_csv, microbatches_csv, ms, step_report, steps_csv, StepReport};
+use skewsim::report::trace::chrome_trace;
+use skewsim::schedule::train::{simulate_step, Workload};
+use skewsim::schedule::{NoVariance, Parallelism, Placement, RankMap};
+use skewsim::workload::{PackedSeq, Sample};
+
+use super::Output;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TrainFile {
+    #[allow(dead_code)]
+    kind: String,
+    #[serde(default)]
+    description: String,
+    model: String,
+    #[serde(default)]
+    calibration: Option<PathBuf>,
+    #[serde(default = "one")]
+    steps: u64,
+    cluster: Placement,
+    #[serde(default)]
+    network: NetSpec,
+    parallel: Parallelism,
+    workload: WorkloadSpec,
+    #[serde(default)]
+    output: OutputSpec,
+    #[serde(default)]
+    sweep: Option<SweepSpec>,
+}
+
+fn one() -> u64 {
+    1
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy)]
+#[serde(deny_unknown_fields, default)]
+struct NetSpec {
+    alpha_us: f64,
+    intra_gbytes_per_s: f64,
+    inter_gbytes_per_s: f64,
+}
+
+impl Default for NetSpec {
+    fn default() -> Self {
+        Self {
+            alpha_us: 5.0,
+            intra_gbytes_per_s: 450.0,
+            inter_gbytes_per_s: 50.0,
+        }
+    }
+}
+
+#[derive(Deserialize, Clone)]
+#[serde(deny_unknown_fields)]
+struct WorkloadSpec {
+    seq_len: u32,
+    #[serde(default)]
+    seed: u64,
+    #[serde(default)]
+    sequences: Option<Vec<Vec<u32>>>,
+    #[serde(default)]
+    lognormal: Option<LogNormalSpec>,
+}
+
+#[derive(Deserialize, Clone, Copy)]
+#[serde(deny_unknown_fields)]
+struct LogNormalSpec {
+    median: f64,
+    sigma: f64,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+struct OutputSpec {
+    trace_step: u64,
+    /// GPUs in the trace (0 = all).
+    trace_gpus: u32,
+}
+
+#[derive(Deserialize, Default, Clone)]
+#[serde(deny_unknown_fields, default)]
+struct SweepSpec {
+    dp: Vec<u32>,
+    gbs: Vec<u32>,
+    seq_len: Vec<u32>,
+}
+
+fn workload(w: &WorkloadSpec, seq_len: u32, file: &str) -> Result<Workload> {
+    let wl = match (&w.sequences, &w.lognormal) {
+        (Some(seqs), None) => Workload::Sequences(
+            seqs.iter()
+                .map(|lens| PackedSeq {
+                    samples: lens
+                        .iter()
+                        .enumerate()
+                        .map(|(i, &len)| Sample {
+                            doc: i as u64,
+                            offset: 0,
+                            len,
+                            cut: false,
+                        })
+                        .collect(),
+                    capacity: seq_len,
+                })
+                .collect(),
+        ),
+        (None, Some(l)) => Workload::LogNormal {
+            median: l.median,
+            sigma: l.sigma,
+            seq_len,
+            seed: w.seed,
+        },
+        _ => bail!("{file}: [workload] needs exactly one of `sequences` or `lognormal`"),
+    };
+    wl.validate(&format!("{file}: [workload]"))?;
+    Ok(wl)
+}
+
+/// Everything one point of the experiment produced.
+struct PointResult {
+    dp: u32,
+    ga: u32,
+    seq_len: u32,
+    steps: Vec<StepReport>,
+    trace: Option<String>,
+    gpus: Option<String>,
+    placement: String,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_point(
+    cost: &CostModel,
+    par: Parallelism,
+    place: Placement,
+    wl: &Workload,
+    net: NetSpec,
+    steps: u64,
+    out: &OutputSpec,
+    file: &str,
+) -> Result<PointResult> {
+    let map = RankMap::new(par, place, file)?;
+    let mut reports = Vec::new();
+    let (mut trace, mut gpus) = (None, None);
+    for step in 0..steps {
+        let mut stub = StubNet::new(
+            place.gpus_per_node,
+            (net.alpha_us * 1e6).round() as u64,
+            net.intra_gbytes_per_s * 1e9,
+            net.inter_gbytes_per_s * 1e9,
+        );
+        let (sg, t) = simulate_step(cost, map, wl, step, &mut stub, &NoVariance)
+            .with_context(|| format!("{file}: step {step}"))?;
+        let r = step_report(&sg, &t, cost, step);
+        if step == out.trace_step {
+            trace = Some(chrome_trace(&sg, &t, out.trace_gpus));
+            gpus = Some(gpus_csv(&r));
+        }
+        reports.push(r);
+    }
+    Ok(PointResult {
+        dp: par.dp,
+        ga: par.ga,
+        seq_len: 0,
+        steps: reports,
+        trace,
+        gpus,
+        placement: map.describe(),
+    })
+}
+
+fn mean(v: impl Iterator<Item = f64>) -> f64 {
+    let (s, n) = v.fold((0.0, 0usize), |a, x| (a.0 + x, a.1 + 1));
+    if n == 0 {
+        0.0
+    } else {
+        s / n as f64
+    }
+}
+
+pub fn run(path: &Path, dir: &Path, out: Output) -> Result<()> {
+    let file = path.display().to_string();
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {file}"))?;
+    let f: TrainFile =
+        toml::from_str(&text).with_context(|| format!("{file}: not a valid `train` experiment"))?;
+    let model = if f.model.ends_with(".toml") {
+        let p = path.parent().unwrap_or(Path::new(".")).join(&f.model);
+        let t = std::fs::read_to_string(&p)
+            .with_context(|| format!("{file}: reading model {}", p.display()))?;
+        ModelConfig::from_toml_str(&t, &p.display().to_string())?
+    } else {
+        ModelConfig::builtin(&f.model).with_context(|| format!("{file}: model"))?
+    };
+    let cost = match &f.calibration {
+        None => CostModel::h200(model)?,
+        Some(c) => {
+            let p = path.parent().unwrap_or(Path::new(".")).join(c);
+            let t = std::fs::read_to_string(&p)
+                .with_context(|| format!("{file}: reading calibration {}", p.display()))?;
+            let ctx = p.display().to_string();
+            CostModel::calibrated(model, &Calibration::from_json_str(&t, &ctx)?, &ctx)?
+        }
+    };
+    if f.steps == 0 || f.steps > 10_000 {
+        bail!("{file}: steps = {} must be in 1..=10000", f.steps);
+    }
+    for (k, v) in [
+        ("alpha_us", f.network.alpha_us),
+        ("intra_gbytes_per_s", f.network.intra_gbytes_per_s),
+        ("inter_gbytes_per_s", f.network.inter_gbytes_per_s),
+    ] {
+        if !(v.is_finite() && v >= 0.0) || (k != "alpha_us" && v == 0.0) {
+            bail!("{file}: [network] {k} = {v} must be a finite positive number");
+        }
+    }
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+
+    // The grid of points: (dp, ga, seq_len).
+    let mut points: Vec<(u32, u32, u32)> = Vec::new();
+    match &f.sweep {
+        None => points.push((f.parallel.dp, f.parallel.ga, f.workload.seq_len)),
+        Some(s) => {
+            let dps = if s.dp.is_empty() {
+                vec![f.parallel.dp]
+            } else {
+                s.dp.clone()
+            };
+            let lens = if s.seq_len.is_empty() {
+                vec![f.workload.seq_len]
+            } else {
+                s.seq_len.clone()
+            };
+            let gbss = if s.gbs.is_empty() {
+                vec![f.parallel.dp * f.parallel.ga]
+            } else {
+                s.gbs.clone()
+            };
+            for &l in &lens {
+                for &g in &gbss {
+                    for &d in &dps {
+                        if d == 0 || g % d != 0 {
+                            bail!("{file}: [sweep] gbs = {g} is not a multiple of dp = {d} (ga = gbs / dp)");
+                        }
+                        points.push((d, g / d, l));
+                    }
+                }
+            }
+        }
+    }
+    let results: Vec<Result<PointResult>> = points
+        .par_iter()
+        .map(|&(dp, ga, l)| {
+            let wl = workload(&f.workload, l, &file)?;
+            let par = Parallelism {
+                dp,
+                ga,
+                ..f.parallel
+            };
+            let mut r = run_point(
+                &cost, par, f.cluster, &wl, f.network, f.steps, &f.output, &file,
+            )?;
+            r.seq_len = l;
+            Ok(r)
+        })
+        .collect();
+    let results: Vec<PointResult> = results.into_iter().collect::<Result<_>>()?;
+
+    let mut summary = format!(
+        "# {}\n\n",
+        path.file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    );
+    if !f.description.is_empty() {
+        summary += &format!("{}\n\n", f.description.trim());
+    }
+    let m = &cost.model;
+    summary += &format!(
+        "Model `{}`; cluster {} nodes x {} GPUs; PP {}, CP {}, {} pipeline; {} step(s) per point. \
+         Network: stand-in (alpha {} us, {} GB/s in a node, {} GB/s across). No runtime variance.\n\n",
+        m.name, f.cluster.nodes, f.cluster.gpus_per_node, f.parallel.pp, f.parallel.cp,
+        if f.parallel.pipeline == skewsim::schedule::PipelineKind::Gpipe { "GPipe" } else { "1F1B" },
+        f.steps, f.network.alpha_us, f.network.intra_gbytes_per_s, f.network.inter_gbytes_per_s
+    );
+    let table = if f.sweep.is_none() {
+        let r = &results[0];
+        std::fs::write(dir.join("steps.csv"), steps_csv(&r.steps))?;
+        std::fs::write(dir.join("microbatches.csv"), microbatches_csv(&r.steps))?;
+        if let Some(t) = &r.trace {
+            std::fs::write(dir.join("trace.json"), t)?;
+        }
+        if let Some(g) = &r.gpus {
+            std::fs::write(dir.join("gpus.csv"), g)?;
+        }
+        summary += &format!("```\n{}```\n\n", r.placement);
+        let mut t = String::from("| step | iteration (ms) | tokens/s | MFU | sync wait | exposed comm | bubble | straggler GPU (excess) | infeasible ranks |\n|---|---|---|---|---|---|---|---|---|\n");
+        for s in &r.steps {
+            writeln!(
+                t,
+                "| {} | {} | {:.0} | {:.3} | {:.3} | {:.3} | {:.3} | {} (+{:.1}%) | {} |",
+                s.step,
+                ms(s.iteration),
+                s.tokens_per_s,
+                s.mfu,
+                s.wait_fraction,
+                s.exposed_comm_fraction,
+                s.bubble_fraction,
+                s.straggler_gpu,
+                100.0 * s.straggler_excess,
+                s.infeasible_ranks
+            )?;
+        }
+        t
+    } else {
+        let mut csv = String::from("seq_len,gbs,dp,ga,gpus,mean_iteration_ms,tokens_per_s,mfu,wait_fraction,speedup_vs_min_dp,scaling_efficiency,infeasible_ranks\n");
+        let mut t = String::from("| L | GBS | DP | GA | GPUs | iteration (s) | tokens/s | MFU | sync wait | speedup | scaling eff. |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+        for r in &results {
+            let gbs = r.dp * r.ga;
+            let base = results
+                .iter()
+                .filter(|b| b.seq_len == r.seq_len && b.dp * b.ga == gbs)
+                .min_by_key(|b| b.dp)
+                .map(|b| (b.dp, mean(b.steps.iter().map(|s| s.tokens_per_s))))
+                .unwrap_or((r.dp, 1.0));
+            let tps = mean(r.steps.iter().map(|s| s.tokens_per_s));
+            let speedup = tps / base.1;
+            let eff = speedup / (f64::from(r.dp) / f64::from(base.0));
+            let it = mean(r.steps.iter().map(|s| s.iteration as f64 * 1e-9));
+            let gpus = r.dp * f.parallel.pp * f.parallel.cp;
+            let mfu = mean(r.steps.iter().map(|s| s.mfu));
+            let wait = mean(r.steps.iter().map(|s| s.wait_fraction));
+            let inf = r
+                .steps
+                .iter()
+                .map(|s| s.infeasible_ranks)
+                .max()
+                .unwrap_or(0);
+            writeln!(csv, "{},{gbs},{},{},{gpus},{it:.3},{tps:.1},{mfu:.6},{wait:.6},{speedup:.4},{eff:.4},{inf}", r.seq_len, r.dp, r.ga)?;
+            writeln!(t, "| {} | {gbs} | {} | {} | {gpus} | {:.3} | {tps:.0} | {mfu:.3} | {wait:.3} | {speedup:.2}x | {:.1}% |", r.seq_len, r.dp, r.ga, it / 1e3, 100.0 * eff)?;
+        }
+        std::fs::write(dir.join("points.csv"), csv)?;
+        t
+    };
+    summary += &table;
+    std::fs::write(dir.join("summary.md"), &summary)?;
+    out.emit(
+        &serde_json::json!({ "dir": dir.display().to_string() }),
+        || {
+            let mut s = summary.clone();
+            s += &format!("\nwrote {}\n", dir.display());
+            s
+        },
+    )
+}
