@@ -57,6 +57,20 @@ fn peak_rss_gib() -> f64 {
         .unwrap_or(f64::NAN)
 }
 
+/// CPU time this thread has run, in seconds (Linux schedstat), to separate the
+/// simulator's own cost from waiting for a core on a shared machine.
+fn thread_cpu_s() -> f64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| {
+            s.split_whitespace()
+                .next()
+                .and_then(|v| v.parse::<f64>().ok())
+        })
+        .map(|ns| ns * 1e-9)
+        .unwrap_or(f64::NAN)
+}
+
 /// Raw engine throughput on one core: `gpus` compute streams, each a chain of `ops`
 /// kernels, every kernel also waiting for the previous kernel of the neighbouring GPU.
 pub fn engine_throughput(gpus: u32, ops: u32) -> Result<Vec<BenchRow>> {
@@ -86,22 +100,25 @@ pub fn engine_throughput(gpus: u32, ops: u32) -> Result<Vec<BenchRow>> {
     }
     let graph = b.build()?;
     let mut net = StubNet::dgx_h200();
-    let t0 = Instant::now();
+    let (t0, c0) = (Instant::now(), thread_cpu_s());
     let tl = run_graph(&graph, &mut net)?;
-    let secs = t0.elapsed().as_secs_f64();
+    let (secs, cpu) = (t0.elapsed().as_secs_f64(), thread_cpu_s() - c0);
+    let note = format!("{gpus} streams x {ops} kernels, neighbour deps, one thread");
     Ok(vec![
-        row(
-            "engine events",
-            tl.events as f64,
-            "events",
-            format!("{gpus} streams x {ops} kernels, neighbour deps"),
-        ),
-        row("engine run time", secs, "s", "one core"),
+        row("engine events", tl.events as f64, "events", note.clone()),
+        row("engine run wall", secs, "s", note.clone()),
+        row("engine run cpu", cpu, "s", note.clone()),
         row(
             "engine throughput",
             tl.events as f64 / secs / 1e6,
             "M events/s",
-            "one core",
+            "per wall second",
+        ),
+        row(
+            "engine throughput cpu",
+            tl.events as f64 / cpu / 1e6,
+            "M events/s",
+            "per CPU second",
         ),
     ])
 }
@@ -134,16 +151,17 @@ pub fn full_step(dp: u32, cp: u32, ga: u32, seq_len: u32) -> Result<Vec<BenchRow
         .chunks(ga as usize)
         .map(<[PackedSeq]>::to_vec)
         .collect();
-    let t0 = Instant::now();
+    let (t0, c0) = (Instant::now(), thread_cpu_s());
     let sg = build_step(&cost, map, &batch, 0, &NoVariance)?;
     let t_build = t0.elapsed().as_secs_f64();
     let graph_gib = sg.graph.heap_bytes() as f64 / (1u64 << 30) as f64;
-    let t1 = Instant::now();
+    let (t1, c1) = (Instant::now(), thread_cpu_s());
     let tl = run_graph(&sg.graph, &mut StubNet::dgx_h200())?;
-    let t_run = t1.elapsed().as_secs_f64();
+    let (t_run, cpu_run) = (t1.elapsed().as_secs_f64(), thread_cpu_s() - c1);
     let t2 = Instant::now();
     let rep = step_report(&sg, &tl, &cost, 0);
     let t_rep = t2.elapsed().as_secs_f64();
+    let cpu = thread_cpu_s() - c0;
     let note = format!("{gpus} GPUs: qwen3-30b-a3b CP={cp} DP={dp} GA={ga} L={seq_len}");
     Ok(vec![
         row("step ops", sg.graph.ops.len() as f64, "ops", note.clone()),
@@ -152,9 +170,17 @@ pub fn full_step(dp: u32, cp: u32, ga: u32, seq_len: u32) -> Result<Vec<BenchRow
         row("step simulate", t_run, "s", note.clone()),
         row("step report", t_rep, "s", note.clone()),
         row("step total", t_build + t_run + t_rep, "s", note.clone()),
+        row("step total cpu", cpu, "s", note.clone()),
+        row("step simulate cpu", cpu_run, "s", note.clone()),
         row(
             "step throughput",
             tl.events as f64 / t_run / 1e6,
+            "M events/s",
+            note.clone(),
+        ),
+        row(
+            "step throughput cpu",
+            tl.events as f64 / cpu_run / 1e6,
             "M events/s",
             note.clone(),
         ),

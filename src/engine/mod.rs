@@ -457,6 +457,13 @@ struct Event {
 }
 
 const COLL_BIT: u32 = 1 << 31;
+
+#[derive(Clone, Copy)]
+struct StreamState {
+    head: u32,
+    end: u32,
+    busy: bool,
+}
 const TAG_COLL: u64 = 1 << 63;
 
 struct Sim<'g, 'n> {
@@ -466,8 +473,8 @@ struct Sim<'g, 'n> {
     seq: u64,
     now: Ps,
     deps_left: Vec<u32>,
-    head: Vec<u32>,
-    busy: Vec<bool>,
+    /// Per stream: next op index into `stream_ops`, end index, busy flag.
+    st: Vec<StreamState>,
     arrived: Vec<u32>,
     pending: Vec<u32>,
     t: Timeline,
@@ -484,19 +491,15 @@ impl Sim<'_, '_> {
     }
 
     fn try_start(&mut self, s: StreamId) {
-        let si = s as usize;
-        if self.busy[si] {
+        let ss = self.st[s as usize];
+        if ss.busy || ss.head >= ss.end {
             return;
         }
-        let h = self.head[si];
-        if h >= self.g.stream_off[si + 1] {
-            return;
-        }
-        let op = self.g.stream_ops[h as usize];
+        let op = self.g.stream_ops[ss.head as usize];
         if self.deps_left[op as usize] != 0 {
             return;
         }
-        self.busy[si] = true;
+        self.st[s as usize].busy = true;
         self.t.start[op as usize] = self.now;
         match self.g.ops[op as usize].kind {
             OpKind::Compute(d) => self.push(self.now + d, op),
@@ -530,8 +533,9 @@ impl Sim<'_, '_> {
         let oi = op as usize;
         self.t.end[oi] = self.now;
         let s = self.g.ops[oi].stream;
-        self.busy[s as usize] = false;
-        self.head[s as usize] += 1;
+        let ss = &mut self.st[s as usize];
+        ss.busy = false;
+        ss.head += 1;
         let (a, b) = (
             self.g.succ_off[oi] as usize,
             self.g.succ_off[oi + 1] as usize,
@@ -576,8 +580,13 @@ pub fn run(g: &Graph, net: &mut dyn NetworkModel) -> Result<Timeline> {
         seq: 0,
         now: 0,
         deps_left: g.ndeps.clone(),
-        head: g.stream_off[..ns].to_vec(),
-        busy: vec![false; ns],
+        st: (0..ns)
+            .map(|s| StreamState {
+                head: g.stream_off[s],
+                end: g.stream_off[s + 1],
+                busy: false,
+            })
+            .collect(),
         arrived: vec![0; nc],
         pending: vec![0; nc],
         t: Timeline {
@@ -629,8 +638,8 @@ pub fn run(g: &Graph, net: &mut dyn NetworkModel) -> Result<Timeline> {
         }
     }
     for s in 0..ns {
-        if sim.head[s] < g.stream_off[s + 1] {
-            let op = g.stream_ops[sim.head[s] as usize];
+        if sim.st[s].head < sim.st[s].end {
+            let op = g.stream_ops[sim.st[s].head as usize];
             let o = g.ops[op as usize];
             return Err(invalid(
                 "op graph",

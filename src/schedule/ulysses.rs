@@ -180,37 +180,56 @@ impl Ctx<'_> {
         }
     }
 
-    /// An all-to-all over `gpus` where rank i sends `pair_bytes[i]` to every peer.
-    fn all_to_all(&mut self, gpus: &[GpuId], pair_bytes: &[u64]) -> CollId {
-        self.xf.clear();
+    /// The all-to-all pattern of a group: for each rank, (same-node peer, how many
+    /// same-node peers, remote peer, how many remote peers).
+    fn a2a_pattern(&self, gpus: &[GpuId], out: &mut Vec<A2aRoute>) {
+        out.clear();
         let n = gpus.len();
         let place = self.map.place;
         for (i, &src) in gpus.iter().enumerate() {
             let node = place.node(src);
-            let (mut n_in, mut n_out) = (0u64, 0u64);
-            let (mut d_in, mut d_out) = (None, None);
+            let mut r = A2aRoute {
+                src,
+                d_in: src,
+                n_in: 0,
+                d_out: src,
+                n_out: 0,
+            };
             for k in 1..n {
                 let dst = gpus[(i + k) % n];
                 if place.node(dst) == node {
-                    n_in += 1;
-                    d_in.get_or_insert(dst);
+                    if r.n_in == 0 {
+                        r.d_in = dst;
+                    }
+                    r.n_in += 1;
                 } else {
-                    n_out += 1;
-                    d_out.get_or_insert(dst);
+                    if r.n_out == 0 {
+                        r.d_out = dst;
+                    }
+                    r.n_out += 1;
                 }
             }
-            if let Some(dst) = d_in {
+            out.push(r);
+        }
+    }
+
+    /// An all-to-all over a group (its `routes`) where rank i sends `pair_bytes[i]` to
+    /// every peer.
+    fn all_to_all(&mut self, routes: &[A2aRoute], pair_bytes: &[u64]) -> CollId {
+        self.xf.clear();
+        for (r, &b) in routes.iter().zip(pair_bytes) {
+            if r.n_in > 0 {
                 self.xf.push(Xfer {
-                    src,
-                    dst,
-                    bytes: n_in * pair_bytes[i],
+                    src: r.src,
+                    dst: r.d_in,
+                    bytes: r.n_in * b,
                 });
             }
-            if let Some(dst) = d_out {
+            if r.n_out > 0 {
                 self.xf.push(Xfer {
-                    src,
-                    dst,
-                    bytes: n_out * pair_bytes[i],
+                    src: r.src,
+                    dst: r.d_out,
+                    bytes: r.n_out * b,
                 });
             }
         }
@@ -242,6 +261,16 @@ impl Ctx<'_> {
 }
 
 const NONE: OpId = OpId::MAX;
+
+/// How one rank's all-to-all traffic is aggregated.
+#[derive(Clone, Copy, Debug)]
+struct A2aRoute {
+    src: GpuId,
+    d_in: GpuId,
+    n_in: u64,
+    d_out: GpuId,
+    n_out: u64,
+}
 
 /// Build one training step: `batch[r][m]` is replica r's micro-batch m (one packed
 /// sequence per CP group per micro-batch).
@@ -321,6 +350,7 @@ pub fn build_step(
     }
 
     let mut group: Vec<GpuId> = Vec::with_capacity(cp as usize);
+    let mut routes: Vec<A2aRoute> = Vec::with_capacity(cp as usize);
     let mut last: Vec<OpId> = vec![NONE; cp as usize];
     let mut durs: Vec<RankDur> = vec![RankDur::default(); cp as usize];
     let mut pair_in: Vec<u64> = vec![0; cp as usize];
@@ -339,6 +369,7 @@ pub fn build_step(
         for r in 0..dp {
             group.clear();
             group.extend((0..cp).map(|c| map.gpu(p, r, c)));
+            cx.a2a_pattern(&group, &mut routes);
             last.iter_mut().for_each(|x| *x = NONE);
             for &(fwd, mb) in &order {
                 let seq = &batch[r as usize][mb as usize];
@@ -397,7 +428,7 @@ pub fn build_step(
                             last[c] = op;
                         }
                         emit_attention(
-                            &mut cx, &group, &mut last, l, lab, true, attn_f, 0, &pair_in,
+                            &mut cx, &group, &routes, &mut last, l, lab, true, attn_f, 0, &pair_in,
                             &pair_out,
                         );
                     }
@@ -492,6 +523,7 @@ pub fn build_step(
                         emit_attention(
                             &mut cx,
                             &group,
+                            &routes,
                             &mut last,
                             l,
                             lab,
@@ -632,6 +664,7 @@ pub fn build_step(
 fn emit_attention(
     cx: &mut Ctx<'_>,
     group: &[GpuId],
+    routes: &[A2aRoute],
     last: &mut [OpId],
     layer: u32,
     lab: impl Fn(OpClass) -> OpLabel,
@@ -648,7 +681,7 @@ fn emit_attention(
         (OpClass::A2aOut, OpClass::A2aIn, OpClass::AttnBwd)
     };
     if cp > 1 {
-        let coll = cx.all_to_all(group, bytes_in);
+        let coll = cx.all_to_all(routes, bytes_in);
         for c in 0..cp {
             last[c] = cx.b.add_op(
                 cx.stream(group[c], StreamKind::CpComm),
@@ -673,7 +706,7 @@ fn emit_attention(
         );
     }
     if cp > 1 {
-        let coll = cx.all_to_all(group, bytes_out);
+        let coll = cx.all_to_all(routes, bytes_out);
         for c in 0..cp {
             last[c] = cx.b.add_op(
                 cx.stream(group[c], StreamKind::CpComm),
