@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 use serde::Serialize;
 
 mod bench_engine;
+pub mod corpus;
 mod exp_train;
 mod run;
 
@@ -24,7 +25,7 @@ pub struct Cli {
 #[derive(Subcommand)]
 pub enum Command {
     /// Statistics of a corpus and of its packed sequences.
-    Corpus,
+    Corpus(corpus::Args),
     /// Run an experiment file (TOML) and write runs/NAME/.
     Run(run::Args),
     /// Engine benchmarks (throughput, one full step, scaling table).
@@ -55,8 +56,6 @@ pub fn main() -> Result<()> {
     match cli.command {
         Command::Run(args) => run::run(args, out),
         Command::BenchEngine(args) => bench_engine::run(args, out),
-        Command::Corpus => out.emit(&(), || {
-            "corpus statistics land with workload/corpus.rs\n".into()
-        }),
+        Command::Corpus(args) => corpus::run(args, out),
     }
 }

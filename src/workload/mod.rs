@@ -9,6 +9,10 @@
 //! document longer than `L` is cut into pieces of at most `L` tokens, each a sample of its
 //! own, with the cut recorded on the sample.
 
+pub mod corpus;
+pub mod pack;
+pub mod stats;
+
 use serde::{Deserialize, Serialize};
 
 /// One sample inside a packed sequence: a whole document, or one piece of a document that

@@ -1,0 +1,115 @@
+//! `skewsim corpus NAME|FILE`: document-length statistics of a corpus and, after packing to
+//! L, the spread of the per-sequence attention load.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+
+use skewsim::workload::corpus::Corpus;
+use skewsim::workload::pack::{global_batch, Packing};
+use skewsim::workload::stats::{length_stats, pack_stats, LengthStats, PackStats};
+
+use super::Output;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// A built-in corpus (wlbllm, libra-256k, libra-1m), a parametric spec
+    /// (e.g. `lognormal:median=600,p99=33000`) or a trace file (.json, .csv, .txt, .gz).
+    pub corpus: String,
+    /// Sequence length L to pack to (default: the corpus's own, else 131072).
+    #[arg(long)]
+    pub seq_len: Option<u32>,
+    /// Packed sequences to measure the load spread over.
+    #[arg(long, default_value_t = 1024)]
+    pub sequences: usize,
+    /// Documents drawn for the length statistics of a distribution (a trace uses all).
+    #[arg(long, default_value_t = 200_000)]
+    pub samples: usize,
+    /// Packing: sequential, best-fit or best-fit:W.
+    #[arg(long, default_value = "sequential")]
+    pub packing: String,
+    /// Seed of the document stream.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+/// Load a corpus: a trace file if `spec` names an existing file, else a built-in name or a
+/// parametric spec.
+pub fn load_corpus(spec: &str) -> Result<Corpus> {
+    let path = Path::new(spec);
+    if path.is_file() {
+        let bytes = std::fs::read(path).with_context(|| format!("reading trace {spec}"))?;
+        return Ok(Corpus::from_trace(spec, &bytes)?);
+    }
+    let looks_like_file = [".json", ".csv", ".txt", ".gz"]
+        .iter()
+        .any(|ext| spec.ends_with(ext))
+        || spec.contains('/');
+    if looks_like_file {
+        anyhow::bail!("corpus trace file {spec} does not exist");
+    }
+    Ok(Corpus::from_spec(spec)?)
+}
+
+#[derive(Serialize)]
+struct Report {
+    corpus: String,
+    documents: LengthStats,
+    packed: PackStats,
+    packing: String,
+}
+
+pub fn run(args: Args, out: Output) -> Result<()> {
+    let corpus = load_corpus(&args.corpus)?;
+    let packing: Packing = args.packing.parse()?;
+    let seq_len = args.seq_len.or(corpus.default_seq_len()).unwrap_or(131_072);
+    let lengths: Vec<u32> = match corpus.trace() {
+        Some(t) => t.to_vec(),
+        None => corpus
+            .documents(args.seed, 0)
+            .take(args.samples.max(1))
+            .collect(),
+    };
+    let seqs = global_batch(
+        &corpus,
+        seq_len,
+        args.sequences.max(1),
+        packing,
+        args.seed,
+        0,
+    )?;
+    let report = Report {
+        corpus: corpus.name().to_string(),
+        documents: length_stats(&lengths),
+        packed: pack_stats(&seqs, 16_384),
+        packing: packing.to_string(),
+    };
+    out.emit(&report, || {
+        let d = &report.documents;
+        let p = &report.packed;
+        format!(
+            "corpus {name}\n\
+             documents  {count:>10}   mean {mean:>10.1}   median {median:>8}   p90 {p90:>8}   p99 {p99:>8}   max {max:>8}\n\
+             packed to L = {l} ({packing}, {n} sequences, {sps:.1} samples/seq, {pad:.2}% padding, {cut} documents cut)\n\
+             per-sequence load Σℓ²: CV {cv:.3}, max/mean {mx:.2}; share from documents ≥ {long} tokens: {share:.1}%\n",
+            name = report.corpus,
+            count = d.count,
+            mean = d.mean,
+            median = d.median,
+            p90 = d.p90,
+            p99 = d.p99,
+            max = d.max,
+            l = p.seq_len,
+            packing = report.packing,
+            n = p.sequences,
+            sps = p.samples_per_seq,
+            pad = 100.0 * p.padding_share,
+            cut = p.cut_documents,
+            cv = p.load_cv,
+            mx = p.load_max_over_mean,
+            long = p.long_doc,
+            share = 100.0 * p.long_doc_load_share,
+        )
+    })
+}
