@@ -11,7 +11,8 @@
 //! [cluster]   # gpus_per_node, nodes
 //! [network]   # alpha_us, intra_gbytes_per_s, inter_gbytes_per_s (stand-in network)
 //! [parallel]  # dp, pp, cp, ga, pipeline = "1f1b" | "gpipe", recompute, zero_stage, dp_buckets
-//! [workload]  # seq_len, seed, and sequences = [[doc lengths], ...] or lognormal = {median, sigma}
+//! [workload]  # seq_len, seed, and one of: corpus = "libra-1m" (+ packing = "sequential"),
+//!             # sequences = [[doc lengths], ...], lognormal = {median, sigma}
 //! [output]    # trace_step, trace_gpus
 //! [sweep]     # dp = [...], gbs = [...], seq_len = [...]  (ga = gbs / dp)
 //! ```
@@ -28,6 +29,8 @@ use skewsim::report::step::{gpus_csv, microbatches_csv, ms, step_report, steps_c
 use skewsim::report::trace::chrome_trace;
 use skewsim::schedule::train::{simulate_step, Workload};
 use skewsim::schedule::{NoVariance, Parallelism, Placement, RankMap};
+use skewsim::workload::corpus::Corpus;
+use skewsim::workload::pack::Packing;
 use skewsim::workload::{PackedSeq, Sample};
 
 use super::Output;
@@ -87,6 +90,12 @@ struct WorkloadSpec {
     sequences: Option<Vec<Vec<u32>>>,
     #[serde(default)]
     lognormal: Option<LogNormalSpec>,
+    /// A corpus spec (`libra-1m`, `wlbllm`, a parametric spec); see `skewsim corpus`.
+    #[serde(default)]
+    corpus: Option<String>,
+    /// `sequential` (default), `best-fit` or `best-fit:W`.
+    #[serde(default)]
+    packing: Option<String>,
 }
 
 #[derive(Deserialize, Clone, Copy)]
@@ -110,11 +119,24 @@ struct SweepSpec {
     dp: Vec<u32>,
     gbs: Vec<u32>,
     seq_len: Vec<u32>,
+    /// Corpora to sweep (each at `seq_len`, or at its own default sequence length).
+    corpus: Vec<String>,
 }
 
 fn workload(w: &WorkloadSpec, seq_len: u32, file: &str) -> Result<Workload> {
-    let wl = match (&w.sequences, &w.lognormal) {
-        (Some(seqs), None) => Workload::Sequences(
+    let wl = match (&w.sequences, &w.lognormal, &w.corpus) {
+        (None, None, Some(c)) => Workload::Corpus {
+            corpus: Corpus::from_spec(c).with_context(|| format!("{file}: [workload] corpus"))?,
+            seq_len,
+            packing: w
+                .packing
+                .as_deref()
+                .unwrap_or("sequential")
+                .parse::<Packing>()
+                .with_context(|| format!("{file}: [workload] packing"))?,
+            seed: w.seed,
+        },
+        (Some(seqs), None, None) => Workload::Sequences(
             seqs.iter()
                 .map(|lens| PackedSeq {
                     samples: lens
@@ -131,13 +153,13 @@ fn workload(w: &WorkloadSpec, seq_len: u32, file: &str) -> Result<Workload> {
                 })
                 .collect(),
         ),
-        (None, Some(l)) => Workload::LogNormal {
+        (None, Some(l), None) => Workload::LogNormal {
             median: l.median,
             sigma: l.sigma,
             seq_len,
             seed: w.seed,
         },
-        _ => bail!("{file}: [workload] needs exactly one of `sequences` or `lognormal`"),
+        _ => bail!("{file}: [workload] needs exactly one of `corpus`, `sequences` or `lognormal`"),
     };
     wl.validate(&format!("{file}: [workload]"))?;
     Ok(wl)
@@ -148,6 +170,7 @@ struct PointResult {
     dp: u32,
     ga: u32,
     seq_len: u32,
+    corpus: String,
     steps: Vec<StepReport>,
     trace: Option<String>,
     gpus: Option<String>,
@@ -188,6 +211,7 @@ fn run_point(
         dp: par.dp,
         ga: par.ga,
         seq_len: 0,
+        corpus: String::new(),
         steps: reports,
         trace,
         gpus,
@@ -241,10 +265,10 @@ pub fn run(path: &Path, dir: &Path, out: Output) -> Result<()> {
     }
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
 
-    // The grid of points: (dp, ga, seq_len).
-    let mut points: Vec<(u32, u32, u32)> = Vec::new();
+    // The grid of points: (dp, ga, seq_len, corpus).
+    let mut points: Vec<(u32, u32, u32, Option<String>)> = Vec::new();
     match &f.sweep {
-        None => points.push((f.parallel.dp, f.parallel.ga, f.workload.seq_len)),
+        None => points.push((f.parallel.dp, f.parallel.ga, f.workload.seq_len, None)),
         Some(s) => {
             let dps = if s.dp.is_empty() {
                 vec![f.parallel.dp]
@@ -261,13 +285,27 @@ pub fn run(path: &Path, dir: &Path, out: Output) -> Result<()> {
             } else {
                 s.gbs.clone()
             };
-            for &l in &lens {
-                for &g in &gbss {
-                    for &d in &dps {
-                        if d == 0 || g % d != 0 {
-                            bail!("{file}: [sweep] gbs = {g} is not a multiple of dp = {d} (ga = gbs / dp)");
+            let corpora: Vec<Option<String>> = if s.corpus.is_empty() {
+                vec![None]
+            } else {
+                s.corpus.iter().cloned().map(Some).collect()
+            };
+            for c in &corpora {
+                let lens = match c {
+                    Some(name) if s.seq_len.is_empty() => vec![Corpus::from_spec(name)
+                        .with_context(|| format!("{file}: [sweep] corpus"))?
+                        .default_seq_len()
+                        .unwrap_or(f.workload.seq_len)],
+                    _ => lens.clone(),
+                };
+                for &l in &lens {
+                    for &g in &gbss {
+                        for &d in &dps {
+                            if d == 0 || g % d != 0 {
+                                bail!("{file}: [sweep] gbs = {g} is not a multiple of dp = {d} (ga = gbs / dp)");
+                            }
+                            points.push((d, g / d, l, c.clone()));
                         }
-                        points.push((d, g / d, l));
                     }
                 }
             }
@@ -275,8 +313,13 @@ pub fn run(path: &Path, dir: &Path, out: Output) -> Result<()> {
     }
     let results: Vec<Result<PointResult>> = points
         .par_iter()
-        .map(|&(dp, ga, l)| {
-            let wl = workload(&f.workload, l, &file)?;
+        .map(|(dp, ga, l, c)| {
+            let (dp, ga, l) = (*dp, *ga, *l);
+            let mut spec = f.workload.clone();
+            if let Some(c) = c {
+                spec.corpus = Some(c.clone());
+            }
+            let wl = workload(&spec, l, &file)?;
             let par = Parallelism {
                 dp,
                 ga,
@@ -286,6 +329,10 @@ pub fn run(path: &Path, dir: &Path, out: Output) -> Result<()> {
                 &cost, par, f.cluster, &wl, f.network, f.steps, &f.output, &file,
             )?;
             r.seq_len = l;
+            r.corpus = c
+                .clone()
+                .or_else(|| f.workload.corpus.clone())
+                .unwrap_or_default();
             Ok(r)
         })
         .collect();
@@ -338,13 +385,13 @@ pub fn run(path: &Path, dir: &Path, out: Output) -> Result<()> {
         }
         t
     } else {
-        let mut csv = String::from("seq_len,gbs,dp,ga,gpus,mean_iteration_ms,tokens_per_s,mfu,wait_fraction,speedup_vs_min_dp,scaling_efficiency,infeasible_ranks\n");
-        let mut t = String::from("| L | GBS | DP | GA | GPUs | iteration (s) | tokens/s | MFU | sync wait | speedup | scaling eff. |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+        let mut csv = String::from("corpus,seq_len,gbs,dp,ga,gpus,mean_iteration_ms,tokens_per_s,mfu,wait_fraction,speedup_vs_min_dp,scaling_efficiency,infeasible_ranks\n");
+        let mut t = String::from("| corpus | L | GBS | DP | GA | GPUs | iteration (s) | tokens/s | MFU | sync wait | speedup | scaling eff. |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
         for r in &results {
             let gbs = r.dp * r.ga;
             let base = results
                 .iter()
-                .filter(|b| b.seq_len == r.seq_len && b.dp * b.ga == gbs)
+                .filter(|b| b.seq_len == r.seq_len && b.corpus == r.corpus && b.dp * b.ga == gbs)
                 .min_by_key(|b| b.dp)
                 .map(|b| (b.dp, mean(b.steps.iter().map(|s| s.tokens_per_s))))
                 .unwrap_or((r.dp, 1.0));
@@ -361,8 +408,8 @@ pub fn run(path: &Path, dir: &Path, out: Output) -> Result<()> {
                 .map(|s| s.infeasible_ranks)
                 .max()
                 .unwrap_or(0);
-            writeln!(csv, "{},{gbs},{},{},{gpus},{it:.3},{tps:.1},{mfu:.6},{wait:.6},{speedup:.4},{eff:.4},{inf}", r.seq_len, r.dp, r.ga)?;
-            writeln!(t, "| {} | {gbs} | {} | {} | {gpus} | {:.3} | {tps:.0} | {mfu:.3} | {wait:.3} | {speedup:.2}x | {:.1}% |", r.seq_len, r.dp, r.ga, it / 1e3, 100.0 * eff)?;
+            writeln!(csv, "{},{},{gbs},{},{},{gpus},{it:.3},{tps:.1},{mfu:.6},{wait:.6},{speedup:.4},{eff:.4},{inf}", r.corpus, r.seq_len, r.dp, r.ga)?;
+            writeln!(t, "| {} | {} | {gbs} | {} | {} | {gpus} | {:.3} | {tps:.0} | {mfu:.3} | {wait:.3} | {speedup:.2}x | {:.1}% |", r.corpus, r.seq_len, r.dp, r.ga, it / 1e3, 100.0 * eff)?;
         }
         std::fs::write(dir.join("points.csv"), csv)?;
         t

@@ -13,11 +13,25 @@ use crate::cost::CostModel;
 use crate::engine::{run, Timeline};
 use crate::error::{invalid, Result};
 use crate::net::NetworkModel;
+use crate::workload::corpus::Corpus;
+use crate::workload::pack::{global_batch, Packing};
 use crate::workload::{PackedSeq, Sample};
 
 /// Where a run's packed sequences come from.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub enum Workload {
+    /// A corpus (`workload::corpus`), packed into sequences of `seq_len` tokens; step s
+    /// draws its global batch from the corpus's document stream for (seed, trial = s).
+    Corpus {
+        /// The corpus.
+        corpus: Corpus,
+        /// Packed sequence length L.
+        seq_len: u32,
+        /// How documents are packed.
+        packing: Packing,
+        /// Seed.
+        seed: u64,
+    },
     /// Explicit packed sequences (document lengths), used in order and cycled.
     Sequences(Vec<PackedSeq>),
     /// Documents drawn from a log-normal length distribution (median, σ of ln length),
@@ -59,6 +73,16 @@ impl Workload {
                 }
                 Ok(())
             }
+            Workload::Corpus { seq_len, .. } => {
+                if *seq_len == 0 {
+                    return Err(invalid(
+                        format!("{ctx}: seq_len"),
+                        0,
+                        "a positive token count",
+                    ));
+                }
+                Ok(())
+            }
             Workload::LogNormal {
                 median,
                 sigma,
@@ -88,8 +112,14 @@ impl Workload {
     }
 
     /// The `n` packed sequences of step `step` (`n` = GBS).
-    pub fn step_sequences(&self, step: u64, n: usize) -> Vec<PackedSeq> {
-        match self {
+    pub fn step_sequences(&self, step: u64, n: usize) -> Result<Vec<PackedSeq>> {
+        Ok(match self {
+            Workload::Corpus {
+                corpus,
+                seq_len,
+                packing,
+                seed,
+            } => global_batch(corpus, *seq_len, n, *packing, *seed, step)?,
             Workload::Sequences(s) => (0..n)
                 .map(|i| s[(step as usize * n + i) % s.len()].clone())
                 .collect(),
@@ -105,7 +135,7 @@ impl Workload {
                 n,
                 seed.wrapping_add(step.wrapping_mul(0x9e37_79b9)),
             ),
-        }
+        })
     }
 }
 
@@ -173,7 +203,7 @@ pub fn simulate_step(
     var: &dyn RuntimeVariance,
 ) -> Result<(StepGraph, Timeline)> {
     let (dp, ga) = (map.par.dp, map.par.ga);
-    let seqs = workload.step_sequences(step, (dp * ga) as usize);
+    let seqs = workload.step_sequences(step, (dp * ga) as usize)?;
     let batch = split_replicas(seqs, dp, ga);
     let sg = build_step(cost, map, &batch, step, var)?;
     let t = run(&sg.graph, net)?;
@@ -202,6 +232,23 @@ mod tests {
         }
         assert_eq!(s, lognormal_sequences(2000.0, 1.5, 8192, 20, 7));
         assert_ne!(s, lognormal_sequences(2000.0, 1.5, 8192, 20, 8));
+    }
+
+    #[test]
+    fn corpus_batches_have_gbs_full_sequences() {
+        let wl = Workload::Corpus {
+            corpus: Corpus::from_spec("libra-256k").unwrap(),
+            seq_len: 65_536,
+            packing: Packing::Sequential,
+            seed: 3,
+        };
+        let a = wl.step_sequences(0, 8).unwrap();
+        assert_eq!(a.len(), 8);
+        assert!(a
+            .iter()
+            .all(|s| s.capacity == 65_536 && s.tokens() <= 65_536));
+        assert_ne!(a, wl.step_sequences(1, 8).unwrap());
+        assert_eq!(a, wl.step_sequences(0, 8).unwrap());
     }
 
     #[test]
