@@ -172,6 +172,9 @@ pub struct Op {
     pub stream: StreamId,
     /// What it is.
     pub label: OpLabel,
+    /// The next op on the same stream (`OpId::MAX` for the last), so the engine walks a
+    /// stream without an extra indirection.
+    next: OpId,
 }
 
 /// A point-to-point transfer.
@@ -277,6 +280,7 @@ impl GraphBuilder {
             kind,
             stream,
             label,
+            next: OpId::MAX,
         });
         self.g.ndeps.push(deps.len() as u32);
         for &d in deps {
@@ -378,6 +382,13 @@ impl GraphBuilder {
             g.stream_ops[fill[op.stream as usize] as usize] = i as OpId;
             fill[op.stream as usize] += 1;
         }
+        // Next op on the same stream.
+        for s in 0..ns {
+            let ops = &g.stream_ops[g.stream_off[s] as usize..g.stream_off[s + 1] as usize];
+            for w in ops.windows(2) {
+                g.ops[w[0] as usize].next = w[1];
+            }
+        }
         // Collective parts.
         g.coll_part_off = vec![0; nc + 1];
         for (i, c) in g.colls.iter().enumerate() {
@@ -460,8 +471,8 @@ const COLL_BIT: u32 = 1 << 31;
 
 #[derive(Clone, Copy)]
 struct StreamState {
-    head: u32,
-    end: u32,
+    /// The next op to run (`OpId::MAX` when the stream is done).
+    head: OpId,
     busy: bool,
 }
 const TAG_COLL: u64 = 1 << 63;
@@ -492,10 +503,10 @@ impl Sim<'_, '_> {
 
     fn try_start(&mut self, s: StreamId) {
         let ss = self.st[s as usize];
-        if ss.busy || ss.head >= ss.end {
+        if ss.busy || ss.head == OpId::MAX {
             return;
         }
-        let op = self.g.stream_ops[ss.head as usize];
+        let op = ss.head;
         if self.deps_left[op as usize] != 0 {
             return;
         }
@@ -532,10 +543,11 @@ impl Sim<'_, '_> {
     fn complete(&mut self, op: OpId) {
         let oi = op as usize;
         self.t.end[oi] = self.now;
-        let s = self.g.ops[oi].stream;
+        let o = self.g.ops[oi];
+        let s = o.stream;
         let ss = &mut self.st[s as usize];
         ss.busy = false;
-        ss.head += 1;
+        ss.head = o.next;
         let (a, b) = (
             self.g.succ_off[oi] as usize,
             self.g.succ_off[oi + 1] as usize,
@@ -582,8 +594,11 @@ pub fn run(g: &Graph, net: &mut dyn NetworkModel) -> Result<Timeline> {
         deps_left: g.ndeps.clone(),
         st: (0..ns)
             .map(|s| StreamState {
-                head: g.stream_off[s],
-                end: g.stream_off[s + 1],
+                head: if g.stream_off[s] < g.stream_off[s + 1] {
+                    g.stream_ops[g.stream_off[s] as usize]
+                } else {
+                    OpId::MAX
+                },
                 busy: false,
             })
             .collect(),
@@ -638,8 +653,8 @@ pub fn run(g: &Graph, net: &mut dyn NetworkModel) -> Result<Timeline> {
         }
     }
     for s in 0..ns {
-        if sim.st[s].head < sim.st[s].end {
-            let op = g.stream_ops[sim.st[s].head as usize];
+        if sim.st[s].head != OpId::MAX {
+            let op = sim.st[s].head;
             let o = g.ops[op as usize];
             return Err(invalid(
                 "op graph",

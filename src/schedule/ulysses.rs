@@ -349,12 +349,22 @@ pub fn build_step(
         }
     }
 
-    let mut group: Vec<GpuId> = Vec::with_capacity(cp as usize);
-    let mut routes: Vec<A2aRoute> = Vec::with_capacity(cp as usize);
-    let mut last: Vec<OpId> = vec![NONE; cp as usize];
-    let mut durs: Vec<RankDur> = vec![RankDur::default(); cp as usize];
-    let mut pair_in: Vec<u64> = vec![0; cp as usize];
-    let mut pair_out: Vec<u64> = vec![0; cp as usize];
+    // Ops are emitted slot by slot and layer by layer with the replicas innermost, so ops
+    // that run at about the same simulated time sit next to each other in memory (the
+    // engine's working set stays small even with thousands of replicas).
+    let (cpu, dpu) = (cp as usize, dp as usize);
+    let mut groups: Vec<GpuId> = vec![0; dpu * cpu];
+    let mut routes: Vec<A2aRoute> = Vec::with_capacity(dpu * cpu);
+    let mut route_buf: Vec<A2aRoute> = Vec::with_capacity(cpu);
+    let mut last: Vec<OpId> = vec![NONE; dpu * cpu];
+    let mut durs: Vec<RankDur> = vec![RankDur::default(); dpu * cpu];
+    let mut pair_in: Vec<u64> = vec![0; dpu * cpu];
+    let mut pair_out: Vec<u64> = vec![0; dpu * cpu];
+    let mut attn_f: Vec<Ps> = vec![0; dpu];
+    let mut attn_b: Vec<Ps> = vec![0; dpu];
+    let mut tokens: Vec<u64> = vec![0; dpu];
+    let rec = par.recompute;
+    let act_bytes = u64::from(m.hidden) * u64::from(m.dtype_bytes);
 
     for p in 0..pp {
         let (lf, ll) = stages[p as usize];
@@ -362,23 +372,30 @@ pub fn build_step(
         let n_layers = ll - lf;
         let nb = buckets.min(n_layers.max(1));
         // Backward processes layers ll-1 down to lf; bucket k is ready after the
-        // ((k+1)·n/nb)-th processed layer.
+        // ceil((k+1)·n/nb)-th processed layer.
         bucket_ready.clear();
         bucket_ready.resize((dp * cp * nb) as usize, NONE);
         let order = stage_order(par.pipeline, pp, p, ga);
+        let last_bwd_mb = order.iter().rev().find(|s| !s.0).map(|s| s.1);
+        routes.clear();
         for r in 0..dp {
-            group.clear();
-            group.extend((0..cp).map(|c| map.gpu(p, r, c)));
-            cx.a2a_pattern(&group, &mut routes);
-            last.iter_mut().for_each(|x| *x = NONE);
-            for &(fwd, mb) in &order {
-                let seq = &batch[r as usize][mb as usize];
-                let tokens = seq.tokens();
-                let attn_f = cost.attn_fwd_ps(seq.lengths(), split.q);
-                let attn_b = cost.attn_bwd_ps(seq.lengths(), split.q);
-                for c in 0..cp {
-                    let t = chunk(tokens, cp, c);
-                    durs[c as usize] = RankDur {
+            let grp = &mut groups[r as usize * cpu..(r as usize + 1) * cpu];
+            for (c, g) in grp.iter_mut().enumerate() {
+                *g = map.gpu(p, r, c as u32);
+            }
+            cx.a2a_pattern(grp, &mut route_buf);
+            routes.extend_from_slice(&route_buf);
+        }
+        last.iter_mut().for_each(|x| *x = NONE);
+        for &(fwd, mb) in &order {
+            for r in 0..dpu {
+                let seq = &batch[r][mb as usize];
+                tokens[r] = seq.tokens();
+                attn_f[r] = cost.attn_fwd_ps(seq.lengths(), split.q);
+                attn_b[r] = cost.attn_bwd_ps(seq.lengths(), split.q);
+                for c in 0..cpu {
+                    let t = chunk(tokens[r], cp, c as u32);
+                    durs[r * cpu + c] = RankDur {
                         pre_f: cost.linear_fwd_ps(LinearPart::PreAttn, t),
                         post_f: cost.linear_fwd_ps(LinearPart::PostAttn, t),
                         pre_b: cost.linear_bwd_ps(LinearPart::PreAttn, t),
@@ -394,27 +411,30 @@ pub fn build_step(
                             0
                         },
                     };
-                    pair_in[c as usize] = a.q_bytes(t, split.q) + a.kv_bytes(t, split.kv);
-                    pair_out[c as usize] = a.q_bytes(t, split.q);
+                    pair_in[r * cpu + c] = a.q_bytes(t, split.q) + a.kv_bytes(t, split.kv);
+                    pair_out[r * cpu + c] = a.q_bytes(t, split.q);
                 }
-                let mb16 = mb as u16;
-                let rec = par.recompute;
-                if fwd {
-                    for l in lf..ll {
-                        let lab = |class| OpLabel {
-                            class,
-                            mb: mb16,
-                            layer: l as u16,
-                        };
-                        for c in 0..cp as usize {
-                            let g = group[c];
-                            let d = durs[c];
+            }
+            let mb16 = mb as u16;
+            if fwd {
+                for l in lf..ll {
+                    let lab = |class| OpLabel {
+                        class,
+                        mb: mb16,
+                        layer: l as u16,
+                    };
+                    for r in 0..dpu {
+                        let rs = r * cpu..(r + 1) * cpu;
+                        for c in 0..cpu {
+                            let i = r * cpu + c;
+                            let g = groups[i];
+                            let d = durs[i];
                             let base = d.pre_f + if l > lf { d.post_f } else { 0 };
                             let dur = cx.vary(g, l, OpClass::LinearFwd, base);
-                            let deps: &[OpId] = if last[c] == NONE {
+                            let deps: &[OpId] = if last[i] == NONE {
                                 &[]
                             } else {
-                                std::slice::from_ref(&last[c])
+                                std::slice::from_ref(&last[i])
                             };
                             let op = cx.b.add_op(
                                 cx.stream(g, StreamKind::Compute),
@@ -423,29 +443,41 @@ pub fn build_step(
                                 deps,
                             );
                             if l == lf {
-                                f_first[idx(p, r, c as u32, mb)] = op;
+                                f_first[idx(p, r as u32, c as u32, mb)] = op;
                             }
-                            last[c] = op;
+                            last[i] = op;
                         }
                         emit_attention(
-                            &mut cx, &group, &routes, &mut last, l, lab, true, attn_f, 0, &pair_in,
-                            &pair_out,
+                            &mut cx,
+                            &groups[rs.clone()],
+                            &routes[rs.clone()],
+                            &mut last[rs.clone()],
+                            l,
+                            lab,
+                            true,
+                            attn_f[r],
+                            0,
+                            &pair_in[rs.clone()],
+                            &pair_out[rs],
                         );
                     }
-                    for c in 0..cp as usize {
-                        let g = group[c];
-                        let d = durs[c];
-                        let lab = |class| OpLabel {
-                            class,
-                            mb: mb16,
-                            layer: (ll - 1) as u16,
-                        };
+                }
+                let lab = |class| OpLabel {
+                    class,
+                    mb: mb16,
+                    layer: (ll - 1) as u16,
+                };
+                for r in 0..dpu {
+                    for c in 0..cpu {
+                        let i = r * cpu + c;
+                        let g = groups[i];
+                        let d = durs[i];
                         let dur = cx.vary(g, ll - 1, OpClass::LinearFwd, d.post_f);
                         let mut op = cx.b.add_op(
                             cx.stream(g, StreamKind::Compute),
                             OpKind::Compute(dur),
                             lab(OpClass::LinearFwd),
-                            &[last[c]],
+                            &[last[i]],
                         );
                         if last_stage {
                             let dur = cx.vary(g, ll - 1, OpClass::HeadFwd, d.head_f);
@@ -456,33 +488,31 @@ pub fn build_step(
                                 &[],
                             );
                         } else {
-                            let dst = map.gpu(p + 1, r, c as u32);
-                            let x = cx.b.add_xfer(Xfer {
-                                src: g,
-                                dst,
-                                bytes: chunk(tokens, cp, c as u32)
-                                    * u64::from(m.hidden)
-                                    * u64::from(m.dtype_bytes),
-                            });
+                            let dst = map.gpu(p + 1, r as u32, c as u32);
+                            let bytes = chunk(tokens[r], cp, c as u32) * act_bytes;
+                            let x = cx.b.add_xfer(Xfer { src: g, dst, bytes });
                             let s = cx.b.add_op(
                                 cx.stream(g, StreamKind::PpComm),
                                 OpKind::Send(x),
                                 lab(OpClass::PpSendFwd),
                                 &[op],
                             );
-                            f_send[idx(p, r, c as u32, mb)] = s;
+                            f_send[idx(p, r as u32, c as u32, mb)] = s;
                         }
-                        last[c] = op;
+                        last[i] = op;
                     }
-                } else {
-                    for c in 0..cp as usize {
-                        let g = group[c];
-                        let d = durs[c];
-                        let lab = |class| OpLabel {
-                            class,
-                            mb: mb16,
-                            layer: (ll - 1) as u16,
-                        };
+                }
+            } else {
+                let lab = |class| OpLabel {
+                    class,
+                    mb: mb16,
+                    layer: (ll - 1) as u16,
+                };
+                for r in 0..dpu {
+                    for c in 0..cpu {
+                        let i = r * cpu + c;
+                        let g = groups[i];
+                        let d = durs[i];
                         let mut first = NONE;
                         if last_stage {
                             let dur = cx.vary(
@@ -510,32 +540,37 @@ pub fn build_step(
                             lab(OpClass::LinearBwd),
                             &[],
                         );
-                        b_first[idx(p, r, c as u32, mb)] = if first == NONE { op } else { first };
-                        last[c] = op;
+                        b_first[idx(p, r as u32, c as u32, mb)] =
+                            if first == NONE { op } else { first };
+                        last[i] = op;
                     }
-                    let last_mb_slot = order.iter().rev().find(|s| !s.0).map(|s| s.1) == Some(mb);
-                    for (k, l) in (lf..ll).rev().enumerate() {
-                        let lab = |class| OpLabel {
-                            class,
-                            mb: mb16,
-                            layer: l as u16,
-                        };
+                }
+                let last_mb_slot = last_bwd_mb == Some(mb);
+                for (k, l) in (lf..ll).rev().enumerate() {
+                    let lab = |class| OpLabel {
+                        class,
+                        mb: mb16,
+                        layer: l as u16,
+                    };
+                    for r in 0..dpu {
+                        let rs = r * cpu..(r + 1) * cpu;
                         emit_attention(
                             &mut cx,
-                            &group,
-                            &routes,
-                            &mut last,
+                            &groups[rs.clone()],
+                            &routes[rs.clone()],
+                            &mut last[rs.clone()],
                             l,
                             lab,
                             false,
-                            attn_b,
-                            if rec { attn_f } else { 0 },
-                            &pair_out,
-                            &pair_in,
+                            attn_b[r],
+                            if rec { attn_f[r] } else { 0 },
+                            &pair_out[rs.clone()],
+                            &pair_in[rs],
                         );
-                        for c in 0..cp as usize {
-                            let g = group[c];
-                            let d = durs[c];
+                        for c in 0..cpu {
+                            let i = r * cpu + c;
+                            let g = groups[i];
+                            let d = durs[i];
                             let mut base = d.pre_b + if l > lf { d.post_b } else { 0 };
                             if rec {
                                 base += d.pre_f + if l > lf { d.post_f } else { 0 };
@@ -545,43 +580,40 @@ pub fn build_step(
                                 cx.stream(g, StreamKind::Compute),
                                 OpKind::Compute(dur),
                                 lab(OpClass::LinearBwd),
-                                &[last[c]],
+                                &[last[i]],
                             );
-                            last[c] = op;
+                            last[i] = op;
                             if last_mb_slot {
                                 let done = k as u32 + 1;
-                                // bucket b is ready once done == ceil((b+1)·n/nb)
                                 for bk in 0..nb {
                                     if done == ((bk + 1) * n_layers).div_ceil(nb) {
-                                        bucket_ready[((r * cp + c as u32) * nb + bk) as usize] = op;
+                                        bucket_ready[(i as u32 * nb + bk) as usize] = op;
                                     }
                                 }
                             }
                         }
                     }
-                    if p > 0 {
-                        for c in 0..cp as usize {
-                            let g = group[c];
-                            let lab = OpLabel {
-                                class: OpClass::PpSendBwd,
-                                mb: mb16,
-                                layer: lf as u16,
-                            };
-                            let dst = map.gpu(p - 1, r, c as u32);
-                            let x = cx.b.add_xfer(Xfer {
-                                src: g,
-                                dst,
-                                bytes: chunk(tokens, cp, c as u32)
-                                    * u64::from(m.hidden)
-                                    * u64::from(m.dtype_bytes),
-                            });
+                }
+                if p > 0 {
+                    let lab = OpLabel {
+                        class: OpClass::PpSendBwd,
+                        mb: mb16,
+                        layer: lf as u16,
+                    };
+                    for r in 0..dpu {
+                        for c in 0..cpu {
+                            let i = r * cpu + c;
+                            let g = groups[i];
+                            let dst = map.gpu(p - 1, r as u32, c as u32);
+                            let bytes = chunk(tokens[r], cp, c as u32) * act_bytes;
+                            let x = cx.b.add_xfer(Xfer { src: g, dst, bytes });
                             let s = cx.b.add_op(
                                 cx.stream(g, StreamKind::PpComm),
                                 OpKind::Send(x),
                                 lab,
-                                &[last[c]],
+                                &[last[i]],
                             );
-                            b_send[idx(p, r, c as u32, mb)] = s;
+                            b_send[idx(p, r as u32, c as u32, mb)] = s;
                         }
                     }
                 }
