@@ -3,3 +3,9 @@
 //! Owns the grouping of a global batch of packed sequences into fixed-size pools
 //! (random, production, zigzag, zigzag-swap, VRSP — Libra Algorithm 1 — and unconstrained
 //! LPT), and, later, each scheme's planner. Pure: no I/O.
+
+pub mod distca;
+pub mod grouping;
+pub mod wlbllm;
+
+pub use grouping::{group, imbalance, vrsp, Policy};

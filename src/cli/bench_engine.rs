@@ -1,6 +1,7 @@
 //! Engine benchmarks: raw event throughput, one full training step of thousands of GPUs,
-//! and wall time against GPU count. Each `pub fn` returns rows for the `skewsim bench`
-//! registry; [`run`] prints them for the `bench-engine` subcommand.
+//! and wall time against GPU count. The `arm_*` functions are `skewsim bench` arms
+//! (registered in `bench.rs`); the row functions give the figures with CPU time beside
+//! wall time.
 //!
 //! The network is the engine's `StubNet` (fixed alpha + bytes/bandwidth, no contention)
 //! until the cluster's analytical model is plugged in at merge.
@@ -13,12 +14,14 @@ use skewsim::cost::{CostModel, ModelConfig};
 use skewsim::engine::stub_net::StubNet;
 use skewsim::engine::{run as run_graph, GraphBuilder, OpClass, OpKind, OpLabel, StreamKind};
 use skewsim::report::step::step_report;
-use skewsim::schedule::train::lognormal_sequences;
+use skewsim::schedule::train::{lognormal_sequences, split_replicas};
 use skewsim::schedule::ulysses::build_step;
 use skewsim::schedule::{NoVariance, Parallelism, PipelineKind, Placement, RankMap};
+use skewsim::workload::corpus::Corpus;
+use skewsim::workload::pack::{global_batch, Packing};
 use skewsim::workload::PackedSeq;
 
-use super::Output;
+use super::bench::Timed;
 
 /// One measured figure.
 #[derive(Clone, Debug, Serialize)]
@@ -69,58 +72,6 @@ fn thread_cpu_s() -> f64 {
         })
         .map(|ns| ns * 1e-9)
         .unwrap_or(f64::NAN)
-}
-
-/// Raw engine throughput on one core: `gpus` compute streams, each a chain of `ops`
-/// kernels, every kernel also waiting for the previous kernel of the neighbouring GPU.
-pub fn engine_throughput(gpus: u32, ops: u32) -> Result<Vec<BenchRow>> {
-    let mut b = GraphBuilder::with_capacity((gpus * ops) as usize);
-    for g in 0..gpus {
-        b.add_stream(g, StreamKind::Compute);
-    }
-    let mut prev: Vec<u32> = vec![u32::MAX; gpus as usize];
-    let lab = OpLabel {
-        class: OpClass::LinearFwd,
-        mb: 0,
-        layer: 0,
-    };
-    for k in 0..ops {
-        let mut cur = vec![0u32; gpus as usize];
-        for g in 0..gpus {
-            let dur = 1_000 + u64::from((g * 7919 + k * 104_729) % 1_000);
-            let nb = prev[((g + 1) % gpus) as usize];
-            let deps: &[u32] = if nb == u32::MAX {
-                &[]
-            } else {
-                std::slice::from_ref(&nb)
-            };
-            cur[g as usize] = b.add_op(g, OpKind::Compute(dur), lab, deps);
-        }
-        prev = cur;
-    }
-    let graph = b.build()?;
-    let mut net = StubNet::dgx_h200();
-    let (t0, c0) = (Instant::now(), thread_cpu_s());
-    let tl = run_graph(&graph, &mut net)?;
-    let (secs, cpu) = (t0.elapsed().as_secs_f64(), thread_cpu_s() - c0);
-    let note = format!("{gpus} streams x {ops} kernels, neighbour deps, one thread");
-    Ok(vec![
-        row("engine events", tl.events as f64, "events", note.clone()),
-        row("engine run wall", secs, "s", note.clone()),
-        row("engine run cpu", cpu, "s", note.clone()),
-        row(
-            "engine throughput",
-            tl.events as f64 / secs / 1e6,
-            "M events/s",
-            "per wall second",
-        ),
-        row(
-            "engine throughput cpu",
-            tl.events as f64 / cpu / 1e6,
-            "M events/s",
-            "per CPU second",
-        ),
-    ])
 }
 
 /// One full training step of qwen3-30b-a3b with Ulysses, CP = `cp`, DP = `dp`, GA = `ga`,
@@ -199,79 +150,169 @@ pub fn full_step(dp: u32, cp: u32, ga: u32, seq_len: u32) -> Result<Vec<BenchRow
 /// least-squares exponent of time ∝ GPUs^k.
 pub fn scaling(gpu_counts: &[u32], seq_len: u32) -> Result<Vec<BenchRow>> {
     let mut rows = Vec::new();
-    let mut pts = Vec::new();
+    let (mut wall_pts, mut cpu_pts) = (Vec::new(), Vec::new());
     for &n in gpu_counts {
         let r = full_step(n / 16, 16, 8, seq_len)?;
-        let total = r
-            .iter()
-            .find(|x| x.name == "step total")
-            .map(|x| x.value)
-            .unwrap_or(f64::NAN);
-        pts.push(((f64::from(n)).ln(), total.ln()));
-        rows.push(row(
-            "scaling wall time",
-            total,
-            "s",
-            format!("{n} GPUs (build + simulate + report)"),
-        ));
+        let get = |name: &str| {
+            r.iter()
+                .find(|x| x.name == name)
+                .map(|x| x.value)
+                .unwrap_or(f64::NAN)
+        };
+        let (wall, cpu, events) = (get("step total"), get("step total cpu"), get("step events"));
+        wall_pts.push((f64::from(n).ln(), wall.ln()));
+        cpu_pts.push((f64::from(n).ln(), cpu.ln()));
+        let note = format!("{n} GPUs, {events:.0} events (build + simulate + report)");
+        rows.push(row("scaling wall time", wall, "s", note.clone()));
+        rows.push(row("scaling cpu time", cpu, "s", note));
     }
+    rows.push(row(
+        "scaling exponent wall",
+        fit_exponent(&wall_pts),
+        "",
+        "fitted k in wall time ∝ GPUs^k",
+    ));
+    rows.push(row(
+        "scaling exponent cpu",
+        fit_exponent(&cpu_pts),
+        "",
+        "fitted k in CPU time ∝ GPUs^k",
+    ));
+    Ok(rows)
+}
+
+/// Least-squares slope of ln y against ln x.
+fn fit_exponent(pts: &[(f64, f64)]) -> f64 {
     let k = pts.len() as f64;
     let (sx, sy) = pts.iter().fold((0.0, 0.0), |a, p| (a.0 + p.0, a.1 + p.1));
     let (mx, my) = (sx / k, sy / k);
     let (num, den) = pts.iter().fold((0.0, 0.0), |a, p| {
         (a.0 + (p.0 - mx) * (p.1 - my), a.1 + (p.0 - mx) * (p.0 - mx))
     });
-    rows.push(row(
-        "scaling exponent",
-        num / den,
-        "",
-        "fitted k in wall time ∝ GPUs^k",
-    ));
-    Ok(rows)
+    num / den
 }
 
-#[derive(clap::Args)]
-pub struct Args {
-    /// Which: throughput, step, scaling or all.
-    #[arg(default_value = "all")]
-    pub which: String,
-    /// GPUs for `step` (CP = 16, DP = GPUs / 16, GA = 8).
-    #[arg(long, default_value_t = 4096)]
-    pub gpus: u32,
-    /// Packed sequence length for `step` and `scaling`.
-    #[arg(long, default_value_t = 262_144)]
-    pub seq_len: u32,
-}
+// ---- arms for `skewsim bench` (registered in src/cli/bench.rs) ----
 
-pub fn run(args: Args, out: Output) -> Result<()> {
-    let mut rows = Vec::new();
-    let all = args.which == "all";
-    if all || args.which == "throughput" {
-        rows.extend(engine_throughput(4096, 2048)?);
+fn synthetic_graph(gpus: u32, ops: u32) -> Result<skewsim::engine::Graph> {
+    let mut b = GraphBuilder::with_capacity((gpus * ops) as usize);
+    for g in 0..gpus {
+        b.add_stream(g, StreamKind::Compute);
     }
-    if all || args.which == "step" {
-        rows.extend(full_step(args.gpus / 16, 16, 8, args.seq_len)?);
-    }
-    if all || args.which == "scaling" {
-        rows.extend(scaling(&[256, 1024, 4096, 16384], args.seq_len)?);
-    }
-    if rows.is_empty() {
-        anyhow::bail!(
-            "unknown benchmark {:?} (one of: throughput, step, scaling, all)",
-            args.which
-        );
-    }
-    out.emit(&rows, || {
-        let mut s = format!(
-            "{:<22} {:>14} {:<11} {}\n",
-            "benchmark", "value", "unit", "parameters"
-        );
-        for r in &rows {
-            s += &format!(
-                "{:<22} {:>14.3} {:<11} {}\n",
-                r.name, r.value, r.unit, r.note
-            );
+    let mut prev: Vec<u32> = vec![u32::MAX; gpus as usize];
+    let mut cur: Vec<u32> = vec![0; gpus as usize];
+    let lab = OpLabel {
+        class: OpClass::LinearFwd,
+        mb: 0,
+        layer: 0,
+    };
+    for k in 0..ops {
+        for g in 0..gpus {
+            let dur = 1_000 + u64::from((g * 7919 + k * 104_729) % 1_000);
+            let nb = prev[((g + 1) % gpus) as usize];
+            let deps: &[u32] = if nb == u32::MAX {
+                &[]
+            } else {
+                std::slice::from_ref(&nb)
+            };
+            cur[g as usize] = b.add_op(g, OpKind::Compute(dur), lab, deps);
         }
-        s
-    })
+        std::mem::swap(&mut prev, &mut cur);
+    }
+    Ok(b.build()?)
+}
+
+/// Arm `engine-throughput`: the engine alone on 4,096 streams × 2,048 kernels with
+/// neighbour dependencies (8.4M events); the detail line gives events per second.
+pub fn arm_engine_throughput() -> Result<Timed> {
+    let graph = synthetic_graph(4096, 2048)?;
+    Ok(Box::new(move || {
+        let t0 = Instant::now();
+        let tl = run_graph(&graph, &mut StubNet::dgx_h200())?;
+        let s = t0.elapsed().as_secs_f64();
+        Ok(format!(
+            "{} events, {:.1} M events/s (target >= 5)",
+            tl.events,
+            tl.events as f64 / s / 1e6
+        ))
+    }))
+}
+
+fn arm_step(gpus: u32) -> Result<Timed> {
+    let (dp, cp, ga, seq_len) = (gpus / 16, 16, 8, 262_144);
+    let cost = CostModel::h200(ModelConfig::builtin("qwen3-30b-a3b")?)?;
+    let par = Parallelism {
+        dp,
+        pp: 1,
+        cp,
+        ga,
+        pipeline: PipelineKind::OneFOneB,
+        recompute: true,
+        zero_stage: 3,
+        dp_buckets: 8,
+    };
+    let map = RankMap::new(
+        par,
+        Placement {
+            gpus_per_node: 8,
+            nodes: gpus.div_ceil(8),
+        },
+        "bench",
+    )?;
+    let corpus = Corpus::from_spec("libra-256k")?;
+    let seqs = global_batch(
+        &corpus,
+        seq_len,
+        (dp * ga) as usize,
+        Packing::Sequential,
+        0,
+        0,
+    )?;
+    let batch = split_replicas(seqs, dp, ga);
+    Ok(Box::new(move || {
+        let sg = build_step(&cost, map, &batch, 0, &NoVariance)?;
+        let t0 = Instant::now();
+        let tl = run_graph(&sg.graph, &mut StubNet::dgx_h200())?;
+        let s = t0.elapsed().as_secs_f64();
+        let rep = step_report(&sg, &tl, &cost, 0);
+        Ok(format!(
+            "{gpus} GPUs (CP {cp}, DP {dp}, GA {ga}, libra-256k): {} ops, {} events, simulate {:.1} M events/s, simulated iteration {:.1} s, peak RSS {:.2} GiB",
+            sg.graph.ops.len(),
+            tl.events,
+            tl.events as f64 / s / 1e6,
+            rep.iteration as f64 * 1e-12,
+            peak_rss_gib()
+        ))
+    }))
+}
+
+/// Arm `step-4096`: one full training step of qwen3-30b-a3b on 4,096 GPUs (CP 16, DP 256,
+/// GA 8, libra-256k at L = 256K, all layers fwd + bwd, every rank): build + simulate +
+/// report.
+pub fn arm_step_4096() -> Result<Timed> {
+    arm_step(4096)
+}
+
+/// Arm `step-16384`: the same on 16,384 GPUs (DP 1,024).
+pub fn arm_step_16384() -> Result<Timed> {
+    arm_step(16384)
+}
+
+/// Arm `engine-scaling`: wall time of one full step against GPU count (256 … 16,384) and
+/// the fitted exponent.
+pub fn arm_engine_scaling() -> Result<Timed> {
+    Ok(Box::new(|| {
+        let rows = scaling(&[256, 512, 1024, 2048, 4096, 8192, 16384], 262_144)?;
+        let mut d = String::new();
+        for r in &rows {
+            if r.name == "scaling wall time" {
+                let n = r.note.split_whitespace().next().unwrap_or("?");
+                d += &format!("{n}: {:.2} s, ", r.value);
+            }
+            if r.name == "scaling exponent wall" {
+                d += &format!("k = {:.2}", r.value);
+            }
+        }
+        Ok(d)
+    }))
 }

@@ -5,10 +5,15 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 use serde::Serialize;
 
+pub mod bench;
 mod bench_engine;
+mod bench_schemes;
 pub mod corpus;
+mod exp_pools;
 mod exp_train;
+pub mod pools;
 mod run;
+pub mod theory;
 
 /// skewsim: how much does attention-workload skew cost on this cluster, and which
 /// balancing scheme (Ulysses, WLB-LLM, DistCA, Libra) wins it back?
@@ -28,8 +33,12 @@ pub enum Command {
     Corpus(corpus::Args),
     /// Run an experiment file (TOML) and write runs/NAME/.
     Run(run::Args),
-    /// Engine benchmarks (throughput, one full step, scaling table).
-    BenchEngine(bench_engine::Args),
+    /// Residual load imbalance R − 1 across pools of P sequences, per grouping policy.
+    Pools(pools::Args),
+    /// Libra Eq. 4's LLN bound beside Monte Carlo; recommends a pool size.
+    Theory(theory::Args),
+    /// Named benchmark arms (`--list`); run with --release.
+    Bench(bench::Args),
 }
 
 /// How a command prints its result.
@@ -55,7 +64,9 @@ pub fn main() -> Result<()> {
     let out = Output { json: cli.json };
     match cli.command {
         Command::Run(args) => run::run(args, out),
-        Command::BenchEngine(args) => bench_engine::run(args, out),
         Command::Corpus(args) => corpus::run(args, out),
+        Command::Pools(args) => pools::run(args, out),
+        Command::Theory(args) => theory::run(args, out),
+        Command::Bench(args) => bench::run(args, out),
     }
 }

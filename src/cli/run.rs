@@ -18,7 +18,7 @@ pub struct Args {
 }
 
 /// The experiment kinds this build knows, as `kind = "..."` spells them.
-const KINDS: &[&str] = &["train"];
+const KINDS: &[&str] = &["pools", "train"];
 
 pub fn run(args: Args, out: Output) -> Result<()> {
     let text = std::fs::read_to_string(&args.file)
@@ -34,6 +34,9 @@ pub fn run(args: Args, out: Output) -> Result<()> {
         ),
     };
     let dir = out_dir(&args.file, args.out.as_deref());
+    if kind == "pools" {
+        return super::exp_pools::run(&args.file, &text, &dir, out);
+    }
     if kind == "train" {
         return super::exp_train::run(&args.file, &dir, out);
     }

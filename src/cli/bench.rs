@@ -1,0 +1,230 @@
+//! `skewsim bench [NAME...]`: named benchmark arms, timed in-process, printed as a table.
+//! Speed targets live here and in BENCHMARKS.md, never in timed unit tests.
+//!
+//! To add an arm, add one [`Arm`] to [`ARMS`]: a name, what it does, its target in seconds
+//! (if any) and a function that runs it once and returns a line of detail. Run it with
+//! `cargo run --release -- bench NAME`.
+
+use std::time::Instant;
+
+use anyhow::{bail, Result};
+use rand_distr::{Distribution, LogNormal};
+use serde::Serialize;
+
+use skewsim::balance::vrsp;
+use skewsim::report::table::Table;
+use skewsim::rng::stream;
+
+use super::Output;
+
+/// The timed part of an arm: runs once, returns a line of detail.
+pub type Timed = Box<dyn FnMut() -> Result<String>>;
+
+/// One benchmark arm.
+pub struct Arm {
+    pub name: &'static str,
+    pub what: &'static str,
+    /// The target wall time in seconds, if the issue sets one.
+    pub target_s: Option<f64>,
+    /// How many timed runs (the median is reported).
+    pub runs: usize,
+    /// Prepares its input untimed and returns the timed closure.
+    pub setup: fn() -> Result<Timed>,
+}
+
+/// The registry: every arm, by name.
+pub const ARMS: &[Arm] = &[
+    Arm {
+        name: "vrsp-1m",
+        what: "VRSP (Libra Alg. 1) over D = 1,000,000 sequences, P = 8",
+        target_s: Some(1.0),
+        runs: 5,
+        setup: vrsp_1m,
+    },
+    Arm {
+        name: "fig8",
+        what: "experiments/libra-fig8.toml in memory: 6 P × 5 policies × 3 corpora × 200 trials",
+        target_s: Some(30.0),
+        runs: 1,
+        setup: fig8,
+    },
+    Arm {
+        name: "distca-512",
+        what: "DistCA scheduler, 512 servers × 128K tokens (wlbllm), ε = 0.10",
+        target_s: Some(0.1),
+        runs: 20,
+        setup: super::bench_schemes::distca_512,
+    },
+    Arm {
+        name: "distca-512-256k",
+        what: "DistCA scheduler, 512 servers × 256K tokens (libra-256k), ε = 0.10",
+        target_s: None,
+        runs: 20,
+        setup: super::bench_schemes::distca_512_256k,
+    },
+    Arm {
+        name: "wlbllm-step",
+        what: "WLB-LLM variable-length packing, 512 micro-batches × 128K tokens (wlbllm)",
+        target_s: None,
+        runs: 20,
+        setup: super::bench_schemes::wlbllm_step,
+    },
+    Arm {
+        name: "engine-throughput",
+        what: "engine alone: 4,096 streams x 2,048 kernels, neighbour deps (8.4M events)",
+        target_s: None,
+        runs: 5,
+        setup: super::bench_engine::arm_engine_throughput,
+    },
+    Arm {
+        name: "step-4096",
+        what: "one full step, qwen3-30b-a3b on 4,096 GPUs (CP 16, DP 256, GA 8), every rank",
+        target_s: Some(10.0),
+        runs: 3,
+        setup: super::bench_engine::arm_step_4096,
+    },
+    Arm {
+        name: "step-16384",
+        what: "one full step, qwen3-30b-a3b on 16,384 GPUs (CP 16, DP 1,024, GA 8)",
+        target_s: Some(30.0),
+        runs: 1,
+        setup: super::bench_engine::arm_step_16384,
+    },
+    Arm {
+        name: "engine-scaling",
+        what: "wall time of one full step against GPUs (256 ... 16,384), fitted exponent",
+        target_s: None,
+        runs: 1,
+        setup: super::bench_engine::arm_engine_scaling,
+    },
+];
+
+fn vrsp_1m() -> Result<Timed> {
+    // Loads with a long tail like packed Σℓ² (lognormal, σ = 2), drawn untimed.
+    let mut rng = stream(0, "bench-vrsp-1m", 0);
+    let dist: LogNormal<f64> = LogNormal::new(20.0, 2.0)?;
+    let loads: Vec<u64> = (0..1_000_000)
+        .map(|_| dist.sample(&mut rng).min(1e15) as u64)
+        .collect();
+    Ok(Box::new(move || {
+        let pools = vrsp(&loads, 8)?;
+        let r = skewsim::balance::imbalance(&loads, &pools);
+        Ok(format!(
+            "K = {} pools, R − 1 = {:.2e}",
+            pools.len(),
+            r - 1.0
+        ))
+    }))
+}
+
+fn fig8() -> Result<Timed> {
+    let text = include_str!("../../experiments/libra-fig8.toml");
+    let spec = super::exp_pools::parse("experiments/libra-fig8.toml", text)?;
+    Ok(Box::new(move || {
+        let o = super::exp_pools::execute(&spec, false)?;
+        let rows: usize = o.studies.iter().map(|(_, s)| s.rows.len()).sum();
+        Ok(format!(
+            "{rows} (corpus, P, policy) cells, {} files",
+            o.files.len()
+        ))
+    }))
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Arms to run (default: all). `--list` shows them.
+    pub names: Vec<String>,
+    /// List the arms and exit.
+    #[arg(long)]
+    pub list: bool,
+}
+
+#[derive(Serialize)]
+struct Measured {
+    arm: &'static str,
+    what: &'static str,
+    runs: usize,
+    median_s: f64,
+    target_s: Option<f64>,
+    met: Option<bool>,
+    detail: String,
+}
+
+pub fn run(args: Args, out: Output) -> Result<()> {
+    if args.list {
+        let list: Vec<serde_json::Value> = ARMS
+            .iter()
+            .map(|a| serde_json::json!({"arm": a.name, "target_s": a.target_s, "what": a.what}))
+            .collect();
+        return out.emit(&list, || {
+            let mut t = Table::new(["arm", "target_s", "what"]);
+            for a in ARMS {
+                t.row([
+                    a.name.to_string(),
+                    a.target_s.map(|x| x.to_string()).unwrap_or_default(),
+                    a.what.to_string(),
+                ]);
+            }
+            t.to_text()
+        });
+    }
+    let names: Vec<String> = if args.names.is_empty() {
+        ARMS.iter().map(|a| a.name.to_string()).collect()
+    } else {
+        args.names.clone()
+    };
+    let mut results = Vec::new();
+    for n in &names {
+        let Some(arm) = ARMS.iter().find(|a| a.name == n) else {
+            bail!(
+                "unknown bench arm = {n:?} (one of: {})",
+                ARMS.iter().map(|a| a.name).collect::<Vec<_>>().join(", ")
+            );
+        };
+        eprintln!("skewsim: bench {} …", arm.name);
+        let mut f = (arm.setup)()?;
+        let mut times = Vec::new();
+        let mut detail = String::new();
+        for _ in 0..arm.runs.max(1) {
+            let t = Instant::now();
+            detail = f()?;
+            times.push(t.elapsed().as_secs_f64());
+        }
+        times.sort_by(f64::total_cmp);
+        let median = times[times.len() / 2];
+        results.push(Measured {
+            arm: arm.name,
+            what: arm.what,
+            runs: times.len(),
+            median_s: median,
+            target_s: arm.target_s,
+            met: arm.target_s.map(|t| median < t),
+            detail,
+        });
+    }
+    out.emit(&results, || {
+        let mut t = Table::new(["arm", "runs", "median_s", "target_s", "met", "detail"]);
+        for m in &results {
+            t.row([
+                m.arm.to_string(),
+                m.runs.to_string(),
+                format!("{:.3}", m.median_s),
+                m.target_s.map(|x| format!("< {x}")).unwrap_or_default(),
+                m.met
+                    .map(|b| if b { "yes" } else { "NO" }.to_string())
+                    .unwrap_or_default(),
+                m.detail.clone(),
+            ]);
+        }
+        let profile = if cfg!(debug_assertions) {
+            "dev profile (use --release for the recorded figures)"
+        } else {
+            "release"
+        };
+        format!(
+            "{}\n{profile}, {} rayon threads\n",
+            t.to_text(),
+            rayon::current_num_threads()
+        )
+    })
+}

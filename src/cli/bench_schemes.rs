@@ -1,0 +1,78 @@
+//! Benchmark arms of the WLB-LLM and DistCA planners (issue 6) for `skewsim bench`: each
+//! setup builds its input untimed and returns the closure that `bench` times.
+
+use anyhow::Result;
+
+use skewsim::balance::distca::{self, DistcaConfig, DEFAULT_EPSILON};
+use skewsim::balance::wlbllm::{ConstantThroughput, WlbConfig, WlbPacker};
+use skewsim::workload::corpus::Corpus;
+use skewsim::workload::pack::{global_batch, Packing};
+use skewsim::workload::PackedSeq;
+
+use super::bench::Timed;
+
+fn batch(corpus: &str, sequences: usize, seq_len: u32) -> Result<Vec<PackedSeq>> {
+    let c = Corpus::from_spec(corpus)?;
+    Ok(global_batch(
+        &c,
+        seq_len,
+        sequences,
+        Packing::Sequential,
+        0,
+        0,
+    )?)
+}
+
+/// The DistCA scheduler over one global batch: `servers` in-place attention servers, one
+/// packed sequence of `seq_len` tokens each (`corpus`, sequential packing, seed 0),
+/// Llama-3-8B's attention shape, ε = 0.10, 128-token shards.
+fn distca(corpus: &'static str, servers: usize, seq_len: u32) -> Result<Timed> {
+    let b = batch(corpus, servers, seq_len)?;
+    let cfg = DistcaConfig::new(
+        ConstantThroughput::h200_llama3_8b().shape,
+        DEFAULT_EPSILON,
+        128,
+    )?;
+    let loads: Vec<u64> = b.iter().map(PackedSeq::causal_pairs).collect();
+    let mean = loads.iter().sum::<u64>() as f64 / loads.len().max(1) as f64;
+    let before = loads
+        .iter()
+        .map(|&l| (l as f64 - mean).abs() / mean.max(1.0))
+        .fold(0.0, f64::max);
+    Ok(Box::new(move || {
+        let s = distca::schedule(&b, &cfg)?;
+        Ok(format!(
+            "{:?}: max deviation {:.1}% → {:.1}%, {} transfers, {:.2} GB per layer",
+            s.stop,
+            100.0 * before,
+            100.0 * s.max_deviation(),
+            s.transfers.len(),
+            s.bytes() as f64 / 1e9
+        ))
+    }))
+}
+
+pub fn distca_512() -> Result<Timed> {
+    distca("wlbllm", 512, 131_072)
+}
+
+pub fn distca_512_256k() -> Result<Timed> {
+    distca("libra-256k", 512, 262_144)
+}
+
+/// One WLB-LLM step: variable-length packing of a global batch of 512 sequences of 128K
+/// tokens into 512 micro-batches under S_max = 2·L.
+pub fn wlbllm_step() -> Result<Timed> {
+    let (micro_batches, seq_len) = (512, 131_072);
+    let b = batch("wlbllm", micro_batches, seq_len)?;
+    let cfg = WlbConfig::new(micro_batches, 2 * seq_len, None)?;
+    Ok(Box::new(move || {
+        let mut p = WlbPacker::new(cfg.clone(), ConstantThroughput::h200_llama3_8b());
+        let out = p.step(&b)?;
+        Ok(format!(
+            "estimated straggler {:.2} ms, {} carried",
+            out.max_latency_s() * 1e3,
+            out.carried.len()
+        ))
+    }))
+}

@@ -1,0 +1,445 @@
+//! Experiment kind `pools`: the pool-size study of `skewsim pools` swept over corpora and
+//! global batch sizes, with the paper's figures set beside ours. Writes `results.csv`,
+//! `summary.md` and one SVG per chart into the run directory.
+//!
+//! ```toml
+//! kind = "pools"
+//! title = "..."
+//! seed = 1
+//! trials = 200
+//! packing = "sequential"            # optional
+//! gbs = [128]
+//! pool_sizes = [2, 4, 8, 16, 32, 64]
+//! policies = ["random", "vrsp"]
+//! discussion = """Markdown put under the tables."""   # optional
+//! [[corpus]]
+//! name = "libra-256k"               # anything `--corpus` accepts
+//! seq_len = 262144                  # optional: the corpus's own, else 131072
+//! [[paper]]                         # optional: the paper's number for one cell
+//! corpus = "libra-256k"
+//! gbs = 128
+//! pool_size = 8
+//! policy = "random"
+//! r_minus_1 = 1.077
+//! source = "Fig. 8"
+//! ```
+//!
+//! A corpus's rows depend only on (corpus, seq_len, gbs, pool sizes, policies, trials,
+//! seed), never on which other corpora the file lists, so a file reduced to one corpus
+//! reproduces that corpus's rows exactly (the reproduction test relies on this).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+
+use skewsim::balance::Policy;
+use skewsim::report::svg::{palette, Chart, Mark, Scale, Series};
+use skewsim::report::table::{sig, Table};
+
+use super::corpus::load_corpus;
+use super::pools::{
+    chart, check_pool_sizes, parse_policies, study, trial_loads, write, Source, Study,
+    DEFAULT_SEQ_LEN,
+};
+use super::Output;
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct Spec {
+    pub kind: String,
+    pub title: String,
+    pub seed: u64,
+    pub trials: u64,
+    #[serde(default = "sequential")]
+    pub packing: String,
+    pub gbs: Vec<usize>,
+    pub pool_sizes: Vec<usize>,
+    pub policies: Vec<String>,
+    #[serde(default)]
+    pub discussion: String,
+    pub corpus: Vec<CorpusSpec>,
+    #[serde(default)]
+    pub paper: Vec<PaperPoint>,
+    /// The experiment's name (the file's stem), set by [`parse`].
+    #[serde(skip)]
+    pub stem: String,
+}
+
+fn sequential() -> String {
+    "sequential".into()
+}
+
+#[derive(Deserialize, Debug, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct CorpusSpec {
+    pub name: String,
+    pub seq_len: Option<u32>,
+}
+
+#[derive(Deserialize, Debug, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct PaperPoint {
+    pub corpus: String,
+    pub gbs: usize,
+    pub pool_size: usize,
+    pub policy: String,
+    pub r_minus_1: f64,
+    pub source: String,
+}
+
+/// Parses an experiment file of kind `pools`.
+pub fn parse(name: &str, text: &str) -> Result<Spec> {
+    let mut spec: Spec =
+        toml::from_str(text).with_context(|| format!("{name}: not a valid `pools` experiment"))?;
+    spec.stem = Path::new(name)
+        .file_stem()
+        .map_or_else(|| "experiment".into(), |s| s.to_string_lossy().into_owned());
+    if spec.kind != "pools" {
+        bail!(
+            "{name}: kind = {:?}, but this runner reads kind = \"pools\"",
+            spec.kind
+        );
+    }
+    if spec.corpus.is_empty() {
+        bail!("{name}: no [[corpus]] entries (at least one)");
+    }
+    if spec.gbs.is_empty() {
+        bail!("{name}: gbs = []: at least one global batch size");
+    }
+    for &g in &spec.gbs {
+        check_pool_sizes(&spec.pool_sizes, g).with_context(|| format!("{name}: gbs = {g}"))?;
+    }
+    parse_policies(&spec.policies).with_context(|| name.to_string())?;
+    Ok(spec)
+}
+
+/// Everything one run produces, in memory: file name → contents.
+pub struct Outputs {
+    pub files: BTreeMap<String, String>,
+    pub studies: Vec<(String, Study)>,
+}
+
+/// Runs the experiment (no file I/O except reading trace corpora).
+pub fn execute(spec: &Spec, verbose: bool) -> Result<Outputs> {
+    let t0 = Instant::now();
+    let policies = parse_policies(&spec.policies)?;
+    let packing = spec.packing.parse()?;
+    let mut studies: Vec<(String, Study)> = Vec::new();
+    for c in &spec.corpus {
+        let corpus = load_corpus(&c.name)?;
+        let seq_len = c
+            .seq_len
+            .or(corpus.default_seq_len())
+            .unwrap_or(DEFAULT_SEQ_LEN);
+        let src = Source::Corpus {
+            corpus,
+            seq_len,
+            packing,
+        };
+        for &gbs in &spec.gbs {
+            let loads = trial_loads(&src, gbs, spec.trials, spec.seed)?;
+            let st = study(&src, &loads, gbs, &spec.pool_sizes, &policies, spec.seed)?;
+            if verbose {
+                eprintln!(
+                    "skewsim: {} at D = {gbs} done ({:.1} s)",
+                    c.name,
+                    t0.elapsed().as_secs_f64()
+                );
+            }
+            studies.push((c.name.clone(), st));
+        }
+    }
+    let mut files = BTreeMap::new();
+    files.insert("results.csv".to_string(), csv(&studies).to_csv());
+    let charts = charts(spec, &studies, &policies);
+    files.insert("summary.md".to_string(), summary(spec, &studies, &charts));
+    files.extend(charts);
+    Ok(Outputs { files, studies })
+}
+
+fn csv(studies: &[(String, Study)]) -> Table {
+    let mut t = Table::new([
+        "corpus",
+        "seq_len",
+        "gbs",
+        "pool_size",
+        "pools",
+        "policy",
+        "trials",
+        "mean_r_minus_1",
+        "std",
+        "p05",
+        "p50",
+        "p95",
+        "max",
+        "lln_bound",
+        "gaussian_exact",
+        "outlier_floor",
+        "cardinality_floor",
+        "load_cv",
+    ]);
+    for (name, st) in studies {
+        for r in &st.rows {
+            let s = &r.r_minus_1;
+            t.row([
+                name.clone(),
+                st.seq_len.to_string(),
+                st.gbs.to_string(),
+                r.pool_size.to_string(),
+                r.pools.to_string(),
+                r.policy.to_string(),
+                st.trials.to_string(),
+                sig(s.mean, 6),
+                sig(s.std, 6),
+                sig(s.p05, 6),
+                sig(s.p50, 6),
+                sig(s.p95, 6),
+                sig(s.max, 6),
+                sig(r.lln_bound, 6),
+                sig(r.gaussian_exact, 6),
+                sig(r.outlier_floor, 6),
+                sig(r.cardinality_floor, 6),
+                sig(st.load.cv, 6),
+            ]);
+        }
+    }
+    t
+}
+
+fn slug(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// R − 1 vs P per (corpus, gbs) when several P are swept; else R − 1 vs D per corpus.
+/// The paper's values for `policy` as rings in the colour of our series for it (series `i`).
+fn paper_series(policy: &Policy, i: usize, pts: Vec<(f64, f64)>) -> Series {
+    Series::new(format!("paper: {policy}"), pts, Mark::Ring).color(palette(i))
+}
+
+fn charts(
+    spec: &Spec,
+    studies: &[(String, Study)],
+    policies: &[Policy],
+) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    if spec.pool_sizes.len() > 1 {
+        for (name, st) in studies {
+            let title = format!(
+                "{name}: R − 1 vs P (L = {}, D = {}, {} trials)",
+                st.seq_len, st.gbs, st.trials
+            );
+            let mut ch = chart(&title, &st.rows, st.gbs, st.load.cv);
+            for (i, pol) in policies.iter().enumerate() {
+                let pts: Vec<(f64, f64)> = spec
+                    .paper
+                    .iter()
+                    .filter(|p| &p.corpus == name && p.gbs == st.gbs && p.policy == pol.name())
+                    .map(|p| (p.pool_size as f64, p.r_minus_1))
+                    .collect();
+                if !pts.is_empty() {
+                    ch = ch.series(paper_series(pol, i, pts));
+                }
+            }
+            out.insert(format!("{}-gbs{}.svg", slug(name), st.gbs), ch.render());
+        }
+    } else {
+        for c in &spec.corpus {
+            let mine: Vec<&Study> = studies
+                .iter()
+                .filter(|(n, _)| n == &c.name)
+                .map(|(_, s)| s)
+                .collect();
+            let p = spec.pool_sizes[0];
+            let mut ch = Chart::new(format!("{}: R − 1 vs global batch D at P = {p}", c.name))
+                .x("global batch size D", Scale::Log)
+                .x_ticks(spec.gbs.iter().map(|&g| g as f64).collect())
+                .y("R − 1 (mean over trials)", Scale::Log);
+            for &pol in policies {
+                let pts = mine
+                    .iter()
+                    .flat_map(|s| {
+                        s.rows
+                            .iter()
+                            .filter(|r| r.policy == pol)
+                            .map(|r| (s.gbs as f64, r.r_minus_1.mean))
+                    })
+                    .collect();
+                ch = ch.series(Series::line(pol.name(), pts));
+            }
+            let bound = mine
+                .iter()
+                .filter_map(|s| s.rows.first().map(|r| (s.gbs as f64, r.lln_bound)))
+                .collect();
+            ch = ch.series(
+                Series::line("LLN bound (Eq. 4)", bound)
+                    .dashed()
+                    .color("#555555"),
+            );
+            for (i, pol) in policies.iter().enumerate() {
+                let pts: Vec<(f64, f64)> = spec
+                    .paper
+                    .iter()
+                    .filter(|q| q.corpus == c.name && q.pool_size == p && q.policy == pol.name())
+                    .map(|q| (q.gbs as f64, q.r_minus_1))
+                    .collect();
+                if !pts.is_empty() {
+                    ch = ch.series(paper_series(pol, i, pts));
+                }
+            }
+            out.insert(format!("{}.svg", slug(&c.name)), ch.render());
+        }
+    }
+    out
+}
+
+fn summary(spec: &Spec, studies: &[(String, Study)], charts: &BTreeMap<String, String>) -> String {
+    let mut s = format!("# {}\n\n", spec.title);
+    let _ = writeln!(
+        s,
+        "Residual attention-load imbalance R − 1 = max_k L_k/(P·μ) − 1 across K = D/P pools of P \
+         packed sequences (load Σℓ², Libra Eq. 1), mean over {} trials (one fresh global batch \
+         each), seed {}, {} packing. *LLN bound* is Libra Eq. 4 and *Gaussian exact* the same \
+         CLT model with the exact mean maximum of K Gaussians (both as R − 1). \
+         *Outlier floor* is the mean of \
+         F_max/(ΣF/K) − 1, below which no grouping can go (one sequence heavier than a fair \
+         pool share), and *P-floor* the mean of (F_max + the P − 1 lightest)/(ΣF/K) − 1, \
+         below which no grouping with exactly P per pool can go. Reproduce with \
+         `skewsim run experiments/{}.toml`; `results.csv` has every number at 6 significant \
+         digits, with p50, max and std besides.\n",
+        spec.trials, spec.seed, spec.packing, spec.stem
+    );
+    let mut seen = Vec::new();
+    for (name, st) in studies {
+        if !seen.contains(name) {
+            seen.push(name.clone());
+            let _ = writeln!(
+                s,
+                "## {name}\n\nL = {} tokens; per-sequence load CV {:.3}, skewness {:.2}, max/mean {:.1} (over every sampled sequence at D = {}).\n",
+                st.seq_len, st.load.cv, st.load.skewness, st.load.max_over_mean, st.gbs
+            );
+        }
+        let mut t = Table::new([
+            "D",
+            "P",
+            "K",
+            "policy",
+            "mean R−1",
+            "p05",
+            "p95",
+            "LLN bound",
+            "Gaussian exact",
+            "outlier floor",
+            "P-floor",
+        ]);
+        for r in &st.rows {
+            t.row([
+                st.gbs.to_string(),
+                r.pool_size.to_string(),
+                r.pools.to_string(),
+                r.policy.to_string(),
+                sig(r.r_minus_1.mean, 4),
+                sig(r.r_minus_1.p05, 4),
+                sig(r.r_minus_1.p95, 4),
+                sig(r.lln_bound, 4),
+                sig(r.gaussian_exact, 4),
+                sig(r.outlier_floor, 4),
+                sig(r.cardinality_floor, 4),
+            ]);
+        }
+        s += &t.to_markdown();
+        s.push('\n');
+    }
+    if !spec.paper.is_empty() {
+        s += "## The paper's figures beside ours\n\n";
+        let mut t = Table::new([
+            "corpus",
+            "D",
+            "P",
+            "policy",
+            "paper R−1",
+            "ours (mean)",
+            "ours p05–p95",
+            "ours/paper",
+            "paper source",
+        ]);
+        for p in &spec.paper {
+            let row = studies
+                .iter()
+                .find(|(n, st)| n == &p.corpus && st.gbs == p.gbs)
+                .and_then(|(_, st)| {
+                    st.rows
+                        .iter()
+                        .find(|r| r.pool_size == p.pool_size && r.policy.name() == p.policy)
+                });
+            let (ours, band, ratio) = match row {
+                Some(r) => (
+                    sig(r.r_minus_1.mean, 4),
+                    format!("{}–{}", sig(r.r_minus_1.p05, 3), sig(r.r_minus_1.p95, 3)),
+                    sig(r.r_minus_1.mean / p.r_minus_1, 3),
+                ),
+                None => ("not run".into(), String::new(), String::new()),
+            };
+            t.row([
+                p.corpus.clone(),
+                p.gbs.to_string(),
+                p.pool_size.to_string(),
+                p.policy.clone(),
+                sig(p.r_minus_1, 4),
+                ours,
+                band,
+                ratio,
+                p.source.clone(),
+            ]);
+        }
+        s += &t.to_markdown();
+        s.push('\n');
+    }
+    if !spec.discussion.trim().is_empty() {
+        s += "## Where ours differ from the paper, and why\n\n";
+        s += spec.discussion.trim();
+        s += "\n\n";
+    }
+    if !charts.is_empty() {
+        s += "## Plots\n\n";
+        for name in charts.keys() {
+            let _ = writeln!(s, "![{name}]({name})\n");
+        }
+    }
+    s
+}
+
+/// `skewsim run FILE` for kind = "pools".
+pub fn run(file: &Path, text: &str, dir: &Path, out: Output) -> Result<()> {
+    let name = file.display().to_string();
+    let spec = parse(&name, text)?;
+    let t0 = Instant::now();
+    let o = execute(&spec, true)?;
+    for (f, body) in &o.files {
+        write(&dir.join(f), body)?;
+    }
+    eprintln!(
+        "skewsim: {} written to {} ({:.1} s)",
+        o.files.keys().cloned().collect::<Vec<_>>().join(", "),
+        dir.display(),
+        t0.elapsed().as_secs_f64()
+    );
+    let summary = o.files.get("summary.md").cloned().unwrap_or_default();
+    let json: Vec<serde_json::Value> = o
+        .studies
+        .iter()
+        .map(|(n, st)| serde_json::json!({"corpus": n, "study": st}))
+        .collect();
+    out.emit(&json, || summary)
+}
