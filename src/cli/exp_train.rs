@@ -385,8 +385,8 @@ pub fn run(path: &Path, dir: &Path, out: Output) -> Result<()> {
         }
         t
     } else {
-        let mut csv = String::from("corpus,seq_len,gbs,dp,ga,gpus,mean_iteration_ms,tokens_per_s,mfu,wait_fraction,speedup_vs_min_dp,scaling_efficiency,infeasible_ranks\n");
-        let mut t = String::from("| corpus | L | GBS | DP | GA | GPUs | iteration (s) | tokens/s | MFU | sync wait | speedup | scaling eff. |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+        let mut csv = String::from("corpus,seq_len,gbs,dp,ga,gpus,mean_iteration_ms,tokens_per_s,mfu,wait_fraction,exposed_comm_fraction,speedup_vs_min_dp,scaling_efficiency,infeasible_ranks\n");
+        let mut t = String::from("| corpus | L | GBS | DP | GA | GPUs | iteration (s) | tokens/s | MFU | sync wait | exposed comm | speedup | scaling eff. |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
         for r in &results {
             let gbs = r.dp * r.ga;
             let base = results
@@ -402,14 +402,15 @@ pub fn run(path: &Path, dir: &Path, out: Output) -> Result<()> {
             let gpus = r.dp * f.parallel.pp * f.parallel.cp;
             let mfu = mean(r.steps.iter().map(|s| s.mfu));
             let wait = mean(r.steps.iter().map(|s| s.wait_fraction));
+            let comm = mean(r.steps.iter().map(|s| s.exposed_comm_fraction));
             let inf = r
                 .steps
                 .iter()
                 .map(|s| s.infeasible_ranks)
                 .max()
                 .unwrap_or(0);
-            writeln!(csv, "{},{},{gbs},{},{},{gpus},{it:.3},{tps:.1},{mfu:.6},{wait:.6},{speedup:.4},{eff:.4},{inf}", r.corpus, r.seq_len, r.dp, r.ga)?;
-            writeln!(t, "| {} | {} | {gbs} | {} | {} | {gpus} | {:.3} | {tps:.0} | {mfu:.3} | {wait:.3} | {speedup:.2}x | {:.1}% |", r.corpus, r.seq_len, r.dp, r.ga, it / 1e3, 100.0 * eff)?;
+            writeln!(csv, "{},{},{gbs},{},{},{gpus},{it:.3},{tps:.1},{mfu:.6},{wait:.6},{comm:.6},{speedup:.4},{eff:.4},{inf}", r.corpus, r.seq_len, r.dp, r.ga)?;
+            writeln!(t, "| {} | {} | {gbs} | {} | {} | {gpus} | {:.3} | {tps:.0} | {mfu:.3} | {wait:.3} | {comm:.3} | {speedup:.2}x | {:.1}% |", r.corpus, r.seq_len, r.dp, r.ga, it / 1e3, 100.0 * eff)?;
         }
         std::fs::write(dir.join("points.csv"), csv)?;
         t
