@@ -228,7 +228,8 @@ fn mean(v: impl Iterator<Item = f64>) -> f64 {
     }
 }
 
-pub fn run(path: &Path, dir: &Path, out: Output) -> Result<()> {
+/// Run a `train` experiment; `calibration` (the `--calibration` flag) overrides the file's.
+pub fn run(path: &Path, dir: &Path, calibration: Option<&Path>, out: Output) -> Result<()> {
     let file = path.display().to_string();
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {file}"))?;
     let f: TrainFile =
@@ -241,10 +242,14 @@ pub fn run(path: &Path, dir: &Path, out: Output) -> Result<()> {
     } else {
         ModelConfig::builtin(&f.model).with_context(|| format!("{file}: model"))?
     };
-    let cost = match &f.calibration {
+    let cal_path = match (calibration, &f.calibration) {
+        (Some(flag), _) => Some(flag.to_path_buf()),
+        (None, Some(c)) => Some(path.parent().unwrap_or(Path::new(".")).join(c)),
+        (None, None) => None,
+    };
+    let cost = match cal_path {
         None => CostModel::h200(model)?,
-        Some(c) => {
-            let p = path.parent().unwrap_or(Path::new(".")).join(c);
+        Some(p) => {
             let t = std::fs::read_to_string(&p)
                 .with_context(|| format!("{file}: reading calibration {}", p.display()))?;
             let ctx = p.display().to_string();

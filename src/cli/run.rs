@@ -15,6 +15,10 @@ pub struct Args {
     /// Where to write results (default: runs/NAME, NAME the file's stem).
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// A calibration file (JSON, from `skewsim calibrate`) replacing the built-in H200
+    /// cost figures, for kinds that price work.
+    #[arg(long)]
+    pub calibration: Option<PathBuf>,
 }
 
 /// The experiment kinds this build knows, as `kind = "..."` spells them.
@@ -38,7 +42,7 @@ pub fn run(args: Args, out: Output) -> Result<()> {
         return super::exp_pools::run(&args.file, &text, &dir, out);
     }
     if kind == "train" {
-        return super::exp_train::run(&args.file, &dir, out);
+        return super::exp_train::run(&args.file, &dir, args.calibration.as_deref(), out);
     }
     bail!(
         "{}: unknown experiment kind = {kind:?} (one of: {})",

@@ -186,3 +186,119 @@ fn ring_pipeline_by_hand_and_deterministic() {
     }
     assert_eq!(t1.makespan, now);
 }
+
+mod prop {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A random op: 0 = compute, 1 = send, 2 = collective over a GPU subset (bitmask);
+    /// a duration or byte count; a GPU; an optional dependency (back-reference).
+    type Spec = (u8, u64, u32, u32, u16);
+
+    fn build(gpus: u32, specs: &[Spec]) -> (Graph, Vec<Vec<OpId>>) {
+        let mut b = GraphBuilder::default();
+        let comp: Vec<_> = (0..gpus)
+            .map(|g| b.add_stream(g, StreamKind::Compute))
+            .collect();
+        let comm: Vec<_> = (0..gpus)
+            .map(|g| b.add_stream(g, StreamKind::CpComm))
+            .collect();
+        let mut deps: Vec<Vec<OpId>> = Vec::new();
+        for &(kind, amount, gpu, mask, back) in specs {
+            let g = gpu % gpus;
+            let n = b.len() as u32;
+            let dep: Vec<OpId> = if n > 0 && back % 3 != 0 {
+                vec![n - 1 - u32::from(back) % n]
+            } else {
+                vec![]
+            };
+            match kind % 3 {
+                0 => {
+                    b.add_op(
+                        comp[g as usize],
+                        OpKind::Compute(amount % 5_000),
+                        lab(OpClass::LinearFwd),
+                        &dep,
+                    );
+                    deps.push(dep);
+                }
+                1 => {
+                    let x = b.add_xfer(Xfer {
+                        src: g,
+                        dst: (g + 1) % gpus,
+                        bytes: amount % 10_000_000,
+                    });
+                    b.add_op(
+                        comm[g as usize],
+                        OpKind::Send(x),
+                        lab(OpClass::PpSendFwd),
+                        &dep,
+                    );
+                    deps.push(dep);
+                }
+                _ => {
+                    let members: Vec<u32> = (0..gpus)
+                        .filter(|m| mask & (1 << m) != 0 || *m == g)
+                        .collect();
+                    let xf: Vec<Xfer> = members
+                        .iter()
+                        .map(|&m| Xfer {
+                            src: m,
+                            dst: members[(members.iter().position(|&x| x == m).unwrap() + 1)
+                                % members.len()],
+                            bytes: amount % 10_000_000,
+                        })
+                        .collect();
+                    let c = b.add_collective(&xf);
+                    // Parts are added consecutively, so the graph cannot deadlock.
+                    for &m in &members {
+                        let d = if m == g { dep.clone() } else { vec![] };
+                        b.add_op(comm[m as usize], OpKind::Coll(c), lab(OpClass::A2aIn), &d);
+                        deps.push(d);
+                    }
+                }
+            }
+        }
+        (b.build().unwrap(), deps)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        #[test]
+        fn timelines_respect_streams_deps_and_durations(
+            gpus in 1u32..6,
+            specs in proptest::collection::vec((0u8..3, 0u64..u64::MAX, 0u32..8, 0u32..64, 0u16..40), 1..60),
+        ) {
+            let (g, deps) = build(gpus, &specs);
+            let stub = net();
+            let t = run(&g, &mut net()).unwrap();
+            prop_assert_eq!(t.clone(), run(&g, &mut net()).unwrap());
+            for (i, op) in g.ops.iter().enumerate() {
+                for &d in &deps[i] {
+                    prop_assert!(t.start[i] >= t.end[d as usize], "op {} starts before dep {}", i, d);
+                }
+                match op.kind {
+                    OpKind::Compute(d) => prop_assert_eq!(t.end[i] - t.start[i], d),
+                    OpKind::Send(x) => {
+                        let x = g.xfers[x as usize];
+                        prop_assert_eq!(t.end[i] - t.start[i], stub.duration(x.src, x.dst, x.bytes));
+                    }
+                    OpKind::Coll(c) => {
+                        let cs = t.coll_start[c as usize];
+                        prop_assert!(cs >= t.start[i]);
+                        let longest = g.coll_xfers(c).iter().map(|x| stub.duration(x.src, x.dst, x.bytes)).max().unwrap_or(0);
+                        prop_assert_eq!(t.end[i], cs + longest);
+                    }
+                }
+            }
+            for s in 0..g.streams.len() as StreamId {
+                let ops = g.stream_ops(s);
+                for w in ops.windows(2) {
+                    prop_assert!(w[0] < w[1]);
+                    prop_assert!(t.start[w[1] as usize] >= t.end[w[0] as usize]);
+                }
+            }
+            prop_assert_eq!(t.makespan, t.end.iter().copied().max().unwrap_or(0));
+        }
+    }
+}

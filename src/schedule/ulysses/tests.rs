@@ -301,3 +301,75 @@ fn wrong_batch_shapes_are_rejected() {
     .unwrap();
     assert!(build_step(&c, map, &[vec![seq(&[10], 12)]], 0, &NoVariance).is_err());
 }
+
+/// The variance seam: a persistent slow GPU and a per-(layer, op) kernel factor reach the
+/// op durations, and the slow GPU's CP peers wait for it at every all-to-all.
+#[test]
+fn runtime_variance_reaches_every_kernel() {
+    struct Var;
+    impl crate::schedule::RuntimeVariance for Var {
+        fn kernel_factor(&self, _gpu: u32, step: u64, layer: u32, op: OpClass) -> f64 {
+            if step == 7 && layer == 0 && op == OpClass::AttnFwd {
+                2.0
+            } else {
+                1.0
+            }
+        }
+        fn persistent_factor(&self, gpu: u32) -> f64 {
+            if gpu == 5 {
+                1.25
+            } else {
+                1.0
+            }
+        }
+    }
+    let c = qwen();
+    let s = seq(&[8192, 8192], 16_384);
+    let batch = vec![vec![s.clone()], vec![s.clone()]];
+    let map = RankMap::new(
+        par(2, 1, 4, 1),
+        Placement {
+            gpus_per_node: 8,
+            nodes: 1,
+        },
+        "t",
+    )
+    .unwrap();
+    let sg = build_step(&c, map, &batch, 7, &Var).unwrap();
+    let t = run(&sg.graph, &mut StubNet::dgx_h200()).unwrap();
+    let attn = c.attn_fwd_ps([8192, 8192], 8);
+    let dur = |gpu: u32, class: OpClass, layer: u16| -> Ps {
+        sg.graph
+            .stream_ops(4 * gpu)
+            .iter()
+            .map(|&o| o as usize)
+            .find(|&o| sg.graph.ops[o].label.class == class && sg.graph.ops[o].label.layer == layer)
+            .map(|o| t.end[o] - t.start[o])
+            .unwrap()
+    };
+    assert_eq!(dur(0, OpClass::AttnFwd, 0), 2 * attn);
+    assert_eq!(dur(0, OpClass::AttnFwd, 1), attn);
+    assert_eq!(
+        dur(5, OpClass::AttnFwd, 1),
+        (attn as f64 * 1.25).round() as Ps
+    );
+    // GPU 4 (same CP group as 5) waits at the all-to-all after attention; GPU 0 does not.
+    let waited = |gpu: u32| -> Ps {
+        sg.graph
+            .stream_ops(4 * gpu + 1)
+            .iter()
+            .map(|&o| {
+                let OpKind::Coll(cid) = sg.graph.ops[o as usize].kind else {
+                    return 0;
+                };
+                t.coll_start[cid as usize] - t.start[o as usize]
+            })
+            .sum()
+    };
+    assert!(
+        waited(4) > 0 && waited(0) == 0,
+        "{} {}",
+        waited(4),
+        waited(0)
+    );
+}
