@@ -371,6 +371,34 @@ pub fn run(path: &Path, dir: &Path, calibration: Option<&Path>, out: Output) -> 
             std::fs::write(dir.join("gpus.csv"), g)?;
         }
         summary += &format!("```\n{}```\n\n", r.placement);
+        if let Some(step) = r.steps.iter().find(|s| s.step == f.output.trace_step) {
+            if let Some(g) = step
+                .gpus
+                .iter()
+                .max_by_key(|g| (g.memory.total(), std::cmp::Reverse(g.gpu)))
+            {
+                let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+                let m = g.memory;
+                summary += &format!(
+                    "Peak memory (step {}): GPU {} needs {:.1} GiB of {:.1} GiB — weights {:.1}, grads {:.1}, optimizer {:.1}, activations {:.1}, attention buffers {:.1}, comm buffers {:.1}.{}\n\n",
+                    step.step,
+                    g.gpu,
+                    gib(m.total()),
+                    gib(cost.hw.memory_bytes),
+                    gib(m.weights),
+                    gib(m.grads),
+                    gib(m.optimizer),
+                    gib(m.activations),
+                    gib(m.attn_buffers),
+                    gib(m.comm_buffers),
+                    if step.infeasible_ranks > 0 {
+                        format!(" **INFEASIBLE: {} rank(s) exceed the GPU's memory.**", step.infeasible_ranks)
+                    } else {
+                        String::new()
+                    }
+                );
+            }
+        }
         let mut t = String::from("| step | iteration (ms) | tokens/s | MFU | sync wait | exposed comm | bubble | straggler GPU (excess) | infeasible ranks |\n|---|---|---|---|---|---|---|---|---|\n");
         for s in &r.steps {
             writeln!(

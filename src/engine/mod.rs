@@ -316,6 +316,13 @@ impl GraphBuilder {
     pub fn build(mut self) -> Result<Graph> {
         let g = &mut self.g;
         let n = g.ops.len();
+        if n >= OpId::MAX as usize || g.colls.len() >= COLL_BIT as usize {
+            return Err(invalid(
+                "op graph size",
+                format!("{n} ops, {} collectives", g.colls.len()),
+                "fewer than 2^32 - 1 ops and 2^31 collectives",
+            ));
+        }
         let ns = g.streams.len();
         let nc = g.colls.len();
         for (i, op) in g.ops.iter().enumerate() {

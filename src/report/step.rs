@@ -498,4 +498,59 @@ mod tests {
         // And the two steps differ (different batches), so the test can fail.
         assert_ne!(a[0].replace("\n0,", "\n1,"), a[2]);
     }
+
+    /// A pipeline of 4 stages and 8 micro-batches on a network with no cost: the bubble is
+    /// close to the textbook (p − 1)/(m + p − 1) for both schedules, which take the same
+    /// time, and 1F1B keeps fewer micro-batches of activations alive than GPipe.
+    #[test]
+    fn pipeline_bubble_matches_the_textbook_fraction() {
+        let cost = CostModel::h200(ModelConfig::builtin("llama-34b").unwrap()).unwrap();
+        let s = seq(&[4096, 4096], 8192);
+        let run_kind = |pipeline| {
+            let par = Parallelism {
+                dp: 1,
+                pp: 4,
+                cp: 1,
+                ga: 8,
+                pipeline,
+                recompute: false,
+                zero_stage: 0,
+                dp_buckets: 1,
+            };
+            let map = RankMap::new(
+                par,
+                Placement {
+                    gpus_per_node: 1,
+                    nodes: 4,
+                },
+                "t",
+            )
+            .unwrap();
+            let sg = build_step(&cost, map, &[vec![s.clone(); 8]], 0, &NoVariance).unwrap();
+            let t = run(&sg.graph, &mut StubNet::new(1, 0, 1e30, 1e30)).unwrap();
+            (step_report(&sg, &t, &cost, 0), sg.memory[0].activations)
+        };
+        let (g, g_act) = run_kind(PipelineKind::Gpipe);
+        let (f, f_act) = run_kind(PipelineKind::OneFOneB);
+        let textbook = 3.0 / 11.0;
+        // The last stage also runs the LM head, so stages are not exactly equal.
+        assert!(
+            (g.bubble_fraction - textbook).abs() < 0.03,
+            "{}",
+            g.bubble_fraction
+        );
+        assert!(
+            (f.bubble_fraction - textbook).abs() < 0.03,
+            "{}",
+            f.bubble_fraction
+        );
+        let rel = (g.iteration as f64 - f.iteration as f64).abs() / g.iteration as f64;
+        assert!(rel < 0.01, "{} vs {}", g.iteration, f.iteration);
+        assert_eq!(
+            g_act,
+            2 * f_act,
+            "GPipe holds 8 micro-batches on stage 0, 1F1B holds 4"
+        );
+        assert_eq!(g.wait_fraction, 0.0);
+    }
 }
