@@ -101,17 +101,36 @@ pub fn activation_bytes_per_token_layer(m: &ModelConfig) -> u64 {
     attn + ffn
 }
 
+/// Gradient bytes per parameter (fp32 main gradients), held and reduced across DP.
+pub const GRAD_BYTES_PER_PARAM: u64 = 4;
+
+/// Parameters held by a pipeline stage of `layers` decoder layers: the input embedding on
+/// the first stage, the LM head and final norm on the last (a tied head shares the
+/// embedding only when both are on the same stage).
+pub fn stage_params(m: &ModelConfig, layers: u32, first_stage: bool, last_stage: bool) -> u64 {
+    let emb = u64::from(m.vocab) * u64::from(m.hidden);
+    let mut params = u64::from(layers) * m.layer_params();
+    if first_stage {
+        params += emb;
+    }
+    if last_stage {
+        params += u64::from(m.hidden);
+        if !m.tie_embeddings || !first_stage {
+            params += emb;
+        }
+    }
+    params
+}
+
+/// Gradient bytes a stage reduces across data parallelism each step.
+pub fn stage_grad_bytes(m: &ModelConfig, layers: u32, first_stage: bool, last_stage: bool) -> u64 {
+    stage_params(m, layers, first_stage, last_stage) * GRAD_BYTES_PER_PARAM
+}
+
 /// One rank's peak memory.
 pub fn rank_memory(m: &ModelConfig, x: &MemoryInputs) -> MemoryBreakdown {
     let dt = u64::from(m.dtype_bytes);
-    let emb = u64::from(m.vocab) * u64::from(m.hidden);
-    let mut params = u64::from(x.layers) * m.layer_params();
-    if x.first_stage {
-        params += emb;
-    }
-    if x.last_stage && (!m.tie_embeddings || !x.first_stage) {
-        params += emb + u64::from(m.hidden);
-    }
+    let params = stage_params(m, x.layers, x.first_stage, x.last_stage);
     let shard = u64::from(x.shard_degree.max(1));
     let by = |stage: u8, bytes: u64| {
         if x.zero_stage >= stage {
@@ -134,7 +153,7 @@ pub fn rank_memory(m: &ModelConfig, x: &MemoryInputs) -> MemoryBreakdown {
     let out = a.q_bytes(x.attn_tokens, x.attn_heads_q);
     MemoryBreakdown {
         weights: by(3, dt * params),
-        grads: by(2, 4 * params),
+        grads: by(2, GRAD_BYTES_PER_PARAM * params),
         optimizer: by(1, 12 * params),
         activations,
         // forward inputs and output, and in backward their gradients
@@ -200,6 +219,28 @@ mod tests {
             },
         );
         assert_eq!(z3.weights, (2 * p).div_ceil(8));
+    }
+
+    #[test]
+    fn stages_hold_every_parameter_once() {
+        for name in ["qwen3-30b-a3b", "llama3-8b", "llama-34b"] {
+            let m = ModelConfig::builtin(name).unwrap();
+            let split = [
+                (0, true, false),
+                (m.layers / 2, false, false),
+                (m.layers - m.layers / 2, false, true),
+            ];
+            let sum: u64 = split
+                .iter()
+                .map(|&(l, f, last)| stage_params(&m, l, f, last))
+                .sum();
+            assert_eq!(sum, m.total_params(), "{name}");
+            assert_eq!(stage_params(&m, m.layers, true, true), m.total_params());
+            assert_eq!(
+                stage_grad_bytes(&m, m.layers, true, true),
+                4 * m.total_params()
+            );
+        }
     }
 
     #[test]

@@ -262,6 +262,12 @@ impl CostModel {
         (2.0 * self.linear_fwd_ps_f(part, tokens)).round() as Ps
     }
 
+    /// Bytes of the hidden state of `tokens` tokens (a pipeline activation or its
+    /// gradient).
+    pub fn hidden_bytes(&self, tokens: u64) -> u64 {
+        tokens * u64::from(self.model.hidden) * u64::from(self.model.dtype_bytes)
+    }
+
     /// Forward FLOPs of the LM head over `tokens` tokens.
     pub fn lm_head_fwd_ps(&self, tokens: u64) -> Ps {
         let f = tokens as f64 * self.model.lm_head_fwd_flops_per_token();

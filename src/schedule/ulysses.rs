@@ -24,7 +24,7 @@
 //! all-to-alls are not repeated). Embedding lookup and the optimizer step are not priced.
 
 use super::{Coords, PipelineKind, RankMap, RuntimeVariance};
-use crate::cost::memory::{rank_memory, MemoryBreakdown, MemoryInputs};
+use crate::cost::memory::{rank_memory, stage_grad_bytes, MemoryBreakdown, MemoryInputs};
 use crate::cost::{CostModel, LinearPart};
 use crate::engine::{
     CollId, Graph, GraphBuilder, OpClass, OpId, OpKind, OpLabel, StreamId, StreamKind, Xfer,
@@ -32,9 +32,6 @@ use crate::engine::{
 use crate::error::{invalid, Result};
 use crate::net::{GpuId, Ps};
 use crate::workload::PackedSeq;
-
-/// Gradient bytes per parameter reduced across DP (fp32 main gradients).
-pub const GRAD_BYTES_PER_PARAM: u64 = 4;
 
 /// How the heads of one layer are divided across a CP group.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -364,7 +361,6 @@ pub fn build_step(
     let mut attn_b: Vec<Ps> = vec![0; dpu];
     let mut tokens: Vec<u64> = vec![0; dpu];
     let rec = par.recompute;
-    let act_bytes = u64::from(m.hidden) * u64::from(m.dtype_bytes);
 
     for p in 0..pp {
         let (lf, ll) = stages[p as usize];
@@ -489,7 +485,7 @@ pub fn build_step(
                             );
                         } else {
                             let dst = map.gpu(p + 1, r as u32, c as u32);
-                            let bytes = chunk(tokens[r], cp, c as u32) * act_bytes;
+                            let bytes = cost.hidden_bytes(chunk(tokens[r], cp, c as u32));
                             let x = cx.b.add_xfer(Xfer { src: g, dst, bytes });
                             let s = cx.b.add_op(
                                 cx.stream(g, StreamKind::PpComm),
@@ -605,7 +601,7 @@ pub fn build_step(
                             let i = r * cpu + c;
                             let g = groups[i];
                             let dst = map.gpu(p - 1, r as u32, c as u32);
-                            let bytes = chunk(tokens[r], cp, c as u32) * act_bytes;
+                            let bytes = cost.hidden_bytes(chunk(tokens[r], cp, c as u32));
                             let x = cx.b.add_xfer(Xfer { src: g, dst, bytes });
                             let s = cx.b.add_op(
                                 cx.stream(g, StreamKind::PpComm),
@@ -625,14 +621,7 @@ pub fn build_step(
             .map(|(r, c)| map.gpu(p, r, c))
             .collect();
         if dp_group.len() > 1 {
-            let mut params = u64::from(n_layers) * m.layer_params();
-            if p == 0 {
-                params += u64::from(m.vocab) * u64::from(m.hidden);
-            }
-            if last_stage && (!m.tie_embeddings || p != 0) {
-                params += u64::from(m.vocab) * u64::from(m.hidden) + u64::from(m.hidden);
-            }
-            let bytes = params * GRAD_BYTES_PER_PARAM;
+            let bytes = stage_grad_bytes(m, n_layers, p == 0, last_stage);
             for bk in 0..nb {
                 let bb = chunk(bytes, nb, bk);
                 let coll = cx.all_reduce(&dp_group, bb);
@@ -766,7 +755,7 @@ fn rank_memory_of(
         .max()
         .unwrap_or(0);
     let n_layers = ll - lf;
-    let params = u64::from(n_layers) * cost.model.layer_params();
+    let grad_bytes = stage_grad_bytes(&cost.model, n_layers, at.pp == 0, at.pp + 1 == par.pp);
     rank_memory(
         &cost.model,
         &MemoryInputs {
@@ -782,7 +771,7 @@ fn rank_memory_of(
             in_flight: in_flight(par.pipeline, par.pp, at.pp, par.ga),
             recompute: par.recompute,
             bucket_bytes: if par.dp * par.cp > 1 {
-                (params * GRAD_BYTES_PER_PARAM).div_ceil(u64::from(par.dp_buckets))
+                grad_bytes.div_ceil(u64::from(par.dp_buckets))
             } else {
                 0
             },
