@@ -13,7 +13,7 @@
 //! [parallel]  # dp, pp, cp, ga, pipeline = "1f1b" | "gpipe", recompute, zero_stage, dp_buckets
 //! [workload]  # seq_len, seed, and one of: corpus = "libra-1m" (+ packing = "sequential"),
 //!             # sequences = [[doc lengths], ...], lognormal = {median, sigma}
-//! [output]    # trace_step, trace_gpus
+//! [output]    # trace_step (default 0), trace_gpus (default 64; 0 = all)
 //! [sweep]     # dp = [...], gbs = [...], seq_len = [...]  (ga = gbs / dp)
 //! ```
 
@@ -105,12 +105,22 @@ struct LogNormalSpec {
     sigma: f64,
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize)]
 #[serde(deny_unknown_fields, default)]
 struct OutputSpec {
+    /// The step whose trace.json and gpus.csv are written.
     trace_step: u64,
-    /// GPUs in the trace (0 = all).
+    /// GPUs in the trace (the first N; 0 = all). Default 64: a 4,096-GPU trace is ~1 GB.
     trace_gpus: u32,
+}
+
+impl Default for OutputSpec {
+    fn default() -> Self {
+        Self {
+            trace_step: 0,
+            trace_gpus: 64,
+        }
+    }
 }
 
 #[derive(Deserialize, Default, Clone)]
@@ -258,6 +268,13 @@ pub fn run(path: &Path, dir: &Path, calibration: Option<&Path>, out: Output) -> 
     };
     if f.steps == 0 || f.steps > 10_000 {
         bail!("{file}: steps = {} must be in 1..=10000", f.steps);
+    }
+    if f.output.trace_step >= f.steps {
+        bail!(
+            "{file}: [output] trace_step = {} must be a simulated step, 0..{}",
+            f.output.trace_step,
+            f.steps
+        );
     }
     for (k, v) in [
         ("alpha_us", f.network.alpha_us),

@@ -373,3 +373,25 @@ fn runtime_variance_reaches_every_kernel() {
         waited(0)
     );
 }
+
+/// The gradient all-reduce: a ring over the stage's DP × CP ranks, each sending
+/// 2(n−1)/n of its bucket to the next; buckets split the stage's fp32 gradients.
+#[test]
+fn ring_allreduce_bytes_by_hand() {
+    let c = CostModel::h200(ModelConfig::builtin("llama3-8b").unwrap()).unwrap();
+    let mut p = par(2, 1, 2, 1);
+    p.dp_buckets = 2;
+    let s = seq(&[1000], 1024);
+    let (sg, _) = go(&c, p, &[vec![s.clone()], vec![s.clone()]]);
+    let n = sg.graph.collectives();
+    let total = 4 * c.model.total_params();
+    let (b0, b1) = (total.div_ceil(2), total / 2);
+    for (k, b) in [(n - 2, b0), (n - 1, b1)] {
+        let x = sg.graph.coll_xfers(k as u32);
+        assert_eq!(x.len(), 4);
+        for (i, t) in x.iter().enumerate() {
+            assert_eq!((t.src, t.dst), (i as u32, ((i + 1) % 4) as u32));
+            assert_eq!(t.bytes, (2 * 3 * b).div_ceil(4));
+        }
+    }
+}
