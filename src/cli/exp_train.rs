@@ -388,6 +388,24 @@ pub fn run(path: &Path, dir: &Path, calibration: Option<&Path>, out: Output) -> 
             std::fs::write(dir.join("gpus.csv"), g)?;
         }
         summary += &format!("```\n{}```\n\n", r.placement);
+        let fwd: Vec<f64> = r
+            .steps
+            .iter()
+            .flat_map(|s| s.microbatches.iter().filter(|m| m.stage == 0))
+            .map(|m| m.fwd_span as f64 * 1e-9)
+            .collect();
+        if !fwd.is_empty() {
+            let mean_fwd = mean(fwd.iter().copied());
+            let (lo, hi) = fwd
+                .iter()
+                .fold((f64::INFINITY, 0.0f64), |a, &x| (a.0.min(x), a.1.max(x)));
+            summary += &format!(
+                "Micro-batch forward time on stage 0 over {} micro-batches: min {lo:.1} ms, mean {mean_fwd:.1} ms, max {hi:.1} ms (normalised to the mean: {:.2} .. {:.2}).\n\n",
+                fwd.len(),
+                lo / mean_fwd,
+                hi / mean_fwd
+            );
+        }
         if let Some(step) = r.steps.iter().find(|s| s.step == f.output.trace_step) {
             if let Some(g) = step
                 .gpus
