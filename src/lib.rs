@@ -7,10 +7,12 @@
 //! invariants every module keeps.
 
 pub mod balance;
+pub mod cluster;
 pub mod cost;
 pub mod engine;
 pub mod error;
 pub mod net;
+pub mod plan;
 pub mod report;
 pub mod rng;
 pub mod schedule;

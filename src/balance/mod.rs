@@ -6,6 +6,7 @@
 
 pub mod distca;
 pub mod grouping;
+pub mod libra;
 pub mod wlbllm;
 
 pub use grouping::{group, imbalance, vrsp, Policy};

@@ -97,6 +97,20 @@ pub const ARMS: &[Arm] = &[
         runs: 1,
         setup: super::bench_engine::arm_engine_scaling,
     },
+    Arm {
+        name: "topo-16k",
+        what: "build + route 16,384-GPU dgx-h200-roce (1,048,576 routes)",
+        target_s: Some(2.0),
+        runs: 5,
+        setup: super::bench_cluster::arm_topo_16k,
+    },
+    Arm {
+        name: "flow-a2a-4096",
+        what: "flow model, 64 rounds of a 4,096-GPU all-to-all (524,288 flow events; ≥ 1M events/s ⇔ < 0.524 s)",
+        target_s: Some(0.524),
+        runs: 5,
+        setup: super::bench_cluster::arm_flow_a2a_4096,
+    },
 ];
 
 fn vrsp_1m() -> Result<Timed> {

@@ -6,14 +6,22 @@ use clap::{Parser, Subcommand};
 use serde::Serialize;
 
 pub mod bench;
+mod bench_cluster;
 mod bench_engine;
+mod bench_libra;
 mod bench_schemes;
+mod check_plan;
 pub mod corpus;
 mod exp_pools;
 mod exp_train;
+mod exp_variance;
+mod libra_config;
+mod plan;
 pub mod pools;
 mod run;
 pub mod theory;
+mod topo;
+mod topo_draw;
 
 /// skewsim: how much does attention-workload skew cost on this cluster, and which
 /// balancing scheme (Ulysses, WLB-LLM, DistCA, Libra) wins it back?
@@ -37,8 +45,20 @@ pub enum Command {
     Pools(pools::Args),
     /// Libra Eq. 4's LLN bound beside Monte Carlo; recommends a pool size.
     Theory(theory::Args),
+    /// Build a topology file, print its summary and write DOT and SVG pictures.
+    Topo(topo::Args),
     /// Named benchmark arms (`--list`); run with --release.
     Bench(bench::Args),
+    /// Write the checked Libra plan of one step (plan.json).
+    Plan(plan::Args),
+    /// Libra's configuration simulator: replay VRSP + TAP for candidate (P, H, B).
+    LibraConfig(libra_config::Args),
+    /// Check a plan file: every query attended once per head, every KV group delivered,
+    /// FLOPs = the exact causal total.
+    CheckPlan(check_plan::Args),
+    /// Libra's benchmark arms (TAP placement of a 1M-token pool, ...).
+    #[command(hide = true)]
+    BenchLibra(bench_libra::Args),
 }
 
 /// How a command prints its result.
@@ -67,6 +87,11 @@ pub fn main() -> Result<()> {
         Command::Corpus(args) => corpus::run(args, out),
         Command::Pools(args) => pools::run(args, out),
         Command::Theory(args) => theory::run(args, out),
+        Command::Topo(args) => topo::run(args, out),
         Command::Bench(args) => bench::run(args, out),
+        Command::Plan(args) => plan::run(args, out),
+        Command::LibraConfig(args) => libra_config::run(args, out),
+        Command::CheckPlan(args) => check_plan::run(args, out),
+        Command::BenchLibra(args) => bench_libra::run(args, out),
     }
 }

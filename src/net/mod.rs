@@ -31,4 +31,37 @@ pub trait NetworkModel {
     /// the tags of the transfers that finished at or before `now`, in (finish time, start
     /// order), onto `done`.
     fn advance(&mut self, now: Ps, done: &mut Vec<u64>);
+
+    /// Fault injection (added by the cluster model; has a default so other implementors
+    /// need not care): from `now` on, run `link` (a `cluster::LinkId`) at `scale` × its
+    /// bandwidth, `scale` in (0, 1]. `cluster::Faults::link_changes(step)` says which links
+    /// change at a step boundary. The default ignores it.
+    fn set_link_scale(&mut self, now: Ps, link: u32, scale: f64) {
+        let _ = (now, link, scale);
+    }
+}
+
+pub mod analytical;
+pub mod collective;
+pub mod flow;
+
+pub use analytical::AnalyticalModel;
+pub use flow::FlowModel;
+
+/// Picoseconds to move `bytes` at `bytes_per_s`, rounded up (infinite rate: 0; zero or
+/// negative rate: `Ps::MAX`). Both models use this one formula, so an uncontended transfer
+/// takes exactly the same time in each.
+pub fn transfer_ps(bytes: f64, bytes_per_s: f64) -> Ps {
+    if bytes <= 0.0 || bytes_per_s == f64::INFINITY {
+        return 0;
+    }
+    if bytes_per_s.is_nan() || bytes_per_s <= 0.0 {
+        return Ps::MAX;
+    }
+    let ps = (bytes * 1.0e12 / bytes_per_s).ceil();
+    if ps >= Ps::MAX as f64 {
+        Ps::MAX
+    } else {
+        ps as Ps
+    }
 }

@@ -1,0 +1,121 @@
+//! `skewsim check-plan FILE`: verify a plan.json with the Plan checker. Exit 0 and a
+//! one-line verdict, or the first violation found and a non-zero exit.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+
+use skewsim::plan::{check, CheckSummary, Plan};
+
+use super::Output;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The plan file (JSON, as `skewsim plan` writes it).
+    pub file: PathBuf,
+}
+
+/// Read and check a plan file: its summary, or an error naming the file and the first
+/// violation.
+pub fn check_file(file: &Path) -> Result<(Plan, CheckSummary)> {
+    let name = file.display().to_string();
+    let text = std::fs::read_to_string(file).with_context(|| format!("reading plan {name}"))?;
+    let plan = Plan::from_json(&text, &name)?;
+    let summary = check(&plan).map_err(|v| anyhow::anyhow!("{name}: plan is wrong: {v}"))?;
+    Ok((plan, summary))
+}
+
+/// The one-line verdict for a plan that passed.
+pub fn verdict(file: &str, plan: &Plan, s: &CheckSummary) -> String {
+    format!(
+        "{file}: OK — {} step {}: {} groups, {} sequences, {} units, {} transfers; \
+         every query attended once per head, {:.4e} FLOPs = exact causal total, {:.3} GB moved\n",
+        plan.scheme,
+        plan.step,
+        s.groups,
+        s.sequences,
+        s.units,
+        s.transfers,
+        s.flops,
+        s.bytes as f64 / 1e9
+    )
+}
+
+pub fn run(args: Args, out: Output) -> Result<()> {
+    let (plan, summary) = check_file(&args.file)?;
+    out.emit(&summary, || {
+        verdict(&args.file.display().to_string(), &plan, &summary)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use skewsim::balance::libra::{consecutive_pools, plan_step, LibraParams};
+    use skewsim::workload::{PackedSeq, Sample};
+
+    fn temp(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("skewsim-check-plan-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir.join(name)
+    }
+
+    fn plan() -> Plan {
+        let batch: Vec<PackedSeq> = [vec![300u32, 200], vec![50; 9]]
+            .iter()
+            .map(|l| PackedSeq {
+                samples: l
+                    .iter()
+                    .map(|&len| Sample {
+                        doc: 0,
+                        offset: 0,
+                        len,
+                        cut: false,
+                    })
+                    .collect(),
+                capacity: 512,
+            })
+            .collect();
+        let p = LibraParams {
+            pool_size: 2,
+            cp: 2,
+            tile_tokens: 64,
+            ..LibraParams::default()
+        };
+        plan_step(0, &batch, &consecutive_pools(2, 2), 2, &p).unwrap()
+    }
+
+    #[test]
+    fn good_plan_passes_and_planted_violation_is_named() {
+        let good = temp("good.json");
+        let p = plan();
+        std::fs::write(&good, p.to_json().unwrap()).unwrap();
+        let (back, s) = check_file(&good).unwrap();
+        assert_eq!(back, p);
+        let line = verdict("good.json", &back, &s);
+        assert!(line.starts_with("good.json: OK — libra step 0: 1 groups, 2 sequences"));
+        assert_eq!(line.lines().count(), 1);
+
+        let mut bad = p.clone();
+        bad.groups[0].units.pop();
+        let badf = temp("bad.json");
+        std::fs::write(&badf, bad.to_json().unwrap()).unwrap();
+        let e = format!("{:#}", check_file(&badf).unwrap_err());
+        assert!(e.contains("bad.json: plan is wrong: GA 0, pool 0:"), "{e}");
+        assert!(e.contains("attended by no unit"), "{e}");
+
+        let v2 = temp("v2.json");
+        std::fs::write(
+            &v2,
+            p.to_json()
+                .unwrap()
+                .replacen("\"version\": 1", "\"version\": 2", 1),
+        )
+        .unwrap();
+        let e = format!("{:#}", check_file(&v2).unwrap_err());
+        assert!(e.contains("version = 2"), "{e}");
+
+        let e = format!("{:#}", check_file(&temp("missing.json")).unwrap_err());
+        assert!(e.contains("reading plan"), "{e}");
+    }
+}

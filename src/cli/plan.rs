@@ -1,0 +1,441 @@
+//! `skewsim plan [EXPERIMENT.toml] [flags] --step N -o plan.json`: write the checked Libra
+//! plan of one training step.
+//!
+//! Settings come from flags; an experiment file (TOML) may give them instead — its
+//! `[libra]` table if it has one, else its top level, with the flags' names in snake_case
+//! (`corpus`, `seq_len`, `gbs`, `dp`, `pool_size`, `cp`, `head_shards`, `tile_tokens`,
+//! `tau`, `chunks`, `seed`, `packing`, `grouping`); other keys are left to their owners.
+//! A flag overrides the file.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use skewsim::balance::libra::{exchange, pipeliner, plan_step, step_shape, LibraParams};
+use skewsim::balance::{group, Policy};
+use skewsim::plan::{check, CheckSummary, Plan};
+use skewsim::workload::pack::{batches, Packing};
+use skewsim::workload::PackedSeq;
+
+use super::corpus::load_corpus;
+use super::Output;
+
+/// The workload and cluster settings shared by `plan` and `libra-config`.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct Workload {
+    /// Corpus: built-in name (libra-256k, libra-1m, wlbllm), parametric spec or trace file
+    /// [default: libra-256k].
+    #[arg(long)]
+    pub corpus: Option<String>,
+    /// Sequence length L [default: the corpus's own, else 262144].
+    #[arg(long)]
+    pub seq_len: Option<u32>,
+    /// Global batch size, packed sequences per step [default: 32].
+    #[arg(long)]
+    pub gbs: Option<usize>,
+    /// DP degree [default: 8].
+    #[arg(long)]
+    pub dp: Option<u32>,
+    /// CP degree, workers per DP replica [default: 16].
+    #[arg(long)]
+    pub cp: Option<u32>,
+    /// Soft-cap slack τ ≥ 0 of Algorithm 2 [default: 0.03].
+    #[arg(long, allow_hyphen_values = true)]
+    pub tau: Option<f64>,
+    /// Pipeliner head chunks M, dividing h_q/H [default: 4].
+    #[arg(long)]
+    pub chunks: Option<u32>,
+    /// Seed of the document stream (and of `random` grouping) [default: 0].
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Packing: sequential, best-fit or best-fit:W [default: sequential].
+    #[arg(long)]
+    pub packing: Option<String>,
+    /// Grouping into pools: vrsp (Libra), production (loader order), random, zigzag,
+    /// zigzag-swap [default: vrsp].
+    #[arg(long)]
+    pub grouping: Option<String>,
+}
+
+/// Settings resolved from flags, file and defaults.
+#[derive(Clone, Debug, Serialize)]
+pub struct Resolved {
+    pub corpus: String,
+    pub seq_len: u32,
+    pub gbs: usize,
+    pub dp: u32,
+    pub seed: u64,
+    pub packing: String,
+    pub grouping: String,
+    pub params: LibraParams,
+}
+
+/// The table of an experiment file that holds Libra settings.
+pub fn experiment_table(file: &Path) -> Result<toml::Table> {
+    let text = std::fs::read_to_string(file)
+        .with_context(|| format!("reading experiment file {}", file.display()))?;
+    let doc: toml::Table =
+        toml::from_str(&text).with_context(|| format!("{} is not valid TOML", file.display()))?;
+    Ok(match doc.get("libra") {
+        Some(toml::Value::Table(t)) => t.clone(),
+        _ => doc,
+    })
+}
+
+/// `key` of `table` as a `T`, if present.
+pub fn get<T: DeserializeOwned>(table: &toml::Table, key: &str, file: &Path) -> Result<Option<T>> {
+    table
+        .get(key)
+        .map(|v| {
+            v.clone().try_into::<T>().map_err(|e| {
+                anyhow::anyhow!(
+                    "{}: field `{key}` = {v}: {}",
+                    file.display(),
+                    e.to_string().trim()
+                )
+            })
+        })
+        .transpose()
+}
+
+impl Workload {
+    /// Fill what the flags leave out from `file` (if any), then from defaults. `pool_size`,
+    /// `head_shards` and `tile_tokens` are the single values `plan` uses.
+    pub fn resolve(
+        &self,
+        file: Option<&Path>,
+        pool_size: Option<u32>,
+        head_shards: Option<u32>,
+        tile_tokens: Option<u32>,
+    ) -> Result<(Resolved, Option<toml::Table>)> {
+        let table = file.map(experiment_table).transpose()?;
+        let empty = toml::Table::new();
+        let t = table.as_ref().unwrap_or(&empty);
+        let f = file.unwrap_or(Path::new("(no file)"));
+        macro_rules! pick {
+            ($flag:expr, $key:literal, $default:expr) => {
+                match $flag.clone() {
+                    Some(v) => v,
+                    None => get(t, $key, f)?.unwrap_or($default),
+                }
+            };
+        }
+        let corpus: String = pick!(self.corpus, "corpus", "libra-256k".to_string());
+        let seq_len: Option<u32> = match self.seq_len {
+            Some(v) => Some(v),
+            None => get(t, "seq_len", f)?,
+        };
+        let d = LibraParams::default();
+        let params = LibraParams {
+            pool_size: pick!(pool_size, "pool_size", d.pool_size),
+            cp: pick!(self.cp, "cp", d.cp),
+            head_shards: pick!(head_shards, "head_shards", d.head_shards),
+            tile_tokens: pick!(tile_tokens, "tile_tokens", d.tile_tokens),
+            tau: pick!(self.tau, "tau", d.tau),
+            chunks: pick!(self.chunks, "chunks", d.chunks),
+            shape: d.shape,
+        };
+        let r = Resolved {
+            seq_len: seq_len.unwrap_or(0),
+            corpus,
+            gbs: pick!(self.gbs, "gbs", 32),
+            dp: pick!(self.dp, "dp", 8),
+            seed: pick!(self.seed, "seed", 0),
+            packing: pick!(self.packing, "packing", "sequential".to_string()),
+            grouping: pick!(self.grouping, "grouping", "vrsp".to_string()),
+            params,
+        };
+        Ok((r, table))
+    }
+}
+
+/// Parse a grouping policy; only those that give every pool exactly P sequences.
+pub fn policy(name: &str) -> Result<Policy> {
+    let p: Policy = name.parse()?;
+    if !p.exact_cardinality() {
+        bail!(
+            "invalid grouping = {name}: Libra needs pools of exactly P sequences \
+             (vrsp, production, random, zigzag, zigzag-swap)"
+        );
+    }
+    Ok(p)
+}
+
+/// Group one step's batch into pools with `policy` (Σℓ² loads; `random` seeded by
+/// (seed, step)).
+pub fn pools_of(
+    batch: &[PackedSeq],
+    pool_size: u32,
+    policy: Policy,
+    seed: u64,
+    step: u64,
+) -> skewsim::Result<Vec<Vec<usize>>> {
+    let loads: Vec<u64> = batch.iter().map(PackedSeq::load).collect();
+    let mut rng = skewsim::rng::stream(seed, "libra-grouping", step);
+    group(&loads, pool_size as usize, policy, &mut rng)
+}
+
+/// The global batches of steps 0..n of a resolved workload (corpus loaded, L defaulted).
+pub fn load_steps(r: &mut Resolved, n: u64) -> Result<Vec<Vec<PackedSeq>>> {
+    let corpus = load_corpus(&r.corpus)?;
+    if r.seq_len == 0 {
+        r.seq_len = corpus.default_seq_len().unwrap_or(262_144);
+    }
+    let packing: Packing = r.packing.parse()?;
+    step_shape(r.gbs, r.dp, &r.params)?;
+    let steps: Vec<Vec<PackedSeq>> = batches(&corpus, r.seq_len, r.gbs, packing, r.seed, 0)?
+        .take(n as usize)
+        .collect();
+    if (steps.len() as u64) < n {
+        bail!(
+            "corpus {} yields only {} global batches of {} sequences at L = {}; asked for {n}",
+            r.corpus,
+            steps.len(),
+            r.gbs,
+            r.seq_len
+        );
+    }
+    Ok(steps)
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// An experiment file (TOML) giving the settings below; flags override it.
+    pub experiment: Option<PathBuf>,
+    #[command(flatten)]
+    pub workload: Workload,
+    /// Pool size P, DP replicas per pool (divides DP) [default: 8].
+    #[arg(long)]
+    pub pool_size: Option<u32>,
+    /// Head shards H, dividing h_q = 32 [default: 4].
+    #[arg(long)]
+    pub head_shards: Option<u32>,
+    /// Tile tokens B ≥ 1 [default: 4096].
+    #[arg(long)]
+    pub tile_tokens: Option<u32>,
+    /// The step (global batch index) to plan.
+    #[arg(long, default_value_t = 0)]
+    pub step: u64,
+    /// Where to write the plan.
+    #[arg(short = 'o', long, default_value = "plan.json")]
+    pub out: PathBuf,
+    /// Also write the pipeliner's M head chunks per worker (dispatch / compute / return
+    /// lists, JSON) here.
+    #[arg(long)]
+    pub pipeline: Option<PathBuf>,
+}
+
+/// One group's line in the report.
+#[derive(Serialize)]
+struct GroupLine {
+    ga: u32,
+    pool: u32,
+    units: usize,
+    flops: f64,
+    intra_pool_imbalance: f64,
+    bytes: u64,
+    q_bytes: u64,
+    kv_bytes: u64,
+    output_bytes: u64,
+}
+
+#[derive(Serialize)]
+struct Report {
+    file: String,
+    settings: Resolved,
+    step: u64,
+    check: CheckSummary,
+    groups: Vec<GroupLine>,
+}
+
+/// Per-worker FLOPs of a group: max / mean − 1.
+fn group_imbalance(g: &skewsim::plan::Group) -> f64 {
+    let loads: Vec<u64> = g
+        .workers
+        .iter()
+        .map(|&w| {
+            g.units
+                .iter()
+                .filter(|u| u.worker == w)
+                .map(|u| u.pairs)
+                .sum()
+        })
+        .collect();
+    skewsim::balance::libra::config::ratio_minus_one(&loads)
+}
+
+/// Build the plan of `step` for resolved settings.
+pub fn build(r: &mut Resolved, step: u64) -> Result<Plan> {
+    let pol = policy(&r.grouping)?;
+    let steps = load_steps(r, step + 1)?;
+    let batch = &steps[step as usize];
+    let pools = pools_of(batch, r.params.pool_size, pol, r.seed, step)?;
+    Ok(plan_step(step, batch, &pools, r.dp, &r.params)?)
+}
+
+pub fn run(args: Args, out: Output) -> Result<()> {
+    let (mut r, _) = args.workload.resolve(
+        args.experiment.as_deref(),
+        args.pool_size,
+        args.head_shards,
+        args.tile_tokens,
+    )?;
+    let plan = build(&mut r, args.step)?;
+    let summary =
+        check(&plan).map_err(|v| anyhow::anyhow!("the planner made a wrong plan: {v}"))?;
+    if let Some(path) = &args.pipeline {
+        let pipes = pipeliner::pipeline_plan(&plan, r.params.chunks)?;
+        std::fs::write(path, serde_json::to_string(&pipes)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    let json = plan.to_json()?;
+    std::fs::write(&args.out, json + "\n")
+        .with_context(|| format!("writing {}", args.out.display()))?;
+    let groups: Vec<GroupLine> = plan
+        .groups
+        .iter()
+        .map(|g| {
+            let s = exchange::stats(g);
+            GroupLine {
+                ga: g.ga,
+                pool: g.pool,
+                units: g.units.len(),
+                flops: g.units.iter().map(|u| u.flops).sum(),
+                intra_pool_imbalance: group_imbalance(g),
+                bytes: s.total,
+                q_bytes: s.q,
+                kv_bytes: s.kv,
+                output_bytes: s.output,
+            }
+        })
+        .collect();
+    let report = Report {
+        file: args.out.display().to_string(),
+        settings: r,
+        step: args.step,
+        check: summary,
+        groups,
+    };
+    out.emit(&report, || {
+        let r = &report.settings;
+        let p = &r.params;
+        let mut s = format!(
+            "wrote {}: libra step {} of {} at L = {}, GBS = {} (DP {} × GA {}), {} pools of \
+             P = {} × CP = {} = {} workers, H = {}, B = {}, τ = {}, grouping {}\n",
+            report.file,
+            report.step,
+            r.corpus,
+            r.seq_len,
+            r.gbs,
+            r.dp,
+            r.gbs as u32 / r.dp,
+            report.groups.len(),
+            p.pool_size,
+            p.cp,
+            p.pool_workers(),
+            p.head_shards,
+            p.tile_tokens,
+            p.tau,
+            r.grouping
+        );
+        s += &format!(
+            "{:>3} {:>4} {:>7} {:>11} {:>11} {:>9} {:>9} {:>9} {:>9}\n",
+            "ga", "pool", "tiles", "TFLOPs", "max/mean-1", "GB moved", "Q", "KV", "out"
+        );
+        for g in &report.groups {
+            s += &format!(
+                "{:>3} {:>4} {:>7} {:>11.1} {:>11.4} {:>9.3} {:>9.3} {:>9.3} {:>9.3}\n",
+                g.ga,
+                g.pool,
+                g.units,
+                g.flops / 1e12,
+                g.intra_pool_imbalance,
+                g.bytes as f64 / 1e9,
+                g.q_bytes as f64 / 1e9,
+                g.kv_bytes as f64 / 1e9,
+                g.output_bytes as f64 / 1e9
+            );
+        }
+        s += &format!(
+            "(one attention layer, forward; bytes in GB = 1e9)\n{}",
+            super::check_plan::verdict(&report.file, &plan, &report.check)
+        );
+        s
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp(name: &str, body: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("skewsim-plan-cli-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join(name);
+        std::fs::write(&p, body).unwrap();
+        p
+    }
+
+    #[test]
+    fn settings_come_from_flags_then_file_then_defaults() {
+        let f = temp(
+            "exp.toml",
+            "kind = \"libra-dp-scaling\"\n[libra]\ncorpus = \"wlbllm\"\ngbs = 16\ncp = 4\ntau = 0.1\n",
+        );
+        let w = Workload {
+            cp: Some(2),
+            ..Workload::default()
+        };
+        let (r, _) = w.resolve(Some(&f), Some(4), None, None).unwrap();
+        assert_eq!(r.corpus, "wlbllm"); // file
+        assert_eq!(r.gbs, 16); // file
+        assert_eq!(r.params.cp, 2); // flag beats file
+        assert_eq!(r.params.tau, 0.1); // file
+        assert_eq!(r.params.pool_size, 4); // flag
+        assert_eq!(r.params.head_shards, 4); // default
+        assert_eq!((r.dp, r.grouping.as_str()), (8, "vrsp")); // defaults
+
+        let bad = temp("bad.toml", "gbs = \"many\"\n");
+        let e = format!(
+            "{:#}",
+            Workload::default()
+                .resolve(Some(&bad), None, None, None)
+                .unwrap_err()
+        );
+        assert!(e.contains("bad.toml: field `gbs` = \"many\""), "{e}");
+    }
+
+    #[test]
+    fn plan_of_a_small_workload_checks_and_bad_input_is_named() {
+        let w = Workload {
+            corpus: Some("lognormal:median=600,p99=30000".into()),
+            seq_len: Some(32768),
+            gbs: Some(8),
+            dp: Some(4),
+            cp: Some(2),
+            ..Workload::default()
+        };
+        let (mut r, _) = w.resolve(None, Some(2), Some(2), Some(1024)).unwrap();
+        let plan = build(&mut r, 1).unwrap();
+        let s = check(&plan).unwrap();
+        assert_eq!((plan.step, s.sequences, s.groups), (1, 8, 4));
+        // same settings, same plan
+        let (mut r2, _) = w.resolve(None, Some(2), Some(2), Some(1024)).unwrap();
+        assert_eq!(build(&mut r2, 1).unwrap(), plan);
+
+        let (mut r, _) = w.resolve(None, Some(3), None, None).unwrap();
+        let e = build(&mut r, 0).unwrap_err().to_string();
+        assert!(e.contains("P (pool size) = 3: a divisor of DP = 4"), "{e}");
+        let (mut r, _) = w.resolve(None, None, Some(5), None).unwrap();
+        let e = build(&mut r, 0).unwrap_err().to_string();
+        assert!(e.contains("H (head shards) = 5"), "{e}");
+        let (mut r, _) = w.resolve(None, Some(2), None, Some(0)).unwrap();
+        let e = build(&mut r, 0).unwrap_err().to_string();
+        assert!(e.contains("B (tile tokens) = 0"), "{e}");
+        let e = policy("lpt").unwrap_err().to_string();
+        assert!(e.contains("exactly P sequences"), "{e}");
+        assert!(policy("nonsense").is_err());
+    }
+}

@@ -1,0 +1,232 @@
+//! `skewsim topo FILE [--nodes N]`: build a topology, print its summary (GPUs, links,
+//! bisection bandwidth, diameter, and nccl-tests-style collective figures under the
+//! analytical model) and write a picture (DOT and SVG) to `runs/topo-NAME/`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+
+use skewsim::cluster::analysis::{bisection_bandwidth, diameter};
+use skewsim::cluster::{LinkKind, Topology, TopologySpec};
+use skewsim::net::collective::{
+    analytical_phases, bus_bandwidth, lower, lower_on, BusBw, Collective, Transfer,
+};
+use skewsim::net::{AnalyticalModel, GpuId};
+
+use super::{bench_cluster, topo_draw, Output};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The topology file (TOML), e.g. topologies/dgx-h200-roce.toml.
+    pub file: PathBuf,
+    /// Node count (default: the file's `nodes`).
+    #[arg(long)]
+    pub nodes: Option<u32>,
+    /// Where to write NAME.dot and NAME.svg (default: runs/topo-NAME).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Also list every link (its name, as fault injection spells it, and bandwidth).
+    #[arg(long)]
+    pub links: bool,
+    /// Run the cluster-model benchmarks instead (topology build + routing at 16,384 GPUs,
+    /// flow-model event rate, recomputation scaling).
+    #[arg(long)]
+    pub bench: bool,
+    /// Pairwise all-to-all rounds the flow benchmark runs (of 4,095).
+    #[arg(long, default_value_t = 64)]
+    pub bench_rounds: usize,
+}
+
+#[derive(Serialize)]
+struct Summary {
+    name: String,
+    file: String,
+    nodes: u32,
+    gpus: u32,
+    nvlink_domains: u32,
+    gpus_per_domain: u32,
+    leaves: u32,
+    spines: u32,
+    vertices: usize,
+    links: usize,
+    bisection_gbyte_s: f64,
+    bisection_half_gpus: u32,
+    diameter_hops: u32,
+    gpu_faults: usize,
+    link_faults: usize,
+    collectives: Vec<BusBw>,
+    dot: String,
+    svg: String,
+    link_list: Vec<(String, f64)>,
+}
+
+pub fn run(args: Args, out: Output) -> Result<()> {
+    if args.bench {
+        let rows = bench_cluster::all(args.bench_rounds)?;
+        return out.emit(&rows, || bench_cluster::table(&rows));
+    }
+    let name = args.file.display().to_string();
+    let text =
+        std::fs::read_to_string(&args.file).with_context(|| format!("reading topology {name}"))?;
+    let spec = TopologySpec::parse(&text, &name)?;
+    let topo = Arc::new(spec.build(args.nodes)?);
+    let faults = match &spec.faults {
+        Some(f) => f.resolve(&topo, &name)?,
+        None => Default::default(),
+    };
+    let (bisect, half) = bisection_bandwidth(&topo);
+    let dir = args
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("runs").join(format!("topo-{}", topo.spec.name)));
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let dot = dir.join(format!("{}.dot", topo.spec.name));
+    let svg = dir.join(format!("{}.svg", topo.spec.name));
+    std::fs::write(&dot, topo_draw::dot(&topo))
+        .with_context(|| format!("writing {}", dot.display()))?;
+    std::fs::write(&svg, topo_draw::svg(&topo))
+        .with_context(|| format!("writing {}", svg.display()))?;
+    let (leaves, spines) = topo.switches();
+    let summary = Summary {
+        name: topo.spec.name.clone(),
+        file: name,
+        nodes: topo.nodes,
+        gpus: topo.gpus(),
+        nvlink_domains: topo.domains(),
+        gpus_per_domain: topo.domain_gpus(),
+        leaves,
+        spines,
+        vertices: topo.vertices.len(),
+        links: topo.links.len(),
+        bisection_gbyte_s: bisect / 1e9,
+        bisection_half_gpus: half,
+        diameter_hops: diameter(&topo),
+        gpu_faults: faults.gpu.len(),
+        link_faults: faults.link.len(),
+        collectives: collectives(&topo)?,
+        dot: dot.display().to_string(),
+        svg: svg.display().to_string(),
+        link_list: if args.links {
+            (0..topo.links.len() as u32)
+                .map(|l| (topo.link_name(l), topo.links[l as usize].bandwidth / 1e9))
+                .collect()
+        } else {
+            Vec::new()
+        },
+    };
+    out.emit(&summary, || text_summary(&summary, &topo))
+}
+
+/// nccl-tests-style figures of the default lowering under the analytical model: inside the
+/// first NVLink domain (up to 8 GPUs), and one NIC between the first two domains.
+fn collectives(topo: &Arc<Topology>) -> Result<Vec<BusBw>> {
+    let n = topo.domain_gpus().min(8);
+    let mut rows = Vec::new();
+    let model = AnalyticalModel::new(topo.clone());
+    if n >= 2 {
+        let group: Vec<GpuId> = (0..n).collect();
+        for (op, bytes, nccl) in [
+            (Collective::AllGather, 8u64 << 20, false),
+            (Collective::AllGather, 8 << 30, false),
+            (Collective::AllReduce, 8 << 20, false),
+            (Collective::AllReduce, 8 << 30, false),
+            (Collective::AllReduce, 8 << 20, true),
+            (Collective::AllReduce, 8 << 30, true),
+            (Collective::AllToAll, 8 << 30, false),
+        ] {
+            let (op, p) = if nccl {
+                lower_on(topo, op, &group, bytes)?
+            } else {
+                (op, lower(op, &group, bytes)?)
+            };
+            if nccl && op == Collective::AllReduce {
+                continue; // no NVLS on this fabric: the ring rows above are NCCL's choice
+            }
+            let t = analytical_phases(&model, &p, 0);
+            rows.push(bus_bandwidth(op, n as usize, bytes, t));
+        }
+    }
+    if topo.domains() >= 2 {
+        let bytes = 8u64 << 30;
+        let p = vec![vec![Transfer {
+            src: 0,
+            dst: topo.domain_gpus(),
+            bytes,
+        }]];
+        rows.push(bus_bandwidth(
+            Collective::SendRecv,
+            2,
+            bytes,
+            analytical_phases(&model, &p, 0),
+        ));
+    }
+    Ok(rows)
+}
+
+fn text_summary(s: &Summary, topo: &Topology) -> String {
+    let mut t = format!(
+        "topology {} ({})\n  nodes {}  GPUs {}  NVLink domains {} × {} GPUs  leaves {}  spines {}\n  \
+         vertices {}  directed links {}\n  bisection bandwidth {:.1} GB/s one way ({} GPUs a side; {:.1} GB/s per GPU)\n  \
+         diameter {} hops (GPU to GPU)\n  faults injected: {} GPU, {} link\n",
+        s.name,
+        s.file,
+        s.nodes,
+        s.gpus,
+        s.nvlink_domains,
+        s.gpus_per_domain,
+        s.leaves,
+        s.spines,
+        s.vertices,
+        s.links,
+        s.bisection_gbyte_s,
+        s.bisection_half_gpus,
+        s.bisection_gbyte_s / f64::from(s.bisection_half_gpus.max(1)),
+        s.diameter_hops,
+        s.gpu_faults,
+        s.link_faults,
+    );
+    for kind in [
+        LinkKind::Nvlink,
+        LinkKind::Pcie,
+        LinkKind::NicLeaf,
+        LinkKind::LeafSpine,
+    ] {
+        if let Some(l) = topo.links.iter().find(|l| l.kind == kind) {
+            t += &format!(
+                "  {:<10} {:>8.2} GB/s nominal, {:>8.2} GB/s achieved\n",
+                format!("{kind:?}"),
+                l.bandwidth / 1e9,
+                l.capacity() / 1e9
+            );
+        }
+    }
+    t += "\n  collective (analytical model)      ranks        size      time µs   algbw GB/s   busbw GB/s\n";
+    for c in &s.collectives {
+        t += &format!(
+            "  {:<32} {:>6} {:>11} {:>12.1} {:>12.1} {:>12.1}\n",
+            c.op,
+            c.ranks,
+            human_bytes(c.bytes),
+            c.time_us,
+            c.algbw_gbs,
+            c.busbw_gbs
+        );
+    }
+    for (name, bw) in &s.link_list {
+        t += &format!("  link {name:<28} {bw:>10.2} GB/s\n");
+    }
+    t += &format!("\n  wrote {} and {}\n", s.dot, s.svg);
+    t
+}
+
+fn human_bytes(b: u64) -> String {
+    if b >= 1 << 30 {
+        format!("{} GiB", b >> 30)
+    } else if b >= 1 << 20 {
+        format!("{} MiB", b >> 20)
+    } else {
+        format!("{b} B")
+    }
+}

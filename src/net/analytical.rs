@@ -1,0 +1,157 @@
+//! The analytical network model: alpha–beta over the bottleneck link, O(1) per transfer.
+//!
+//! A transfer of `b` bytes from `src` to `dst` along its route takes
+//! `α + b / min_link(capacity)`, where α is the sum of the route's link latencies and a
+//! link's capacity is nominal bandwidth × efficiency × any injected fault fraction. It
+//! ignores every other transfer (no contention): the fast model the flow model is checked
+//! against where there is none.
+//!
+//! Architecture invariant: completions are reported in (finish time, start order).
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::sync::Arc;
+
+use crate::cluster::{LinkId, Route, Topology};
+use crate::net::{transfer_ps, GpuId, NetworkModel, Ps};
+
+/// Alpha–beta model over a [`Topology`].
+#[derive(Clone, Debug)]
+pub struct AnalyticalModel {
+    topo: Arc<Topology>,
+    scale: Vec<f64>,
+    local_latency: Ps,
+    queue: BinaryHeap<Reverse<(Ps, u64, u64)>>,
+    seq: u64,
+    /// Transfers whose endpoints were not GPUs of the topology (finished as local).
+    pub bad_endpoints: u64,
+}
+
+impl AnalyticalModel {
+    /// The model over `topo`; local transfers (`src == dst`, 0 bytes) take 0 ps.
+    pub fn new(topo: Arc<Topology>) -> AnalyticalModel {
+        let scale = vec![1.0; topo.links.len()];
+        AnalyticalModel {
+            topo,
+            scale,
+            local_latency: 0,
+            queue: BinaryHeap::new(),
+            seq: 0,
+            bad_endpoints: 0,
+        }
+    }
+
+    /// Set the latency of a local transfer.
+    pub fn with_local_latency(mut self, ps: Ps) -> Self {
+        self.local_latency = ps;
+        self
+    }
+
+    /// The topology.
+    pub fn topology(&self) -> &Arc<Topology> {
+        &self.topo
+    }
+
+    /// Run `link` at `scale` × its bandwidth for transfers started from now on (fault
+    /// injection; `scale` in (0, 1]).
+    pub fn scale_link(&mut self, _now: Ps, link: LinkId, scale: f64) {
+        if let Some(s) = self.scale.get_mut(link as usize) {
+            *s = scale;
+        }
+    }
+
+    /// Capacity of `link` now, bytes/s.
+    pub fn link_capacity(&self, link: LinkId) -> f64 {
+        self.topo.links[link as usize].capacity() * self.scale[link as usize]
+    }
+
+    /// Bottleneck capacity of a route, bytes/s.
+    pub fn route_capacity(&self, r: &Route) -> f64 {
+        r.links()
+            .iter()
+            .map(|&l| self.link_capacity(l))
+            .fold(f64::INFINITY, f64::min)
+    }
+
+    /// Duration of `bytes` over route `r` alone: α + bytes / bottleneck.
+    pub fn route_time(&self, r: &Route, bytes: u64) -> Ps {
+        if bytes == 0 || r.links().is_empty() {
+            return self.local_latency;
+        }
+        self.topo
+            .route_latency(r)
+            .saturating_add(transfer_ps(bytes as f64, self.route_capacity(r)))
+    }
+
+    /// Duration of a transfer from `src` to `dst` (ECMP choice by `flow_id`).
+    pub fn transfer_time(&self, src: GpuId, dst: GpuId, bytes: u64, flow_id: u64) -> Option<Ps> {
+        let r = self.topo.route(src, dst, flow_id).ok()?;
+        Some(self.route_time(&r, bytes))
+    }
+}
+
+impl NetworkModel for AnalyticalModel {
+    fn start(&mut self, now: Ps, src: GpuId, dst: GpuId, bytes: u64, tag: u64) {
+        self.seq += 1;
+        let d = match self.transfer_time(src, dst, bytes, tag) {
+            Some(d) => d,
+            None => {
+                self.bad_endpoints += 1;
+                self.local_latency
+            }
+        };
+        self.queue
+            .push(Reverse((now.saturating_add(d), self.seq, tag)));
+    }
+
+    fn next_completion(&self) -> Option<Ps> {
+        self.queue.peek().map(|Reverse((t, _, _))| *t)
+    }
+
+    fn set_link_scale(&mut self, now: Ps, link: LinkId, scale: f64) {
+        self.scale_link(now, link, scale);
+    }
+
+    fn advance(&mut self, now: Ps, done: &mut Vec<u64>) {
+        while let Some(Reverse((t, _, tag))) = self.queue.peek().copied() {
+            if t > now {
+                break;
+            }
+            self.queue.pop();
+            done.push(tag);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::TopologySpec;
+
+    #[test]
+    fn alpha_beta_and_link_faults() {
+        let text = include_str!("../../topologies/test-small.toml");
+        let t = Arc::new(
+            TopologySpec::parse(text, "test-small")
+                .unwrap()
+                .build(None)
+                .unwrap(),
+        );
+        let mut a = AnalyticalModel::new(t.clone());
+        // gpu0 → gpu1 over NVLink: 1 µs + 1 MB / 100 GB/s = 1 µs + 10 µs.
+        assert_eq!(a.transfer_time(0, 1, 1_000_000, 0), Some(11_000_000));
+        // Half the NVSwitch → gpu1 link: the β term doubles, α stays.
+        let down = t.nvlink_down(1);
+        let dyn_a: &mut dyn NetworkModel = &mut a;
+        dyn_a.set_link_scale(0, down, 0.5);
+        assert_eq!(a.transfer_time(0, 1, 1_000_000, 0), Some(21_000_000));
+        a.start(5, 0, 1, 1_000_000, 9);
+        a.start(5, 2, 2, 1_000_000, 8);
+        let mut done = Vec::new();
+        a.advance(5, &mut done);
+        assert_eq!(done, vec![8]);
+        assert_eq!(a.next_completion(), Some(21_000_005));
+        a.start(6, 0, 99, 10, 7);
+        assert_eq!(a.bad_endpoints, 1);
+    }
+}

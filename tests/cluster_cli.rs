@@ -1,0 +1,144 @@
+//! End-to-end checks of `skewsim topo` and the `runtime-variance` experiment: one
+//! data-driven table of invocations, each with its exit status and a piece of text it must
+//! print. Bad topology files must give a message naming file, field and allowed range and a
+//! non-zero exit, never a panic.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+enum Expect {
+    /// Exit 0 and print this on stdout.
+    Ok(&'static str),
+    /// Exit non-zero (not a panic) and print this on stderr.
+    Err(&'static str),
+}
+
+fn check(args: &[&str], expect: Expect) {
+    let out = Command::new(env!("CARGO_BIN_EXE_skewsim"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("the skewsim binary runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{args:?} panicked: {stderr}");
+    match expect {
+        Expect::Ok(want) => {
+            assert!(out.status.success(), "{args:?} failed: {stderr}");
+            assert!(
+                stdout.contains(want),
+                "{args:?}: {want:?} not in stdout:\n{stdout}"
+            );
+        }
+        Expect::Err(want) => {
+            assert!(!out.status.success(), "{args:?} succeeded: {stdout}");
+            assert!(
+                stderr.contains(want),
+                "{args:?}: {want:?} not in stderr:\n{stderr}"
+            );
+        }
+    }
+}
+
+/// A scratch copy of `topologies/test-small.toml` with `from` replaced by `to`.
+fn variant(name: &str, from: &str, to: &str) -> String {
+    let text = include_str!("../topologies/test-small.toml");
+    assert!(text.contains(from), "fixture lost {from:?}");
+    let dir = std::env::temp_dir().join(format!("skewsim-cluster-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p: PathBuf = dir.join(name);
+    std::fs::write(&p, text.replacen(from, to, 1)).unwrap();
+    p.display().to_string()
+}
+
+#[test]
+fn topo_and_variance_commands() {
+    let out = std::env::temp_dir().join(format!("skewsim-topo-{}", std::process::id()));
+    let out = out.display().to_string();
+    let unknown = variant("unknown.toml", "spines = 2", "spines = 2\ncolour = 3");
+    let negative = variant(
+        "negative.toml",
+        "bandwidth_gbyte_s = 100.0",
+        "bandwidth_gbyte_s = -1.0",
+    );
+    let fault = variant("fault.toml", "gpu = 5", "gpu = 500");
+    let cases: Vec<(Vec<&str>, Expect)> = vec![
+        (
+            vec!["topo", "topologies/test-small.toml", "--out", &out],
+            Expect::Ok("diameter 6 hops"),
+        ),
+        (
+            vec![
+                "topo",
+                "topologies/test-small.toml",
+                "--nodes",
+                "2",
+                "--out",
+                &out,
+            ],
+            Expect::Ok("GPUs 8"),
+        ),
+        (
+            vec![
+                "topo",
+                "topologies/dgx-h200-roce.toml",
+                "--nodes",
+                "1",
+                "--out",
+                &out,
+            ],
+            Expect::Ok("all_gather"),
+        ),
+        (
+            vec![
+                "topo",
+                "topologies/gb200-nvl72.toml",
+                "--nodes",
+                "20",
+                "--out",
+                &out,
+            ],
+            Expect::Err("super_node.nodes = 18: a divisor of nodes = 20"),
+        ),
+        (
+            vec![
+                "topo",
+                "topologies/test-small.toml",
+                "--nodes",
+                "0",
+                "--out",
+                &out,
+            ],
+            Expect::Err("test-small.toml: nodes = 0"),
+        ),
+        (
+            vec!["topo", &unknown, "--out", &out],
+            Expect::Err("unknown field `colour`"),
+        ),
+        (
+            vec!["topo", &negative, "--out", &out],
+            Expect::Err("nvlink.bandwidth_gbyte_s = -1: a finite number > 0"),
+        ),
+        (
+            vec!["topo", "no-such-topology.toml"],
+            Expect::Err("reading topology"),
+        ),
+        (
+            vec!["run", "experiments/runtime-variance.toml", "--out", &out],
+            Expect::Ok("| mean | "),
+        ),
+    ];
+    for (args, expect) in cases {
+        check(&args, expect);
+    }
+    check(
+        &["topo", &fault, "--out", &out],
+        Expect::Err("faults.gpu[0].gpu = 500: a GPU id in [0, 16)"),
+    );
+    check(
+        &["topo", "topologies/test-small.toml", "--out", &out],
+        Expect::Ok("faults injected: 1 GPU, 0 link"),
+    );
+    assert!(PathBuf::from(&out).join("test-small.svg").exists());
+    assert!(PathBuf::from(&out).join("test-small.dot").exists());
+}
