@@ -78,10 +78,17 @@ pub const ARMS: &[Arm] = &[
     },
     Arm {
         name: "step-4096",
-        what: "one full step, qwen3-30b-a3b on 4,096 GPUs (CP 16, DP 256, GA 8), every rank",
+        what: "one full step, qwen3-30b-a3b on 4,096 GPUs (CP 16, DP 256, GA 8), every rank, analytical network",
         target_s: Some(10.0),
         runs: 3,
         setup: super::bench_engine::arm_step_4096,
+    },
+    Arm {
+        name: "step-4096-flow",
+        what: "the step-4096 step on the flow-level network model",
+        target_s: Some(60.0),
+        runs: 1,
+        setup: super::bench_engine::arm_step_4096_flow,
     },
     Arm {
         name: "step-16384",

@@ -3,16 +3,18 @@
 //! (registered in `bench.rs`); the row functions give the figures with CPU time beside
 //! wall time.
 //!
-//! The network is the engine's `StubNet` (fixed alpha + bytes/bandwidth, no contention)
-//! until the cluster's analytical model is plugged in at merge.
+//! Full steps run on the cluster's network models over `topologies/dgx-h200-roce.toml`
+//! (analytical, or flow for the `-flow` arm); the engine-only arm needs no network.
 
 use anyhow::Result;
 use serde::Serialize;
 use std::time::Instant;
 
+use skewsim::cluster::{Topology, TopologySpec};
 use skewsim::cost::{CostModel, ModelConfig};
 use skewsim::engine::stub_net::StubNet;
 use skewsim::engine::{run as run_graph, GraphBuilder, OpClass, OpKind, OpLabel, StreamKind};
+use skewsim::net::{AnalyticalModel, FlowModel, NetworkModel};
 use skewsim::report::step::step_report;
 use skewsim::schedule::train::{lognormal_sequences, split_replicas};
 use skewsim::schedule::ulysses::build_step;
@@ -20,6 +22,7 @@ use skewsim::schedule::{NoVariance, Parallelism, PipelineKind, Placement, RankMa
 use skewsim::workload::corpus::Corpus;
 use skewsim::workload::pack::{global_batch, Packing};
 use skewsim::workload::PackedSeq;
+use std::sync::Arc;
 
 use super::bench::Timed;
 
@@ -74,6 +77,15 @@ fn thread_cpu_s() -> f64 {
         .unwrap_or(f64::NAN)
 }
 
+/// The DGX H200 RoCE topology with `nodes` nodes.
+fn dgx(nodes: u32) -> Result<Arc<Topology>> {
+    let spec = TopologySpec::parse(
+        include_str!("../../topologies/dgx-h200-roce.toml"),
+        "topologies/dgx-h200-roce.toml",
+    )?;
+    Ok(Arc::new(spec.build(Some(nodes))?))
+}
+
 /// One full training step of qwen3-30b-a3b with Ulysses, CP = `cp`, DP = `dp`, GA = `ga`,
 /// every rank simulated; `seq_len` tokens per packed sequence.
 pub fn full_step(dp: u32, cp: u32, ga: u32, seq_len: u32) -> Result<Vec<BenchRow>> {
@@ -107,7 +119,8 @@ pub fn full_step(dp: u32, cp: u32, ga: u32, seq_len: u32) -> Result<Vec<BenchRow
     let t_build = t0.elapsed().as_secs_f64();
     let graph_gib = sg.graph.heap_bytes() as f64 / (1u64 << 30) as f64;
     let (t1, c1) = (Instant::now(), thread_cpu_s());
-    let tl = run_graph(&sg.graph, &mut StubNet::dgx_h200())?;
+    let mut net = AnalyticalModel::new(dgx(gpus.div_ceil(8))?);
+    let tl = run_graph(&sg.graph, &mut net)?;
     let (t_run, cpu_run) = (t1.elapsed().as_secs_f64(), thread_cpu_s() - c1);
     let t2 = Instant::now();
     let rep = step_report(&sg, &tl, &cost, 0);
@@ -238,7 +251,7 @@ pub fn arm_engine_throughput() -> Result<Timed> {
     }))
 }
 
-fn arm_step(gpus: u32) -> Result<Timed> {
+fn arm_step(gpus: u32, flow: bool) -> Result<Timed> {
     let (dp, cp, ga, seq_len) = (gpus / 16, 16, 8, 262_144);
     let cost = CostModel::h200(ModelConfig::builtin("qwen3-30b-a3b")?)?;
     let par = Parallelism {
@@ -269,14 +282,21 @@ fn arm_step(gpus: u32) -> Result<Timed> {
         0,
     )?;
     let batch = split_replicas(seqs, dp, ga);
+    let topo = dgx(gpus.div_ceil(8))?;
     Ok(Box::new(move || {
         let sg = build_step(&cost, map, &batch, 0, &NoVariance)?;
         let t0 = Instant::now();
-        let tl = run_graph(&sg.graph, &mut StubNet::dgx_h200())?;
+        let mut net: Box<dyn NetworkModel> = if flow {
+            Box::new(FlowModel::new(topo.clone()))
+        } else {
+            Box::new(AnalyticalModel::new(topo.clone()))
+        };
+        let tl = run_graph(&sg.graph, net.as_mut())?;
         let s = t0.elapsed().as_secs_f64();
         let rep = step_report(&sg, &tl, &cost, 0);
         Ok(format!(
-            "{gpus} GPUs (CP {cp}, DP {dp}, GA {ga}, libra-256k): {} ops, {} events, simulate {:.1} M events/s, simulated iteration {:.1} s, peak RSS {:.2} GiB",
+            "{gpus} GPUs (CP {cp}, DP {dp}, GA {ga}, libra-256k, {} network): {} ops, {} events, simulate {:.1} M events/s, simulated iteration {:.1} s, peak RSS {:.2} GiB",
+            if flow { "flow" } else { "analytical" },
             sg.graph.ops.len(),
             tl.events,
             tl.events as f64 / s / 1e6,
@@ -290,12 +310,17 @@ fn arm_step(gpus: u32) -> Result<Timed> {
 /// GA 8, libra-256k at L = 256K, all layers fwd + bwd, every rank): build + simulate +
 /// report.
 pub fn arm_step_4096() -> Result<Timed> {
-    arm_step(4096)
+    arm_step(4096, false)
+}
+
+/// Arm `step-4096-flow`: the same step on the flow-level network model.
+pub fn arm_step_4096_flow() -> Result<Timed> {
+    arm_step(4096, true)
 }
 
 /// Arm `step-16384`: the same on 16,384 GPUs (DP 1,024).
 pub fn arm_step_16384() -> Result<Timed> {
-    arm_step(16384)
+    arm_step(16384, false)
 }
 
 /// Arm `engine-scaling`: wall time of one full step against GPU count (256 … 16,384) and

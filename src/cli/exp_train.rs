@@ -9,7 +9,9 @@
 //! # calibration = "cal.json"        # replaces the H200 attention table / hardware figures
 //! steps = 2
 //! [cluster]   # gpus_per_node, nodes
-//! [network]   # alpha_us, intra_gbytes_per_s, inter_gbytes_per_s (stand-in network)
+//! [network]   # topology = "../topologies/dgx-h200-roce.toml", model = "analytical" | "flow"
+//!             # | "stub" (stub: alpha_us, intra_gbytes_per_s, inter_gbytes_per_s)
+//! [variance]  # the cluster's VarianceSpec (persistent, jitter, spike); absent: none
 //! [parallel]  # dp, pp, cp, ga, pipeline = "1f1b" | "gpipe", recompute, zero_stage, dp_buckets
 //! [workload]  # seq_len, seed, and one of: corpus = "libra-1m" (+ packing = "sequential"),
 //!             # sequences = [[doc lengths], ...], lognormal = {median, sigma}
@@ -23,15 +25,18 @@ use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+use skewsim::cluster::{Faults, Topology, TopologySpec, VarianceModel, VarianceSpec};
 use skewsim::cost::{Calibration, CostModel, ModelConfig};
 use skewsim::engine::stub_net::StubNet;
+use skewsim::net::{AnalyticalModel, FlowModel, NetworkModel};
 use skewsim::report::step::{gpus_csv, microbatches_csv, ms, step_report, steps_csv, StepReport};
 use skewsim::report::trace::chrome_trace;
 use skewsim::schedule::train::{simulate_step, Workload};
-use skewsim::schedule::{NoVariance, Parallelism, Placement, RankMap};
+use skewsim::schedule::{NoVariance, Parallelism, Placement, RankMap, RuntimeVariance};
 use skewsim::workload::corpus::Corpus;
 use skewsim::workload::pack::Packing;
 use skewsim::workload::{PackedSeq, Sample};
+use std::sync::Arc;
 
 use super::Output;
 
@@ -56,15 +61,24 @@ struct TrainFile {
     output: OutputSpec,
     #[serde(default)]
     sweep: Option<SweepSpec>,
+    /// Runtime variance (absent: none), seeded with `[workload] seed`.
+    #[serde(default)]
+    variance: Option<VarianceSpec>,
 }
 
 fn one() -> u64 {
     1
 }
 
-#[derive(Deserialize, Serialize, Clone, Copy)]
+#[derive(Deserialize, Serialize, Clone)]
 #[serde(deny_unknown_fields, default)]
 struct NetSpec {
+    /// `stub` (fixed alpha + bytes/bandwidth, the default without a topology),
+    /// `analytical` (the default with one) or `flow`.
+    model: Option<String>,
+    /// A topology file (relative to the experiment file), e.g.
+    /// `../topologies/dgx-h200-roce.toml`; built with `[cluster] nodes` nodes.
+    topology: Option<PathBuf>,
     alpha_us: f64,
     intra_gbytes_per_s: f64,
     inter_gbytes_per_s: f64,
@@ -73,9 +87,50 @@ struct NetSpec {
 impl Default for NetSpec {
     fn default() -> Self {
         Self {
+            model: None,
+            topology: None,
             alpha_us: 5.0,
             intra_gbytes_per_s: 450.0,
             inter_gbytes_per_s: 50.0,
+        }
+    }
+}
+
+/// The network a point's steps run on.
+#[derive(Clone)]
+enum NetChoice {
+    Stub(NetSpec),
+    Analytical(Arc<Topology>),
+    Flow(Arc<Topology>),
+}
+
+impl NetChoice {
+    fn make(&self, gpus_per_node: u32) -> Box<dyn NetworkModel> {
+        match self {
+            NetChoice::Stub(n) => Box::new(StubNet::new(
+                gpus_per_node,
+                (n.alpha_us * 1e6).round() as u64,
+                n.intra_gbytes_per_s * 1e9,
+                n.inter_gbytes_per_s * 1e9,
+            )),
+            NetChoice::Analytical(t) => Box::new(AnalyticalModel::new(t.clone())),
+            NetChoice::Flow(t) => Box::new(FlowModel::new(t.clone())),
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            NetChoice::Stub(n) => format!(
+                "stand-in (alpha {} us, {} GB/s in a node, {} GB/s across, no contention)",
+                n.alpha_us, n.intra_gbytes_per_s, n.inter_gbytes_per_s
+            ),
+            NetChoice::Analytical(t) => {
+                format!("analytical over `{}` ({} nodes)", t.spec.name, t.nodes)
+            }
+            NetChoice::Flow(t) => format!(
+                "flow-level max-min over `{}` ({} nodes)",
+                t.spec.name, t.nodes
+            ),
         }
     }
 }
@@ -193,22 +248,24 @@ fn run_point(
     par: Parallelism,
     place: Placement,
     wl: &Workload,
-    net: NetSpec,
+    net: &NetChoice,
+    var: Option<(VarianceSpec, u64, Faults)>,
     steps: u64,
     out: &OutputSpec,
     file: &str,
 ) -> Result<PointResult> {
     let map = RankMap::new(par, place, file)?;
+    let vm = var
+        .map(|(spec, seed, faults)| VarianceModel::new(spec, seed, map.gpus()).with_faults(faults));
+    let variance: &dyn RuntimeVariance = match &vm {
+        Some(v) => v,
+        None => &NoVariance,
+    };
     let mut reports = Vec::new();
     let (mut trace, mut gpus) = (None, None);
     for step in 0..steps {
-        let mut stub = StubNet::new(
-            place.gpus_per_node,
-            (net.alpha_us * 1e6).round() as u64,
-            net.intra_gbytes_per_s * 1e9,
-            net.inter_gbytes_per_s * 1e9,
-        );
-        let (sg, t) = simulate_step(cost, map, wl, step, &mut stub, &NoVariance)
+        let mut network = net.make(place.gpus_per_node);
+        let (sg, t) = simulate_step(cost, map, wl, step, network.as_mut(), variance)
             .with_context(|| format!("{file}: step {step}"))?;
         let r = step_report(&sg, &t, cost, step);
         if step == out.trace_step {
@@ -285,6 +342,44 @@ pub fn run(path: &Path, dir: &Path, calibration: Option<&Path>, out: Output) -> 
             bail!("{file}: [network] {k} = {v} must be a finite positive number");
         }
     }
+    let topo = match &f.network.topology {
+        None => None,
+        Some(t) => {
+            let p = path.parent().unwrap_or(Path::new(".")).join(t);
+            let name = p.display().to_string();
+            let text = std::fs::read_to_string(&p)
+                .with_context(|| format!("{file}: reading topology {name}"))?;
+            let spec = TopologySpec::parse(&text, &name)?;
+            if spec.gpus_per_node != f.cluster.gpus_per_node {
+                bail!(
+                    "{file}: [cluster] gpus_per_node = {} but topology {name} has {}",
+                    f.cluster.gpus_per_node,
+                    spec.gpus_per_node
+                );
+            }
+            Some(Arc::new(spec.build(Some(f.cluster.nodes))?))
+        }
+    };
+    let net = match (f.network.model.as_deref(), &topo) {
+        (None | Some("stub"), None) | (Some("stub"), Some(_)) => NetChoice::Stub(f.network.clone()),
+        (None | Some("analytical"), Some(t)) => NetChoice::Analytical(t.clone()),
+        (Some("flow"), Some(t)) => NetChoice::Flow(t.clone()),
+        (Some(m @ ("analytical" | "flow")), None) => {
+            bail!("{file}: [network] model = {m:?} needs a `topology` file")
+        }
+        (Some(m), _) => bail!("{file}: [network] model = {m:?}: one of stub, analytical, flow"),
+    };
+    let faults = match (&topo, topo.as_ref().and_then(|t| t.spec.faults.clone())) {
+        (Some(t), Some(fs)) => fs.resolve(t, &file)?,
+        _ => Faults::default(),
+    };
+    let variance = match &f.variance {
+        None => None,
+        Some(v) => {
+            v.validate(&file)?;
+            Some((*v, f.workload.seed, faults))
+        }
+    };
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
 
     // The grid of points: (dp, ga, seq_len, corpus).
@@ -348,7 +443,15 @@ pub fn run(path: &Path, dir: &Path, calibration: Option<&Path>, out: Output) -> 
                 ..f.parallel
             };
             let mut r = run_point(
-                &cost, par, f.cluster, &wl, f.network, f.steps, &f.output, &file,
+                &cost,
+                par,
+                f.cluster,
+                &wl,
+                &net,
+                variance.clone(),
+                f.steps,
+                &f.output,
+                &file,
             )?;
             r.seq_len = l;
             r.corpus = c
@@ -372,10 +475,23 @@ pub fn run(path: &Path, dir: &Path, calibration: Option<&Path>, out: Output) -> 
     let m = &cost.model;
     summary += &format!(
         "Model `{}`; cluster {} nodes x {} GPUs; PP {}, CP {}, {} pipeline; {} step(s) per point. \
-         Network: stand-in (alpha {} us, {} GB/s in a node, {} GB/s across). No runtime variance.\n\n",
-        m.name, f.cluster.nodes, f.cluster.gpus_per_node, f.parallel.pp, f.parallel.cp,
-        if f.parallel.pipeline == skewsim::schedule::PipelineKind::Gpipe { "GPipe" } else { "1F1B" },
-        f.steps, f.network.alpha_us, f.network.intra_gbytes_per_s, f.network.inter_gbytes_per_s
+         Network: {}. Runtime variance: {}.\n\n",
+        m.name,
+        f.cluster.nodes,
+        f.cluster.gpus_per_node,
+        f.parallel.pp,
+        f.parallel.cp,
+        if f.parallel.pipeline == skewsim::schedule::PipelineKind::Gpipe {
+            "GPipe"
+        } else {
+            "1F1B"
+        },
+        f.steps,
+        net.describe(),
+        match &f.variance {
+            None => "none".to_string(),
+            Some(v) => format!("{v:?}, seed {}", f.workload.seed),
+        }
     );
     let table = if f.sweep.is_none() {
         let r = &results[0];

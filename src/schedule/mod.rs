@@ -19,6 +19,7 @@ pub mod ulysses;
 
 use serde::{Deserialize, Serialize};
 
+use crate::cluster::VarianceModel;
 use crate::engine::OpClass;
 use crate::error::{invalid, Result};
 use crate::net::GpuId;
@@ -213,12 +214,14 @@ impl RankMap {
     }
 }
 
-/// The seam for runtime variance: a multiplicative factor on every kernel's duration.
-/// The cluster's `VarianceModel` plugs in here (`kernel_factor` per GPU, step, layer and
-/// op class; `persistent_factor` per GPU, e.g. a slow GPU).
+/// The seam for runtime variance: a multiplicative factor on every kernel's duration,
+/// `kernel_factor × persistent_factor`. Implemented for the cluster's
+/// [`VarianceModel`](crate::cluster::VarianceModel) below.
 pub trait RuntimeVariance {
-    /// Transient factor of one kernel (1.0 = nominal).
-    fn kernel_factor(&self, gpu: GpuId, step: u64, layer: u32, op: OpClass) -> f64;
+    /// Transient factor of one kernel (1.0 = nominal): op `op` of micro-batch `mb` in layer
+    /// `layer` at step `step` on `gpu`. Layer index `layers` stands for the block after the
+    /// last layer (final norm, LM head).
+    fn kernel_factor(&self, gpu: GpuId, step: u64, layer: u32, op: OpClass, mb: u32) -> f64;
     /// Persistent factor of one GPU (1.0 = nominal).
     fn persistent_factor(&self, gpu: GpuId) -> f64;
 }
@@ -228,11 +231,25 @@ pub trait RuntimeVariance {
 pub struct NoVariance;
 
 impl RuntimeVariance for NoVariance {
-    fn kernel_factor(&self, _: GpuId, _: u64, _: u32, _: OpClass) -> f64 {
+    fn kernel_factor(&self, _: GpuId, _: u64, _: u32, _: OpClass, _: u32) -> f64 {
         1.0
     }
     fn persistent_factor(&self, _: GpuId) -> f64 {
         1.0
+    }
+}
+
+/// The cluster's variance: per-kernel jitter and spikes drawn from (seed, gpu, step, layer,
+/// op) with op = class + 256 · micro-batch, times any injected GPU slowdown at that step;
+/// the persistent factor per GPU.
+impl RuntimeVariance for VarianceModel {
+    fn kernel_factor(&self, gpu: GpuId, step: u64, layer: u32, op: OpClass, mb: u32) -> f64 {
+        let key = op as u64 | (u64::from(mb) << 8);
+        VarianceModel::kernel_factor(self, gpu, step, layer, key)
+            * self.faults().gpu_factor(gpu, step)
+    }
+    fn persistent_factor(&self, gpu: GpuId) -> f64 {
+        VarianceModel::persistent_factor(self, gpu)
     }
 }
 

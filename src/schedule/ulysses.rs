@@ -13,17 +13,25 @@
 //! Ulysses balances *within* a CP group; different replicas get different packed
 //! sequences, and that cross-replica skew waits at the DP gradient all-reduce.
 //!
-//! Collectives are lowered to point-to-point transfers the network model prices: an
-//! all-to-all sends, from each rank, one aggregated transfer over NVLink (the bytes for
-//! all same-node peers, to the next same-node peer) and one over the scale-out network
-//! (the bytes for all remote peers, to the next remote peer) — the per-GPU egress that
-//! bounds an all-to-all on a non-blocking fabric. A ring all-reduce of B bytes over n
-//! ranks sends 2(n−1)/n · B bytes from each rank to its ring successor.
+//! Collectives are lowered to point-to-point transfers the network model prices, all
+//! started together when the last rank arrives. On a node-aligned group (whole blocks of
+//! consecutive ranks per node, as the placement makes them):
+//! - all-to-all: each rank sends one aggregate over NVLink (the bytes for all same-node
+//!   peers, to the next rank of its node) and one over its NIC (the bytes for all remote
+//!   peers, to the rank at its position in the next node) — the per-GPU egress that
+//!   bounds an all-to-all on a non-blocking fabric, with destinations that are
+//!   permutations so no port receives two aggregates;
+//! - ring all-reduce of B bytes over n ranks (2(n−1)/n · B per rank), as NCCL runs it with
+//!   one channel per GPU of a node: 1/g of a rank's ring traffic crosses to the next node
+//!   through its own NIC, the rest goes over NVLink to the next rank of its node.
+//!
+//! Other groups fall back to the first same-node and first remote peer (all-to-all) and
+//! to a single ring over the group's order (all-reduce).
 //!
 //! Recomputation adds each layer's forward compute to its backward compute (the
 //! all-to-alls are not repeated). Embedding lookup and the optimizer step are not priced.
 
-use super::{Coords, PipelineKind, RankMap, RuntimeVariance};
+use super::{Coords, PipelineKind, Placement, RankMap, RuntimeVariance};
 use crate::cost::memory::{rank_memory, stage_grad_bytes, MemoryBreakdown, MemoryInputs};
 use crate::cost::{CostModel, LinearPart};
 use crate::engine::{
@@ -158,6 +166,8 @@ struct Ctx<'a> {
     map: RankMap,
     var: &'a dyn RuntimeVariance,
     step: u64,
+    /// The micro-batch whose ops are being emitted (for the variance draw).
+    mb: u32,
     b: GraphBuilder,
     xf: Vec<Xfer>,
 }
@@ -168,8 +178,10 @@ impl Ctx<'_> {
     }
 
     fn vary(&self, gpu: GpuId, layer: u32, class: OpClass, base: Ps) -> Ps {
-        let f =
-            self.var.kernel_factor(gpu, self.step, layer, class) * self.var.persistent_factor(gpu);
+        let f = self
+            .var
+            .kernel_factor(gpu, self.step, layer, class, self.mb)
+            * self.var.persistent_factor(gpu);
         if f == 1.0 {
             base
         } else {
@@ -178,11 +190,28 @@ impl Ctx<'_> {
     }
 
     /// The all-to-all pattern of a group: for each rank, (same-node peer, how many
-    /// same-node peers, remote peer, how many remote peers).
+    /// same-node peers, remote peer, how many remote peers). On a node-aligned group the
+    /// peers are permutations (next rank in the node; same position in the next node), so
+    /// no NIC or NVLink port receives more than one aggregate.
     fn a2a_pattern(&self, gpus: &[GpuId], out: &mut Vec<A2aRoute>) {
         out.clear();
         let n = gpus.len();
         let place = self.map.place;
+        if let Some(sh) = GroupShape::of(gpus, place) {
+            for (i, &src) in gpus.iter().enumerate() {
+                let (k, j) = (i / sh.per_node, i % sh.per_node);
+                let intra = gpus[k * sh.per_node + (j + 1) % sh.per_node];
+                let inter = gpus[((k + 1) % sh.nodes) * sh.per_node + j];
+                out.push(A2aRoute {
+                    src,
+                    d_in: intra,
+                    n_in: (sh.per_node - 1) as u64,
+                    d_out: inter,
+                    n_out: (n - sh.per_node) as u64,
+                });
+            }
+            return;
+        }
         for (i, &src) in gpus.iter().enumerate() {
             let node = place.node(src);
             let mut r = A2aRoute {
@@ -239,21 +268,84 @@ impl Ctx<'_> {
     /// A ring all-reduce of `bytes` over `gpus`.
     fn all_reduce(&mut self, gpus: &[GpuId], bytes: u64) -> CollId {
         self.xf.clear();
-        let n = gpus.len() as u64;
+        let n = gpus.len();
         if n > 1 {
-            let per = (2 * (n - 1) * bytes).div_ceil(n);
-            for (i, &src) in gpus.iter().enumerate() {
-                self.xf.push(Xfer {
-                    src,
-                    dst: gpus[(i + 1) % gpus.len()],
-                    bytes: per,
-                });
+            let per = (2 * (n as u64 - 1) * bytes).div_ceil(n as u64);
+            match GroupShape::of(gpus, self.map.place) {
+                // NCCL's ring with one channel per GPU of a node: each channel crosses the
+                // node boundary through a different NIC, so a GPU moves 1/g of its ring
+                // traffic over its NIC (to the same position in the next node) and the
+                // rest over NVLink (to the next GPU of its node).
+                Some(sh) if sh.nodes > 1 => {
+                    let g = sh.per_node as u64;
+                    let inter = per.div_ceil(g);
+                    let intra = per - inter;
+                    for (i, &src) in gpus.iter().enumerate() {
+                        let (k, j) = (i / sh.per_node, i % sh.per_node);
+                        if sh.per_node > 1 {
+                            let dst = gpus[k * sh.per_node + (j + 1) % sh.per_node];
+                            self.xf.push(Xfer {
+                                src,
+                                dst,
+                                bytes: intra,
+                            });
+                        }
+                        let dst = gpus[((k + 1) % sh.nodes) * sh.per_node + j];
+                        self.xf.push(Xfer {
+                            src,
+                            dst,
+                            bytes: inter,
+                        });
+                    }
+                }
+                _ => {
+                    for (i, &src) in gpus.iter().enumerate() {
+                        self.xf.push(Xfer {
+                            src,
+                            dst: gpus[(i + 1) % n],
+                            bytes: per,
+                        });
+                    }
+                }
             }
         }
         let xf = std::mem::take(&mut self.xf);
         let c = self.b.add_collective(&xf);
         self.xf = xf;
         c
+    }
+}
+
+/// A group laid out as `nodes` whole blocks of `per_node` consecutive members, each block
+/// on one node (CP and DP groups under the placement rule, whenever they fill nodes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct GroupShape {
+    nodes: usize,
+    per_node: usize,
+}
+
+impl GroupShape {
+    fn of(gpus: &[GpuId], place: Placement) -> Option<GroupShape> {
+        let first = *gpus.first()?;
+        let per_node = gpus
+            .iter()
+            .take_while(|&&g| place.node(g) == place.node(first))
+            .count();
+        if per_node == 0 || gpus.len() % per_node != 0 {
+            return None;
+        }
+        let nodes = gpus.len() / per_node;
+        let mut prev: Option<u32> = None;
+        for block in gpus.chunks(per_node) {
+            let node = place.node(block[0]);
+            // Blocks on distinct nodes, in increasing node order (as the placement lays
+            // groups out); anything else takes the general lowering.
+            if block.iter().any(|&g| place.node(g) != node) || prev.is_some_and(|p| node <= p) {
+                return None;
+            }
+            prev = Some(node);
+        }
+        Some(GroupShape { nodes, per_node })
     }
 }
 
@@ -311,6 +403,7 @@ pub fn build_step(
     let ops_est = gpus as usize * ga as usize * (m.layers as usize / pp as usize + 1) * 8 + 16;
     let mut cx = Ctx {
         map,
+        mb: 0,
         var,
         step,
         b: GraphBuilder::with_capacity(ops_est),
@@ -412,6 +505,7 @@ pub fn build_step(
                 }
             }
             let mb16 = mb as u16;
+            cx.mb = mb;
             if fwd {
                 for l in lf..ll {
                     let lab = |class| OpLabel {
@@ -468,7 +562,7 @@ pub fn build_step(
                         let i = r * cpu + c;
                         let g = groups[i];
                         let d = durs[i];
-                        let dur = cx.vary(g, ll - 1, OpClass::LinearFwd, d.post_f);
+                        let dur = cx.vary(g, ll, OpClass::LinearFwd, d.post_f);
                         let mut op = cx.b.add_op(
                             cx.stream(g, StreamKind::Compute),
                             OpKind::Compute(dur),
@@ -524,9 +618,11 @@ pub fn build_step(
                                 &[],
                             );
                         }
+                        // Variance layer index `ll`: the last layer's post block, drawn
+                        // apart from the layer's own linear backward below.
                         let dur = cx.vary(
                             g,
-                            ll - 1,
+                            ll,
                             OpClass::LinearBwd,
                             d.post_b + if rec { d.post_f } else { 0 },
                         );

@@ -234,6 +234,21 @@ fn all_to_all_bytes_by_hand() {
             bytes: 8 * pair
         }
     );
+    // Destinations are permutations: no NIC or NVLink port receives two aggregates.
+    let mut inter: Vec<u32> = x
+        .iter()
+        .filter(|t| t.src / 8 != t.dst / 8)
+        .map(|t| t.dst)
+        .collect();
+    let mut intra: Vec<u32> = x
+        .iter()
+        .filter(|t| t.src / 8 == t.dst / 8)
+        .map(|t| t.dst)
+        .collect();
+    inter.sort_unstable();
+    intra.sort_unstable();
+    assert_eq!(inter, (0..16).collect::<Vec<_>>());
+    assert_eq!(intra, (0..16).collect::<Vec<_>>());
     // The output all-to-all carries Q-sized blocks.
     assert_eq!(sg.graph.coll_xfers(1)[0].bytes, 7 * 1024 * 2 * 128 * 2);
 }
@@ -308,7 +323,7 @@ fn wrong_batch_shapes_are_rejected() {
 fn runtime_variance_reaches_every_kernel() {
     struct Var;
     impl crate::schedule::RuntimeVariance for Var {
-        fn kernel_factor(&self, _gpu: u32, step: u64, layer: u32, op: OpClass) -> f64 {
+        fn kernel_factor(&self, _gpu: u32, step: u64, layer: u32, op: OpClass, _mb: u32) -> f64 {
             if step == 7 && layer == 0 && op == OpClass::AttnFwd {
                 2.0
             } else {
@@ -393,5 +408,87 @@ fn ring_allreduce_bytes_by_hand() {
             assert_eq!((t.src, t.dst), (i as u32, ((i + 1) % 4) as u32));
             assert_eq!(t.bytes, (2 * 3 * b).div_ceil(4));
         }
+    }
+}
+
+/// The cluster's VarianceModel through the seam: no variance reproduces the nominal
+/// timeline exactly; the calibrated default perturbs it deterministically, and every
+/// micro-batch of a layer gets its own draw.
+#[test]
+fn cluster_variance_model_plugs_into_the_seam() {
+    use crate::cluster::{VarianceModel, VarianceSpec};
+    let c = qwen();
+    let s = seq(&[4096, 4096], 8192);
+    let batch = vec![vec![s.clone(), s.clone()], vec![s.clone(), s.clone()]];
+    let map = RankMap::new(
+        par(2, 1, 2, 2),
+        Placement {
+            gpus_per_node: 8,
+            nodes: 1,
+        },
+        "t",
+    )
+    .unwrap();
+    let time = |v: &dyn crate::schedule::RuntimeVariance| {
+        let sg = build_step(&c, map, &batch, 3, v).unwrap();
+        let t = run(&sg.graph, &mut StubNet::dgx_h200()).unwrap();
+        (sg, t)
+    };
+    let (_, nominal) = time(&NoVariance);
+    let (_, none) = time(&VarianceModel::new(VarianceSpec::none(), 1, 4));
+    assert_eq!(nominal, none);
+    let vm = VarianceModel::new(VarianceSpec::default(), 1, 4);
+    let (sg, a) = time(&vm);
+    let (_, b) = time(&vm);
+    assert_eq!(a, b);
+    assert_ne!(a.makespan, nominal.makespan);
+    // Attention forward of layer 5, micro-batches 0 and 1, on GPU 0: different draws.
+    let d: Vec<Ps> = sg
+        .graph
+        .stream_ops(0)
+        .iter()
+        .map(|&o| o as usize)
+        .filter(|&o| {
+            sg.graph.ops[o].label.class == OpClass::AttnFwd && sg.graph.ops[o].label.layer == 5
+        })
+        .map(|o| a.end[o] - a.start[o])
+        .collect();
+    assert_eq!(d.len(), 2);
+    assert_ne!(d[0], d[1]);
+}
+
+/// Across nodes the ring all-reduce runs one channel per GPU of a node: 1/g of each
+/// GPU's ring traffic leaves through its own NIC to the same position in the next node.
+#[test]
+fn ring_allreduce_across_nodes_uses_every_nic() {
+    let c = CostModel::h200(ModelConfig::builtin("llama3-8b").unwrap()).unwrap();
+    let s = seq(&[1000], 1024);
+    // DP 4 x CP 4 = 16 GPUs on 2 nodes of 8.
+    let (sg, _) = go(&c, par(4, 1, 4, 1), &vec![vec![s.clone()]; 4]);
+    let n = sg.graph.collectives();
+    let x = sg.graph.coll_xfers(n as u32 - 1);
+    let total = 4 * c.model.total_params();
+    let per = (2 * 15 * total).div_ceil(16);
+    let inter = per.div_ceil(8);
+    assert_eq!(x.len(), 32);
+    for src in 0..16u32 {
+        let mine: Vec<_> = x.iter().filter(|t| t.src == src).collect();
+        assert_eq!(mine.len(), 2);
+        assert_eq!(
+            *mine[0],
+            Xfer {
+                src,
+                dst: (src / 8) * 8 + (src % 8 + 1) % 8,
+                bytes: per - inter
+            }
+        );
+        assert_eq!(
+            *mine[1],
+            Xfer {
+                src,
+                dst: (src + 8) % 16,
+                bytes: inter
+            }
+        );
     }
 }
