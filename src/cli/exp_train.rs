@@ -31,7 +31,7 @@ use skewsim::engine::stub_net::StubNet;
 use skewsim::net::{AnalyticalModel, FlowModel, NetworkModel};
 use skewsim::report::step::{gpus_csv, microbatches_csv, ms, step_report, steps_csv, StepReport};
 use skewsim::report::trace::chrome_trace;
-use skewsim::schedule::train::{simulate_step, Workload};
+use skewsim::schedule::train::{simulate_batch, Workload};
 use skewsim::schedule::{NoVariance, Parallelism, Placement, RankMap, RuntimeVariance};
 use skewsim::workload::corpus::Corpus;
 use skewsim::workload::pack::Packing;
@@ -263,9 +263,13 @@ fn run_point(
     };
     let mut reports = Vec::new();
     let (mut trace, mut gpus) = (None, None);
+    let mut batches = wl.batches((par.dp * par.ga) as usize)?;
     for step in 0..steps {
+        let seqs = batches
+            .next()
+            .with_context(|| format!("{file}: the corpus ran out of documents at step {step}"))?;
         let mut network = net.make(place.gpus_per_node);
-        let (sg, t) = simulate_step(cost, map, wl, step, network.as_mut(), variance)
+        let (sg, t) = simulate_batch(cost, map, seqs, step, network.as_mut(), variance)
             .with_context(|| format!("{file}: step {step}"))?;
         let r = step_report(&sg, &t, cost, step);
         if step == out.trace_step {

@@ -14,7 +14,7 @@ use crate::engine::{run, Timeline};
 use crate::error::{invalid, Result};
 use crate::net::NetworkModel;
 use crate::workload::corpus::Corpus;
-use crate::workload::pack::{global_batch, Packing};
+use crate::workload::pack::{batches, Packing};
 use crate::workload::{PackedSeq, Sample};
 
 /// Where a run's packed sequences come from.
@@ -111,35 +111,112 @@ impl Workload {
         }
     }
 
-    /// The `n` packed sequences of step `step` (`n` = GBS).
-    pub fn step_sequences(&self, step: u64, n: usize) -> Result<Vec<PackedSeq>> {
+    /// Successive global batches of `n` (= GBS) packed sequences from one continuous
+    /// document stream (as a data loader hands them out): step s is the s-th item.
+    pub fn batches(&self, n: usize) -> Result<Box<dyn Iterator<Item = Vec<PackedSeq>> + '_>> {
         Ok(match self {
             Workload::Corpus {
                 corpus,
                 seq_len,
                 packing,
                 seed,
-            } => global_batch(corpus, *seq_len, n, *packing, *seed, step)?,
-            Workload::Sequences(s) => (0..n)
-                .map(|i| s[(step as usize * n + i) % s.len()].clone())
-                .collect(),
+            } => Box::new(batches(corpus, *seq_len, n, *packing, *seed, 0)?),
+            Workload::Sequences(s) => {
+                let mut i = 0usize;
+                Box::new(std::iter::from_fn(move || {
+                    let b = (0..n).map(|k| s[(i + k) % s.len()].clone()).collect();
+                    i = (i + n) % s.len();
+                    Some(b)
+                }))
+            }
             Workload::LogNormal {
                 median,
                 sigma,
                 seq_len,
                 seed,
-            } => lognormal_sequences(
-                *median,
-                *sigma,
-                *seq_len,
-                n,
-                seed.wrapping_add(step.wrapping_mul(0x9e37_79b9)),
-            ),
+            } => {
+                let mut g = LogNormalStream::new(*median, *sigma, *seq_len, *seed);
+                Box::new(std::iter::from_fn(move || {
+                    Some((0..n).map(|_| g.next_seq()).collect())
+                }))
+            }
+        })
+    }
+
+    /// The `n` packed sequences of step `step` (`n` = GBS): the `step`-th item of
+    /// [`Workload::batches`].
+    pub fn step_sequences(&self, step: u64, n: usize) -> Result<Vec<PackedSeq>> {
+        let mut it = self.batches(n)?;
+        it.nth(step as usize).ok_or_else(|| {
+            invalid(
+                "step",
+                step,
+                "a step the corpus has documents for (trace exhausted)",
+            )
         })
     }
 }
 
-/// `n` packed sequences of `cap` tokens from log-normal document lengths, seeded.
+/// A continuous stream of packed sequences of `cap` tokens from log-normal document
+/// lengths; a document that does not fit the space left is cut and its rest starts the
+/// next sequence.
+struct LogNormalStream {
+    ln: Option<LogNormal<f64>>,
+    median: f64,
+    r: crate::rng::Rng,
+    doc: u64,
+    carry: Option<(u32, u32)>,
+    cap: u32,
+}
+
+impl LogNormalStream {
+    fn new(median: f64, sigma: f64, cap: u32, seed: u64) -> Self {
+        Self {
+            ln: LogNormal::new(median.max(1.0).ln(), sigma.max(0.0)).ok(),
+            median,
+            r: crate::rng::stream(seed, "lognormal-docs", 0),
+            doc: 0,
+            carry: None,
+            cap: cap.max(1),
+        }
+    }
+
+    fn next_seq(&mut self) -> PackedSeq {
+        let mut samples = Vec::new();
+        let mut used = 0u32;
+        while used < self.cap {
+            let (offset, len) = match self.carry.take() {
+                Some(c) => c,
+                None => {
+                    self.doc += 1;
+                    let l = match &self.ln {
+                        Some(d) => d.sample(&mut self.r),
+                        None => self.median,
+                    };
+                    (0, (l.round().max(1.0)).min(f64::from(u32::MAX)) as u32)
+                }
+            };
+            let take = len.min(self.cap - used);
+            if take < len {
+                self.carry = Some((offset + take, len - take));
+            }
+            samples.push(Sample {
+                doc: self.doc,
+                offset,
+                len: take,
+                cut: offset > 0 || take < len,
+            });
+            used += take;
+        }
+        PackedSeq {
+            samples,
+            capacity: self.cap,
+        }
+    }
+}
+
+/// `n` packed sequences of `cap` tokens from log-normal document lengths, seeded (the
+/// first `n` of one continuous stream).
 pub fn lognormal_sequences(
     median: f64,
     sigma: f64,
@@ -147,42 +224,8 @@ pub fn lognormal_sequences(
     n: usize,
     seed: u64,
 ) -> Vec<PackedSeq> {
-    let ln = LogNormal::new(median.max(1.0).ln(), sigma.max(0.0)).ok();
-    let mut r = crate::rng::stream(seed, "lognormal-docs", 0);
-    let mut out = Vec::with_capacity(n);
-    let mut doc = 0u64;
-    let mut carry: Option<(u32, u32)> = None; // (offset, remaining) of a cut document
-    for _ in 0..n {
-        let mut samples = Vec::new();
-        let mut used = 0u32;
-        while used < cap {
-            let (offset, len) = match carry.take() {
-                Some(c) => c,
-                None => {
-                    doc += 1;
-                    let l = ln.map(|d| d.sample(&mut r)).unwrap_or(median);
-                    (0, (l.round().max(1.0)).min(f64::from(u32::MAX)) as u32)
-                }
-            };
-            let take = len.min(cap - used);
-            if take < len {
-                carry = Some((offset + take, len - take));
-            }
-            let cut = offset > 0 || take < len;
-            samples.push(Sample {
-                doc,
-                offset,
-                len: take,
-                cut,
-            });
-            used += take;
-        }
-        out.push(PackedSeq {
-            samples,
-            capacity: cap,
-        });
-    }
-    out
+    let mut g = LogNormalStream::new(median, sigma, cap, seed);
+    (0..n).map(|_| g.next_seq()).collect()
 }
 
 /// Split a step's GBS sequences over `dp` replicas of `ga` micro-batches.
@@ -191,6 +234,29 @@ pub fn split_replicas(seqs: Vec<PackedSeq>, dp: u32, ga: u32) -> Vec<Vec<PackedS
     (0..dp)
         .map(|_| it.by_ref().take(ga as usize).collect())
         .collect()
+}
+
+/// Simulate one step whose global batch is `seqs` (GBS = DP × GA sequences) on `net`.
+pub fn simulate_batch(
+    cost: &CostModel,
+    map: RankMap,
+    seqs: Vec<PackedSeq>,
+    step: u64,
+    net: &mut dyn NetworkModel,
+    var: &dyn RuntimeVariance,
+) -> Result<(StepGraph, Timeline)> {
+    let (dp, ga) = (map.par.dp, map.par.ga);
+    if seqs.len() != (dp * ga) as usize {
+        return Err(invalid(
+            "global batch",
+            seqs.len(),
+            format!("dp x ga = {}", dp * ga),
+        ));
+    }
+    let batch = split_replicas(seqs, dp, ga);
+    let sg = build_step(cost, map, &batch, step, var)?;
+    let t = run(&sg.graph, net)?;
+    Ok((sg, t))
 }
 
 /// Simulate step `step` on `net`.
@@ -249,6 +315,10 @@ mod tests {
             .all(|s| s.capacity == 65_536 && s.tokens() <= 65_536));
         assert_ne!(a, wl.step_sequences(1, 8).unwrap());
         assert_eq!(a, wl.step_sequences(0, 8).unwrap());
+        // Steps come from one continuous stream: step 1 is the next 8 sequences.
+        let two = wl.batches(8).unwrap().take(2).collect::<Vec<_>>();
+        assert_eq!(two[0], a);
+        assert_eq!(two[1], wl.step_sequences(1, 8).unwrap());
     }
 
     #[test]
