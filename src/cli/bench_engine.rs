@@ -330,12 +330,13 @@ pub fn arm_engine_scaling() -> Result<Timed> {
         let rows = scaling(&[256, 512, 1024, 2048, 4096, 8192, 16384], 262_144)?;
         let mut d = String::new();
         for r in &rows {
-            if r.name == "scaling wall time" {
-                let n = r.note.split_whitespace().next().unwrap_or("?");
-                d += &format!("{n}: {:.2} s, ", r.value);
-            }
-            if r.name == "scaling exponent wall" {
-                d += &format!("k = {:.2}", r.value);
+            let n = r.note.split_whitespace().next().unwrap_or("?");
+            match r.name.as_str() {
+                "scaling wall time" => d += &format!("{n}: {:.2} s", r.value),
+                "scaling cpu time" => d += &format!(" ({:.2} cpu), ", r.value),
+                "scaling exponent wall" => d += &format!("k = {:.2} wall", r.value),
+                "scaling exponent cpu" => d += &format!(", {:.2} cpu", r.value),
+                _ => {}
             }
         }
         Ok(d)
