@@ -303,10 +303,88 @@ fn mean(v: impl Iterator<Item = f64>) -> f64 {
 pub fn run(path: &Path, dir: &Path, calibration: Option<&Path>, out: Output) -> Result<()> {
     let file = path.display().to_string();
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {file}"))?;
+    let title = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let base = path.parent().unwrap_or(Path::new("."));
+    run_text(&text, &file, &title, base, dir, calibration, out)
+}
+
+/// The built-in default run (`skewsim` with no subcommand): a small DGX H200 cluster
+/// (4 nodes, 32 GPUs, analytical network), `libra-1m` packed to 1M tokens, Ulysses with
+/// CP 16 × DP 2, GA 4, qwen3-30b-a3b, calibrated runtime variance; two steps.
+pub const DEFAULT_EXPERIMENT: &str = r#"
+kind = "train"
+description = "Built-in default: Ulysses (CP 16 x DP 2, GA 4) on 4 DGX H200 nodes, libra-1m at 1M tokens."
+model = "qwen3-30b-a3b"
+steps = 2
+
+[cluster]
+gpus_per_node = 8
+nodes = 4
+
+[network]
+topology = "dgx-h200-roce"
+model = "analytical"
+
+[variance]
+persistent = { dist = "lognormal", sigma = 0.008 }
+jitter = { dist = "lognormal", sigma = 0.0108 }
+spike = { prob = 0.0022, mean = 0.045 }
+
+[parallel]
+dp = 2
+pp = 1
+cp = 16
+ga = 4
+pipeline = "1f1b"
+recompute = true
+zero_stage = 3
+dp_buckets = 8
+
+[workload]
+seq_len = 1048576
+seed = 1
+corpus = "libra-1m"
+"#;
+
+/// Run [`DEFAULT_EXPERIMENT`], writing `runs/default/`.
+pub fn run_default(out: Output) -> Result<()> {
+    run_text(
+        DEFAULT_EXPERIMENT,
+        "built-in default experiment",
+        "default",
+        Path::new("."),
+        Path::new("runs/default"),
+        None,
+        out,
+    )
+}
+
+/// Topologies shipped in `topologies/`, by name, for `topology = "NAME"`.
+const BUILTIN_TOPOLOGIES: &[(&str, &str)] = &[(
+    "dgx-h200-roce",
+    include_str!("../../topologies/dgx-h200-roce.toml"),
+)];
+
+/// Run a `train` experiment from its text; `file` names it in messages, `title` heads the
+/// summary, relative paths inside it resolve against `base`.
+fn run_text(
+    text: &str,
+    file: &str,
+    title: &str,
+    base: &Path,
+    dir: &Path,
+    calibration: Option<&Path>,
+    out: Output,
+) -> Result<()> {
+    let file = file.to_string();
+    let path = base;
     let f: TrainFile =
-        toml::from_str(&text).with_context(|| format!("{file}: not a valid `train` experiment"))?;
+        toml::from_str(text).with_context(|| format!("{file}: not a valid `train` experiment"))?;
     let model = if f.model.ends_with(".toml") {
-        let p = path.parent().unwrap_or(Path::new(".")).join(&f.model);
+        let p = path.join(&f.model);
         let t = std::fs::read_to_string(&p)
             .with_context(|| format!("{file}: reading model {}", p.display()))?;
         ModelConfig::from_toml_str(&t, &p.display().to_string())?
@@ -315,7 +393,7 @@ pub fn run(path: &Path, dir: &Path, calibration: Option<&Path>, out: Output) -> 
     };
     let cal_path = match (calibration, &f.calibration) {
         (Some(flag), _) => Some(flag.to_path_buf()),
-        (None, Some(c)) => Some(path.parent().unwrap_or(Path::new(".")).join(c)),
+        (None, Some(c)) => Some(path.join(c)),
         (None, None) => None,
     };
     let cost = match cal_path {
@@ -349,10 +427,19 @@ pub fn run(path: &Path, dir: &Path, calibration: Option<&Path>, out: Output) -> 
     let topo = match &f.network.topology {
         None => None,
         Some(t) => {
-            let p = path.parent().unwrap_or(Path::new(".")).join(t);
-            let name = p.display().to_string();
-            let text = std::fs::read_to_string(&p)
-                .with_context(|| format!("{file}: reading topology {name}"))?;
+            let p = path.join(t);
+            let builtin = BUILTIN_TOPOLOGIES
+                .iter()
+                .find(|(n, _)| Path::new(n) == t.as_path() && !p.exists());
+            let (name, text) = match builtin {
+                Some((n, body)) => (format!("topologies/{n}.toml"), (*body).to_string()),
+                None => {
+                    let name = p.display().to_string();
+                    let text = std::fs::read_to_string(&p)
+                        .with_context(|| format!("{file}: reading topology {name}"))?;
+                    (name, text)
+                }
+            };
             let spec = TopologySpec::parse(&text, &name)?;
             if spec.gpus_per_node != f.cluster.gpus_per_node {
                 bail!(
@@ -467,17 +554,13 @@ pub fn run(path: &Path, dir: &Path, calibration: Option<&Path>, out: Output) -> 
         .collect();
     let results: Vec<PointResult> = results.into_iter().collect::<Result<_>>()?;
 
-    let mut summary = format!(
-        "# {}\n\n",
-        path.file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_default()
-    );
+    let mut summary = format!("# {title}\n\n");
     if !f.description.is_empty() {
         summary += &format!("{}\n\n", f.description.trim());
     }
     let m = &cost.model;
-    summary += &format!(
+    summary +=
+        &format!(
         "Model `{}`; cluster {} nodes x {} GPUs; PP {}, CP {}, {} pipeline; {} step(s) per point. \
          Network: {}. Runtime variance: {}.\n\n",
         m.name,
@@ -494,7 +577,13 @@ pub fn run(path: &Path, dir: &Path, calibration: Option<&Path>, out: Output) -> 
         net.describe(),
         match &f.variance {
             None => "none".to_string(),
-            Some(v) => format!("{v:?}, seed {}", f.workload.seed),
+            Some(v) => format!(
+                "persistent {:?}, per-kernel jitter {:?}, spikes {}; seed {}",
+                v.persistent,
+                v.jitter,
+                v.spike.map_or("none".to_string(), |k| format!("p = {}, mean +{}", k.prob, k.mean)),
+                f.workload.seed
+            ),
         }
     );
     let table = if f.sweep.is_none() {
