@@ -56,6 +56,7 @@
 //! nano-batch 1's compute and the other way round. This module only describes the split.
 
 pub mod lower;
+pub mod pingpong;
 
 use std::cmp::Reverse;
 use std::collections::BTreeSet;

@@ -16,6 +16,7 @@
 //! ([`KvReach::CausalPrefix`]) — once per (sample, destination), so the plan's KV bytes are
 //! at most the scheduler's (equal when no two tasks of a sample go to one server).
 
+use super::pingpong::NanoTable;
 use super::{schedule, schedule_ping_pong, DistcaConfig, DistcaSchedule};
 use crate::balance::ulysses::{check_fits, ga_of};
 use crate::error::Result;
@@ -30,6 +31,9 @@ pub struct DistcaPlan {
     pub plan: Plan,
     /// Per GA index, its schedule (two with ping-pong: nano-batch 0, then 1).
     pub schedules: Vec<Vec<DistcaSchedule>>,
+    /// Which nano-batch each unit and transfer belongs to (a side table; the Plan IR is
+    /// unchanged).
+    pub nano: NanoTable,
 }
 
 /// Plan one step of DistCA. `batch` is the step's global batch in loader order; `dp` the
@@ -48,6 +52,7 @@ pub fn plan_step(
     let workers: Vec<WorkerId> = (0..dp).collect();
     let mut groups = Vec::with_capacity(ga as usize);
     let mut schedules = Vec::with_capacity(ga as usize);
+    let mut nano = Vec::with_capacity(ga as usize);
     for (g, servers) in batch.chunks(dp as usize).enumerate() {
         let g = g as u32;
         let scheds: Vec<DistcaSchedule> = if ping_pong {
@@ -84,7 +89,9 @@ pub fn plan_step(
             })
             .collect();
         let mut units = Vec::new();
-        for sched in &scheds {
+        let mut counts = [0u32; 2];
+        for (h, sched) in scheds.iter().enumerate() {
+            let before = units.len();
             for (dst, work) in sched.servers.iter().enumerate() {
                 for task in &work.tasks {
                     let home = task.sample.server as usize;
@@ -100,7 +107,9 @@ pub fn plan_step(
                     }
                 }
             }
+            counts[h.min(1)] += (units.len() - before) as u32;
         }
+        nano.push(counts);
         let site = GroupSite {
             ga: g,
             pool: 0,
@@ -122,6 +131,7 @@ pub fn plan_step(
             groups,
         },
         schedules,
+        nano: NanoTable { units: nano },
     })
 }
 
