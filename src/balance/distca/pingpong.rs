@@ -268,10 +268,7 @@ mod tests {
         assert_eq!(n.len(), g.transfers.len());
         for (tr, &h) in g.transfers.iter().zip(&n) {
             if let Payload::Kv { group, .. } = tr.carries {
-                assert_eq!(
-                    halves[group.seq as usize][h as usize].contains(&group.sample),
-                    true
-                );
+                assert!(halves[group.seq as usize][h as usize].contains(&group.sample));
             }
         }
         let single = plan_step(0, &batch, 2, &cfg, false).unwrap();
