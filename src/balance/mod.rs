@@ -9,6 +9,7 @@
 pub mod distca;
 pub mod grouping;
 pub mod libra;
+pub mod pricing;
 pub mod ulysses;
 pub mod wlbllm;
 
