@@ -10,6 +10,7 @@ pub mod distca;
 pub mod grouping;
 pub mod libra;
 pub mod pricing;
+pub mod schemes;
 pub mod ulysses;
 pub mod wlbllm;
 

@@ -1,0 +1,311 @@
+//! The four schemes behind one planner: a step's global batch in, a checked-shape
+//! [`Plan`] (and, for DistCA with ping-pong, its [`NanoTable`]) out.
+//!
+//! Owns the choice of settings each scheme gets when compared on one cluster, and nothing
+//! else: every plan is made by the scheme's own planner (`ulysses`, `wlbllm` + `lower`,
+//! `distca::lower`, `libra` after VRSP grouping). WLB-LLM's latency estimates come from
+//! `cost/` ([`CostLatency`]). Stateful only where the scheme is: WLB-LLM's packer carries
+//! samples (and outlier queues) from step to step, so steps must be planned in order.
+//!
+//! # One cluster, four layouts
+//! Ulysses, WLB-LLM and Libra run DP replicas × CP ranks (Libra pools P replicas). DistCA
+//! needs no context parallelism (paper: in-place attention servers; P = DP): the same
+//! DP·CP GPUs are DP·CP servers, each holding whole packed sequences, with
+//! GA' = GBS / (DP·CP) ([`SchemeSettings::layout`]).
+//!
+//! May not touch the planners' algorithms or the engine; no I/O.
+
+use serde::Serialize;
+
+use super::distca::pingpong::NanoTable;
+use super::distca::{self, DistcaConfig};
+use super::grouping::{group, Policy};
+use super::libra::{self, LibraParams};
+use super::pricing::CostLatency;
+use super::ulysses::{self, UlyssesParams};
+use super::wlbllm::lower::{to_plan, ShardingMode, WlbPlanParams};
+use super::wlbllm::{OutlierDelay, WlbConfig, WlbPacker, KERNEL_TILE};
+use crate::cost::CostModel;
+use crate::error::{invalid, Result};
+use crate::plan::Plan;
+use crate::workload::PackedSeq;
+
+/// A balancing scheme.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub enum Scheme {
+    /// DeepSpeed-Ulysses (the baseline: no balancing across replicas).
+    Ulysses,
+    /// WLB-LLM: variable-length packing + per-document / adaptive CP sharding.
+    WlbLlm,
+    /// DistCA: core attention disaggregated over all GPUs.
+    DistCa,
+    /// Libra: VRSP pools + TAP placement + exchange.
+    Libra,
+}
+
+impl Scheme {
+    /// All four, in the order tables print them.
+    pub const ALL: [Scheme; 4] = [
+        Scheme::Ulysses,
+        Scheme::WlbLlm,
+        Scheme::DistCa,
+        Scheme::Libra,
+    ];
+
+    /// The name files and tables use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Scheme::Ulysses => "ulysses",
+            Scheme::WlbLlm => "wlbllm",
+            Scheme::DistCa => "distca",
+            Scheme::Libra => "libra",
+        }
+    }
+}
+
+impl std::str::FromStr for Scheme {
+    type Err = crate::error::Error;
+    fn from_str(s: &str) -> Result<Scheme> {
+        Scheme::ALL
+            .into_iter()
+            .find(|x| x.name() == s)
+            .ok_or_else(|| invalid("scheme", s, "ulysses, wlbllm, distca or libra"))
+    }
+}
+
+/// Every scheme's knobs (each uses its own).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SchemeSettings {
+    /// CP ranks per DP replica (Ulysses, WLB-LLM, Libra).
+    pub cp: u32,
+    /// WLB-LLM's S_max (default 2·L).
+    pub s_max: Option<u32>,
+    /// WLB-LLM's sharding.
+    pub sharding: ShardingMode,
+    /// WLB-LLM's outlier-delay thresholds (None: off).
+    pub outlier: Option<Vec<u32>>,
+    /// DistCA's tolerance ε.
+    pub epsilon: f64,
+    /// DistCA's ping-pong nano-batches.
+    pub ping_pong: bool,
+    /// Libra's P, H, B, τ, M (its `cp` and `shape` are set from the above and the model).
+    pub libra: LibraParams,
+    /// Seed of Libra's grouping stream (VRSP does not draw; kept for `random`).
+    pub seed: u64,
+}
+
+impl Default for SchemeSettings {
+    fn default() -> Self {
+        SchemeSettings {
+            cp: 8,
+            s_max: None,
+            sharding: ShardingMode::Adaptive,
+            outlier: None,
+            epsilon: distca::DEFAULT_EPSILON,
+            ping_pong: true,
+            libra: LibraParams::default(),
+            seed: 0,
+        }
+    }
+}
+
+impl SchemeSettings {
+    /// (DP, CP) a scheme runs with on `dp` replicas × `self.cp` ranks: DistCA gets
+    /// (DP·CP, 1).
+    pub fn layout(&self, scheme: Scheme, dp: u32) -> (u32, u32) {
+        match scheme {
+            Scheme::DistCa => (dp * self.cp, 1),
+            _ => (dp, self.cp),
+        }
+    }
+}
+
+/// One step's plan.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SchemePlan {
+    /// The plan.
+    pub plan: Plan,
+    /// DistCA's nano-batch table (None for the other schemes).
+    pub nano: Option<NanoTable>,
+    /// The global batch as the scheme trains it: WLB-LLM's repacked micro-batches (capacity
+    /// S_max), the input batch for the others. In GA-major order for the schedule:
+    /// `batch[ga · DP + replica]`.
+    pub trained: Vec<PackedSeq>,
+}
+
+/// Plans successive steps of one scheme.
+pub struct SchemePlanner<'a> {
+    scheme: Scheme,
+    set: SchemeSettings,
+    cost: &'a CostModel,
+    dp: u32,
+    wlb: Option<WlbPacker<CostLatency<'a>>>,
+}
+
+impl<'a> SchemePlanner<'a> {
+    /// A planner for `scheme` on `dp` replicas (× `set.cp` ranks) of `gbs` sequences of
+    /// `seq_len` tokens. Errors name the setting that does not fit.
+    pub fn new(
+        scheme: Scheme,
+        set: SchemeSettings,
+        cost: &'a CostModel,
+        dp: u32,
+        gbs: usize,
+        seq_len: u32,
+    ) -> Result<SchemePlanner<'a>> {
+        let (sdp, _) = set.layout(scheme, dp);
+        if sdp == 0 || gbs == 0 || gbs % sdp as usize != 0 {
+            return Err(invalid(
+                format!("GBS for {}", scheme.name()),
+                gbs,
+                format!("a positive multiple of its DP = {sdp}"),
+            ));
+        }
+        let wlb = match scheme {
+            Scheme::WlbLlm => {
+                let s_max = set.s_max.unwrap_or(seq_len.saturating_mul(2));
+                let outlier = set.outlier.clone().map(OutlierDelay::new).transpose()?;
+                super::wlbllm::CpConfig::new(set.cp, KERNEL_TILE, s_max)?;
+                Some(WlbPacker::new(
+                    WlbConfig::new(gbs, s_max, outlier)?,
+                    CostLatency { cost },
+                ))
+            }
+            _ => None,
+        };
+        Ok(SchemePlanner {
+            scheme,
+            set,
+            cost,
+            dp,
+            wlb,
+        })
+    }
+
+    /// The plan of `step` for its global batch (steps in order for WLB-LLM).
+    pub fn plan(&mut self, step: u64, batch: &[PackedSeq]) -> Result<SchemePlan> {
+        let shape = self.cost.attn();
+        let s = &self.set;
+        let (dp, cp) = s.layout(self.scheme, self.dp);
+        Ok(match self.scheme {
+            Scheme::Ulysses => {
+                let p = UlyssesParams { cp, shape };
+                p.validate()?;
+                SchemePlan {
+                    plan: ulysses::plan_step(step, batch, dp, &p)?,
+                    nano: None,
+                    trained: batch.to_vec(),
+                }
+            }
+            Scheme::Libra => {
+                let p = LibraParams {
+                    cp,
+                    shape,
+                    ..s.libra
+                };
+                p.validate()?;
+                let loads: Vec<u64> = batch.iter().map(PackedSeq::load).collect();
+                let mut rng = crate::rng::stream(s.seed, "libra-grouping", step);
+                let pools = group(&loads, p.pool_size as usize, Policy::Vrsp, &mut rng)?;
+                SchemePlan {
+                    plan: libra::plan_step(step, batch, &pools, dp, &p)?,
+                    nano: None,
+                    trained: batch.to_vec(),
+                }
+            }
+            Scheme::DistCa => {
+                let cfg = DistcaConfig::new(shape, s.epsilon, KERNEL_TILE)?;
+                let d = distca::lower::plan_step(step, batch, dp, &cfg, s.ping_pong)?;
+                SchemePlan {
+                    plan: d.plan,
+                    nano: Some(d.nano),
+                    trained: batch.to_vec(),
+                }
+            }
+            Scheme::WlbLlm => {
+                let Some(packer) = self.wlb.as_mut() else {
+                    return Err(invalid("wlbllm packer", "missing", "built by new()"));
+                };
+                let s_max = packer.config().s_max;
+                let out = packer.step(batch)?;
+                let p = WlbPlanParams {
+                    dp,
+                    cp,
+                    tile: KERNEL_TILE,
+                    s_max,
+                    sharding: s.sharding,
+                    shape,
+                };
+                let mut plan = to_plan(&out, &p, &CostLatency { cost: self.cost })?.plan;
+                plan.step = step;
+                SchemePlan {
+                    plan,
+                    nano: None,
+                    trained: out
+                        .micro_batches
+                        .iter()
+                        .map(|m| m.to_packed(s_max))
+                        .collect(),
+                }
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cost::ModelConfig;
+    use crate::plan::check;
+    use crate::workload::corpus::Corpus;
+    use crate::workload::pack::{global_batch, Packing};
+
+    #[test]
+    fn every_scheme_plans_a_checked_step_with_the_exact_flops() {
+        let cost = CostModel::h200(ModelConfig::builtin("llama3-8b").unwrap()).unwrap();
+        let corpus = Corpus::from_spec("wlbllm").unwrap();
+        let batch = global_batch(&corpus, 32_768, 16, Packing::Sequential, 5, 0).unwrap();
+        let set = SchemeSettings {
+            cp: 4,
+            libra: LibraParams {
+                pool_size: 2,
+                head_shards: 4,
+                chunks: 2,
+                tile_tokens: 4096,
+                ..LibraParams::default()
+            },
+            ..SchemeSettings::default()
+        };
+        let exact: u64 = batch.iter().map(PackedSeq::causal_pairs).sum();
+        let want = cost.attn().fwd_flops(exact, 32);
+        for sc in Scheme::ALL {
+            let mut p = SchemePlanner::new(sc, set.clone(), &cost, 4, 16, 32_768).unwrap();
+            let sp = p.plan(0, &batch).unwrap();
+            let s = check(&sp.plan).unwrap();
+            assert!((s.flops - want).abs() <= 1e-9 * want, "{sc:?}");
+            assert_eq!(sp.plan.scheme, sc.name());
+            assert_eq!(sp.nano.is_some(), sc == Scheme::DistCa);
+            assert_eq!(sp.trained.len(), 16);
+            let workers: u32 = sp
+                .plan
+                .groups
+                .iter()
+                .flat_map(|g| &g.workers)
+                .copied()
+                .max()
+                .unwrap();
+            assert_eq!(workers, 15, "{sc:?} uses all 16 GPUs");
+        }
+        assert!("x"
+            .parse::<Scheme>()
+            .unwrap_err()
+            .to_string()
+            .contains("libra"));
+        let e = SchemePlanner::new(Scheme::DistCa, set, &cost, 4, 8, 32_768);
+        assert!(e
+            .err()
+            .unwrap()
+            .to_string()
+            .contains("multiple of its DP = 16"));
+    }
+}
