@@ -182,6 +182,11 @@ impl<'a> SchemePlanner<'a> {
         })
     }
 
+    /// The scheme it plans.
+    pub fn scheme(&self) -> Scheme {
+        self.scheme
+    }
+
     /// The plan of `step` for its global batch (steps in order for WLB-LLM).
     pub fn plan(&mut self, step: u64, batch: &[PackedSeq]) -> Result<SchemePlan> {
         let shape = self.cost.attn();

@@ -98,14 +98,14 @@ impl Default for NetSpec {
 
 /// The network a point's steps run on.
 #[derive(Clone)]
-enum NetChoice {
+pub(super) enum NetChoice {
     Stub(NetSpec),
     Analytical(Arc<Topology>),
     Flow(Arc<Topology>),
 }
 
 impl NetChoice {
-    fn make(&self, gpus_per_node: u32) -> Box<dyn NetworkModel> {
+    pub(super) fn make(&self, gpus_per_node: u32) -> Box<dyn NetworkModel> {
         match self {
             NetChoice::Stub(n) => Box::new(StubNet::new(
                 gpus_per_node,
@@ -118,7 +118,7 @@ impl NetChoice {
         }
     }
 
-    fn describe(&self) -> String {
+    pub(super) fn describe(&self) -> String {
         match self {
             NetChoice::Stub(n) => format!(
                 "stand-in (alpha {} us, {} GB/s in a node, {} GB/s across, no contention)",
@@ -363,7 +363,7 @@ pub fn run_default(out: Output) -> Result<()> {
 }
 
 /// Topologies shipped in `topologies/`, by name, for `topology = "NAME"`.
-const BUILTIN_TOPOLOGIES: &[(&str, &str)] = &[(
+pub(super) const BUILTIN_TOPOLOGIES: &[(&str, &str)] = &[(
     "dgx-h200-roce",
     include_str!("../../topologies/dgx-h200-roce.toml"),
 )];

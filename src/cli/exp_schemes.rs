@@ -1,0 +1,689 @@
+//! Experiment kinds that compare the balancing schemes on one simulated cluster:
+//! `four-way` (all four across DP scale, corpus and topology), `attention-microbench`
+//! (the core-attention layer alone: per-step straggler latency, mean and max over the
+//! steps) and `distca-ablation` (DistCA vs WLB-LLM and DistCA's ablations). Each writes
+//! `points.csv`, `summary.md` and `plot.svg`.
+//!
+//! ```toml
+//! kind = "four-way"                  # | "attention-microbench" | "distca-ablation"
+//! description = "..."
+//! notes = """..."""                  # copied into summary.md (the papers' figures, causes)
+//! model = "llama3-8b"                # a built-in or a model TOML (relative to this file)
+//! layers = 2                         # optional: simulate only this many layers
+//! steps = 2                          # global batches per point (a GBS window)
+//! arms = ["ulysses", "wlbllm", "distca", "libra"]
+//!     # an arm is a scheme with optional `:`-separated tweaks: distca:no-ping-pong,
+//!     # distca:signal (1-byte transfers: communication cost removed), distca:eps=0.15,
+//!     # wlbllm:per-document | per-sequence, libra:m=1; the first arm is the baseline
+//! [cluster]  gpus_per_node = 8       # nodes = DP·PP·CP / gpus_per_node per point
+//! [network]  topology = "dgx-h200-roce", model = "analytical" | "flow"
+//! [parallel] cp, ga, pp, pipeline, recompute, zero_stage, dp_buckets (dp from [sweep])
+//! [workload] corpus = "libra-256k", seq_len = 262144, seed = 1
+//! [settings] epsilon, ping_pong, s_max, sharding, pool_size, head_shards, tile_tokens,
+//!            tau, chunks
+//! [sweep]    dp = [...], corpus = [...], seq_len = [...], topology = [...], model = [...]
+//! ```
+
+use anyhow::{bail, Context, Result};
+use rayon::prelude::*;
+use serde::Deserialize;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use skewsim::balance::libra::LibraParams;
+use skewsim::balance::schemes::{Scheme, SchemePlanner, SchemeSettings};
+use skewsim::balance::wlbllm::lower::ShardingMode;
+use skewsim::cluster::{Topology, TopologySpec};
+use skewsim::cost::{CostModel, ModelConfig};
+use skewsim::report::svg::{Chart, Scale, Series};
+use skewsim::schedule::compare::simulate_scheme_step_with;
+use skewsim::schedule::train::Workload;
+use skewsim::schedule::{NoVariance, Parallelism, PipelineKind, Placement};
+use skewsim::workload::corpus::Corpus;
+use skewsim::workload::pack::Packing;
+
+use super::exp_train::{NetChoice, BUILTIN_TOPOLOGIES};
+use super::Output;
+
+/// The kinds this module runs.
+pub const KINDS: &[&str] = &["four-way", "attention-microbench", "distca-ablation"];
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CompareFile {
+    kind: String,
+    #[serde(default)]
+    description: String,
+    #[serde(default)]
+    notes: String,
+    model: String,
+    #[serde(default)]
+    layers: Option<u32>,
+    #[serde(default = "one")]
+    steps: u64,
+    arms: Vec<String>,
+    cluster: ClusterSpec,
+    #[serde(default)]
+    network: NetFile,
+    parallel: ParFile,
+    workload: WorkFile,
+    #[serde(default)]
+    settings: SettingsFile,
+    #[serde(default)]
+    sweep: SweepFile,
+}
+
+fn one() -> u64 {
+    1
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ClusterSpec {
+    gpus_per_node: u32,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+struct NetFile {
+    topology: Option<String>,
+    model: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ParFile {
+    cp: u32,
+    ga: u32,
+    #[serde(default = "one32")]
+    pp: u32,
+    #[serde(default)]
+    pipeline: Option<PipelineKind>,
+    #[serde(default)]
+    recompute: bool,
+    #[serde(default)]
+    zero_stage: u8,
+    #[serde(default = "one32")]
+    dp_buckets: u32,
+    #[serde(default)]
+    dp: Option<u32>,
+}
+
+fn one32() -> u32 {
+    1
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WorkFile {
+    corpus: String,
+    #[serde(default)]
+    seq_len: Option<u32>,
+    #[serde(default)]
+    seed: u64,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+struct SettingsFile {
+    epsilon: Option<f64>,
+    ping_pong: Option<bool>,
+    s_max: Option<u32>,
+    sharding: Option<String>,
+    pool_size: Option<u32>,
+    head_shards: Option<u32>,
+    tile_tokens: Option<u32>,
+    tau: Option<f64>,
+    chunks: Option<u32>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+struct SweepFile {
+    dp: Vec<u32>,
+    corpus: Vec<String>,
+    seq_len: Vec<u32>,
+    topology: Vec<String>,
+    model: Vec<String>,
+}
+
+/// One arm: a scheme and its tweaks.
+#[derive(Clone, Debug)]
+struct Arm {
+    label: String,
+    scheme: Scheme,
+    set: SchemeSettings,
+    signal: bool,
+}
+
+fn parse_arm(s: &str, base: &SchemeSettings, file: &str) -> Result<Arm> {
+    let mut parts = s.split(':');
+    let name = parts.next().unwrap_or_default();
+    let scheme: Scheme = name
+        .parse()
+        .with_context(|| format!("{file}: arms: {s:?}"))?;
+    let mut set = base.clone();
+    let mut signal = false;
+    for t in parts {
+        match (scheme, t) {
+            (Scheme::DistCa, "no-ping-pong") => set.ping_pong = false,
+            (Scheme::DistCa, "signal") => signal = true,
+            (Scheme::DistCa, e) if e.starts_with("eps=") => {
+                set.epsilon = e[4..].parse().map_err(|_| {
+                    anyhow::anyhow!("{file}: arms: {s:?}: eps = {:?} is not a number", &e[4..])
+                })?;
+            }
+            (Scheme::WlbLlm, m @ ("per-document" | "per-sequence" | "adaptive")) => {
+                set.sharding = m.parse()?
+            }
+            (Scheme::Libra, m) if m.starts_with("m=") => {
+                set.libra.chunks = m[2..].parse().map_err(|_| {
+                    anyhow::anyhow!("{file}: arms: {s:?}: m = {:?} is not a count", &m[2..])
+                })?;
+            }
+            _ => bail!(
+                "{file}: arms: {s:?}: unknown tweak {t:?} for {name} (distca: no-ping-pong, \
+                 signal, eps=X; wlbllm: adaptive, per-document, per-sequence; libra: m=N)"
+            ),
+        }
+    }
+    Ok(Arm {
+        label: s.to_string(),
+        scheme,
+        set,
+        signal,
+    })
+}
+
+/// One (point, arm) result.
+#[derive(Clone, Debug)]
+struct ArmResult {
+    model: String,
+    topology: String,
+    corpus: String,
+    seq_len: u32,
+    dp: u32,
+    gpus: u32,
+    arm: String,
+    iteration_ms: f64,
+    tokens_per_s: f64,
+    mfu: f64,
+    attn_mean_ms: f64,
+    attn_max_ms: f64,
+    plan_gib: f64,
+    peak_mem_gib: f64,
+    infeasible: u32,
+}
+
+fn load_topology(name: &str, base: &Path, file: &str) -> Result<TopologySpec> {
+    let p = base.join(name);
+    let builtin = BUILTIN_TOPOLOGIES
+        .iter()
+        .find(|(n, _)| *n == name && !p.exists());
+    let (src, text) = match builtin {
+        Some((n, body)) => (format!("topologies/{n}.toml"), (*body).to_string()),
+        None => {
+            let src = p.display().to_string();
+            let text = std::fs::read_to_string(&p)
+                .with_context(|| format!("{file}: reading topology {src}"))?;
+            (src, text)
+        }
+    };
+    Ok(TopologySpec::parse(&text, &src)?)
+}
+
+fn load_model(name: &str, base: &Path, file: &str, layers: Option<u32>) -> Result<ModelConfig> {
+    let mut m = if name.ends_with(".toml") {
+        let p = base.join(name);
+        let t = std::fs::read_to_string(&p)
+            .with_context(|| format!("{file}: reading model {}", p.display()))?;
+        ModelConfig::from_toml_str(&t, &p.display().to_string())?
+    } else {
+        ModelConfig::builtin(name).with_context(|| format!("{file}: model"))?
+    };
+    if let Some(l) = layers {
+        if l == 0 || l > m.layers {
+            bail!(
+                "{file}: layers = {l} must be in 1..={} (the model's layers)",
+                m.layers
+            );
+        }
+        m.layers = l;
+    }
+    Ok(m)
+}
+
+/// Run a comparison experiment file.
+pub fn run(path: &Path, dir: &Path, out: Output) -> Result<()> {
+    let file = path.display().to_string();
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {file}"))?;
+    let title = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let base = path.parent().unwrap_or(Path::new("."));
+    let summary = run_text(&text, &file, &title, base)?;
+    write_outputs(dir, &summary)?;
+    out.emit(
+        &serde_json::json!({ "dir": dir.display().to_string() }),
+        || format!("{}\nwrote {}\n", summary.markdown, dir.display()),
+    )
+}
+
+/// What a run writes.
+pub struct CompareOutput {
+    /// summary.md
+    pub markdown: String,
+    /// points.csv
+    pub csv: String,
+    /// plot.svg
+    pub svg: String,
+    /// The results table alone (Markdown), for the terminal.
+    pub table: String,
+}
+
+fn write_outputs(dir: &Path, s: &CompareOutput) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    std::fs::write(dir.join("summary.md"), &s.markdown)?;
+    std::fs::write(dir.join("points.csv"), &s.csv)?;
+    std::fs::write(dir.join("plot.svg"), &s.svg)?;
+    Ok(())
+}
+
+/// Run the experiment text; `file` names it in messages, `title` heads the summary,
+/// relative paths resolve against `base`.
+pub fn run_text(text: &str, file: &str, title: &str, base: &Path) -> Result<CompareOutput> {
+    let f: CompareFile =
+        toml::from_str(text).with_context(|| format!("{file}: not a valid comparison experiment"))?;
+    if !KINDS.contains(&f.kind.as_str()) {
+        bail!("{file}: kind = {:?}: one of {}", f.kind, KINDS.join(", "));
+    }
+    if f.steps == 0 || f.steps > 1000 {
+        bail!("{file}: steps = {} must be in 1..=1000", f.steps);
+    }
+    if f.arms.is_empty() {
+        bail!("{file}: arms must name at least one scheme (ulysses, wlbllm, distca, libra)");
+    }
+    if f.cluster.gpus_per_node == 0 {
+        bail!("{file}: [cluster] gpus_per_node = 0 must be at least 1");
+    }
+    let s = &f.settings;
+    let d = SchemeSettings::default();
+    let dl = LibraParams::default();
+    let mut set = SchemeSettings {
+        cp: f.parallel.cp,
+        s_max: s.s_max,
+        sharding: match &s.sharding {
+            Some(x) => x
+                .parse::<ShardingMode>()
+                .with_context(|| format!("{file}: [settings] sharding"))?,
+            None => d.sharding,
+        },
+        outlier: None,
+        epsilon: s.epsilon.unwrap_or(d.epsilon),
+        ping_pong: s.ping_pong.unwrap_or(d.ping_pong),
+        libra: LibraParams {
+            pool_size: s.pool_size.unwrap_or(dl.pool_size),
+            head_shards: s.head_shards.unwrap_or(dl.head_shards),
+            tile_tokens: s.tile_tokens.unwrap_or(dl.tile_tokens),
+            tau: s.tau.unwrap_or(dl.tau),
+            chunks: s.chunks.unwrap_or(dl.chunks),
+            ..dl
+        },
+        seed: f.workload.seed,
+    };
+    if !(set.epsilon.is_finite() && set.epsilon >= 0.0) {
+        bail!(
+            "{file}: [settings] epsilon = {} must be a finite tolerance ≥ 0 (DistCA: 0.10)",
+            set.epsilon
+        );
+    }
+    set.libra.cp = f.parallel.cp;
+    let arms: Vec<Arm> = f
+        .arms
+        .iter()
+        .map(|a| parse_arm(a, &set, file))
+        .collect::<Result<_>>()?;
+    let pick = |v: &[String], one: Option<String>| -> Vec<Option<String>> {
+        if v.is_empty() {
+            vec![one]
+        } else {
+            v.iter().cloned().map(Some).collect()
+        }
+    };
+    let models = pick(&f.sweep.model, Some(f.model.clone()));
+    let corpora = pick(&f.sweep.corpus, Some(f.workload.corpus.clone()));
+    let topos = pick(&f.sweep.topology, f.network.topology.clone());
+    let dps: Vec<u32> = if f.sweep.dp.is_empty() {
+        vec![f.parallel.dp.unwrap_or(1)]
+    } else {
+        f.sweep.dp.clone()
+    };
+    let net_model = f.network.model.clone().unwrap_or_else(|| "analytical".into());
+    if !matches!(net_model.as_str(), "analytical" | "flow") {
+        bail!("{file}: [network] model = {net_model:?}: one of analytical, flow");
+    }
+    // points: (model, topology, corpus, seq_len, dp) × arms
+    struct Point {
+        model: String,
+        cost: Arc<CostModel>,
+        topo: Option<(String, TopologySpec)>,
+        corpus: String,
+        seq_len: u32,
+        dp: u32,
+    }
+    let mut points = Vec::new();
+    for m in models.iter().flatten() {
+        let cost = Arc::new(CostModel::h200(load_model(m, base, file, f.layers)?)?);
+        for t in &topos {
+            let topo = match t {
+                Some(t) => Some((t.clone(), load_topology(t, base, file)?)),
+                None => None,
+            };
+            if let Some((n, spec)) = &topo {
+                if spec.gpus_per_node != f.cluster.gpus_per_node {
+                    bail!(
+                        "{file}: [cluster] gpus_per_node = {} but topology {n} has {}",
+                        f.cluster.gpus_per_node,
+                        spec.gpus_per_node
+                    );
+                }
+            }
+            for c in corpora.iter().flatten() {
+                let corpus = Corpus::from_spec(c).with_context(|| format!("{file}: corpus"))?;
+                let lens: Vec<u32> = if !f.sweep.seq_len.is_empty() {
+                    f.sweep.seq_len.clone()
+                } else if let Some(l) = f.workload.seq_len {
+                    vec![l]
+                } else {
+                    vec![corpus.default_seq_len().with_context(|| {
+                        format!("{file}: [workload] seq_len is needed for corpus {c}")
+                    })?]
+                };
+                for &l in &lens {
+                    for &dp in &dps {
+                        points.push(Point {
+                            model: m.clone(),
+                            cost: cost.clone(),
+                            topo: topo.clone(),
+                            corpus: c.clone(),
+                            seq_len: l,
+                            dp,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    let jobs: Vec<(usize, usize)> = (0..points.len())
+        .flat_map(|p| (0..arms.len()).map(move |a| (p, a)))
+        .collect();
+    let results: Vec<Result<ArmResult>> = jobs
+        .par_iter()
+        .map(|&(pi, ai)| {
+            let p = &points[pi];
+            let arm = &arms[ai];
+            let par = Parallelism {
+                dp: p.dp,
+                pp: f.parallel.pp,
+                cp: f.parallel.cp,
+                ga: f.parallel.ga,
+                pipeline: f.parallel.pipeline.unwrap_or(PipelineKind::OneFOneB),
+                recompute: f.parallel.recompute,
+                zero_stage: f.parallel.zero_stage,
+                dp_buckets: f.parallel.dp_buckets,
+            };
+            let ctx = format!(
+                "{file}: point model {} corpus {} L {} DP {} arm {}",
+                p.model, p.corpus, p.seq_len, p.dp, arm.label
+            );
+            run_arm(&f, p.cost.as_ref(), &p.topo, &net_model, &p.corpus, p.seq_len, par, arm)
+                .map(|mut r| {
+                    r.model = p.model.clone();
+                    r
+                })
+                .with_context(|| ctx)
+        })
+        .collect();
+    let results: Vec<ArmResult> = results.into_iter().collect::<Result<_>>()?;
+    Ok(render(&f, title, &arms, &results))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_arm(
+    f: &CompareFile,
+    cost: &CostModel,
+    topo: &Option<(String, TopologySpec)>,
+    net_model: &str,
+    corpus: &str,
+    seq_len: u32,
+    par: Parallelism,
+    arm: &Arm,
+) -> Result<ArmResult> {
+    let gpus = par.dp * par.pp * par.cp;
+    let gpn = f.cluster.gpus_per_node;
+    let nodes = gpus.div_ceil(gpn);
+    let place = Placement {
+        gpus_per_node: gpn,
+        nodes,
+    };
+    let net = match topo {
+        Some((_, spec)) => {
+            let t = Arc::new(spec.build(Some(nodes))?);
+            if net_model == "flow" {
+                NetChoice::Flow(t)
+            } else {
+                NetChoice::Analytical(t)
+            }
+        }
+        None => bail!("[network] topology is required (e.g. \"dgx-h200-roce\")"),
+    };
+    let wl = Workload::Corpus {
+        corpus: Corpus::from_spec(corpus)?,
+        seq_len,
+        packing: Packing::Sequential,
+        seed: f.workload.seed,
+    };
+    wl.validate("[workload]")?;
+    let gbs = (par.dp * par.ga) as usize;
+    let mut planner = SchemePlanner::new(arm.scheme, arm.set.clone(), cost, par.dp, gbs, seq_len)?;
+    let mut batches = wl.batches(gbs)?;
+    let (mut it, mut tps, mut mfu, mut attn, mut bytes, mut mem) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), 0u64, 0u64);
+    let mut infeasible = 0;
+    for step in 0..f.steps {
+        let global = batches
+            .next()
+            .with_context(|| format!("the corpus ran out of documents at step {step}"))?;
+        let mut network = net.make(gpn);
+        let r = simulate_scheme_step_with(
+            cost,
+            &mut planner,
+            &arm.set,
+            par,
+            place,
+            step,
+            &global,
+            network.as_mut(),
+            &NoVariance,
+            arm.signal,
+        )?;
+        it.push(r.report.iteration as f64 * 1e-9);
+        tps.push(r.report.tokens_per_s);
+        mfu.push(r.report.mfu);
+        attn.push(r.attn_span as f64 * 1e-9);
+        bytes += r.plan_bytes;
+        mem = mem.max(
+            r.report
+                .gpus
+                .iter()
+                .map(|g| g.memory.total())
+                .max()
+                .unwrap_or(0),
+        );
+        infeasible = infeasible.max(r.report.infeasible_ranks);
+    }
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    Ok(ArmResult {
+        model: String::new(),
+        topology: topo.as_ref().map(|t| t.0.clone()).unwrap_or_default(),
+        corpus: corpus.to_string(),
+        seq_len,
+        dp: par.dp,
+        gpus,
+        arm: arm.label.clone(),
+        iteration_ms: mean(&it),
+        tokens_per_s: mean(&tps),
+        mfu: mean(&mfu),
+        attn_mean_ms: mean(&attn),
+        attn_max_ms: attn.iter().copied().fold(0.0, f64::max),
+        plan_gib: gib(bytes) / f.steps as f64,
+        peak_mem_gib: gib(mem),
+        infeasible,
+    })
+}
+
+fn render(f: &CompareFile, title: &str, arms: &[Arm], rs: &[ArmResult]) -> CompareOutput {
+    let key = |r: &ArmResult| {
+        (
+            r.model.clone(),
+            r.topology.clone(),
+            r.corpus.clone(),
+            r.seq_len,
+            r.dp,
+        )
+    };
+    let baseline = |r: &ArmResult| {
+        rs.iter()
+            .find(|b| key(b) == key(r) && b.arm == arms[0].label)
+            .cloned()
+    };
+    let mut csv = String::from(
+        "model,topology,corpus,seq_len,dp,gpus,arm,iteration_ms,tokens_per_s,mfu,attn_mean_ms,attn_max_ms,speedup_vs_baseline,attn_reduction_vs_baseline,plan_gib_per_layer,peak_mem_gib,infeasible_ranks\n",
+    );
+    let mut t = format!(
+        "| model | topology | corpus | L | DP | GPUs | arm | iteration (ms) | tokens/s | MFU | attn layer mean (ms) | attn layer max (ms) | speedup vs {b} | attn cut vs {b} | moved GiB/layer | peak mem (GiB) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        b = arms[0].label
+    );
+    for r in rs {
+        let b = baseline(r);
+        let speed = b.as_ref().map_or(1.0, |b| r.tokens_per_s / b.tokens_per_s);
+        let cut = b
+            .as_ref()
+            .map_or(0.0, |b| 1.0 - r.attn_mean_ms / b.attn_mean_ms.max(1e-12));
+        let _ = writeln!(
+            csv,
+            "{},{},{},{},{},{},{},{:.3},{:.1},{:.4},{:.3},{:.3},{:.4},{:.4},{:.4},{:.2},{}",
+            r.model,
+            r.topology,
+            r.corpus,
+            r.seq_len,
+            r.dp,
+            r.gpus,
+            r.arm,
+            r.iteration_ms,
+            r.tokens_per_s,
+            r.mfu,
+            r.attn_mean_ms,
+            r.attn_max_ms,
+            speed,
+            cut,
+            r.plan_gib,
+            r.peak_mem_gib,
+            r.infeasible
+        );
+        let _ = writeln!(
+            t,
+            "| {} | {} | {} | {} | {} | {} | {} | {:.1} | {:.0} | {:.3} | {:.2} | {:.2} | {:.2}x | {:.1}% | {:.3} | {:.1}{} |",
+            r.model,
+            r.topology,
+            r.corpus,
+            r.seq_len,
+            r.dp,
+            r.gpus,
+            r.arm,
+            r.iteration_ms,
+            r.tokens_per_s,
+            r.mfu,
+            r.attn_mean_ms,
+            r.attn_max_ms,
+            speed,
+            100.0 * cut,
+            r.plan_gib,
+            r.peak_mem_gib,
+            if r.infeasible > 0 { " (over)" } else { "" }
+        );
+    }
+    // plot: per arm, per (model, topology, corpus, L): tokens/s vs GPUs
+    let mut chart = Chart::new(format!("{title}: throughput by scheme"))
+        .x("GPUs", Scale::Log)
+        .y("tokens/s", Scale::Linear);
+    let mut series = 0usize;
+    let mut keys: Vec<(String, String, String, u32)> = rs
+        .iter()
+        .map(|r| (r.model.clone(), r.topology.clone(), r.corpus.clone(), r.seq_len))
+        .collect();
+    keys.dedup();
+    keys.sort();
+    keys.dedup();
+    for k in &keys {
+        for a in arms {
+            let pts: Vec<(f64, f64)> = rs
+                .iter()
+                .filter(|r| {
+                    r.arm == a.label
+                        && (&r.model, &r.topology, &r.corpus, r.seq_len) == (&k.0, &k.1, &k.2, k.3)
+                })
+                .map(|r| (f64::from(r.gpus), r.tokens_per_s))
+                .collect();
+            if pts.is_empty() {
+                continue;
+            }
+            let name = if keys.len() > 1 {
+                format!("{} ({} {} {})", a.label, k.0, k.2, k.3)
+            } else {
+                a.label.clone()
+            };
+            let s = if pts.len() > 1 {
+                Series::line(name, pts)
+            } else {
+                Series::scatter(name, pts)
+            };
+            chart = chart.series(s.color(skewsim::report::svg::palette(series)));
+            series += 1;
+        }
+    }
+    let mut md = format!("# {title}\n\n");
+    if !f.description.is_empty() {
+        md += &format!("{}\n\n", f.description.trim());
+    }
+    md += &format!(
+        "Kind `{}`; {} step(s) per point (a GBS window); layers simulated: {}; CP {}, GA {}, PP {}; \
+         analytical network unless stated; no runtime variance. The attention layer is layer 0's \
+         forward core attention (dispatch, kernels, return), its span over all GPUs summed over \
+         the micro-batches: the straggler's latency for the step.\n\n",
+        f.kind,
+        f.steps,
+        f.layers.map_or("all".to_string(), |l| l.to_string()),
+        f.parallel.cp,
+        f.parallel.ga,
+        f.parallel.pp
+    );
+    md += &t;
+    if !f.notes.is_empty() {
+        md += &format!("\n{}\n", f.notes.trim());
+    }
+    CompareOutput {
+        markdown: md,
+        csv,
+        svg: chart.render(),
+        table: t,
+    }
+}
+
+/// Experiment files resolve relative paths against their folder.
+pub fn base_of(path: &Path) -> PathBuf {
+    path.parent().map(Path::to_path_buf).unwrap_or_default()
+}

@@ -1,0 +1,143 @@
+//! One training step of any of the four schemes on one cluster, simulated the same way:
+//! the scheme's planner (`balance::schemes`) makes the step's Plan, the generic Plan
+//! lowering (`plan_step::build_plan_step`, `plan_attn`) or Ulysses' own step builder turns
+//! it into ops, the engine times them, `report::step` measures them.
+//!
+//! Owns the per-scheme layout on the cluster (Ulysses, WLB-LLM, Libra: DP × CP; DistCA:
+//! DP·CP servers, CP 1, GA' = GBS / (DP·CP)), the pipelining each scheme gets (Libra: its
+//! M head chunks; DistCA with ping-pong: two chunks, so one half's attention transfers
+//! overlap the other half's compute; see below) and the core-attention-layer measure
+//! [`attention_span`]. It may not plan, price or time anything itself.
+//!
+//! # Ping-pong, as simulated
+//! The generic lowering overlaps communication and compute by head chunks (Libra's
+//! pipeliner); DistCA's ping-pong overlaps them by nano-batches (halves of the samples,
+//! [`crate::balance::distca::pingpong::NanoTable`]). skewsim runs DistCA's ping-pong as two
+//! overlapped chunks of the lowering — the same two-stage overlap of attention transfers
+//! with attention compute, cut by heads instead of samples — and does not overlap
+//! attention transfers with the *linear* layers of the other nano-batch, which DistCA
+//! also does. The ping-pong gain measured here is therefore a lower bound.
+
+use super::plan_step::build_plan_step;
+use super::train::split_replicas;
+use super::ulysses::{build_step, StepGraph};
+use super::{Parallelism, Placement, RankMap, RuntimeVariance};
+use crate::balance::schemes::{Scheme, SchemePlanner, SchemeSettings};
+use crate::cost::CostModel;
+use crate::engine::{run, OpClass, Timeline};
+use crate::error::{invalid, Result};
+use crate::net::{NetworkModel, Ps};
+use crate::report::step::{step_report, StepReport};
+use crate::workload::PackedSeq;
+
+/// What one scheme's step gave.
+#[derive(Clone, Debug)]
+pub struct SchemeStep {
+    /// The scheme.
+    pub scheme: Scheme,
+    /// The step's metrics.
+    pub report: StepReport,
+    /// [`attention_span`] of the step.
+    pub attn_span: Ps,
+    /// Bytes the plan moves for one attention layer's forward pass (0 for Ulysses, whose
+    /// all-to-alls are the step builder's).
+    pub plan_bytes: u64,
+}
+
+/// The parallelism `scheme` runs with when the others run `base` (DP × CP, GA): DistCA
+/// gets DP·CP servers of CP 1 and GA' = DP·GA / (DP·CP). Errors: GBS not a multiple of
+/// DP·CP for DistCA.
+pub fn scheme_parallelism(scheme: Scheme, base: Parallelism) -> Result<Parallelism> {
+    if scheme != Scheme::DistCa {
+        return Ok(base);
+    }
+    let servers = base.dp * base.cp;
+    let gbs = base.dp * base.ga;
+    if servers == 0 || gbs % servers != 0 {
+        return Err(invalid(
+            "GBS for distca",
+            gbs,
+            format!("a multiple of its DP·CP = {servers} attention servers"),
+        ));
+    }
+    Ok(Parallelism {
+        dp: servers,
+        cp: 1,
+        ga: gbs / servers,
+        ..base
+    })
+}
+
+/// Pipeliner chunks for the generic lowering: Libra's M, 2 for DistCA with ping-pong
+/// (when h_q is even), else 1.
+pub fn scheme_chunks(scheme: Scheme, set: &SchemeSettings, heads_q: u32) -> u32 {
+    match scheme {
+        Scheme::Libra => set.libra.chunks,
+        Scheme::DistCa if set.ping_pong && heads_q % 2 == 0 => 2,
+        _ => 1,
+    }
+}
+
+/// The step's core-attention-layer time: over the micro-batches, the span of layer 0's
+/// forward attention (from the first of its dispatch / all-to-all / kernel ops to start,
+/// on any GPU, to the last to end), summed. The slowest worker sets each span, so this is
+/// the straggler's latency of one attention layer for the step's global batch.
+pub fn attention_span(sg: &StepGraph, t: &Timeline) -> Ps {
+    let mut spans: std::collections::BTreeMap<u16, (Ps, Ps)> = Default::default();
+    for (i, op) in sg.graph.ops.iter().enumerate() {
+        let l = op.label;
+        if l.layer != 0 || !matches!(l.class, OpClass::AttnFwd | OpClass::A2aIn | OpClass::A2aOut)
+        {
+            continue;
+        }
+        let (s, e) = (t.start[i], t.end[i]);
+        let v = spans.entry(l.mb).or_insert((s, e));
+        v.0 = v.0.min(s);
+        v.1 = v.1.max(e);
+    }
+    spans.values().map(|&(s, e)| e - s).sum()
+}
+
+/// Plan and simulate step `step` of `planner`'s scheme for its global batch on `net`.
+/// `base` is the DP × CP layout of the other schemes; `place` the cluster.
+#[allow(clippy::too_many_arguments)]
+pub fn simulate_scheme_step(
+    cost: &CostModel,
+    planner: &mut SchemePlanner<'_>,
+    set: &SchemeSettings,
+    base: Parallelism,
+    place: Placement,
+    step: u64,
+    global: &[PackedSeq],
+    net: &mut dyn NetworkModel,
+    var: &dyn RuntimeVariance,
+) -> Result<SchemeStep> {
+    let scheme = planner.scheme();
+    let par = scheme_parallelism(scheme, base)?;
+    let map = RankMap::new(par, place, scheme.name())?;
+    let (sg, plan_bytes) = if scheme == Scheme::Ulysses {
+        let batch = split_replicas(global.to_vec(), par.dp, par.ga);
+        (build_step(cost, map, &batch, step, var)?, 0)
+    } else {
+        let sp = planner.plan(step, global)?;
+        let bytes = sp
+            .plan
+            .groups
+            .iter()
+            .flat_map(|g| &g.transfers)
+            .map(|t| t.bytes)
+            .sum();
+        let m = scheme_chunks(scheme, set, cost.model.heads_q);
+        (
+            build_plan_step(cost, map, &sp.plan, &sp.trained, m, var)?,
+            bytes,
+        )
+    };
+    let t = run(&sg.graph, net)?;
+    Ok(SchemeStep {
+        scheme,
+        report: step_report(&sg, &t, cost, step),
+        attn_span: attention_span(&sg, &t),
+        plan_bytes,
+    })
+}
