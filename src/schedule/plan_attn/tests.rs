@@ -168,7 +168,7 @@ fn one_worker_one_unit_costs_the_cost_model_price() {
     let (t, _) = layer_time(&c, &plan, map(1, 8), 1, true, &mut net);
     assert_eq!(t, c.attn_fwd_ps([16_384], 32));
     // By hand: 16384·16385/2 pairs × 32 heads × 512 FLOPs at the table's 340.2 TFLOP/s.
-    let want = 16384.0 * 16385.0 / 2.0 * 32.0 * 512.0 / 340.2;
+    let want: f64 = 16384.0 * 16385.0 / 2.0 * 32.0 * 512.0 / 340.2;
     assert_eq!(t, want.round() as Ps);
     let (tb, _) = layer_time(&c, &plan, map(1, 8), 1, false, &mut net);
     assert_eq!(tb, c.attn_bwd_ps([16_384], 32));
