@@ -370,9 +370,33 @@ pub fn build_step(
     step: u64,
     var: &dyn RuntimeVariance,
 ) -> Result<StepGraph> {
+    build_step_with(cost, map, batch, step, var, None)
+}
+
+/// [`build_step`] with the core attention of every layer handed to `attn` (a
+/// [`crate::schedule::stage::AttentionStage`], e.g. a lowered Plan) instead of Ulysses'
+/// all-to-alls; linear blocks, pipeline sends, GA and the DP all-reduce are the same.
+/// `batch[r][m]` still gives replica r's tokens (the linear work of its CP ranks).
+pub fn build_step_with(
+    cost: &CostModel,
+    map: RankMap,
+    batch: &[Vec<PackedSeq>],
+    step: u64,
+    var: &dyn RuntimeVariance,
+    mut attn: Option<&mut dyn crate::schedule::stage::AttentionStage>,
+) -> Result<StepGraph> {
     let par = map.par;
     let m = &cost.model;
-    let split = head_split(m.heads_q, m.heads_kv, par.cp)?;
+    let split = match (&attn, head_split(m.heads_q, m.heads_kv, par.cp)) {
+        (_, Ok(s)) => s,
+        (None, Err(e)) => return Err(e),
+        // A plugged stage splits work its own way; memory is estimated at Ulysses' share.
+        (Some(_), Err(_)) => HeadSplit {
+            q: m.heads_q.div_ceil(par.cp),
+            kv: m.heads_kv.div_ceil(par.cp).max(1),
+        },
+    };
+    let env = crate::schedule::stage::StepEnv { map, var, step };
     if batch.len() != par.dp as usize {
         return Err(invalid(
             "batch replicas",
@@ -537,19 +561,31 @@ pub fn build_step(
                             }
                             last[i] = op;
                         }
-                        emit_attention(
-                            &mut cx,
-                            &groups[rs.clone()],
-                            &routes[rs.clone()],
-                            &mut last[rs.clone()],
-                            l,
-                            lab,
-                            true,
-                            attn_f[r],
-                            0,
-                            &pair_in[rs.clone()],
-                            &pair_out[rs],
-                        );
+                        if attn.is_none() {
+                            emit_attention(
+                                &mut cx,
+                                &groups[rs.clone()],
+                                &routes[rs.clone()],
+                                &mut last[rs.clone()],
+                                l,
+                                lab,
+                                true,
+                                attn_f[r],
+                                0,
+                                &pair_in[rs.clone()],
+                                &pair_out[rs],
+                            );
+                        }
+                    }
+                    if let Some(a) = attn.as_deref_mut() {
+                        let call = crate::schedule::stage::AttnCall {
+                            stage: p,
+                            layer: l,
+                            mb,
+                            fwd: true,
+                            recompute: rec,
+                        };
+                        a.emit(&mut cx.b, &env, call, &mut last)?;
                     }
                 }
                 let lab = |class| OpLabel {
@@ -644,21 +680,33 @@ pub fn build_step(
                         mb: mb16,
                         layer: l as u16,
                     };
+                    if let Some(a) = attn.as_deref_mut() {
+                        let call = crate::schedule::stage::AttnCall {
+                            stage: p,
+                            layer: l,
+                            mb,
+                            fwd: false,
+                            recompute: rec,
+                        };
+                        a.emit(&mut cx.b, &env, call, &mut last)?;
+                    }
                     for r in 0..dpu {
                         let rs = r * cpu..(r + 1) * cpu;
-                        emit_attention(
-                            &mut cx,
-                            &groups[rs.clone()],
-                            &routes[rs.clone()],
-                            &mut last[rs.clone()],
-                            l,
-                            lab,
-                            false,
-                            attn_b[r],
-                            if rec { attn_f[r] } else { 0 },
-                            &pair_out[rs.clone()],
-                            &pair_in[rs],
-                        );
+                        if attn.is_none() {
+                            emit_attention(
+                                &mut cx,
+                                &groups[rs.clone()],
+                                &routes[rs.clone()],
+                                &mut last[rs.clone()],
+                                l,
+                                lab,
+                                false,
+                                attn_b[r],
+                                if rec { attn_f[r] } else { 0 },
+                                &pair_out[rs.clone()],
+                                &pair_in[rs],
+                            );
+                        }
                         for c in 0..cpu {
                             let i = r * cpu + c;
                             let g = groups[i];

@@ -1,0 +1,208 @@
+//! A training step whose core attention follows a [`Plan`]: the Ulysses step builder's
+//! linear blocks, pipeline, GA and DP all-reduce with [`PlanAttention`] plugged in, and
+//! the Libra variants the experiments compare (TAP on loader-order pools, TAP on VRSP
+//! pools, and TAP + VRSP + the pipeliner).
+//!
+//! Owns mapping a Plan's sequences to (replica, micro-batch) slots and choosing Libra's
+//! pools for a step. It may not plan (that is `balance/`), price (`cost/`) or time
+//! (`engine/`).
+
+use super::plan_attn::PlanAttention;
+use super::train::split_replicas;
+use super::ulysses::{build_step_with, StepGraph};
+use super::{RankMap, RuntimeVariance};
+use crate::balance::grouping::vrsp;
+use crate::balance::libra::{consecutive_pools, plan_step as libra_plan, LibraParams};
+use crate::cost::CostModel;
+use crate::engine::{run, Timeline};
+use crate::error::{invalid, Result};
+use crate::net::NetworkModel;
+use crate::plan::Plan;
+use crate::workload::PackedSeq;
+
+/// Which attention a step runs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Scheme {
+    /// DeepSpeed-Ulysses' all-to-alls (the step builder's own attention).
+    Ulysses,
+    /// Libra's TAP on pools of P consecutive sequences (no VRSP), no pipelining.
+    LibraTap(LibraParams),
+    /// TAP on VRSP pools, no pipelining.
+    LibraTapVrsp(LibraParams),
+    /// TAP on VRSP pools with the pipeliner's M head chunks overlapped.
+    Libra(LibraParams),
+}
+
+impl Scheme {
+    /// The names experiment files use.
+    pub const NAMES: [&'static str; 4] = ["ulysses", "libra-tap", "libra-tap-vrsp", "libra"];
+
+    /// The scheme named `name` with Libra settings `p` (ignored by Ulysses).
+    pub fn parse(name: &str, p: LibraParams) -> Result<Self> {
+        Ok(match name {
+            "ulysses" => Scheme::Ulysses,
+            "libra-tap" => Scheme::LibraTap(p),
+            "libra-tap-vrsp" => Scheme::LibraTapVrsp(p),
+            "libra" => Scheme::Libra(p),
+            _ => {
+                return Err(invalid(
+                    "scheme",
+                    name,
+                    format!("one of {}", Scheme::NAMES.join(", ")),
+                ))
+            }
+        })
+    }
+
+    /// Its name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Scheme::Ulysses => "ulysses",
+            Scheme::LibraTap(_) => "libra-tap",
+            Scheme::LibraTapVrsp(_) => "libra-tap-vrsp",
+            Scheme::Libra(_) => "libra",
+        }
+    }
+}
+
+/// Libra's plan of one step: `global` is the step's GBS sequences in loader order; pools
+/// by VRSP (`vrsp`) or P consecutive sequences. P is capped at DP (a pool cannot hold more
+/// replicas than there are), so `p.pool_size` is the paper's P for DP ≥ P.
+pub fn libra_step_plan(
+    step: u64,
+    global: &[PackedSeq],
+    dp: u32,
+    p: &LibraParams,
+    use_vrsp: bool,
+) -> Result<Plan> {
+    let mut p = *p;
+    p.pool_size = p.pool_size.min(dp).max(1);
+    let pools = if use_vrsp {
+        let loads: Vec<u64> = global.iter().map(PackedSeq::load).collect();
+        vrsp(&loads, p.pool_size as usize)?
+    } else {
+        consecutive_pools(global.len(), p.pool_size as usize)
+    };
+    libra_plan(step, global, &pools, dp, &p)
+}
+
+/// The per-replica micro-batches a plan implies: sequence `s` of group (ga, ·) is replica
+/// r's micro-batch `ga`, r the replica of the worker holding its first token. Every
+/// (replica, GA index) must get exactly one sequence.
+pub fn replica_batches(
+    plan: &Plan,
+    global: &[PackedSeq],
+    dp: u32,
+    ga: u32,
+    cp: u32,
+) -> Result<Vec<Vec<PackedSeq>>> {
+    let mut slots: Vec<Option<usize>> = vec![None; (dp * ga) as usize];
+    for g in &plan.groups {
+        for s in &g.sequences {
+            let Some(first) = s.layout.first() else {
+                continue;
+            };
+            let r = first.worker / cp.max(1);
+            if r >= dp || g.ga >= ga || s.id as usize >= global.len() {
+                return Err(invalid(
+                    format!("plan sequence {}", s.id),
+                    format!("replica {r}, GA index {}", g.ga),
+                    format!(
+                        "a replica below dp = {dp}, a GA index below ga = {ga} and a batch index below {}",
+                        global.len()
+                    ),
+                ));
+            }
+            let slot = &mut slots[(r * ga + g.ga) as usize];
+            if slot.replace(s.id as usize).is_some() {
+                return Err(invalid(
+                    format!("plan sequence {}", s.id),
+                    format!("replica {r}, GA index {}", g.ga),
+                    "one packed sequence per replica and GA index",
+                ));
+            }
+        }
+    }
+    let mut out = Vec::with_capacity(dp as usize);
+    for r in 0..dp {
+        let mut mbs = Vec::with_capacity(ga as usize);
+        for m in 0..ga {
+            match slots[(r * ga + m) as usize] {
+                Some(i) => mbs.push(global[i].clone()),
+                None => {
+                    return Err(invalid(
+                        "plan",
+                        format!("no sequence for replica {r} at GA index {m}"),
+                        "one packed sequence per replica and GA index",
+                    ))
+                }
+            }
+        }
+        out.push(mbs);
+    }
+    Ok(out)
+}
+
+/// Build one step whose attention follows `plan` (any scheme's), `chunks` head chunks per
+/// worker (1 = no pipelining).
+pub fn build_plan_step(
+    cost: &CostModel,
+    map: RankMap,
+    plan: &Plan,
+    global: &[PackedSeq],
+    chunks: u32,
+    var: &dyn RuntimeVariance,
+) -> Result<StepGraph> {
+    let par = map.par;
+    let batch = replica_batches(plan, global, par.dp, par.ga, par.cp)?;
+    let mut attn = PlanAttention::new(cost, plan, map, chunks)?;
+    build_step_with(cost, map, &batch, plan.step, var, Some(&mut attn))
+}
+
+/// Simulate one step of `scheme` whose global batch is `global` (GBS = DP × GA) on `net`.
+pub fn simulate_scheme_batch(
+    scheme: &Scheme,
+    cost: &CostModel,
+    map: RankMap,
+    global: Vec<PackedSeq>,
+    step: u64,
+    net: &mut dyn NetworkModel,
+    var: &dyn RuntimeVariance,
+) -> Result<(StepGraph, Timeline)> {
+    let (dp, ga) = (map.par.dp, map.par.ga);
+    if global.len() != (dp * ga) as usize {
+        return Err(invalid(
+            "global batch",
+            global.len(),
+            format!("dp x ga = {}", dp * ga),
+        ));
+    }
+    let sg = match scheme {
+        Scheme::Ulysses => {
+            let batch = split_replicas(global, dp, ga);
+            build_step_with(cost, map, &batch, step, var, None)?
+        }
+        Scheme::LibraTap(p) | Scheme::LibraTapVrsp(p) | Scheme::Libra(p) => {
+            if p.cp != map.par.cp {
+                return Err(invalid(
+                    "libra cp",
+                    p.cp,
+                    format!("the layout's cp = {}", map.par.cp),
+                ));
+            }
+            let use_vrsp = !matches!(scheme, Scheme::LibraTap(_));
+            let plan = libra_step_plan(step, &global, dp, p, use_vrsp)?;
+            let m = if matches!(scheme, Scheme::Libra(_)) {
+                p.chunks
+            } else {
+                1
+            };
+            build_plan_step(cost, map, &plan, &global, m, var)?
+        }
+    };
+    let t = run(&sg.graph, net)?;
+    Ok((sg, t))
+}
+
+#[cfg(test)]
+mod tests;

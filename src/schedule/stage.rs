@@ -1,0 +1,77 @@
+//! The pluggable attention stage of a training step.
+//!
+//! Owns the [`AttentionStage`] seam: the step builder ([`super::ulysses::build_step_with`])
+//! emits every linear block, the pipeline sends, gradient accumulation and the DP
+//! all-reduce itself and hands each (stage, layer, micro-batch, direction)'s core
+//! attention to a stage, which appends ops on the GPUs' compute and CP-communication
+//! streams. Ulysses' all-to-all attention is the built-in stage (no plug); a [`Plan`]
+//! lowered by [`super::plan_attn`] is the other, so any scheme that writes a Plan
+//! (Libra, WLB-LLM, DistCA) runs inside the same step.
+//!
+//! It may not price work (that is `cost/`) or run the graph (that is `engine/`).
+//!
+//! [`Plan`]: crate::plan::Plan
+
+use super::{RankMap, RuntimeVariance};
+use crate::engine::{GraphBuilder, OpClass, OpId, StreamId, StreamKind};
+use crate::error::Result;
+use crate::net::{GpuId, Ps};
+
+/// What every stage call may read: the rank layout, the variance seam and the step.
+#[derive(Clone, Copy)]
+pub struct StepEnv<'a> {
+    /// The rank layout.
+    pub map: RankMap,
+    /// Runtime variance of kernels.
+    pub var: &'a dyn RuntimeVariance,
+    /// The training step (for variance draws).
+    pub step: u64,
+}
+
+impl StepEnv<'_> {
+    /// The stream of `kind` on `gpu` (the step builder makes four per GPU, in
+    /// [`StreamKind`] order).
+    pub fn stream(&self, gpu: GpuId, kind: StreamKind) -> StreamId {
+        4 * gpu + kind as u32
+    }
+
+    /// `base` under the kernel's variance factor (the same draw as the step builder's).
+    pub fn vary(&self, gpu: GpuId, layer: u32, class: OpClass, mb: u32, base: Ps) -> Ps {
+        let f = self.var.kernel_factor(gpu, self.step, layer, class, mb)
+            * self.var.persistent_factor(gpu);
+        if f == 1.0 {
+            base
+        } else {
+            (base as f64 * f.max(0.0)).round() as Ps
+        }
+    }
+}
+
+/// One call: a layer's core attention for one micro-batch on one pipeline stage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttnCall {
+    /// Pipeline stage.
+    pub stage: u32,
+    /// Layer index.
+    pub layer: u32,
+    /// Micro-batch (GA index).
+    pub mb: u32,
+    /// Forward (true) or backward (false).
+    pub fwd: bool,
+    /// Full recomputation: the backward also re-runs the forward attention kernel.
+    pub recompute: bool,
+}
+
+/// A layer's core attention as graph ops.
+pub trait AttentionStage {
+    /// Append the attention of `call` to `b`. `last[replica · CP + cp_rank]` is the last op
+    /// of that rank of the stage (the linear block that produced Q/K/V, or in backward the
+    /// one that produced dO); on return it must be the op the next linear block waits for.
+    fn emit(
+        &mut self,
+        b: &mut GraphBuilder,
+        env: &StepEnv<'_>,
+        call: AttnCall,
+        last: &mut [OpId],
+    ) -> Result<()>;
+}
