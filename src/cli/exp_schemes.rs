@@ -28,13 +28,13 @@ use anyhow::{bail, Context, Result};
 use rayon::prelude::*;
 use serde::Deserialize;
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use skewsim::balance::libra::LibraParams;
 use skewsim::balance::schemes::{Scheme, SchemePlanner, SchemeSettings};
 use skewsim::balance::wlbllm::lower::ShardingMode;
-use skewsim::cluster::{Topology, TopologySpec};
+use skewsim::cluster::TopologySpec;
 use skewsim::cost::{CostModel, ModelConfig};
 use skewsim::report::svg::{Chart, Scale, Series};
 use skewsim::schedule::compare::simulate_scheme_step_with;
@@ -294,8 +294,8 @@ fn write_outputs(dir: &Path, s: &CompareOutput) -> Result<()> {
 /// Run the experiment text; `file` names it in messages, `title` heads the summary,
 /// relative paths resolve against `base`.
 pub fn run_text(text: &str, file: &str, title: &str, base: &Path) -> Result<CompareOutput> {
-    let f: CompareFile =
-        toml::from_str(text).with_context(|| format!("{file}: not a valid comparison experiment"))?;
+    let f: CompareFile = toml::from_str(text)
+        .with_context(|| format!("{file}: not a valid comparison experiment"))?;
     if !KINDS.contains(&f.kind.as_str()) {
         bail!("{file}: kind = {:?}: one of {}", f.kind, KINDS.join(", "));
     }
@@ -360,7 +360,11 @@ pub fn run_text(text: &str, file: &str, title: &str, base: &Path) -> Result<Comp
     } else {
         f.sweep.dp.clone()
     };
-    let net_model = f.network.model.clone().unwrap_or_else(|| "analytical".into());
+    let net_model = f
+        .network
+        .model
+        .clone()
+        .unwrap_or_else(|| "analytical".into());
     if !matches!(net_model.as_str(), "analytical" | "flow") {
         bail!("{file}: [network] model = {net_model:?}: one of analytical, flow");
     }
@@ -438,12 +442,21 @@ pub fn run_text(text: &str, file: &str, title: &str, base: &Path) -> Result<Comp
                 "{file}: point model {} corpus {} L {} DP {} arm {}",
                 p.model, p.corpus, p.seq_len, p.dp, arm.label
             );
-            run_arm(&f, p.cost.as_ref(), &p.topo, &net_model, &p.corpus, p.seq_len, par, arm)
-                .map(|mut r| {
-                    r.model = p.model.clone();
-                    r
-                })
-                .with_context(|| ctx)
+            run_arm(
+                &f,
+                p.cost.as_ref(),
+                &p.topo,
+                &net_model,
+                &p.corpus,
+                p.seq_len,
+                par,
+                arm,
+            )
+            .map(|mut r| {
+                r.model = p.model.clone();
+                r
+            })
+            .with_context(|| ctx)
         })
         .collect();
     let results: Vec<ArmResult> = results.into_iter().collect::<Result<_>>()?;
@@ -596,7 +609,7 @@ fn render(f: &CompareFile, title: &str, arms: &[Arm], rs: &[ArmResult]) -> Compa
         );
         let _ = writeln!(
             t,
-            "| {} | {} | {} | {} | {} | {} | {} | {:.1} | {:.0} | {:.3} | {:.2} | {:.2} | {:.2}x | {:.1}% | {:.3} | {:.1}{} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {:.1} | {:.0} | {:.3} | {:.2} | {:.2} | {:.2}x | {:.1}% | {} | {:.1}{} |",
             r.model,
             r.topology,
             r.corpus,
@@ -611,7 +624,11 @@ fn render(f: &CompareFile, title: &str, arms: &[Arm], rs: &[ArmResult]) -> Compa
             r.attn_max_ms,
             speed,
             100.0 * cut,
-            r.plan_gib,
+            if r.arm.starts_with("ulysses") {
+                "n/a".to_string()
+            } else {
+                format!("{:.3}", r.plan_gib)
+            },
             r.peak_mem_gib,
             if r.infeasible > 0 { " (over)" } else { "" }
         );
@@ -623,7 +640,14 @@ fn render(f: &CompareFile, title: &str, arms: &[Arm], rs: &[ArmResult]) -> Compa
     let mut series = 0usize;
     let mut keys: Vec<(String, String, String, u32)> = rs
         .iter()
-        .map(|r| (r.model.clone(), r.topology.clone(), r.corpus.clone(), r.seq_len))
+        .map(|r| {
+            (
+                r.model.clone(),
+                r.topology.clone(),
+                r.corpus.clone(),
+                r.seq_len,
+            )
+        })
         .collect();
     keys.dedup();
     keys.sort();
@@ -683,7 +707,64 @@ fn render(f: &CompareFile, title: &str, arms: &[Arm], rs: &[ArmResult]) -> Compa
     }
 }
 
-/// Experiment files resolve relative paths against their folder.
-pub fn base_of(path: &Path) -> PathBuf {
-    path.parent().map(Path::to_path_buf).unwrap_or_default()
+/// The built-in four-way comparison `skewsim` runs without a subcommand: all four schemes
+/// on llama3-8b (all 32 layers), the `wlbllm` corpus packed to 64K tokens, DP 2 and 4 ×
+/// CP 4 (8 and 16 GPUs of DGX H200 nodes, analytical network), GA 4, two steps.
+pub const DEFAULT_FOUR_WAY: &str = r#"
+kind = "four-way"
+description = "Built-in default: Ulysses, WLB-LLM, DistCA and Libra on llama3-8b, wlbllm corpus at 64K tokens, 8 and 16 H200 GPUs."
+model = "llama3-8b"
+steps = 2
+arms = ["ulysses", "wlbllm", "distca", "libra"]
+
+[cluster]
+gpus_per_node = 8
+
+[network]
+topology = "dgx-h200-roce"
+model = "analytical"
+
+[parallel]
+cp = 4
+ga = 4
+recompute = true
+zero_stage = 3
+dp_buckets = 4
+
+[workload]
+corpus = "wlbllm"
+seq_len = 65536
+seed = 1
+
+[settings]
+pool_size = 2
+head_shards = 4
+chunks = 2
+
+[sweep]
+dp = [2, 4]
+"#;
+
+/// Run [`DEFAULT_FOUR_WAY`], print its table and write `runs/default/`.
+pub fn run_default(out: Output) -> Result<()> {
+    let s = run_text(
+        DEFAULT_FOUR_WAY,
+        "built-in four-way comparison",
+        "default",
+        Path::new("."),
+    )?;
+    let dir = Path::new("runs/default");
+    write_outputs(dir, &s)?;
+    out.emit(
+        &serde_json::json!({ "dir": dir.display().to_string(), "table": s.table }),
+        || {
+            format!(
+                "skewsim: the four balancing schemes on one small simulated cluster \
+                 (built-in four-way comparison; `skewsim run experiments/four-way.toml` \
+                 for the full one)\n\n{}\nwrote {}/summary.md, points.csv, plot.svg\n",
+                s.table,
+                dir.display()
+            )
+        },
+    )
 }

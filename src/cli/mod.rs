@@ -13,6 +13,7 @@ mod bench_schemes;
 mod check_plan;
 pub mod corpus;
 mod exp_pools;
+mod exp_schemes;
 mod exp_train;
 mod exp_variance;
 mod libra_config;
@@ -31,8 +32,8 @@ pub struct Cli {
     /// Print the result as JSON on stdout instead of a text table.
     #[arg(long, global = true)]
     pub json: bool,
-    /// Without a subcommand: the built-in default run (Ulysses on a small DGX H200
-    /// cluster, libra-1m), its summary printed and written to runs/default/.
+    /// Without a subcommand: the built-in four-way comparison (Ulysses, WLB-LLM, DistCA,
+    /// Libra on 8 and 16 simulated H200 GPUs), its table printed and runs/default/ written.
     #[command(subcommand)]
     pub command: Option<Command>,
 }
@@ -82,7 +83,7 @@ pub fn main() -> Result<()> {
     let cli = Cli::parse();
     let out = Output { json: cli.json };
     let Some(command) = cli.command else {
-        return exp_train::run_default(out);
+        return exp_schemes::run_default(out);
     };
     match command {
         Command::Run(args) => run::run(args, out),

@@ -22,7 +22,14 @@ pub struct Args {
 }
 
 /// The experiment kinds this build knows, as `kind = "..."` spells them.
-const KINDS: &[&str] = &["pools", "runtime-variance", "train"];
+const KINDS: &[&str] = &[
+    "pools",
+    "runtime-variance",
+    "train",
+    "four-way",
+    "attention-microbench",
+    "distca-ablation",
+];
 
 pub fn run(args: Args, out: Output) -> Result<()> {
     let text = std::fs::read_to_string(&args.file)
@@ -42,6 +49,9 @@ pub fn run(args: Args, out: Output) -> Result<()> {
         "pools" => super::exp_pools::run(&args.file, &text, &dir, out),
         "runtime-variance" => super::exp_variance::run(&args.file, &text, &dir, out),
         "train" => super::exp_train::run(&args.file, &dir, args.calibration.as_deref(), out),
+        k if super::exp_schemes::KINDS.contains(&k) => {
+            super::exp_schemes::run(&args.file, &dir, out)
+        }
         _ => bail!(
             "{}: unknown experiment kind = {kind:?} (one of: {})",
             args.file.display(),

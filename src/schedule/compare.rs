@@ -27,6 +27,7 @@ use crate::cost::CostModel;
 use crate::engine::{run, OpClass, Timeline};
 use crate::error::{invalid, Result};
 use crate::net::{NetworkModel, Ps};
+use crate::plan::Payload;
 use crate::report::step::{step_report, StepReport};
 use crate::workload::PackedSeq;
 
@@ -78,24 +79,51 @@ pub fn scheme_chunks(scheme: Scheme, set: &SchemeSettings, heads_q: u32) -> u32 
     }
 }
 
-/// The step's core-attention-layer time: over the micro-batches, the span of layer 0's
-/// forward attention (from the first of its dispatch / all-to-all / kernel ops to start,
-/// on any GPU, to the last to end), summed. The slowest worker sets each span, so this is
-/// the straggler's latency of one attention layer for the step's global batch.
+/// The step's core-attention-layer time: per micro-batch, the longest span any GPU spends
+/// in layer 0's forward core attention (from the start of its first dispatch / all-to-all /
+/// kernel op to the end of its last), summed over the micro-batches. A GPU that waits for
+/// a slow peer's data waits inside its span, so this is the straggler's latency of one
+/// attention layer for the step's global batch.
 pub fn attention_span(sg: &StepGraph, t: &Timeline) -> Ps {
-    let mut spans: std::collections::BTreeMap<u16, (Ps, Ps)> = Default::default();
+    use std::collections::BTreeMap;
+    let gpu_of = |op: &crate::engine::Op| {
+        sg.graph
+            .streams
+            .get(op.stream as usize)
+            .map_or(0, |s| s.gpu)
+    };
+    // Backward reuses the classes (dO in, dQ/dK/dV out): forward ops of a micro-batch are
+    // those that start before the GPU's first backward linear op of that micro-batch.
+    let mut bwd_start: BTreeMap<(u16, u32), Ps> = BTreeMap::new();
+    for (i, op) in sg.graph.ops.iter().enumerate() {
+        if matches!(op.label.class, OpClass::LinearBwd | OpClass::HeadBwd) {
+            let v = bwd_start
+                .entry((op.label.mb, gpu_of(op)))
+                .or_insert(Ps::MAX);
+            *v = (*v).min(t.start[i]);
+        }
+    }
+    let mut spans: BTreeMap<(u16, u32), (Ps, Ps)> = BTreeMap::new();
     for (i, op) in sg.graph.ops.iter().enumerate() {
         let l = op.label;
-        if l.layer != 0 || !matches!(l.class, OpClass::AttnFwd | OpClass::A2aIn | OpClass::A2aOut)
-        {
+        if l.layer != 0 || !matches!(l.class, OpClass::AttnFwd | OpClass::A2aIn | OpClass::A2aOut) {
             continue;
         }
+        let key = (l.mb, gpu_of(op));
         let (s, e) = (t.start[i], t.end[i]);
-        let v = spans.entry(l.mb).or_insert((s, e));
+        if s >= bwd_start.get(&key).copied().unwrap_or(Ps::MAX) {
+            continue;
+        }
+        let v = spans.entry(key).or_insert((s, e));
         v.0 = v.0.min(s);
         v.1 = v.1.max(e);
     }
-    spans.values().map(|&(s, e)| e - s).sum()
+    let mut per_mb: BTreeMap<u16, Ps> = BTreeMap::new();
+    for (&(mb, _), &(s, e)) in &spans {
+        let m = per_mb.entry(mb).or_insert(0);
+        *m = (*m).max(e - s);
+    }
+    per_mb.values().sum()
 }
 
 /// Plan and simulate step `step` of `planner`'s scheme for its global batch on `net`.
@@ -112,6 +140,28 @@ pub fn simulate_scheme_step(
     net: &mut dyn NetworkModel,
     var: &dyn RuntimeVariance,
 ) -> Result<SchemeStep> {
+    simulate_scheme_step_with(
+        cost, planner, set, base, place, step, global, net, var, false,
+    )
+}
+
+/// [`simulate_scheme_step`], with `signal` replacing every plan transfer by a one-token
+/// signal (DistCA's "signal" ablation: the same dependencies, no data, so the difference
+/// to the real step is the communication the step could not hide). `plan_bytes` stays the
+/// real plan's.
+#[allow(clippy::too_many_arguments)]
+pub fn simulate_scheme_step_with(
+    cost: &CostModel,
+    planner: &mut SchemePlanner<'_>,
+    set: &SchemeSettings,
+    base: Parallelism,
+    place: Placement,
+    step: u64,
+    global: &[PackedSeq],
+    net: &mut dyn NetworkModel,
+    var: &dyn RuntimeVariance,
+    signal: bool,
+) -> Result<SchemeStep> {
     let scheme = planner.scheme();
     let par = scheme_parallelism(scheme, base)?;
     let map = RankMap::new(par, place, scheme.name())?;
@@ -119,7 +169,7 @@ pub fn simulate_scheme_step(
         let batch = split_replicas(global.to_vec(), par.dp, par.ga);
         (build_step(cost, map, &batch, step, var)?, 0)
     } else {
-        let sp = planner.plan(step, global)?;
+        let mut sp = planner.plan(step, global)?;
         let bytes = sp
             .plan
             .groups
@@ -127,6 +177,18 @@ pub fn simulate_scheme_step(
             .flat_map(|g| &g.transfers)
             .map(|t| t.bytes)
             .sum();
+        if signal {
+            // The lowering prices a transfer by its payload's tokens: one token each.
+            for t in sp.plan.groups.iter_mut().flat_map(|g| &mut g.transfers) {
+                t.bytes = 1;
+                match &mut t.carries {
+                    Payload::Q { start, end, .. } | Payload::Output { start, end, .. } => {
+                        *end = (*start + 1).min(*end)
+                    }
+                    Payload::Kv { start, end, .. } => *end = (*start + 1).min(*end),
+                }
+            }
+        }
         let m = scheme_chunks(scheme, set, cost.model.heads_q);
         (
             build_plan_step(cost, map, &sp.plan, &sp.trained, m, var)?,

@@ -14,6 +14,7 @@
 //! Architecture invariant: every rank of every replica is simulated; nothing assumes
 //! ranks are alike, because per-rank skew is the point.
 
+pub mod compare;
 pub mod plan_attn;
 pub mod plan_step;
 pub mod stage;
