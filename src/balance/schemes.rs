@@ -203,9 +203,11 @@ impl<'a> SchemePlanner<'a> {
                 }
             }
             Scheme::Libra => {
+                // a pool cannot hold more replicas than there are: P is capped at DP
                 let p = LibraParams {
                     cp,
                     shape,
+                    pool_size: s.libra.pool_size.min(dp).max(1),
                     ..s.libra
                 };
                 p.validate()?;

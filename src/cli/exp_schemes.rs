@@ -15,8 +15,8 @@
 //!     # an arm is a scheme with optional `:`-separated tweaks: distca:no-ping-pong,
 //!     # distca:signal (1-byte transfers: communication cost removed), distca:eps=0.15,
 //!     # wlbllm:per-document | per-sequence, libra:m=1; the first arm is the baseline
-//! [cluster]  gpus_per_node = 8       # nodes = DP·PP·CP / gpus_per_node per point
 //! [network]  topology = "dgx-h200-roce", model = "analytical" | "flow"
+//!            (nodes = DP·PP·CP / the topology's GPUs per node, per point)
 //! [parallel] cp, ga, pp, pipeline, recompute, zero_stage, dp_buckets (dp from [sweep])
 //! [workload] corpus = "libra-256k", seq_len = 262144, seed = 1
 //! [settings] epsilon, ping_pong, s_max, sharding, pool_size, head_shards, tile_tokens,
@@ -63,6 +63,7 @@ struct CompareFile {
     #[serde(default = "one")]
     steps: u64,
     arms: Vec<String>,
+    #[serde(default)]
     cluster: ClusterSpec,
     #[serde(default)]
     network: NetFile,
@@ -78,9 +79,10 @@ fn one() -> u64 {
     1
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
 struct ClusterSpec {
+    /// Only without a topology: every topology file brings its own node size.
     gpus_per_node: u32,
 }
 
@@ -305,9 +307,6 @@ pub fn run_text(text: &str, file: &str, title: &str, base: &Path) -> Result<Comp
     if f.arms.is_empty() {
         bail!("{file}: arms must name at least one scheme (ulysses, wlbllm, distca, libra)");
     }
-    if f.cluster.gpus_per_node == 0 {
-        bail!("{file}: [cluster] gpus_per_node = 0 must be at least 1");
-    }
     let s = &f.settings;
     let d = SchemeSettings::default();
     let dl = LibraParams::default();
@@ -382,18 +381,14 @@ pub fn run_text(text: &str, file: &str, title: &str, base: &Path) -> Result<Comp
         let cost = Arc::new(CostModel::h200(load_model(m, base, file, f.layers)?)?);
         for t in &topos {
             let topo = match t {
-                Some(t) => Some((t.clone(), load_topology(t, base, file)?)),
+                Some(t) => {
+                    let label = Path::new(t)
+                        .file_stem()
+                        .map_or(t.clone(), |x| x.to_string_lossy().into_owned());
+                    Some((label, load_topology(t, base, file)?))
+                }
                 None => None,
             };
-            if let Some((n, spec)) = &topo {
-                if spec.gpus_per_node != f.cluster.gpus_per_node {
-                    bail!(
-                        "{file}: [cluster] gpus_per_node = {} but topology {n} has {}",
-                        f.cluster.gpus_per_node,
-                        spec.gpus_per_node
-                    );
-                }
-            }
             for c in corpora.iter().flatten() {
                 let corpus = Corpus::from_spec(c).with_context(|| format!("{file}: corpus"))?;
                 let lens: Vec<u32> = if !f.sweep.seq_len.is_empty() {
@@ -460,7 +455,23 @@ pub fn run_text(text: &str, file: &str, title: &str, base: &Path) -> Result<Comp
         })
         .collect();
     let results: Vec<ArmResult> = results.into_iter().collect::<Result<_>>()?;
-    Ok(render(&f, title, &arms, &results))
+    let mut extra = String::new();
+    if f.kind == "attention-microbench" {
+        extra += &last_arm_cuts(&arms, &results);
+    }
+    if f.kind == "distca-ablation" {
+        extra += "\n## DistCA's tolerance: what ε trims (scheduler only, step 0 of each point)\n\n\
+                  Bytes moved and the largest per-server attention buffer (2 × received Q/K/V + outputs \
+                  computed for others, `balance::pricing::distca_tolerance`), relative to ε = 0.\n\n\
+                  | model | L | servers | ε | moved GiB/layer | vs ε=0 | max buffer (MiB) | vs ε=0 | max deviation | moves |\n\
+                  |---|---|---|---|---|---|---|---|---|---|\n";
+        for p in &points {
+            extra += &tolerance_rows(&f, p.cost.as_ref(), &p.model, &p.corpus, p.seq_len, p.dp)?;
+        }
+    }
+    let mut out = render(&f, title, &arms, &results);
+    out.markdown += &extra;
+    Ok(out)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -475,8 +486,16 @@ fn run_arm(
     arm: &Arm,
 ) -> Result<ArmResult> {
     let gpus = par.dp * par.pp * par.cp;
-    let gpn = f.cluster.gpus_per_node;
-    let nodes = gpus.div_ceil(gpn);
+    // the topology's node size (each swept topology brings its own)
+    let gpn = topo
+        .as_ref()
+        .map_or(f.cluster.gpus_per_node, |t| t.1.gpus_per_node);
+    // whole NVLink super-nodes (NVL72: 18 nodes of 4), spare GPUs idle
+    let per_domain = topo
+        .as_ref()
+        .and_then(|t| t.1.super_node.as_ref())
+        .map_or(1, |s| s.nodes.max(1));
+    let nodes = gpus.div_ceil(gpn).div_ceil(per_domain) * per_domain;
     let place = Placement {
         gpus_per_node: gpn,
         nodes,
@@ -556,6 +575,83 @@ fn run_arm(
         peak_mem_gib: gib(mem),
         infeasible,
     })
+}
+
+/// The last arm's (Libra's) cut of mean and max attention-layer latency vs every other
+/// arm, per point.
+fn last_arm_cuts(arms: &[Arm], rs: &[ArmResult]) -> String {
+    let Some(last) = arms.last() else {
+        return String::new();
+    };
+    let mut t = format!(
+        "\n## {l}'s cut of the straggler's attention-layer latency\n\n\
+         | corpus | L | vs | mean cut | max cut | mean speedup | max speedup |\n|---|---|---|---|---|---|---|\n",
+        l = last.label
+    );
+    for r in rs.iter().filter(|r| r.arm == last.label) {
+        for o in rs.iter().filter(|o| {
+            o.arm != last.label
+                && (&o.model, &o.topology, &o.corpus, o.seq_len, o.dp)
+                    == (&r.model, &r.topology, &r.corpus, r.seq_len, r.dp)
+        }) {
+            let _ = writeln!(
+                t,
+                "| {} | {} | {} | {:.1}% | {:.1}% | {:.2}x | {:.2}x |",
+                r.corpus,
+                r.seq_len,
+                o.arm,
+                100.0 * (1.0 - r.attn_mean_ms / o.attn_mean_ms.max(1e-12)),
+                100.0 * (1.0 - r.attn_max_ms / o.attn_max_ms.max(1e-12)),
+                o.attn_mean_ms / r.attn_mean_ms.max(1e-12),
+                o.attn_max_ms / r.attn_max_ms.max(1e-12),
+            );
+        }
+    }
+    t
+}
+
+/// DistCA's ε trade-off rows for one point: the scheduler alone on step 0's global batch
+/// cut into micro-batches of DP·CP servers.
+fn tolerance_rows(
+    f: &CompareFile,
+    cost: &CostModel,
+    model: &str,
+    corpus: &str,
+    seq_len: u32,
+    dp: u32,
+) -> Result<String> {
+    use skewsim::balance::distca::DistcaConfig;
+    use skewsim::balance::pricing::distca_tolerance;
+    let servers = (dp * f.parallel.cp) as usize;
+    let wl = Workload::Corpus {
+        corpus: Corpus::from_spec(corpus)?,
+        seq_len,
+        packing: Packing::Sequential,
+        seed: f.workload.seed,
+    };
+    let global = wl.step_sequences(0, (dp * f.parallel.ga) as usize)?;
+    let batches: Vec<Vec<_>> = global.chunks(servers).map(<[_]>::to_vec).collect();
+    let cfg = DistcaConfig::new(cost.attn(), 0.0, skewsim::balance::wlbllm::KERNEL_TILE)?;
+    let rows = distca_tolerance(&batches, &cfg, &[0.0, 0.05, 0.10, 0.15, 0.20])?;
+    let (b0, m0) = (
+        rows[0].bytes.max(1) as f64,
+        rows[0].max_buffer_bytes.max(1) as f64,
+    );
+    let mut t = String::new();
+    for r in &rows {
+        let _ = writeln!(
+            t,
+            "| {model} | {seq_len} | {servers} | {:.2} | {:.3} | {:+.1}% | {:.1} | {:+.1}% | {:.3} | {} |",
+            r.epsilon,
+            r.bytes as f64 / (1u64 << 30) as f64,
+            100.0 * (r.bytes as f64 / b0 - 1.0),
+            r.max_buffer_bytes as f64 / (1u64 << 20) as f64,
+            100.0 * (r.max_buffer_bytes as f64 / m0 - 1.0),
+            r.max_deviation,
+            r.moves
+        );
+    }
+    Ok(t)
 }
 
 fn render(f: &CompareFile, title: &str, arms: &[Arm], rs: &[ArmResult]) -> CompareOutput {
