@@ -471,6 +471,9 @@ pub fn run_text(text: &str, file: &str, title: &str, base: &Path) -> Result<Comp
     }
     let mut out = render(&f, title, &arms, &results);
     out.markdown += &extra;
+    if !f.notes.is_empty() {
+        out.markdown += &format!("\n{}\n", f.notes.trim());
+    }
     Ok(out)
 }
 
@@ -792,9 +795,6 @@ fn render(f: &CompareFile, title: &str, arms: &[Arm], rs: &[ArmResult]) -> Compa
         f.parallel.pp
     );
     md += &t;
-    if !f.notes.is_empty() {
-        md += &format!("\n{}\n", f.notes.trim());
-    }
     CompareOutput {
         markdown: md,
         csv,
