@@ -1,0 +1,176 @@
+//! The four-scheme comparison experiments end to end: re-running them reproduces the
+//! committed `experiments/results/NAME/` byte for byte (a slice for the larger one), on one
+//! thread as on many; the default command prints the four-way table; bad settings are
+//! named.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn skewsim(args: &[&str], threads: Option<&str>, dir: &Path) -> std::process::Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_skewsim"));
+    c.args(args).current_dir(dir);
+    if let Some(t) = threads {
+        c.env("RAYON_NUM_THREADS", t);
+    }
+    c.output().expect("the skewsim binary runs")
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("skewsim-schemes-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn read(p: &Path) -> String {
+    std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+/// Run `experiments/NAME.toml` and compare every output file with the committed one.
+fn reproduces(name: &str, threads: Option<&str>) {
+    let out = tmp(name);
+    let file = root().join(format!("experiments/{name}.toml"));
+    let o = skewsim(
+        &[
+            "run",
+            file.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        threads,
+        &root(),
+    );
+    assert!(
+        o.status.success(),
+        "{name}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    for f in ["summary.md", "points.csv", "plot.svg"] {
+        let ours = read(&out.join(f));
+        let committed = read(&root().join(format!("experiments/results/{name}/{f}")));
+        assert!(
+            ours == committed,
+            "{name}/{f} differs from the committed result"
+        );
+    }
+    std::fs::remove_dir_all(&out).ok();
+}
+
+#[test]
+fn four_way_reproduces_on_one_thread() {
+    reproduces("four-way", Some("1"));
+}
+
+#[test]
+fn attention_microbench_and_distca_4d_reproduce() {
+    reproduces("attention-microbench", None);
+    reproduces("distca-4d", None);
+}
+
+#[test]
+fn a_slice_of_distca_3d_reproduces_its_committed_rows() {
+    // llama3-8b, 64 GPUs, 128K only: the same rows as the committed points.csv.
+    let text = read(&root().join("experiments/distca-3d.toml"));
+    let sliced = text
+        .replace(
+            "model = [\"llama3-8b\", \"llama-34b\"]",
+            "model = [\"llama3-8b\"]",
+        )
+        .replace("dp = [8, 64]", "dp = [8]")
+        .replace("seq_len = [131072, 524288]", "seq_len = [131072]");
+    assert_ne!(sliced, text, "the slice must change the sweep");
+    let dir = tmp("distca-3d-slice");
+    // next to the experiments so relative paths resolve the same way
+    let file = root()
+        .join("experiments")
+        .join(format!("distca-3d-slice-{}.toml", std::process::id()));
+    std::fs::write(&file, sliced).unwrap();
+    let o = skewsim(
+        &[
+            "run",
+            file.to_str().unwrap(),
+            "--out",
+            dir.to_str().unwrap(),
+        ],
+        None,
+        &root(),
+    );
+    std::fs::remove_file(&file).ok();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let ours = read(&dir.join("points.csv"));
+    let committed = read(&root().join("experiments/results/distca-3d/points.csv"));
+    let rows: Vec<&str> = ours.lines().skip(1).collect();
+    assert_eq!(rows.len(), 6, "six arms at one point");
+    for r in rows {
+        assert!(committed.lines().any(|c| c == r), "row not committed: {r}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn default_command_prints_the_four_way_table() {
+    let dir = tmp("default");
+    let o = skewsim(&[], None, &dir);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let s = String::from_utf8_lossy(&o.stdout);
+    for arm in ["ulysses", "wlbllm", "distca", "libra"] {
+        for (dp, gpus) in [(2, 8), (4, 16)] {
+            let row = format!("| {dp} | {gpus} | {arm} |");
+            assert_eq!(s.matches(&row).count(), 1, "{row}:\n{s}");
+        }
+    }
+    assert!(s.contains("speedup vs ulysses"));
+    assert!(dir.join("runs/default/points.csv").exists());
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn bad_settings_are_named() {
+    let base = read(&root().join("experiments/distca-4d.toml"));
+    let cases: &[(&str, &str, &str)] = &[
+        ("epsilon = 0.10", "epsilon = -0.5", "epsilon = -0.5"),
+        (
+            "\"distca:eps=0\"",
+            "\"distca:warp\"",
+            "unknown tweak \"warp\"",
+        ),
+        (
+            "\"wlbllm\", \"distca\"",
+            "\"pipedream\", \"distca\"",
+            "scheme = pipedream",
+        ),
+        (
+            "model = \"llama3-8b\"\nsteps",
+            "model = \"llama3-8b\"\nlayers = 99\nsteps",
+            "layers = 99",
+        ),
+        ("ga = 8", "ga = 3", "multiple of its DP"),
+    ];
+    let dir = tmp("bad");
+    for (i, (from, to, want)) in cases.iter().enumerate() {
+        assert!(base.contains(from), "{from}");
+        let file = root()
+            .join("experiments")
+            .join(format!("bad-{}-{i}.toml", std::process::id()));
+        std::fs::write(&file, base.replacen(from, to, 1)).unwrap();
+        let o = skewsim(
+            &[
+                "run",
+                file.to_str().unwrap(),
+                "--out",
+                dir.to_str().unwrap(),
+            ],
+            None,
+            &root(),
+        );
+        std::fs::remove_file(&file).ok();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "case {i} succeeded");
+        assert!(!err.contains("panicked"), "case {i} panicked: {err}");
+        assert!(err.contains(want), "case {i}: {want:?} not in {err}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
