@@ -469,6 +469,15 @@ pub fn run_text(text: &str, file: &str, title: &str, base: &Path) -> Result<Comp
             extra += &tolerance_rows(&f, p.cost.as_ref(), &p.model, &p.corpus, p.seq_len, p.dp)?;
         }
     }
+    if arms.iter().any(|a| a.scheme == Scheme::WlbLlm) {
+        extra += &s_max_rows(
+            &f,
+            &points
+                .iter()
+                .map(|p| (p.model.clone(), p.cost.clone(), p.seq_len, p.dp))
+                .collect::<Vec<_>>(),
+        )?;
+    }
     let mut out = render(&f, title, &arms, &results);
     out.markdown += &extra;
     if !f.notes.is_empty() {
@@ -611,6 +620,64 @@ fn last_arm_cuts(arms: &[Arm], rs: &[ArmResult]) -> String {
         }
     }
     t
+}
+
+/// WLB-LLM's S_max priced by `cost::memory` (stage 0, the smallest DP of each model and
+/// L): peak memory per rank at S_max = L and 2·L (the default), and the largest S_max that
+/// fits the GPU.
+fn s_max_rows(f: &CompareFile, points: &[(String, Arc<CostModel>, u32, u32)]) -> Result<String> {
+    use skewsim::balance::pricing::{wlb_max_s_max, wlb_s_max_memory};
+    use skewsim::cost::memory::{stage_grad_bytes, MemoryInputs};
+    use skewsim::schedule::ulysses::{in_flight, stage_layers};
+    let mut seen: Vec<(String, u32)> = Vec::new();
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    let mut t = String::from(
+        "\n## WLB-LLM's memory cap S_max, priced by `cost::memory`\n\n\
+         Peak memory of a first-stage rank budgeting S_max tokens per micro-batch \
+         (`balance::pricing::wlb_s_max_memory`); the default is S_max = 2·L.\n\n\
+         | model | L | CP | DP | S_max = L (GiB) | S_max = 2·L (GiB) | largest S_max that fits |\n\
+         |---|---|---|---|---|---|---|\n",
+    );
+    let par = &f.parallel;
+    for (model, cost, l, dp) in points {
+        if seen.contains(&(model.clone(), *l)) {
+            continue;
+        }
+        seen.push((model.clone(), *l));
+        let m = &cost.model;
+        let pp = par.pp.max(1);
+        let (lf, ll) = stage_layers(m.layers, pp)[0];
+        let grad = stage_grad_bytes(m, ll - lf, true, pp == 1);
+        let kind = par.pipeline.unwrap_or(PipelineKind::OneFOneB);
+        let base = MemoryInputs {
+            layers: ll - lf,
+            first_stage: true,
+            last_stage: pp == 1,
+            zero_stage: par.zero_stage,
+            shard_degree: dp * par.cp,
+            tokens_per_rank: 0,
+            attn_tokens: 0,
+            attn_heads_q: 0,
+            attn_heads_kv: 0,
+            in_flight: in_flight(kind, pp, 0, par.ga),
+            recompute: par.recompute,
+            bucket_bytes: grad.div_ceil(u64::from(par.dp_buckets.max(1))),
+        };
+        let at = |s: u32| wlb_s_max_memory(cost, &base, s, par.cp).map(|b| gib(b.total()));
+        let best = wlb_max_s_max(cost, &base, par.cp, skewsim::balance::wlbllm::KERNEL_TILE)?;
+        let _ = writeln!(
+            t,
+            "| {model} | {l} | {} | {dp} | {:.1} | {:.1} | {} |",
+            par.cp,
+            at(*l)?,
+            at(l.saturating_mul(2))?,
+            best.map_or("none".to_string(), |b| format!(
+                "{b} ({:.2}·L)",
+                f64::from(b) / f64::from(*l)
+            ))
+        );
+    }
+    Ok(t)
 }
 
 /// DistCA's ε trade-off rows for one point: the scheduler alone on step 0's global batch
