@@ -937,9 +937,18 @@ fn multi_tables(results: &[PointResult], par: &Parallelism, dir: &Path) -> Resul
         }
         let own = fwd(r);
         if !own.is_empty() {
+            // Libra at the same pool and tile settings when the sweep has it, else any.
+            let libra_at = |b: &&PointResult| b.scheme == "libra" && same_job(b, r) && b.dp == r.dp;
             let norm = results
                 .iter()
-                .find(|b| b.scheme == "libra" && same_job(b, r) && b.dp == r.dp)
+                .filter(libra_at)
+                .find(|b| {
+                    r.scheme == "ulysses"
+                        || (b.libra.pool_size == r.libra.pool_size
+                            && b.libra.tile_tokens == r.libra.tile_tokens
+                            && b.libra.head_shards == r.libra.head_shards)
+                })
+                .or_else(|| results.iter().find(libra_at))
                 .map(|b| mean(fwd(b).into_iter()))
                 .unwrap_or_else(|| mean(own.iter().copied()));
             let (lo, hi) = own
@@ -948,7 +957,7 @@ fn multi_tables(results: &[PointResult], par: &Parallelism, dir: &Path) -> Resul
             writeln!(
                 mbt,
                 "| {} | {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.2} |",
-                r.scheme,
+                variant_label(r, true, true),
                 eff_p(r),
                 r.corpus,
                 r.dp,
@@ -962,5 +971,181 @@ fn multi_tables(results: &[PointResult], par: &Parallelism, dir: &Path) -> Resul
     }
     std::fs::write(dir.join("points.csv"), csv)?;
     std::fs::write(dir.join("microbatches.csv"), mbs)?;
+    multi_charts(results, dir)?;
     Ok(t + &mbt)
+}
+
+/// A point's variant, for legends: the scheme, plus P, B and H when a sweep varies them.
+fn variant_label(r: &PointResult, pools: bool, tiles: bool) -> String {
+    let mut s = r.scheme.clone();
+    if r.scheme != "ulysses" {
+        if pools {
+            s += &format!(" P={}", r.libra.pool_size.min(r.dp));
+        }
+        if tiles {
+            s += &format!(" B={} H={}", r.libra.tile_tokens, r.libra.head_shards);
+        }
+    }
+    s
+}
+
+/// SVG charts of a multi-scheme sweep, per corpus: tokens/s against DP
+/// (`scaling-CORPUS.svg`, when DP varies), compute / CP communication / exposed
+/// communication against P (`pool-CORPUS.svg`, when P varies), speedup over Ulysses
+/// against tiles per sequence (`tiles-CORPUS.svg`, when B × H varies) and every
+/// micro-batch's forward span at the largest DP, sorted, over the `libra` mean
+/// (`microbatches-CORPUS.svg`).
+fn multi_charts(results: &[PointResult], dir: &Path) -> Result<()> {
+    use skewsim::report::svg::{palette, Chart, Mark, Scale, Series};
+    let mut corpora: Vec<&str> = results.iter().map(|r| r.corpus.as_str()).collect();
+    corpora.dedup();
+    corpora.sort_unstable();
+    corpora.dedup();
+    let distinct = |f: &dyn Fn(&PointResult) -> u64| {
+        let mut v: Vec<u64> = results
+            .iter()
+            .filter(|r| r.scheme != "ulysses")
+            .map(f)
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v.len() > 1
+    };
+    let pools = distinct(&|r| u64::from(r.libra.pool_size));
+    let tiles =
+        distinct(&|r| (u64::from(r.libra.tile_tokens) << 32) | u64::from(r.libra.head_shards));
+    let tps = |r: &PointResult| mean(r.steps.iter().map(|s| s.tokens_per_s));
+    for c in corpora {
+        let rs: Vec<&PointResult> = results.iter().filter(|r| r.corpus == c).collect();
+        let mut labels: Vec<String> = Vec::new();
+        for r in &rs {
+            let l = variant_label(r, pools, tiles);
+            if !labels.contains(&l) {
+                labels.push(l);
+            }
+        }
+        let mut dps: Vec<u32> = rs.iter().map(|r| r.dp).collect();
+        dps.sort_unstable();
+        dps.dedup();
+        if dps.len() > 1 {
+            let mut ch = Chart::new(format!("{c}: tokens/s against DP (CP fixed)"))
+                .x("DP replicas", Scale::Log)
+                .x_ticks(dps.iter().map(|&d| f64::from(d)).collect())
+                .y("tokens/s", Scale::Log);
+            for (i, l) in labels.iter().enumerate() {
+                let pts: Vec<(f64, f64)> = rs
+                    .iter()
+                    .filter(|r| &variant_label(r, pools, tiles) == l)
+                    .map(|r| (f64::from(r.dp), tps(r)))
+                    .collect();
+                ch = ch.series(Series::new(l.clone(), pts, Mark::LinePoints).color(palette(i)));
+            }
+            std::fs::write(dir.join(format!("scaling-{c}.svg")), ch.render())?;
+        }
+        if pools {
+            let mut ch = Chart::new(format!("{c}: time per GPU against pool size P"))
+                .x("P (DP replicas per pool)", Scale::Log)
+                .y("seconds per GPU per step", Scale::Log);
+            let mut k = 0;
+            for sc in ["libra-tap", "libra-tap-vrsp", "libra"] {
+                let mut pts: Vec<&&PointResult> = rs.iter().filter(|r| r.scheme == sc).collect();
+                if pts.is_empty() {
+                    continue;
+                }
+                pts.sort_by_key(|r| r.libra.pool_size);
+                for (what, f, dashed) in [
+                    (
+                        "compute",
+                        (|r: &PointResult| r.compute) as fn(&PointResult) -> f64,
+                        false,
+                    ),
+                    ("CP comm", |r: &PointResult| r.cp_comm, true),
+                    ("exposed comm", |r: &PointResult| r.exposed, false),
+                ] {
+                    let p: Vec<(f64, f64)> = pts
+                        .iter()
+                        .map(|r| (f64::from(r.libra.pool_size.min(r.dp)), f(r) * 1e-12))
+                        .collect();
+                    let mut s =
+                        Series::new(format!("{sc}: {what}"), p, Mark::LinePoints).color(palette(k));
+                    if dashed {
+                        s = s.dashed();
+                    }
+                    ch = ch.series(s);
+                    k += 1;
+                }
+            }
+            std::fs::write(dir.join(format!("pool-{c}.svg")), ch.render())?;
+        }
+        if tiles {
+            let mut ch = Chart::new(format!(
+                "{c}: speedup over Ulysses against tiles per sequence"
+            ))
+            .x("tiles per sequence (L/B × H)", Scale::Log)
+            .y("tokens/s over Ulysses", Scale::Linear);
+            let mut hs: Vec<u32> = rs
+                .iter()
+                .filter(|r| r.scheme != "ulysses")
+                .map(|r| r.libra.head_shards)
+                .collect();
+            hs.sort_unstable();
+            hs.dedup();
+            for (i, &h) in hs.iter().enumerate() {
+                let mut pts: Vec<(f64, f64)> = rs
+                    .iter()
+                    .filter(|r| r.scheme != "ulysses" && r.libra.head_shards == h)
+                    .filter_map(|r| {
+                        let u = rs.iter().find(|b| {
+                            b.scheme == "ulysses" && b.dp == r.dp && b.dp * b.ga == r.dp * r.ga
+                        })?;
+                        let n = f64::from(r.seq_len.div_ceil(r.libra.tile_tokens.max(1)) * h);
+                        Some((n, tps(r) / tps(u)))
+                    })
+                    .collect();
+                pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+                ch = ch.series(
+                    Series::new(format!("H = {h}"), pts, Mark::LinePoints).color(palette(i)),
+                );
+            }
+            std::fs::write(dir.join(format!("tiles-{c}.svg")), ch.render())?;
+        }
+        if let Some(&dmax) = dps.last() {
+            let fwd = |r: &PointResult| -> Vec<f64> {
+                r.steps
+                    .iter()
+                    .flat_map(|s| s.microbatches.iter().filter(|m| m.stage == 0))
+                    .map(|m| m.fwd_span as f64)
+                    .collect()
+            };
+            let at: Vec<&&PointResult> = rs.iter().filter(|r| r.dp == dmax).collect();
+            let norm = at
+                .iter()
+                .find(|r| r.scheme == "libra")
+                .map(|r| mean(fwd(r).into_iter()))
+                .filter(|&m| m > 0.0);
+            if let Some(norm) = norm {
+                let mut ch = Chart::new(format!(
+                    "{c}, DP = {dmax}: micro-batch forward time over Libra's mean (sorted)"
+                ))
+                .x("micro-batch rank (sorted)", Scale::Linear)
+                .y("forward time / Libra mean", Scale::Log);
+                for (i, r) in at.iter().enumerate() {
+                    let mut v = fwd(r);
+                    v.sort_by(|a, b| a.total_cmp(b));
+                    let pts = v
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, &x)| x > 0.0)
+                        .map(|(k, &x)| (k as f64, x / norm))
+                        .collect();
+                    ch = ch.series(
+                        Series::new(variant_label(r, pools, tiles), pts, Mark::Scatter)
+                            .color(palette(i)),
+                    );
+                }
+                std::fs::write(dir.join(format!("microbatches-{c}.svg")), ch.render())?;
+            }
+        }
+    }
+    Ok(())
 }
