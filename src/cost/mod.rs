@@ -1,10 +1,36 @@
-//! Cost: the one place a FLOP or a byte of attention work is counted.
+//! Cost: the one place a FLOP or a byte of work is counted and priced.
+//!
+//! Owns the model shapes ([`model`]), the attention-kernel efficiency table ([`kernel`]),
+//! the per-GPU memory model ([`memory`]) and the [`CostModel`] that turns work into
+//! picoseconds on one GPU. It does no I/O: model, CSV and calibration *text* are parsed
+//! here, files are read at the edge (CLI).
+//!
+//! What it prices (per layer, per rank):
+//! - linear work per token: QKV and O projections, the MLP or the routed experts (top-k
+//!   expert GEMMs plus the router), 2 FLOPs per multiply–add, at a GEMM efficiency of the
+//!   GPU's peak; RMSNorms as memory-bound (read + write of the hidden state at HBM speed).
+//!   Backward = 2 × forward FLOPs (input and weight gradients).
+//! - core attention: exact causal query–key pairs × 4 × heads × head_dim FLOPs forward
+//!   (Libra Eq. 8 with causal pairs), priced document by document at the kernel
+//!   efficiency the table gives for that document length and the heads per call;
+//!   backward = `attn_bwd_flop_factor` × forward FLOPs (2.5 for FlashAttention-2: five
+//!   GEMMs against two) at `attn_bwd_efficiency` × the forward efficiency.
 //!
 //! Architecture invariant: planners (balance/), the schedule and the GPU validator price
 //! work through this module only, so the planner's estimate, the engine's duration and the
-//! validator's prediction agree by construction.
+//! validator's prediction agree by construction. Calibration changes parameters here,
+//! never formulas elsewhere.
+
+pub mod kernel;
+pub mod memory;
+pub mod model;
 
 use serde::{Deserialize, Serialize};
+
+use crate::error::{invalid, parse_error, Result};
+use crate::net::Ps;
+pub use kernel::{EffPoint, EffTable};
+pub use model::{Ffn, ModelConfig};
 
 /// The shape of one attention layer, as far as counting FLOPs and bytes needs it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -39,5 +65,323 @@ impl AttnShape {
     /// Bytes of Q (or of the attention output) for `tokens` tokens over `heads` query heads.
     pub fn q_bytes(&self, tokens: u64, heads: u32) -> u64 {
         tokens * u64::from(heads) * u64::from(self.head_dim) * u64::from(self.dtype_bytes)
+    }
+}
+
+/// The GPU's throughput figures that are not in the attention table.
+///
+/// Defaults are an H200 SXM: 989 TFLOP/s dense bf16 peak and 4.8 TB/s HBM3e (NVIDIA H200
+/// datasheet), 141 GB of memory. The GEMM efficiencies and the attention backward figures
+/// are assumptions (not measured here) until a calibration file replaces them.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Hardware {
+    /// Dense bf16 peak, TFLOP/s (the MFU denominator).
+    pub peak_tflops: f64,
+    /// Fraction of peak a dense projection/MLP GEMM reaches.
+    pub gemm_efficiency: f64,
+    /// Fraction of peak the grouped expert GEMMs reach.
+    pub moe_gemm_efficiency: f64,
+    /// HBM bandwidth, bytes/s (prices the memory-bound norms).
+    pub hbm_bytes_per_s: f64,
+    /// Attention backward FLOPs as a multiple of forward.
+    pub attn_bwd_flop_factor: f64,
+    /// Attention backward efficiency as a fraction of the forward efficiency.
+    pub attn_bwd_efficiency: f64,
+    /// GPU memory capacity in bytes.
+    pub memory_bytes: u64,
+}
+
+impl Default for Hardware {
+    fn default() -> Self {
+        Self {
+            peak_tflops: 989.0,
+            gemm_efficiency: 0.6,
+            moe_gemm_efficiency: 0.4,
+            hbm_bytes_per_s: 4.8e12,
+            attn_bwd_flop_factor: 2.5,
+            attn_bwd_efficiency: 0.8,
+            memory_bytes: 141_000_000_000,
+        }
+    }
+}
+
+impl Hardware {
+    fn validate(&self, ctx: &str) -> Result<()> {
+        let checks = [
+            ("peak_tflops", self.peak_tflops, f64::INFINITY),
+            ("gemm_efficiency", self.gemm_efficiency, 1.0),
+            ("moe_gemm_efficiency", self.moe_gemm_efficiency, 1.0),
+            ("hbm_bytes_per_s", self.hbm_bytes_per_s, f64::INFINITY),
+            (
+                "attn_bwd_flop_factor",
+                self.attn_bwd_flop_factor,
+                f64::INFINITY,
+            ),
+            ("attn_bwd_efficiency", self.attn_bwd_efficiency, 1.0),
+        ];
+        for (f, v, max) in checks {
+            if !(v.is_finite() && v > 0.0 && v <= max) {
+                return Err(invalid(
+                    format!("{ctx}: {f}"),
+                    v,
+                    format!("a number in (0, {max}]"),
+                ));
+            }
+        }
+        if self.memory_bytes == 0 {
+            return Err(invalid(
+                format!("{ctx}: memory_bytes"),
+                0,
+                "a positive byte count",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A calibration file (JSON): the attention grid measured on the target GPU, and any
+/// hardware figures to override.
+///
+/// ```json
+/// { "attn_fwd": [{"heads": 8, "len": 1024, "tflops": 250.0}, ...],
+///   "hardware": {"gemm_efficiency": 0.55} }
+/// ```
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Calibration {
+    /// Forward attention efficiency points (a full heads × len grid).
+    pub attn_fwd: Vec<EffPoint>,
+    /// Hardware figures; the ones left out keep the defaults.
+    #[serde(default)]
+    pub hardware: Hardware,
+}
+
+impl Calibration {
+    /// Parse a calibration file's text; `context` names the file in errors.
+    pub fn from_json_str(text: &str, context: &str) -> Result<Self> {
+        let c: Calibration =
+            serde_json::from_str(text).map_err(|e| parse_error(context, e.to_string()))?;
+        c.hardware.validate(context)?;
+        EffTable::from_points(&c.attn_fwd, context)?;
+        Ok(c)
+    }
+}
+
+/// Which linear block of a layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinearPart {
+    /// Input RMSNorm and the Q, K, V projections (before core attention).
+    PreAttn,
+    /// O projection, post-attention RMSNorm and the MLP or experts (after core attention).
+    PostAttn,
+}
+
+/// Prices work on one GPU: the model, the hardware and the attention efficiency table.
+#[derive(Clone, Debug)]
+pub struct CostModel {
+    /// The model.
+    pub model: ModelConfig,
+    /// The GPU's figures.
+    pub hw: Hardware,
+    /// Forward attention kernel efficiency.
+    pub attn_eff: EffTable,
+}
+
+impl CostModel {
+    /// The model on an H200 with the built-in measured attention table.
+    pub fn h200(model: ModelConfig) -> Result<Self> {
+        Ok(Self {
+            model,
+            hw: Hardware::default(),
+            attn_eff: EffTable::h200_default()?,
+        })
+    }
+
+    /// The model priced with a calibration file's table and hardware figures.
+    pub fn calibrated(model: ModelConfig, cal: &Calibration, context: &str) -> Result<Self> {
+        cal.hardware.validate(context)?;
+        Ok(Self {
+            model,
+            hw: cal.hardware,
+            attn_eff: EffTable::from_points(&cal.attn_fwd, context)?,
+        })
+    }
+
+    /// The attention shape.
+    pub fn attn(&self) -> AttnShape {
+        self.model.attn_shape()
+    }
+
+    /// Forward FLOPs of one linear block for `tokens` tokens, split into (dense GEMM,
+    /// expert GEMM) FLOPs.
+    pub fn linear_fwd_flops(&self, part: LinearPart, tokens: u64) -> (f64, f64) {
+        let m = &self.model;
+        let t = tokens as f64;
+        let h = f64::from(m.hidden);
+        let d = f64::from(m.head_dim);
+        match part {
+            LinearPart::PreAttn => (2.0 * t * h * d * f64::from(m.heads_q + 2 * m.heads_kv), 0.0),
+            LinearPart::PostAttn => {
+                let o = 2.0 * t * h * d * f64::from(m.heads_q);
+                match m.ffn {
+                    Ffn::Dense { .. } => (o + 2.0 * t * m.ffn_active_params() as f64, 0.0),
+                    Ffn::Moe { experts, .. } => {
+                        let router = h * f64::from(experts);
+                        let experts_p = m.ffn_active_params() as f64 - router;
+                        (o + 2.0 * t * router, 2.0 * t * experts_p)
+                    }
+                }
+            }
+        }
+    }
+
+    /// Time of the RMSNorm in a linear block: read and write the hidden state.
+    fn norm_ps(&self, tokens: u64) -> f64 {
+        let bytes =
+            2.0 * tokens as f64 * f64::from(self.model.hidden) * f64::from(self.model.dtype_bytes);
+        bytes / self.hw.hbm_bytes_per_s * 1e12
+    }
+
+    /// Forward time of one linear block over `tokens` tokens, in ps (unrounded).
+    pub fn linear_fwd_ps_f(&self, part: LinearPart, tokens: u64) -> f64 {
+        let (dense, moe) = self.linear_fwd_flops(part, tokens);
+        // ps = FLOPs / (TFLOP/s): 1e12 FLOP/s per TFLOP/s and 1e12 ps per s cancel.
+        dense / (self.hw.peak_tflops * self.hw.gemm_efficiency)
+            + moe / (self.hw.peak_tflops * self.hw.moe_gemm_efficiency)
+            + self.norm_ps(tokens)
+    }
+
+    /// Forward time of one linear block over `tokens` tokens, in ps.
+    pub fn linear_fwd_ps(&self, part: LinearPart, tokens: u64) -> Ps {
+        self.linear_fwd_ps_f(part, tokens).round() as Ps
+    }
+
+    /// Backward time of one linear block (2 × forward GEMM FLOPs, norm read twice).
+    pub fn linear_bwd_ps(&self, part: LinearPart, tokens: u64) -> Ps {
+        (2.0 * self.linear_fwd_ps_f(part, tokens)).round() as Ps
+    }
+
+    /// Bytes of the hidden state of `tokens` tokens (a pipeline activation or its
+    /// gradient).
+    pub fn hidden_bytes(&self, tokens: u64) -> u64 {
+        tokens * u64::from(self.model.hidden) * u64::from(self.model.dtype_bytes)
+    }
+
+    /// Forward FLOPs of the LM head over `tokens` tokens.
+    pub fn lm_head_fwd_ps(&self, tokens: u64) -> Ps {
+        let f = tokens as f64 * self.model.lm_head_fwd_flops_per_token();
+        (f / (self.hw.peak_tflops * self.hw.gemm_efficiency)).round() as Ps
+    }
+
+    /// Forward time of core attention over whole causal documents of the given lengths,
+    /// `heads` query heads per call, in ps: each document's exact causal FLOPs at the
+    /// efficiency the table gives for its length.
+    pub fn attn_fwd_ps(&self, doc_lens: impl IntoIterator<Item = u32>, heads: u32) -> Ps {
+        self.attn_fwd_ps_f(doc_lens, heads).round() as Ps
+    }
+
+    /// [`CostModel::attn_fwd_ps`] unrounded.
+    pub fn attn_fwd_ps_f(&self, doc_lens: impl IntoIterator<Item = u32>, heads: u32) -> f64 {
+        let a = self.attn();
+        doc_lens
+            .into_iter()
+            .map(|l| {
+                let l = u64::from(l);
+                let flops = a.fwd_flops(crate::workload::causal_pairs(l), heads);
+                flops / self.attn_eff.tflops(heads, l, l)
+            })
+            .sum()
+    }
+
+    /// Backward time of core attention over the same documents.
+    pub fn attn_bwd_ps(&self, doc_lens: impl IntoIterator<Item = u32>, heads: u32) -> Ps {
+        (self.attn_fwd_ps_f(doc_lens, heads) * self.hw.attn_bwd_flop_factor
+            / self.hw.attn_bwd_efficiency)
+            .round() as Ps
+    }
+
+    /// Model FLOPs (forward + backward, no recomputation) of one step's worth of documents:
+    /// 3 × (linear + LM head) per token plus (1 + bwd factor) × attention. The MFU numerator.
+    pub fn model_flops(&self, tokens: u64, causal_pairs: u64) -> f64 {
+        let m = &self.model;
+        let lin = tokens as f64
+            * (f64::from(m.layers) * m.layer_linear_fwd_flops_per_token()
+                + m.lm_head_fwd_flops_per_token());
+        let attn = f64::from(m.layers) * self.attn().fwd_flops(causal_pairs, m.heads_q);
+        3.0 * lin + (1.0 + self.hw.attn_bwd_flop_factor) * attn
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn qwen() -> CostModel {
+        CostModel::h200(ModelConfig::builtin("qwen3-30b-a3b").unwrap()).unwrap()
+    }
+
+    #[test]
+    fn attention_time_is_pairs_times_flops_over_measured_rate() {
+        let c = qwen();
+        // One 16384-token document, 32 heads: the table's point is 340.2 TFLOP/s.
+        let pairs = 16384u64 * 16385 / 2;
+        let flops = pairs as f64 * 32.0 * 4.0 * 128.0;
+        let want = flops / 340.2; // ps
+        assert_eq!(c.attn_fwd_ps([16384], 32), want.round() as Ps);
+        // 65536 tokens as 512 documents of 128: matches the measured median 0.792 ms
+        // to the table's rounding (87.5 TFLOP/s printed to 0.1).
+        let t = c.attn_fwd_ps(std::iter::repeat_n(128, 512), 32) as f64 * 1e-9; // ms
+        assert!((t - 0.792).abs() / 0.792 < 0.01, "{t}");
+        // Backward: 2.5x FLOPs at 0.8x efficiency.
+        let b = c.attn_bwd_ps([16384], 32) as f64;
+        assert!((b - want * 2.5 / 0.8).abs() <= 1.0, "{b}");
+    }
+
+    #[test]
+    fn linear_time_by_hand_for_a_dense_model() {
+        let c = CostModel::h200(ModelConfig::builtin("llama3-8b").unwrap()).unwrap();
+        let t = 1000u64;
+        // PreAttn: 2·t·4096·128·(32+16) FLOPs at 989·0.6 TFLOP/s + norm 2·t·4096·2 B at 4.8e12 B/s.
+        let flops: f64 = 2.0 * 1000.0 * 4096.0 * 128.0 * 48.0;
+        let want = flops / (989.0 * 0.6) + 2.0 * 1000.0 * 4096.0 * 2.0 / 4.8e12 * 1e12;
+        assert_eq!(c.linear_fwd_ps(LinearPart::PreAttn, t), want.round() as Ps);
+        let bwd = c.linear_bwd_ps(LinearPart::PreAttn, t) as f64;
+        assert!((bwd - 2.0 * want).abs() <= 1.0);
+        // PostAttn: O (4096·4096) + MLP (3·4096·14336), all dense.
+        let (d, m) = c.linear_fwd_flops(LinearPart::PostAttn, t);
+        assert_eq!(m, 0.0);
+        assert_eq!(d, 2.0 * 1000.0 * (4096.0 * 4096.0 + 3.0 * 4096.0 * 14336.0));
+    }
+
+    #[test]
+    fn moe_experts_are_priced_at_the_expert_gemm_efficiency() {
+        let c = qwen();
+        let (dense, moe) = c.linear_fwd_flops(LinearPart::PostAttn, 10);
+        assert_eq!(moe, 2.0 * 10.0 * 8.0 * 3.0 * 2048.0 * 768.0);
+        assert_eq!(dense, 2.0 * 10.0 * (4096.0 * 2048.0 + 2048.0 * 128.0));
+        // Per-token linear FLOPs of a layer agree with the model's parameter count.
+        let (d1, m1) = c.linear_fwd_flops(LinearPart::PreAttn, 1);
+        let (d2, m2) = c.linear_fwd_flops(LinearPart::PostAttn, 1);
+        assert_eq!(
+            d1 + m1 + d2 + m2,
+            c.model.layer_linear_fwd_flops_per_token()
+        );
+    }
+
+    #[test]
+    fn calibration_replaces_table_and_hardware() {
+        let json = r#"{"attn_fwd": [{"heads": 32, "len": 128, "tflops": 100.0}],
+                       "hardware": {"gemm_efficiency": 0.5}}"#;
+        let cal = Calibration::from_json_str(json, "cal.json").unwrap();
+        let c = CostModel::calibrated(ModelConfig::builtin("llama3-8b").unwrap(), &cal, "cal.json")
+            .unwrap();
+        assert_eq!(c.attn_eff.tflops(8, 4096, 4096), 100.0);
+        assert_eq!(c.hw.gemm_efficiency, 0.5);
+        assert_eq!(c.hw.peak_tflops, 989.0);
+        let bad = r#"{"attn_fwd": [{"heads": 32, "len": 128, "tflops": 100.0}], "hardware": {"gemm_efficiency": 1.5}}"#;
+        let e = Calibration::from_json_str(bad, "cal.json").unwrap_err();
+        assert!(e.to_string().contains("gemm_efficiency"), "{e}");
+        assert!(Calibration::from_json_str("{}", "cal.json").is_err());
     }
 }

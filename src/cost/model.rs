@@ -1,0 +1,285 @@
+//! Model configurations: the shapes that decide how much work a token costs.
+//!
+//! A model is a TOML file (`models/*.toml`); the built-ins are compiled in with
+//! `include_str!` so `skewsim` works without the repository around it. Every figure in a
+//! built-in is checked against the model's published `config.json` (cited in the file),
+//! and the parameter counts are tested against the published totals.
+
+use serde::{Deserialize, Serialize};
+
+use super::AttnShape;
+use crate::error::{invalid, parse_error, Result};
+
+/// The feed-forward block of every layer.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+pub enum Ffn {
+    /// A dense SwiGLU MLP (gate, up, down projections).
+    Dense {
+        /// Intermediate size.
+        intermediate: u32,
+    },
+    /// A mixture of SwiGLU experts with a linear router; each token runs `top_k` experts.
+    Moe {
+        /// Routed experts per layer.
+        experts: u32,
+        /// Experts each token is routed to.
+        top_k: u32,
+        /// Intermediate size of one expert.
+        expert_intermediate: u32,
+    },
+}
+
+/// A decoder-only transformer, as far as pricing its work needs it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// Name, as `--model` spells it.
+    pub name: String,
+    /// Decoder layers.
+    pub layers: u32,
+    /// Hidden size.
+    pub hidden: u32,
+    /// Query heads.
+    pub heads_q: u32,
+    /// Key/value heads.
+    pub heads_kv: u32,
+    /// Head dimension.
+    pub head_dim: u32,
+    /// Vocabulary size.
+    pub vocab: u32,
+    /// Input embedding and LM head share one matrix.
+    pub tie_embeddings: bool,
+    /// Bytes per activation/weight element in compute (2 for bf16).
+    pub dtype_bytes: u32,
+    /// The feed-forward block.
+    pub ffn: Ffn,
+}
+
+/// The built-in model files.
+const BUILTINS: &[(&str, &str)] = &[
+    (
+        "qwen3-30b-a3b",
+        include_str!("../../models/qwen3-30b-a3b.toml"),
+    ),
+    ("llama3-8b", include_str!("../../models/llama3-8b.toml")),
+    ("llama-34b", include_str!("../../models/llama-34b.toml")),
+];
+
+/// The names of the built-in models.
+pub fn builtin_names() -> Vec<&'static str> {
+    BUILTINS.iter().map(|(n, _)| *n).collect()
+}
+
+impl ModelConfig {
+    /// A built-in model by name.
+    pub fn builtin(name: &str) -> Result<Self> {
+        let text = BUILTINS
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, t)| *t)
+            .ok_or_else(|| {
+                invalid(
+                    "model",
+                    name,
+                    format!("one of {}", builtin_names().join(", ")),
+                )
+            })?;
+        Self::from_toml_str(text, &format!("built-in model {name}"))
+    }
+
+    /// Parse and validate a model file's text; `context` names it in errors.
+    pub fn from_toml_str(text: &str, context: &str) -> Result<Self> {
+        let m: ModelConfig =
+            toml::from_str(text).map_err(|e| parse_error(context, e.to_string()))?;
+        m.validate(context)?;
+        Ok(m)
+    }
+
+    fn validate(&self, ctx: &str) -> Result<()> {
+        let positive = [
+            ("layers", self.layers),
+            ("hidden", self.hidden),
+            ("heads_q", self.heads_q),
+            ("heads_kv", self.heads_kv),
+            ("head_dim", self.head_dim),
+            ("vocab", self.vocab),
+            ("dtype_bytes", self.dtype_bytes),
+        ];
+        for (f, v) in positive {
+            if v == 0 {
+                return Err(invalid(format!("{ctx}: {f}"), v, "a positive integer"));
+            }
+        }
+        if self.heads_q % self.heads_kv != 0 {
+            return Err(invalid(
+                format!("{ctx}: heads_kv"),
+                self.heads_kv,
+                format!("a divisor of heads_q = {}", self.heads_q),
+            ));
+        }
+        match self.ffn {
+            Ffn::Dense { intermediate: 0 } => Err(invalid(
+                format!("{ctx}: ffn.intermediate"),
+                0,
+                "a positive integer",
+            )),
+            Ffn::Moe {
+                experts,
+                top_k,
+                expert_intermediate,
+            } if experts == 0 || top_k == 0 || top_k > experts || expert_intermediate == 0 => {
+                Err(invalid(
+                    format!("{ctx}: ffn"),
+                    format!("experts {experts}, top_k {top_k}, expert_intermediate {expert_intermediate}"),
+                    "experts > 0, 0 < top_k <= experts, expert_intermediate > 0",
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The attention shape of one layer.
+    pub fn attn_shape(&self) -> AttnShape {
+        AttnShape {
+            heads_q: self.heads_q,
+            heads_kv: self.heads_kv,
+            head_dim: self.head_dim,
+            dtype_bytes: self.dtype_bytes,
+        }
+    }
+
+    /// Parameters of the Q, K, V and O projections of one layer.
+    pub fn attn_proj_params(&self) -> u64 {
+        let h = u64::from(self.hidden);
+        let q = u64::from(self.heads_q) * u64::from(self.head_dim);
+        let kv = u64::from(self.heads_kv) * u64::from(self.head_dim);
+        h * q + 2 * h * kv + q * h
+    }
+
+    /// Parameters of one layer's feed-forward block (all experts and the router).
+    pub fn ffn_params(&self) -> u64 {
+        let h = u64::from(self.hidden);
+        match self.ffn {
+            Ffn::Dense { intermediate } => 3 * h * u64::from(intermediate),
+            Ffn::Moe {
+                experts,
+                expert_intermediate,
+                ..
+            } => {
+                u64::from(experts) * 3 * h * u64::from(expert_intermediate) + h * u64::from(experts)
+            }
+        }
+    }
+
+    /// Feed-forward parameters one token multiplies with (top-k experts and the router).
+    pub fn ffn_active_params(&self) -> u64 {
+        let h = u64::from(self.hidden);
+        match self.ffn {
+            Ffn::Dense { intermediate } => 3 * h * u64::from(intermediate),
+            Ffn::Moe {
+                experts,
+                top_k,
+                expert_intermediate,
+            } => u64::from(top_k) * 3 * h * u64::from(expert_intermediate) + h * u64::from(experts),
+        }
+    }
+
+    /// Parameters of one decoder layer (projections, feed-forward, two RMSNorms).
+    pub fn layer_params(&self) -> u64 {
+        self.attn_proj_params() + self.ffn_params() + 2 * u64::from(self.hidden)
+    }
+
+    /// Embedding and LM head parameters (one matrix when tied) plus the final norm.
+    pub fn embedding_params(&self) -> u64 {
+        let e = u64::from(self.vocab) * u64::from(self.hidden);
+        (if self.tie_embeddings { e } else { 2 * e }) + u64::from(self.hidden)
+    }
+
+    /// All parameters.
+    pub fn total_params(&self) -> u64 {
+        u64::from(self.layers) * self.layer_params() + self.embedding_params()
+    }
+
+    /// Parameters a token is multiplied with (what "activated" counts for an MoE model).
+    pub fn active_params(&self) -> u64 {
+        u64::from(self.layers)
+            * (self.attn_proj_params() + self.ffn_active_params() + 2 * u64::from(self.hidden))
+            + self.embedding_params()
+    }
+
+    /// Forward FLOPs per token of one layer's linear work (2 per multiply-add).
+    pub fn layer_linear_fwd_flops_per_token(&self) -> f64 {
+        2.0 * (self.attn_proj_params() + self.ffn_active_params()) as f64
+    }
+
+    /// Forward FLOPs per token of the LM head.
+    pub fn lm_head_fwd_flops_per_token(&self) -> f64 {
+        2.0 * f64::from(self.vocab) * f64::from(self.hidden)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn near(a: f64, b: f64, rel: f64) -> bool {
+        (a - b).abs() <= rel * b.abs()
+    }
+
+    #[test]
+    fn builtins_match_published_sizes() {
+        // Published totals: Qwen3-30B-A3B 30.5B total / 3.3B activated (model card);
+        // Llama 3 8B 8.03B; Code Llama 34B 33.7B.
+        let q = ModelConfig::builtin("qwen3-30b-a3b").unwrap();
+        assert_eq!(
+            (q.layers, q.hidden, q.heads_q, q.heads_kv, q.head_dim),
+            (48, 2048, 32, 4, 128)
+        );
+        assert!(
+            near(q.total_params() as f64, 30.5e9, 0.01),
+            "{}",
+            q.total_params()
+        );
+        assert!(
+            near(q.active_params() as f64, 3.3e9, 0.03),
+            "{}",
+            q.active_params()
+        );
+        let l8 = ModelConfig::builtin("llama3-8b").unwrap();
+        assert!(
+            near(l8.total_params() as f64, 8.03e9, 0.005),
+            "{}",
+            l8.total_params()
+        );
+        let l34 = ModelConfig::builtin("llama-34b").unwrap();
+        assert!(
+            near(l34.total_params() as f64, 33.7e9, 0.005),
+            "{}",
+            l34.total_params()
+        );
+    }
+
+    #[test]
+    fn hand_count_of_qwen_layer_projections() {
+        let q = ModelConfig::builtin("qwen3-30b-a3b").unwrap();
+        // 2048*4096 (Q) + 2*2048*512 (K,V) + 4096*2048 (O)
+        assert_eq!(q.attn_proj_params(), 8_388_608 + 2_097_152 + 8_388_608);
+        // 8 experts * 3 * 2048 * 768 + router 2048*128
+        assert_eq!(q.ffn_active_params(), 37_748_736 + 262_144);
+    }
+
+    #[test]
+    fn bad_models_are_rejected_with_the_field() {
+        assert!(matches!(
+            ModelConfig::builtin("gpt-5"),
+            Err(crate::Error::Invalid { .. })
+        ));
+        let text =
+            include_str!("../../models/llama3-8b.toml").replace("heads_kv = 8", "heads_kv = 5");
+        let e = ModelConfig::from_toml_str(&text, "x.toml").unwrap_err();
+        assert!(e.to_string().contains("heads_kv"), "{e}");
+        let e = ModelConfig::from_toml_str("name = 1", "x.toml").unwrap_err();
+        assert!(matches!(e, crate::Error::Parse { .. }));
+    }
+}
