@@ -7,8 +7,10 @@
 //! `validate`'s own [`WorkUnit`]s (each Plan segment = the sample-local queries [a, e) with
 //! the sample's KV prefix [0, e)), timed with CUDA events. Each chunk's dispatch bytes
 //! (Q and KV arriving) and return bytes (outputs leaving) are moved for real: with one GPU
-//! as device-to-device copies of the planned bytes, which measure HBM, not a network.
-//! Several GPUs with NCCL are not implemented here (see the report in BENCHMARKS.md).
+//! as device-to-device copies of the planned bytes, which measure HBM, not a network;
+//! with `--gpus N` ≥ 2, worker w runs on GPU w mod N and each chunk's pieces go between
+//! the GPUs of their workers as one NCCL grouped send/recv ([`validate::nccl::Mesh`];
+//! compiled and written for any N, not yet run: only one GPU was lent).
 //!
 //! Writes the measurement CSV ([`skewsim::cost::fit::Measurement`] rows) that
 //! `skewsim calibrate` reads, and prints predicted vs measured per worker and per step,
@@ -24,6 +26,7 @@ use skewsim::balance::libra::pipeliner;
 use skewsim::cost::fit::{self, MeasureKind, Measurement, Pricing, SegCount};
 use skewsim::plan::Plan;
 use validate::gpu::{FwdVariant, Gpu};
+use validate::nccl::{Mesh, Move};
 use validate::units::{Batch, Heads, Layout, WorkUnit};
 
 use super::Output;
@@ -53,6 +56,11 @@ pub struct Args {
     /// CUDA device ordinal (one GPU: workers run one after another on it).
     #[arg(long, default_value_t = 0)]
     pub device: usize,
+    /// GPUs to spread workers over (devices 0..N; worker w runs on GPU w mod N). With
+    /// N >= 2 each chunk's transfers go through NCCL grouped send/recv between the GPUs
+    /// of their workers; with 1, they are device-to-device copies on `--device`.
+    #[arg(long, default_value_t = 1)]
+    pub gpus: usize,
     /// Measurement CSV to write.
     #[arg(short, long, default_value = "measurements.csv")]
     pub out: PathBuf,
@@ -85,6 +93,10 @@ pub struct LaunchSpec {
     pub dispatch_bytes: u64,
     /// Bytes of outputs sent back after it runs.
     pub return_bytes: u64,
+    /// The dispatch pieces as (src worker, dst worker, bytes).
+    pub dispatch_moves: Vec<(u32, u32, u64)>,
+    /// The return pieces as (src worker, dst worker, bytes).
+    pub return_moves: Vec<(u32, u32, u64)>,
 }
 
 /// The default M: the largest of 4, 2, 1 dividing h_q/H.
@@ -171,6 +183,8 @@ pub fn launches(plan: &Plan, m: u32) -> Result<Vec<LaunchSpec>> {
                     flops: c.flops,
                     dispatch_bytes: c.dispatch.iter().map(|t| t.bytes).sum(),
                     return_bytes: c.returns.iter().map(|t| t.bytes).sum(),
+                    dispatch_moves: c.dispatch.iter().map(|t| (t.src, t.dst, t.bytes)).collect(),
+                    return_moves: c.returns.iter().map(|t| (t.src, t.dst, t.bytes)).collect(),
                 });
             }
         }
@@ -244,7 +258,8 @@ fn quantiles(ms: &[f64]) -> Result<(f64, f64, f64)> {
 
 /// Run every launch of one plan on `gpu`; rows in launch order.
 fn measure_plan(
-    gpu: &mut Gpu,
+    gpus: &mut [Gpu],
+    mesh: Option<&Mesh>,
     args: &Args,
     plan: &Plan,
     plan_name: &str,
@@ -264,20 +279,51 @@ fn measure_plan(
     });
     let heads_max = Heads::new(heads, heads_kv, plan.shape.head_dim)
         .with_context(|| format!("{plan_name}: heads {heads}/{heads_kv}"))?;
-    let mut buf =
-        validate::harness::upload_random_rows(gpu, heads_max, max_q, max_kv.max(max_q), 7)?;
+    let mut bufs = Vec::with_capacity(gpus.len());
+    for gpu in gpus.iter() {
+        bufs.push(validate::harness::upload_random_rows(
+            gpu,
+            heads_max,
+            max_q,
+            max_kv.max(max_q),
+            7,
+        )?);
+    }
+    let n = gpus.len();
+    // Pieces between workers as moves between their GPUs, merged per GPU pair.
+    let moves = |pieces: &[(u32, u32, u64)]| -> Result<Vec<Move>> {
+        let mut m: std::collections::BTreeMap<(usize, usize), usize> = Default::default();
+        for &(src, dst, b) in pieces {
+            *m.entry((src as usize % n, dst as usize % n)).or_insert(0) += usize::try_from(b)?;
+        }
+        Ok(m.into_iter()
+            .map(|((src, dst), bytes)| Move { src, dst, bytes })
+            .collect())
+    };
     let scale = 1.0 / (plan.shape.head_dim as f32).sqrt();
     let mut rows = Vec::with_capacity(3 * specs.len());
     for spec in &specs {
+        let g = spec.worker as usize % n;
+        let (gpu, buf) = (&mut gpus[g], &mut bufs[g]);
         let h = Heads::new(spec.heads, spec.heads_kv, plan.shape.head_dim)?;
         let layout = Layout::new(&spec.batch, var.block_m())?;
         let (attn, tiles) = if layout.tiles.is_empty() {
             ((0.0, 0.0, 0.0), 0)
         } else {
-            gpu.set_layout_within(&mut buf, &layout, h, false)?;
-            gpu.poison(&mut buf)?;
-            let ms = gpu.time_fwd(var, h, &mut buf, scale, args.warmup, args.reps)?;
-            let (o, _) = gpu.download(&buf)?;
+            gpu.set_layout_within(buf, &layout, h, false)?;
+            // Every chunk of a worker runs the same units: poison and check the output once
+            // per worker (chunk 0); moving the whole output over PCIe per launch dominated
+            // the wall time of run 13 (40–60 s per plan for ~5 s of GPU work).
+            let check = spec.chunk == 0;
+            if check {
+                gpu.poison(buf)?;
+            }
+            let ms = gpu.time_fwd(var, h, buf, scale, args.warmup, args.reps)?;
+            let o = if check {
+                gpu.download(buf)?.0
+            } else {
+                Vec::new()
+            };
             let used = layout.q_rows * h.h_q as usize * h.head_dim as usize;
             let bad = o
                 .iter()
@@ -293,16 +339,32 @@ fn measure_plan(
             }
             (quantiles(&ms)?, layout.tiles.len())
         };
-        let d = quantiles(&gpu.time_copy(
-            usize::try_from(spec.dispatch_bytes)?,
-            args.warmup,
-            args.reps,
-        )?)?;
-        let r = quantiles(&gpu.time_copy(
-            usize::try_from(spec.return_bytes)?,
-            args.warmup,
-            args.reps,
-        )?)?;
+        let (d, r) = match mesh {
+            Some(mesh) => (
+                quantiles(&mesh.time_exchange(
+                    &moves(&spec.dispatch_moves)?,
+                    args.warmup,
+                    args.reps,
+                )?)?,
+                quantiles(&mesh.time_exchange(
+                    &moves(&spec.return_moves)?,
+                    args.warmup,
+                    args.reps,
+                )?)?,
+            ),
+            None => (
+                quantiles(&gpu.time_copy(
+                    usize::try_from(spec.dispatch_bytes)?,
+                    args.warmup,
+                    args.reps,
+                )?)?,
+                quantiles(&gpu.time_copy(
+                    usize::try_from(spec.return_bytes)?,
+                    args.warmup,
+                    args.reps,
+                )?)?,
+            ),
+        };
         rows.extend(rows_of(spec, plan_name, args.seed, plan, tiles, attn, d, r));
     }
     Ok(rows)
@@ -333,20 +395,50 @@ pub fn run(args: Args, out: Output) -> Result<()> {
             .unwrap_or_else(|| f.display().to_string());
         plans.push((name, plan));
     }
-    let mut gpu = Gpu::open(args.device).map_err(|e| match e {
-        validate::Error::NoDriver => anyhow!(
-            "no CUDA driver found: `skewsim validate` runs plans on an NVIDIA GPU (libcuda could not be loaded here)"
-        ),
-        other => anyhow!(other),
-    })?;
+    if args.gpus == 0 {
+        bail!("invalid --gpus = 0: allowed 1 or more");
+    }
+    let open = |ordinal: usize| {
+        Gpu::open(ordinal).map_err(|e| match e {
+            validate::Error::NoDriver => anyhow!(
+                "no CUDA driver found: `skewsim validate` runs plans on an NVIDIA GPU (libcuda could not be loaded here)"
+            ),
+            other => anyhow!(other),
+        })
+    };
+    let ordinals: Vec<usize> = if args.gpus == 1 {
+        vec![args.device]
+    } else {
+        (0..args.gpus).collect()
+    };
+    let mut gpus = Vec::with_capacity(ordinals.len());
+    for &o in &ordinals {
+        gpus.push(open(o)?);
+    }
+    let mesh = if gpus.len() >= 2 {
+        Some(Mesh::new(gpus.iter().map(|g| g.stream.clone()).collect())?)
+    } else {
+        None
+    };
+    let gpu = &gpus[0];
     eprintln!(
-        "device {}: {} ({} SMs), driver {}; transfers as device-to-device copies (HBM, not a network)",
-        args.device, gpu.name, gpu.sm_count, gpu.driver_version
+        "{} GPU(s) from device {}: {} ({} SMs), driver {}; transfers {}",
+        gpus.len(),
+        ordinals[0],
+        gpu.name,
+        gpu.sm_count,
+        gpu.driver_version,
+        if mesh.is_some() {
+            "through NCCL grouped send/recv (worker w on GPU w mod N)"
+        } else {
+            "as device-to-device copies (HBM, not a network)"
+        }
     );
+    let (gpu_name, driver) = (gpu.name.clone(), gpu.driver_version);
     let mut rows = Vec::new();
     for (name, plan) in &plans {
         let t0 = std::time::Instant::now();
-        let r = measure_plan(&mut gpu, &args, plan, name)?;
+        let r = measure_plan(&mut gpus, mesh.as_ref(), &args, plan, name)?;
         eprintln!(
             "{name}: {} rows in {:.1} s",
             r.len(),
@@ -365,8 +457,8 @@ pub fn run(args: Args, out: Output) -> Result<()> {
             "wrote {} ({} rows; GPU {}, driver {})\n{}",
             args.out.display(),
             rows.len(),
-            gpu.name,
-            gpu.driver_version,
+            gpu_name,
+            driver,
             summary.table()
         )
     })
