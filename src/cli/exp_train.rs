@@ -292,6 +292,9 @@ fn run_point(
     })
 }
 
+/// (corpus, sequence length, GBS): one line of scaling.svg.
+type CurveKey = (String, u32, u32);
+
 fn mean(v: impl Iterator<Item = f64>) -> f64 {
     let (s, n) = v.fold((0.0, 0usize), |a, x| (a.0 + x, a.1 + 1));
     if n == 0 {
@@ -687,7 +690,7 @@ fn run_text(
         let mut csv = String::from("corpus,seq_len,gbs,dp,ga,gpus,mean_iteration_ms,tokens_per_s,mfu,wait_fraction,exposed_comm_fraction,speedup_vs_min_dp,scaling_efficiency,infeasible_ranks\n");
         let mut t = String::from("| corpus | L | GBS | DP | GA | GPUs | iteration (s) | tokens/s | MFU | sync wait | exposed comm | speedup | scaling eff. |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
         // (corpus, L, GBS) → [(DP, scaling efficiency)] for scaling.svg, in input order.
-        let mut curves: Vec<((String, u32, u32), Vec<(f64, f64)>)> = Vec::new();
+        let mut curves: Vec<(CurveKey, Vec<(f64, f64)>)> = Vec::new();
         for r in &results {
             let gbs = r.dp * r.ga;
             let base = results
