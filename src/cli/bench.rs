@@ -118,6 +118,27 @@ pub const ARMS: &[Arm] = &[
         runs: 5,
         setup: super::bench_cluster::arm_flow_a2a_4096,
     },
+    Arm {
+        name: "libra-tap-1m",
+        what: "TAP tiling + Algorithm 2 placement of one 1M-token pool (P=8, CP=16, B=4096, H=4)",
+        target_s: Some(0.05),
+        runs: 11,
+        setup: super::bench_libra::tap_pool_1m,
+    },
+    Arm {
+        name: "libra-exchange-1m",
+        what: "Libra exchange planning (units + deduplicated transfers) of the same pool",
+        target_s: None,
+        runs: 11,
+        setup: super::bench_libra::exchange_pool_1m,
+    },
+    Arm {
+        name: "libra-check-1m",
+        what: "plan checker on the same pool's plan",
+        target_s: None,
+        runs: 11,
+        setup: super::bench_libra::check_pool_1m,
+    },
 ];
 
 fn vrsp_1m() -> Result<Timed> {

@@ -58,9 +58,6 @@ pub enum Command {
     /// Check a plan file: every query attended once per head, every KV group delivered,
     /// FLOPs = the exact causal total.
     CheckPlan(check_plan::Args),
-    /// Libra's benchmark arms (TAP placement of a 1M-token pool, ...).
-    #[command(hide = true)]
-    BenchLibra(bench_libra::Args),
 }
 
 /// How a command prints its result.
@@ -97,6 +94,5 @@ pub fn main() -> Result<()> {
         Command::Plan(args) => plan::run(args, out),
         Command::LibraConfig(args) => libra_config::run(args, out),
         Command::CheckPlan(args) => check_plan::run(args, out),
-        Command::BenchLibra(args) => bench_libra::run(args, out),
     }
 }
