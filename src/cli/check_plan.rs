@@ -52,7 +52,7 @@ pub fn run(args: Args, out: Output) -> Result<()> {
 mod tests {
     use super::*;
     use skewsim::balance::libra::{consecutive_pools, plan_step, LibraParams};
-    use skewsim::workload::{PackedSeq, Sample};
+    use skewsim::workload::PackedSeq;
 
     fn temp(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("skewsim-check-plan-{}", std::process::id()));

@@ -52,7 +52,12 @@ impl PackedSeq {
             samples: lengths
                 .iter()
                 .zip(first_doc..)
-                .map(|(&len, doc)| Sample { doc, offset: 0, len, cut: false })
+                .map(|(&len, doc)| Sample {
+                    doc,
+                    offset: 0,
+                    len,
+                    cut: false,
+                })
                 .collect(),
             capacity,
         }
