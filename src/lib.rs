@@ -9,11 +9,13 @@
 pub mod balance;
 pub mod cluster;
 pub mod cost;
+pub mod engine;
 pub mod error;
 pub mod net;
 pub mod plan;
 pub mod report;
 pub mod rng;
+pub mod schedule;
 pub mod theory;
 pub mod workload;
 

@@ -1,8 +1,8 @@
 //! DistCA (Zhuang, Chen et al., "Efficient Long-context Language Model Training by Core
 //! Attention Disaggregation", arXiv:2510.18121): the planning half.
 //!
-//! Owns the core-attention scheduler and the ping-pong nano-batch split, as data for the
-//! lead to lower to a `Plan` once `plan/` lands. May not touch `plan/`, the engine, `cost/`
+//! Owns the core-attention scheduler and the ping-pong nano-batch split, and their lowering
+//! to a `Plan` ([`lower`], through `plan::build`). May not touch the engine, `cost/`
 //! formulas or `grouping.rs`; FLOPs and bytes come from [`AttnShape`] only.
 //!
 //! # In-place attention servers (paper: "in-place attention servers")
@@ -54,6 +54,8 @@
 //! onto the lighter half), and each nano-batch is scheduled on its own
 //! ([`schedule_ping_pong`]): the engine overlaps nano-batch 0's attention transfers with
 //! nano-batch 1's compute and the other way round. This module only describes the split.
+
+pub mod lower;
 
 use std::cmp::Reverse;
 use std::collections::BTreeSet;

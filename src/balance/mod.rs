@@ -2,11 +2,14 @@
 //!
 //! Owns the grouping of a global batch of packed sequences into fixed-size pools
 //! (random, production, zigzag, zigzag-swap, VRSP — Libra Algorithm 1 — and unconstrained
-//! LPT), and, later, each scheme's planner. Pure: no I/O.
+//! LPT), and each scheme's planner, lowered to the shared Plan IR through `plan::build`:
+//! Ulysses ([`ulysses`]), WLB-LLM ([`wlbllm`], `wlbllm::lower`), DistCA ([`distca`],
+//! `distca::lower`) and Libra ([`libra`]). Pure: no I/O.
 
 pub mod distca;
 pub mod grouping;
 pub mod libra;
+pub mod ulysses;
 pub mod wlbllm;
 
 pub use grouping::{group, imbalance, vrsp, Policy};

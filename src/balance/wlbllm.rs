@@ -2,7 +2,7 @@
 //! Model Training", OSDI 2025): the planning half.
 //!
 //! Owns three pure algorithms over the samples of a global batch, each with its own typed
-//! output, for the lead to lower to a `Plan` once `plan/` lands:
+//! output, and their lowering to a `Plan` ([`lower`]):
 //!
 //! 1. **Variable-length packing** across the micro-batches of a step (paper: workload-aware
 //!    variable-length document packing): the step's samples, longest first, each go to the
@@ -46,7 +46,10 @@
 //! throughput. Its parameters are assumptions, not measurements (see its docs).
 //!
 //! Pure: no I/O, no randomness; ties are broken by the lowest index, so outputs are a
-//! function of the inputs only. May not touch `plan/`, `cost/` formulas or `grouping.rs`.
+//! function of the inputs only. May not touch `cost/` formulas or `grouping.rs`; builds Plans
+//! only through `plan::build`.
+
+pub mod lower;
 
 use std::collections::VecDeque;
 

@@ -7,12 +7,14 @@ use serde::Serialize;
 
 pub mod bench;
 mod bench_cluster;
+mod bench_engine;
 mod bench_libra;
 mod bench_schemes;
 mod calibrate;
 mod check_plan;
 pub mod corpus;
 mod exp_pools;
+mod exp_train;
 mod exp_variance;
 mod libra_config;
 mod plan;
@@ -31,8 +33,10 @@ pub struct Cli {
     /// Print the result as JSON on stdout instead of a text table.
     #[arg(long, global = true)]
     pub json: bool,
+    /// Without a subcommand: the built-in default run (Ulysses on a small DGX H200
+    /// cluster, libra-1m), its summary printed and written to runs/default/.
     #[command(subcommand)]
-    pub command: Command,
+    pub command: Option<Command>,
 }
 
 #[derive(Subcommand)]
@@ -83,7 +87,10 @@ impl Output {
 pub fn main() -> Result<()> {
     let cli = Cli::parse();
     let out = Output { json: cli.json };
-    match cli.command {
+    let Some(command) = cli.command else {
+        return exp_train::run_default(out);
+    };
+    match command {
         Command::Run(args) => run::run(args, out),
         Command::Corpus(args) => corpus::run(args, out),
         Command::Pools(args) => pools::run(args, out),

@@ -1,10 +1,16 @@
-//! `skewsim plan [EXPERIMENT.toml] [flags] --step N -o plan.json`: write the checked Libra
-//! plan of one training step.
+//! `skewsim plan [EXPERIMENT.toml] [flags] [--scheme S] --step N -o plan.json`: write the
+//! checked plan of one training step for scheme S: `libra` (default: VRSP pools, TAP,
+//! exchange), `ulysses` (CP all-to-all to head shards), `wlbllm` (variable-length packing
+//! over the step's GBS micro-batches, adaptive CP sharding, outlier delay off unless
+//! `--outlier-thresholds`) or `distca` (in-place attention servers, one per DP replica,
+//! CP = 1, ping-pong nano-batches unless `--no-ping-pong`).
 //!
 //! Settings come from flags; an experiment file (TOML) may give them instead — its
 //! `[libra]` table if it has one, else its top level, with the flags' names in snake_case
 //! (`corpus`, `seq_len`, `gbs`, `dp`, `pool_size`, `cp`, `head_shards`, `tile_tokens`,
-//! `tau`, `chunks`, `seed`, `packing`, `grouping`); other keys are left to their owners.
+//! `tau`, `chunks`, `seed`, `packing`, `grouping`, and for the scheme `scheme`, `s_max`,
+//! `sharding`, `outlier_thresholds` (a list), `epsilon`, `ping_pong`); other keys are left
+//! to their owners.
 //! A flag overrides the file.
 
 use std::path::{Path, PathBuf};
@@ -13,7 +19,11 @@ use anyhow::{bail, Context, Result};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use skewsim::balance::distca::{self, DistcaConfig, DEFAULT_EPSILON};
 use skewsim::balance::libra::{exchange, pipeliner, plan_step, step_shape, LibraParams};
+use skewsim::balance::ulysses::{self, UlyssesParams};
+use skewsim::balance::wlbllm::lower::{ShardingMode, WlbPlanParams};
+use skewsim::balance::wlbllm::{self, ConstantThroughput, WlbConfig, WlbPacker, KERNEL_TILE};
 use skewsim::balance::{group, Policy};
 use skewsim::plan::{check, CheckSummary, Plan};
 use skewsim::workload::pack::{batches, Packing};
@@ -177,14 +187,28 @@ pub fn pools_of(
     group(&loads, pool_size as usize, policy, &mut rng)
 }
 
-/// The global batches of steps 0..n of a resolved workload (corpus loaded, L defaulted).
+/// The global batches of steps 0..n of a resolved workload (corpus loaded, L defaulted),
+/// its GBS, DP and Libra settings checked.
 pub fn load_steps(r: &mut Resolved, n: u64) -> Result<Vec<Vec<PackedSeq>>> {
+    load_batches(
+        r,
+        n,
+        |r| Ok(step_shape(r.gbs, r.dp, &r.params).map(|_| ())?),
+    )
+}
+
+/// The global batches of steps 0..n after `validate` accepted the resolved settings.
+fn load_batches(
+    r: &mut Resolved,
+    n: u64,
+    validate: impl FnOnce(&Resolved) -> Result<()>,
+) -> Result<Vec<Vec<PackedSeq>>> {
     let corpus = load_corpus(&r.corpus)?;
     if r.seq_len == 0 {
         r.seq_len = corpus.default_seq_len().unwrap_or(262_144);
     }
     let packing: Packing = r.packing.parse()?;
-    step_shape(r.gbs, r.dp, &r.params)?;
+    validate(r)?;
     let steps: Vec<Vec<PackedSeq>> = batches(&corpus, r.seq_len, r.gbs, packing, r.seed, 0)?
         .take(n as usize)
         .collect();
@@ -222,10 +246,80 @@ pub struct Args {
     #[arg(short = 'o', long, default_value = "plan.json")]
     pub out: PathBuf,
     /// Also write the pipeliner's M head chunks per worker (dispatch / compute / return
-    /// lists, JSON) here.
+    /// lists, JSON) here (Libra only).
     #[arg(long)]
     pub pipeline: Option<PathBuf>,
+    #[command(flatten)]
+    pub scheme: SchemeArgs,
 }
+
+/// The scheme and the knobs of the schemes other than Libra.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct SchemeArgs {
+    /// Scheme: libra, ulysses, wlbllm or distca [default: libra].
+    #[arg(long)]
+    pub scheme: Option<String>,
+    /// WLB-LLM memory cap S_max, tokens per micro-batch (2·CP must divide it)
+    /// [default: 2·L].
+    #[arg(long)]
+    pub s_max: Option<u32>,
+    /// WLB-LLM CP sharding: adaptive, per-sequence or per-document [default: adaptive].
+    #[arg(long)]
+    pub sharding: Option<String>,
+    /// WLB-LLM outlier delay: thresholds L_1 < … < L_(n+1), comma-separated (off when
+    /// absent; it changes which samples a step trains).
+    #[arg(long)]
+    pub outlier_thresholds: Option<String>,
+    /// DistCA tolerance ε ≥ 0 [default: 0.10].
+    #[arg(long, allow_hyphen_values = true)]
+    pub epsilon: Option<f64>,
+    /// DistCA: schedule each micro-batch whole instead of as two ping-pong nano-batches.
+    #[arg(long)]
+    pub no_ping_pong: bool,
+}
+
+impl SchemeArgs {
+    /// Fill what the flags leave out from the experiment's table (keys `scheme`, `s_max`,
+    /// `sharding`, `outlier_thresholds` as a list, `epsilon`, `ping_pong`); a flag
+    /// overrides the file.
+    pub fn with_file(&self, table: Option<&toml::Table>, file: Option<&Path>) -> Result<Self> {
+        let Some(t) = table else {
+            return Ok(self.clone());
+        };
+        let f = file.unwrap_or(Path::new("(no file)"));
+        let thresholds: Option<Vec<u32>> = get(t, "outlier_thresholds", f)?;
+        Ok(SchemeArgs {
+            scheme: self.scheme.clone().or(get(t, "scheme", f)?),
+            s_max: self.s_max.or(get(t, "s_max", f)?),
+            sharding: self.sharding.clone().or(get(t, "sharding", f)?),
+            outlier_thresholds: self
+                .outlier_thresholds
+                .clone()
+                .or(thresholds.map(|v| v.iter().map(u32::to_string).collect::<Vec<_>>().join(","))),
+            epsilon: self.epsilon.or(get(t, "epsilon", f)?),
+            no_ping_pong: self.no_ping_pong || get::<bool>(t, "ping_pong", f)? == Some(false),
+        })
+    }
+}
+
+/// A scheme's settings as resolved (for the report).
+#[derive(Clone, Debug, Serialize)]
+pub struct SchemeSettings {
+    pub scheme: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub s_max: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sharding: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outlier_thresholds: Option<Vec<u32>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub epsilon: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ping_pong: Option<bool>,
+}
+
+/// The schemes `plan` knows.
+pub const SCHEMES: &str = "libra, ulysses, wlbllm or distca";
 
 /// One group's line in the report.
 #[derive(Serialize)]
@@ -245,6 +339,7 @@ struct GroupLine {
 struct Report {
     file: String,
     settings: Resolved,
+    scheme: SchemeSettings,
     step: u64,
     check: CheckSummary,
     groups: Vec<GroupLine>,
@@ -275,14 +370,130 @@ pub fn build(r: &mut Resolved, step: u64) -> Result<Plan> {
     Ok(plan_step(step, batch, &pools, r.dp, &r.params)?)
 }
 
+/// Build the plan of `step` for the scheme `a` names (Libra through [`build`]).
+pub fn build_scheme(
+    r: &mut Resolved,
+    a: &SchemeArgs,
+    cp_flag: Option<u32>,
+    step: u64,
+) -> Result<(Plan, SchemeSettings)> {
+    let scheme = a.scheme.clone().unwrap_or_else(|| "libra".into());
+    let mut set = SchemeSettings {
+        scheme: scheme.clone(),
+        s_max: None,
+        sharding: None,
+        outlier_thresholds: None,
+        epsilon: None,
+        ping_pong: None,
+    };
+    let gbs_dp = |r: &Resolved| -> Result<()> {
+        if r.dp == 0 || r.gbs == 0 || r.gbs % r.dp as usize != 0 {
+            bail!(
+                "invalid GBS = {} with DP = {}: GBS must be a positive multiple of DP ≥ 1",
+                r.gbs,
+                r.dp
+            );
+        }
+        Ok(())
+    };
+    let shape = r.params.shape;
+    let plan = match scheme.as_str() {
+        "libra" => build(r, step)?,
+        "ulysses" => {
+            let p = UlyssesParams {
+                cp: r.params.cp,
+                shape,
+            };
+            p.validate()?;
+            let steps = load_batches(r, step + 1, gbs_dp)?;
+            ulysses::plan_step(step, &steps[step as usize], r.dp, &p)?
+        }
+        "wlbllm" => {
+            let steps = load_batches(r, step + 1, gbs_dp)?;
+            let s_max = match a.s_max {
+                Some(v) => v,
+                None => r.seq_len.saturating_mul(2),
+            };
+            let sharding: ShardingMode = a.sharding.as_deref().unwrap_or("adaptive").parse()?;
+            let model = ConstantThroughput {
+                shape,
+                ..ConstantThroughput::h200_llama3_8b()
+            };
+            let outlier = match &a.outlier_thresholds {
+                None => None,
+                Some(list) => {
+                    let t = list
+                        .split(',')
+                        .map(|x| x.trim().parse::<u32>())
+                        .collect::<std::result::Result<Vec<u32>, _>>()
+                        .map_err(|_| {
+                            anyhow::anyhow!(
+                                "invalid outlier-thresholds = {list}: comma-separated token \
+                                 counts L_1 < … < L_(n+1), e.g. 16384,32768,65536"
+                            )
+                        })?;
+                    set.outlier_thresholds = Some(t.clone());
+                    Some(wlbllm::OutlierDelay::new(t)?)
+                }
+            };
+            let cfg = WlbConfig::new(r.gbs, s_max, outlier)?;
+            let p = WlbPlanParams {
+                dp: r.dp,
+                cp: r.params.cp,
+                tile: KERNEL_TILE,
+                s_max,
+                sharding,
+                shape,
+            };
+            // check the CP chunking before packing every step
+            wlbllm::CpConfig::new(p.cp, p.tile, s_max)?;
+            let mut packer = WlbPacker::new(cfg, model);
+            let mut out = None;
+            for batch in &steps {
+                out = Some(packer.step(batch)?);
+            }
+            let out = out.context("no step to plan")?;
+            set.s_max = Some(s_max);
+            set.sharding = Some(a.sharding.clone().unwrap_or_else(|| "adaptive".into()));
+            wlbllm::lower::to_plan(&out, &p, &model)?.plan
+        }
+        "distca" => {
+            if let Some(cp) = cp_flag.filter(|&c| c != 1) {
+                bail!(
+                    "invalid cp = {cp} for scheme distca: DistCA's attention servers are                      whole GPUs holding their micro-batch (P = DP); use --cp 1 or leave it out"
+                );
+            }
+            r.params.cp = 1;
+            let epsilon = a.epsilon.unwrap_or(DEFAULT_EPSILON);
+            let cfg = DistcaConfig::new(shape, epsilon, KERNEL_TILE)?;
+            let steps = load_batches(r, step + 1, gbs_dp)?;
+            set.epsilon = Some(epsilon);
+            set.ping_pong = Some(!a.no_ping_pong);
+            distca::lower::plan_step(step, &steps[step as usize], r.dp, &cfg, !a.no_ping_pong)?.plan
+        }
+        other => bail!("invalid scheme = {other}: {SCHEMES}"),
+    };
+    Ok((plan, set))
+}
+
 pub fn run(args: Args, out: Output) -> Result<()> {
-    let (mut r, _) = args.workload.resolve(
+    let (mut r, table) = args.workload.resolve(
         args.experiment.as_deref(),
         args.pool_size,
         args.head_shards,
         args.tile_tokens,
     )?;
-    let plan = build(&mut r, args.step)?;
+    let file = args.experiment.as_deref();
+    let sa = args.scheme.with_file(table.as_ref(), file)?;
+    if args.pipeline.is_some() && sa.scheme.as_deref().is_some_and(|s| s != "libra") {
+        bail!("--pipeline writes Libra's pipeliner chunks: it needs --scheme libra");
+    }
+    let cp_given = match (args.workload.cp, &table) {
+        (Some(c), _) => Some(c),
+        (None, Some(t)) => get(t, "cp", file.unwrap_or(Path::new("(no file)")))?,
+        (None, None) => None,
+    };
+    let (plan, scheme) = build_scheme(&mut r, &sa, cp_given, args.step)?;
     let summary =
         check(&plan).map_err(|v| anyhow::anyhow!("the planner made a wrong plan: {v}"))?;
     if let Some(path) = &args.pipeline {
@@ -314,6 +525,7 @@ pub fn run(args: Args, out: Output) -> Result<()> {
     let report = Report {
         file: args.out.display().to_string(),
         settings: r,
+        scheme,
         step: args.step,
         check: summary,
         groups,
@@ -321,28 +533,64 @@ pub fn run(args: Args, out: Output) -> Result<()> {
     out.emit(&report, || {
         let r = &report.settings;
         let p = &r.params;
-        let mut s = format!(
-            "wrote {}: libra step {} of {} at L = {}, GBS = {} (DP {} × GA {}), {} pools of \
+        let sc = &report.scheme;
+        let mut s = if sc.scheme != "libra" {
+            format!(
+                "wrote {}: {} step {} of {} at L = {}, GBS = {} (DP {} × GA {}), {} groups, \
+                 CP = {}{}{}{}{}{}\n",
+                report.file,
+                sc.scheme,
+                report.step,
+                r.corpus,
+                r.seq_len,
+                r.gbs,
+                r.dp,
+                r.gbs as u32 / r.dp.max(1),
+                report.groups.len(),
+                p.cp,
+                sc.s_max
+                    .map(|v| format!(", S_max = {v}"))
+                    .unwrap_or_default(),
+                sc.sharding
+                    .as_ref()
+                    .map(|v| format!(", sharding {v}"))
+                    .unwrap_or_default(),
+                sc.outlier_thresholds
+                    .as_ref()
+                    .map(|v| format!(", outlier delay {v:?}"))
+                    .unwrap_or_default(),
+                sc.epsilon.map(|v| format!(", ε = {v}")).unwrap_or_default(),
+                sc.ping_pong
+                    .map(|v| format!(", ping-pong {}", if v { "on" } else { "off" }))
+                    .unwrap_or_default(),
+            )
+        } else {
+            String::new()
+        };
+        if sc.scheme == "libra" {
+            s += &format!(
+                "wrote {}: libra step {} of {} at L = {}, GBS = {} (DP {} × GA {}), {} pools of \
              P = {} × CP = {} = {} workers, H = {}, B = {}, τ = {}, grouping {}\n",
-            report.file,
-            report.step,
-            r.corpus,
-            r.seq_len,
-            r.gbs,
-            r.dp,
-            r.gbs as u32 / r.dp,
-            report.groups.len(),
-            p.pool_size,
-            p.cp,
-            p.pool_workers(),
-            p.head_shards,
-            p.tile_tokens,
-            p.tau,
-            r.grouping
-        );
+                report.file,
+                report.step,
+                r.corpus,
+                r.seq_len,
+                r.gbs,
+                r.dp,
+                r.gbs as u32 / r.dp,
+                report.groups.len(),
+                p.pool_size,
+                p.cp,
+                p.pool_workers(),
+                p.head_shards,
+                p.tile_tokens,
+                p.tau,
+                r.grouping
+            );
+        }
         s += &format!(
             "{:>3} {:>4} {:>7} {:>11} {:>11} {:>9} {:>9} {:>9} {:>9}\n",
-            "ga", "pool", "tiles", "TFLOPs", "max/mean-1", "GB moved", "Q", "KV", "out"
+            "ga", "pool", "units", "TFLOPs", "max/mean-1", "GB moved", "Q", "KV", "out"
         );
         for g in &report.groups {
             s += &format!(
@@ -405,6 +653,34 @@ mod tests {
                 .unwrap_err()
         );
         assert!(e.contains("bad.toml: field `gbs` = \"many\""), "{e}");
+    }
+
+    #[test]
+    fn scheme_settings_come_from_flags_then_file() {
+        let f = temp(
+            "scheme.toml",
+            "scheme = \"wlbllm\"\ns_max = 4096\noutlier_thresholds = [10, 20]\n\
+             epsilon = 0.2\nping_pong = false\n",
+        );
+        let t = experiment_table(&f).unwrap();
+        let flags = SchemeArgs {
+            s_max: Some(64),
+            ..SchemeArgs::default()
+        };
+        let a = flags.with_file(Some(&t), Some(&f)).unwrap();
+        assert_eq!(a.scheme.as_deref(), Some("wlbllm")); // file
+        assert_eq!(a.s_max, Some(64)); // flag beats file
+        assert_eq!(a.outlier_thresholds.as_deref(), Some("10,20"));
+        assert_eq!((a.epsilon, a.no_ping_pong), (Some(0.2), true));
+        let bad = temp("scheme-bad.toml", "epsilon = \"tight\"\n");
+        let t = experiment_table(&bad).unwrap();
+        let e = format!(
+            "{:#}",
+            SchemeArgs::default()
+                .with_file(Some(&t), Some(&bad))
+                .unwrap_err()
+        );
+        assert!(e.contains("scheme-bad.toml: field `epsilon`"), "{e}");
     }
 
     #[test]

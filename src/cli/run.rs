@@ -15,10 +15,14 @@ pub struct Args {
     /// Where to write results (default: runs/NAME, NAME the file's stem).
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// A calibration file (JSON, from `skewsim calibrate`) replacing the built-in H200
+    /// cost figures, for kinds that price work.
+    #[arg(long)]
+    pub calibration: Option<PathBuf>,
 }
 
 /// The experiment kinds this build knows, as `kind = "..."` spells them.
-const KINDS: &[&str] = &["pools", "runtime-variance"];
+const KINDS: &[&str] = &["pools", "runtime-variance", "train"];
 
 pub fn run(args: Args, out: Output) -> Result<()> {
     let text = std::fs::read_to_string(&args.file)
@@ -37,6 +41,7 @@ pub fn run(args: Args, out: Output) -> Result<()> {
     match kind.as_str() {
         "pools" => super::exp_pools::run(&args.file, &text, &dir, out),
         "runtime-variance" => super::exp_variance::run(&args.file, &text, &dir, out),
+        "train" => super::exp_train::run(&args.file, &dir, args.calibration.as_deref(), out),
         _ => bail!(
             "{}: unknown experiment kind = {kind:?} (one of: {})",
             args.file.display(),

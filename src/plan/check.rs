@@ -15,9 +15,11 @@
 //!    sends, priced exactly by [`crate::cost::AttnShape`];
 //! 5. reach: every non-local piece of a unit's queries comes to its executing worker
 //!    and its output goes back (one transfer per piece); every KV group a unit references
-//!    reaches its executing worker — resident tokens plus KV transfers cover the sample
-//!    exactly once (KV transfers are deduplicated per group and destination); no transfer
-//!    is unneeded;
+//!    reaches its executing worker as far as causality needs it — resident tokens plus KV
+//!    transfers cover the keys [0, e) of the sample, e the largest query end of the
+//!    worker's units reading the group, with no token twice (KV transfers are deduplicated
+//!    per group and destination; a planner may move keys past e, as Libra moves whole
+//!    groups, or only the prefix, as DistCA does); no transfer is unneeded;
 //! 6. the FLOP total (in exact pair·heads) equals the exact causal total Σ ℓ(ℓ+1)/2 · h_q.
 //!
 //! Pure: no I/O. The Plan's own numbers are never trusted; everything is recomputed.
@@ -647,6 +649,15 @@ fn check_group(
     }
 
     // 5. reach
+    // causal need per (KV group, executing worker): keys [0, e) for the largest
+    // sample-local query end e of the worker's units reading the group
+    let mut kv_need: HashMap<(KvGroup, WorkerId), u32> = HashMap::new();
+    for u in &g.units {
+        for (sg, &grp) in u.segments.iter().zip(&u.kv_groups) {
+            let e = kv_need.entry((grp, u.worker)).or_default();
+            *e = (*e).max(sg.end);
+        }
+    }
     let mut kv_done: HashSet<(KvGroup, WorkerId)> = HashSet::new();
     for u in &g.units {
         let sv = &seqs[&u.seq];
@@ -684,7 +695,7 @@ fn check_group(
                 continue;
             }
             let j = grp.sample as usize;
-            let len = sv.seq.samples[j];
+            let need = kv_need.get(&(grp, u.worker)).copied().unwrap_or(0);
             let (s0, s1) = sv.samples.span(j);
             let mut iv: Vec<(u32, u32)> = sv
                 .pieces(s0, s1)
@@ -698,13 +709,13 @@ fn check_group(
             iv.sort_unstable();
             let mut at = 0u32;
             for (a, e) in iv {
-                if a > at {
+                if a > at && at < need {
                     return Err(Kind::MissingKv {
                         unit: u.id,
                         worker: u.worker,
                         group: grp,
                         start: at,
-                        end: a,
+                        end: a.min(need),
                     });
                 }
                 if a < at {
@@ -715,15 +726,15 @@ fn check_group(
                         end: at.min(e),
                     });
                 }
-                at = e;
+                at = at.max(e);
             }
-            if at < len {
+            if at < need {
                 return Err(Kind::MissingKv {
                     unit: u.id,
                     worker: u.worker,
                     group: grp,
                     start: at,
-                    end: len,
+                    end: need,
                 });
             }
         }
@@ -893,6 +904,86 @@ mod tests {
         let s = check(&hand_plan()).unwrap();
         assert_eq!((s.units, s.transfers, s.bytes), (2, 3, 12));
         assert_eq!(s.flops, 48.0);
+    }
+
+    /// The hand plan with unit 1 cut to query 0 of sample 1 (position 2) and a third unit,
+    /// on worker 1, taking query 1 (position 3): worker 0 needs only key 0 of sample 1.
+    fn prefix_plan(kv_end: Option<u32>) -> Plan {
+        let mut p = hand_plan();
+        let g = &mut p.groups[0];
+        let mut u2 = g.units[1].clone();
+        g.units[1].q_end = 3;
+        g.units[1].segments[0].end = 1;
+        g.units[1].pairs = 1;
+        g.units[1].flops = 8.0;
+        u2.id = 2;
+        u2.q_start = 3;
+        u2.segments[0].start = 1;
+        u2.pairs = 2;
+        u2.flops = 16.0;
+        u2.worker = 1;
+        g.units.push(u2);
+        // Q and output of one token (2 B each); KV of `kv_end` keys (2 B per key)
+        g.transfers = vec![
+            Transfer {
+                src: 1,
+                dst: 0,
+                bytes: 2,
+                carries: Payload::Q {
+                    unit: 1,
+                    start: 2,
+                    end: 3,
+                },
+            },
+            Transfer {
+                src: 0,
+                dst: 1,
+                bytes: 2,
+                carries: Payload::Output {
+                    unit: 1,
+                    start: 2,
+                    end: 3,
+                },
+            },
+        ];
+        if let Some(e) = kv_end {
+            g.transfers.push(Transfer {
+                src: 1,
+                dst: 0,
+                bytes: 2 * u64::from(e),
+                carries: Payload::Kv {
+                    group: KvGroup {
+                        seq: 0,
+                        sample: 1,
+                        shard: 0,
+                    },
+                    start: 0,
+                    end: e,
+                },
+            });
+        }
+        p
+    }
+
+    #[test]
+    fn kv_needs_the_causal_prefix_only() {
+        // key 0 suffices; the whole sample is tolerated; nothing is caught
+        assert_eq!(check(&prefix_plan(Some(1))).unwrap().bytes, 6);
+        assert_eq!(check(&prefix_plan(Some(2))).unwrap().bytes, 8);
+        assert_eq!(
+            kind(&prefix_plan(None)),
+            ViolationKind::MissingKv {
+                unit: 1,
+                worker: 0,
+                group: KvGroup {
+                    seq: 0,
+                    sample: 1,
+                    shard: 0
+                },
+                start: 0,
+                end: 1
+            }
+        );
     }
 
     #[test]

@@ -17,6 +17,7 @@
 //! query–key pairs per query head (Libra Eq. 8 without the constant); bytes and FLOPs
 //! are one attention layer's forward pass.
 
+pub mod build;
 pub mod check;
 
 pub use check::{check, CheckSummary, Violation, ViolationKind};

@@ -2,7 +2,7 @@
 //! bytes they put on each worker and each (source, destination) pair.
 //!
 //! Owns turning a [`Tiling`] and its [`Placement`] into a Plan [`Group`] (units and
-//! transfers), and byte accounting over any Plan group. It may not change a placement or
+//! transfers, built by the shared `plan::build`), and byte accounting over any Plan group. It may not change a placement or
 //! price bytes itself (`plan::kv_group_bytes` and [`crate::cost::AttnShape`] do).
 //!
 //! Rules: a tile away from its Q-home receives its Q from the Q-home and sends its output
@@ -11,15 +11,14 @@
 //! sample's tokens, the tokens not already on it; later tiles there reuse them. Local Q,
 //! local outputs and resident KV tokens move nothing.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 
 use serde::Serialize;
 
 use super::tap::{Placement, Tiling};
 use crate::cost::AttnShape;
-use crate::plan::{
-    Group, KvGroup, Payload, PlanSeq, Resident, Segment, Transfer, WorkUnit, WorkerId,
-};
+use crate::plan::build::{self, GroupSite, KvReach, UnitSpec};
+use crate::plan::{Group, Payload, PlanSeq, Resident, WorkerId};
 use crate::workload::PackedSeq;
 
 /// Where a pool sits in the step and on the cluster.
@@ -37,7 +36,9 @@ pub struct PoolSite<'a> {
 
 /// Build the Plan group of a placed pool: one unit per tile (unit id = tile id), then the
 /// transfers in tile order (each tile's Q, then the KV pieces it is first to need), then
-/// the outputs in tile order.
+/// the outputs in tile order. The tiling's layout and the placement become a
+/// [`crate::plan::build`] unit list; the shared builder applies the rules above (whole KV
+/// groups: [`KvReach::WholeSample`]).
 pub fn build_group(
     site: &PoolSite<'_>,
     seqs: &[&PackedSeq],
@@ -46,8 +47,6 @@ pub fn build_group(
     shape: &AttnShape,
 ) -> Group {
     let gw = |r: u32| site.workers[r as usize];
-    let h = t.head_shards as usize;
-    let w = t.heads_per_shard;
     let sequences = seqs
         .iter()
         .enumerate()
@@ -65,103 +64,27 @@ pub fn build_group(
                 .collect(),
         })
         .collect();
-    let mut units = Vec::with_capacity(t.len());
-    let mut transfers = Vec::new();
-    let mut outputs = Vec::new();
-    // KV groups already delivered: (dense group id, destination)
-    let mut delivered: HashSet<(usize, u32)> = HashSet::new();
-    for i in 0..t.len() {
-        let (c, shard) = t.tile(i);
-        let r = p.worker[i];
-        let seq_id = site.seq_ids[c.seq as usize];
-        let tokens = c.q_end - c.q_start;
-        if r != c.q_home {
-            let qb = tokens * t.q_bytes_per_token;
-            transfers.push(Transfer {
-                src: gw(c.q_home),
-                dst: gw(r),
-                bytes: qb,
-                carries: Payload::Q {
-                    unit: i as u32,
-                    start: c.q_start,
-                    end: c.q_end,
-                },
-            });
-            outputs.push(Transfer {
-                src: gw(r),
-                dst: gw(c.q_home),
-                bytes: qb,
-                carries: Payload::Output {
-                    unit: i as u32,
-                    start: c.q_start,
-                    end: c.q_end,
-                },
-            });
-        }
-        let mut segments = Vec::with_capacity(c.sample_count as usize);
-        let mut kv_groups = Vec::with_capacity(c.sample_count as usize);
-        for (k, s) in t.chunk_samples(c).iter().enumerate() {
-            if s.len == 0 {
-                continue;
-            }
-            let s1 = s.start + u64::from(s.len);
-            segments.push(Segment {
-                sample: s.index,
-                start: (c.q_start.max(s.start) - s.start) as u32,
-                end: (c.q_end.min(s1) - s.start) as u32,
-            });
-            let group = KvGroup {
-                seq: seq_id,
-                sample: s.index,
+    let units: Vec<UnitSpec> = (0..t.len())
+        .map(|i| {
+            let (c, shard) = t.tile(i);
+            UnitSpec {
+                seq: c.seq as usize,
+                q_start: c.q_start,
+                q_end: c.q_end,
                 shard,
-            };
-            kv_groups.push(group);
-            let dense = (c.first_sample as usize + k) * h + shard as usize;
-            if !delivered.insert((dense, r)) {
-                continue;
+                worker: gw(p.worker[i]),
             }
-            // pieces of the sample on other workers, in position order
-            let a = s.first_resident as usize;
-            let mut at = 0u32;
-            for &(holder, tokens) in &t.resident[a..a + s.resident_count as usize] {
-                if holder != r {
-                    transfers.push(Transfer {
-                        src: gw(holder),
-                        dst: gw(r),
-                        bytes: u64::from(tokens) * t.kv_bytes_per_token[shard as usize],
-                        carries: Payload::Kv {
-                            group,
-                            start: at,
-                            end: at + tokens,
-                        },
-                    });
-                }
-                at += tokens;
-            }
-        }
-        units.push(WorkUnit {
-            id: i as u32,
-            seq: seq_id,
-            q_start: c.q_start,
-            q_end: c.q_end,
-            shard,
-            segments,
-            kv_groups,
-            pairs: c.pairs,
-            flops: shape.fwd_flops(c.pairs, w),
-            q_home: gw(c.q_home),
-            worker: gw(r),
-        });
-    }
-    transfers.extend(outputs);
-    Group {
+        })
+        .collect();
+    let built = GroupSite {
         ga: site.ga,
         pool: site.pool,
-        workers: site.workers.to_vec(),
-        sequences,
-        units,
-        transfers,
-    }
+        workers: site.workers,
+        shape,
+        head_shards: t.head_shards,
+        kv: KvReach::WholeSample,
+    };
+    build::build_group(&built, sequences, &units)
 }
 
 /// Bytes one worker sends and receives.

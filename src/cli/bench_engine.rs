@@ -1,0 +1,344 @@
+//! Engine benchmarks: raw event throughput, one full training step of thousands of GPUs,
+//! and wall time against GPU count. The `arm_*` functions are `skewsim bench` arms
+//! (registered in `bench.rs`); the row functions give the figures with CPU time beside
+//! wall time.
+//!
+//! Full steps run on the cluster's network models over `topologies/dgx-h200-roce.toml`
+//! (analytical, or flow for the `-flow` arm); the engine-only arm needs no network.
+
+use anyhow::Result;
+use serde::Serialize;
+use std::time::Instant;
+
+use skewsim::cluster::{Topology, TopologySpec};
+use skewsim::cost::{CostModel, ModelConfig};
+use skewsim::engine::stub_net::StubNet;
+use skewsim::engine::{run as run_graph, GraphBuilder, OpClass, OpKind, OpLabel, StreamKind};
+use skewsim::net::{AnalyticalModel, FlowModel, NetworkModel};
+use skewsim::report::step::step_report;
+use skewsim::schedule::train::{lognormal_sequences, split_replicas};
+use skewsim::schedule::ulysses::build_step;
+use skewsim::schedule::{NoVariance, Parallelism, PipelineKind, Placement, RankMap};
+use skewsim::workload::corpus::Corpus;
+use skewsim::workload::pack::{global_batch, Packing};
+use skewsim::workload::PackedSeq;
+use std::sync::Arc;
+
+use super::bench::Timed;
+
+/// One measured figure.
+#[derive(Clone, Debug, Serialize)]
+pub struct BenchRow {
+    /// What was measured.
+    pub name: String,
+    /// The figure.
+    pub value: f64,
+    /// Its unit.
+    pub unit: String,
+    /// Parameters.
+    pub note: String,
+}
+
+fn row(name: &str, value: f64, unit: &str, note: impl Into<String>) -> BenchRow {
+    BenchRow {
+        name: name.into(),
+        value,
+        unit: unit.into(),
+        note: note.into(),
+    }
+}
+
+/// Peak resident memory of this process so far (Linux), in GiB.
+fn peak_rss_gib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| {
+                l.split_whitespace()
+                    .nth(1)
+                    .and_then(|k| k.parse::<f64>().ok())
+            })
+        })
+        .map(|kib| kib / (1024.0 * 1024.0))
+        .unwrap_or(f64::NAN)
+}
+
+/// CPU time this thread has run, in seconds (Linux schedstat), to separate the
+/// simulator's own cost from waiting for a core on a shared machine.
+fn thread_cpu_s() -> f64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| {
+            s.split_whitespace()
+                .next()
+                .and_then(|v| v.parse::<f64>().ok())
+        })
+        .map(|ns| ns * 1e-9)
+        .unwrap_or(f64::NAN)
+}
+
+/// The DGX H200 RoCE topology with `nodes` nodes.
+fn dgx(nodes: u32) -> Result<Arc<Topology>> {
+    let spec = TopologySpec::parse(
+        include_str!("../../topologies/dgx-h200-roce.toml"),
+        "topologies/dgx-h200-roce.toml",
+    )?;
+    Ok(Arc::new(spec.build(Some(nodes))?))
+}
+
+/// One full training step of qwen3-30b-a3b with Ulysses, CP = `cp`, DP = `dp`, GA = `ga`,
+/// every rank simulated; `seq_len` tokens per packed sequence.
+pub fn full_step(dp: u32, cp: u32, ga: u32, seq_len: u32) -> Result<Vec<BenchRow>> {
+    let cost = CostModel::h200(ModelConfig::builtin("qwen3-30b-a3b")?)?;
+    let par = Parallelism {
+        dp,
+        pp: 1,
+        cp,
+        ga,
+        pipeline: PipelineKind::OneFOneB,
+        recompute: false,
+        zero_stage: 3,
+        dp_buckets: 8,
+    };
+    let gpus = par.gpus() as u32;
+    let map = RankMap::new(
+        par,
+        Placement {
+            gpus_per_node: 8,
+            nodes: gpus.div_ceil(8),
+        },
+        "bench",
+    )?;
+    let seqs = lognormal_sequences(1024.0, 1.6, seq_len, (dp * ga) as usize, 1);
+    let batch: Vec<Vec<PackedSeq>> = seqs
+        .chunks(ga as usize)
+        .map(<[PackedSeq]>::to_vec)
+        .collect();
+    let (t0, c0) = (Instant::now(), thread_cpu_s());
+    let sg = build_step(&cost, map, &batch, 0, &NoVariance)?;
+    let t_build = t0.elapsed().as_secs_f64();
+    let graph_gib = sg.graph.heap_bytes() as f64 / (1u64 << 30) as f64;
+    let (t1, c1) = (Instant::now(), thread_cpu_s());
+    let mut net = AnalyticalModel::new(dgx(gpus.div_ceil(8))?);
+    let tl = run_graph(&sg.graph, &mut net)?;
+    let (t_run, cpu_run) = (t1.elapsed().as_secs_f64(), thread_cpu_s() - c1);
+    let t2 = Instant::now();
+    let rep = step_report(&sg, &tl, &cost, 0);
+    let t_rep = t2.elapsed().as_secs_f64();
+    let cpu = thread_cpu_s() - c0;
+    let note = format!("{gpus} GPUs: qwen3-30b-a3b CP={cp} DP={dp} GA={ga} L={seq_len}");
+    Ok(vec![
+        row("step ops", sg.graph.ops.len() as f64, "ops", note.clone()),
+        row("step events", tl.events as f64, "events", note.clone()),
+        row("step build", t_build, "s", note.clone()),
+        row("step simulate", t_run, "s", note.clone()),
+        row("step report", t_rep, "s", note.clone()),
+        row("step total", t_build + t_run + t_rep, "s", note.clone()),
+        row("step total cpu", cpu, "s", note.clone()),
+        row("step simulate cpu", cpu_run, "s", note.clone()),
+        row(
+            "step throughput",
+            tl.events as f64 / t_run / 1e6,
+            "M events/s",
+            note.clone(),
+        ),
+        row(
+            "step throughput cpu",
+            tl.events as f64 / cpu_run / 1e6,
+            "M events/s",
+            note.clone(),
+        ),
+        row("step graph memory", graph_gib, "GiB", note.clone()),
+        row("peak RSS so far", peak_rss_gib(), "GiB", note.clone()),
+        row(
+            "simulated iteration",
+            rep.iteration as f64 * 1e-12,
+            "s",
+            note,
+        ),
+    ])
+}
+
+/// Wall time of one full step against GPU count (CP = 16, DP = GPUs/16, GA = 8), with the
+/// least-squares exponent of time ∝ GPUs^k.
+pub fn scaling(gpu_counts: &[u32], seq_len: u32) -> Result<Vec<BenchRow>> {
+    let mut rows = Vec::new();
+    let (mut wall_pts, mut cpu_pts) = (Vec::new(), Vec::new());
+    for &n in gpu_counts {
+        let r = full_step(n / 16, 16, 8, seq_len)?;
+        let get = |name: &str| {
+            r.iter()
+                .find(|x| x.name == name)
+                .map(|x| x.value)
+                .unwrap_or(f64::NAN)
+        };
+        let (wall, cpu, events) = (get("step total"), get("step total cpu"), get("step events"));
+        wall_pts.push((f64::from(n).ln(), wall.ln()));
+        cpu_pts.push((f64::from(n).ln(), cpu.ln()));
+        let note = format!("{n} GPUs, {events:.0} events (build + simulate + report)");
+        rows.push(row("scaling wall time", wall, "s", note.clone()));
+        rows.push(row("scaling cpu time", cpu, "s", note));
+    }
+    rows.push(row(
+        "scaling exponent wall",
+        fit_exponent(&wall_pts),
+        "",
+        "fitted k in wall time ∝ GPUs^k",
+    ));
+    rows.push(row(
+        "scaling exponent cpu",
+        fit_exponent(&cpu_pts),
+        "",
+        "fitted k in CPU time ∝ GPUs^k",
+    ));
+    Ok(rows)
+}
+
+/// Least-squares slope of ln y against ln x.
+fn fit_exponent(pts: &[(f64, f64)]) -> f64 {
+    let k = pts.len() as f64;
+    let (sx, sy) = pts.iter().fold((0.0, 0.0), |a, p| (a.0 + p.0, a.1 + p.1));
+    let (mx, my) = (sx / k, sy / k);
+    let (num, den) = pts.iter().fold((0.0, 0.0), |a, p| {
+        (a.0 + (p.0 - mx) * (p.1 - my), a.1 + (p.0 - mx) * (p.0 - mx))
+    });
+    num / den
+}
+
+// ---- arms for `skewsim bench` (registered in src/cli/bench.rs) ----
+
+fn synthetic_graph(gpus: u32, ops: u32) -> Result<skewsim::engine::Graph> {
+    let mut b = GraphBuilder::with_capacity((gpus * ops) as usize);
+    for g in 0..gpus {
+        b.add_stream(g, StreamKind::Compute);
+    }
+    let mut prev: Vec<u32> = vec![u32::MAX; gpus as usize];
+    let mut cur: Vec<u32> = vec![0; gpus as usize];
+    let lab = OpLabel {
+        class: OpClass::LinearFwd,
+        mb: 0,
+        layer: 0,
+    };
+    for k in 0..ops {
+        for g in 0..gpus {
+            let dur = 1_000 + u64::from((g * 7919 + k * 104_729) % 1_000);
+            let nb = prev[((g + 1) % gpus) as usize];
+            let deps: &[u32] = if nb == u32::MAX {
+                &[]
+            } else {
+                std::slice::from_ref(&nb)
+            };
+            cur[g as usize] = b.add_op(g, OpKind::Compute(dur), lab, deps);
+        }
+        std::mem::swap(&mut prev, &mut cur);
+    }
+    Ok(b.build()?)
+}
+
+/// Arm `engine-throughput`: the engine alone on 4,096 streams × 2,048 kernels with
+/// neighbour dependencies (8.4M events); the detail line gives events per second.
+pub fn arm_engine_throughput() -> Result<Timed> {
+    let graph = synthetic_graph(4096, 2048)?;
+    Ok(Box::new(move || {
+        let t0 = Instant::now();
+        let tl = run_graph(&graph, &mut StubNet::dgx_h200())?;
+        let s = t0.elapsed().as_secs_f64();
+        Ok(format!(
+            "{} events, {:.1} M events/s (target >= 5)",
+            tl.events,
+            tl.events as f64 / s / 1e6
+        ))
+    }))
+}
+
+fn arm_step(gpus: u32, flow: bool) -> Result<Timed> {
+    let (dp, cp, ga, seq_len) = (gpus / 16, 16, 8, 262_144);
+    let cost = CostModel::h200(ModelConfig::builtin("qwen3-30b-a3b")?)?;
+    let par = Parallelism {
+        dp,
+        pp: 1,
+        cp,
+        ga,
+        pipeline: PipelineKind::OneFOneB,
+        recompute: true,
+        zero_stage: 3,
+        dp_buckets: 8,
+    };
+    let map = RankMap::new(
+        par,
+        Placement {
+            gpus_per_node: 8,
+            nodes: gpus.div_ceil(8),
+        },
+        "bench",
+    )?;
+    let corpus = Corpus::from_spec("libra-256k")?;
+    let seqs = global_batch(
+        &corpus,
+        seq_len,
+        (dp * ga) as usize,
+        Packing::Sequential,
+        0,
+        0,
+    )?;
+    let batch = split_replicas(seqs, dp, ga);
+    let topo = dgx(gpus.div_ceil(8))?;
+    Ok(Box::new(move || {
+        let sg = build_step(&cost, map, &batch, 0, &NoVariance)?;
+        let t0 = Instant::now();
+        let mut net: Box<dyn NetworkModel> = if flow {
+            Box::new(FlowModel::new(topo.clone()))
+        } else {
+            Box::new(AnalyticalModel::new(topo.clone()))
+        };
+        let tl = run_graph(&sg.graph, net.as_mut())?;
+        let s = t0.elapsed().as_secs_f64();
+        let rep = step_report(&sg, &tl, &cost, 0);
+        Ok(format!(
+            "{gpus} GPUs (CP {cp}, DP {dp}, GA {ga}, libra-256k, {} network): {} ops, {} events, simulate {:.1} M events/s, simulated iteration {:.1} s, peak RSS {:.2} GiB",
+            if flow { "flow" } else { "analytical" },
+            sg.graph.ops.len(),
+            tl.events,
+            tl.events as f64 / s / 1e6,
+            rep.iteration as f64 * 1e-12,
+            peak_rss_gib()
+        ))
+    }))
+}
+
+/// Arm `step-4096`: one full training step of qwen3-30b-a3b on 4,096 GPUs (CP 16, DP 256,
+/// GA 8, libra-256k at L = 256K, all layers fwd + bwd, every rank): build + simulate +
+/// report.
+pub fn arm_step_4096() -> Result<Timed> {
+    arm_step(4096, false)
+}
+
+/// Arm `step-4096-flow`: the same step on the flow-level network model.
+pub fn arm_step_4096_flow() -> Result<Timed> {
+    arm_step(4096, true)
+}
+
+/// Arm `step-16384`: the same on 16,384 GPUs (DP 1,024).
+pub fn arm_step_16384() -> Result<Timed> {
+    arm_step(16384, false)
+}
+
+/// Arm `engine-scaling`: wall time of one full step against GPU count (256 … 16,384) and
+/// the fitted exponent.
+pub fn arm_engine_scaling() -> Result<Timed> {
+    Ok(Box::new(|| {
+        let rows = scaling(&[256, 512, 1024, 2048, 4096, 8192, 16384], 262_144)?;
+        let mut d = String::new();
+        for r in &rows {
+            let n = r.note.split_whitespace().next().unwrap_or("?");
+            match r.name.as_str() {
+                "scaling wall time" => d += &format!("{n}: {:.2} s", r.value),
+                "scaling cpu time" => d += &format!(" ({:.2} cpu), ", r.value),
+                "scaling exponent wall" => d += &format!("k = {:.2} wall", r.value),
+                "scaling exponent cpu" => d += &format!(", {:.2} cpu", r.value),
+                _ => {}
+            }
+        }
+        Ok(d)
+    }))
+}

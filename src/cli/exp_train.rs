@@ -1,0 +1,772 @@
+//! Experiment kind `train`: simulate training steps of a model under Ulysses context
+//! parallelism (DP × PP × CP, GA micro-batches) and write steps.csv, gpus.csv,
+//! microbatches.csv (+ .svg), trace.json and summary.md; with a `[sweep]` table, run every
+//! point of the (dp × gbs × seq_len × corpus) grid in parallel and write points.csv,
+//! scaling.svg and summary.md.
+//!
+//! ```toml
+//! kind = "train"
+//! model = "qwen3-30b-a3b"           # a built-in, or a path to a model TOML
+//! # calibration = "cal.json"        # replaces the H200 attention table / hardware figures
+//! steps = 2
+//! [cluster]   # gpus_per_node, nodes
+//! [network]   # topology = "../topologies/dgx-h200-roce.toml", model = "analytical" | "flow"
+//!             # | "stub" (stub: alpha_us, intra_gbytes_per_s, inter_gbytes_per_s)
+//! [variance]  # the cluster's VarianceSpec (persistent, jitter, spike); absent: none
+//! [parallel]  # dp, pp, cp, ga, pipeline = "1f1b" | "gpipe", recompute, zero_stage, dp_buckets
+//! [workload]  # seq_len, seed, and one of: corpus = "libra-1m" (+ packing = "sequential"),
+//!             # sequences = [[doc lengths], ...], lognormal = {median, sigma}
+//! [output]    # trace_step (default 0), trace_gpus (default 64; 0 = all)
+//! [sweep]     # dp = [...], gbs = [...], seq_len = [...]  (ga = gbs / dp)
+//! ```
+
+use anyhow::{bail, Context, Result};
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use skewsim::cluster::{Faults, Topology, TopologySpec, VarianceModel, VarianceSpec};
+use skewsim::cost::{Calibration, CostModel, ModelConfig};
+use skewsim::engine::stub_net::StubNet;
+use skewsim::net::{AnalyticalModel, FlowModel, NetworkModel};
+use skewsim::report::step::{gpus_csv, microbatches_csv, ms, step_report, steps_csv, StepReport};
+use skewsim::report::svg::{palette, Chart, Mark, Scale, Series};
+use skewsim::report::trace::chrome_trace;
+use skewsim::schedule::train::{simulate_batch, Workload};
+use skewsim::schedule::{NoVariance, Parallelism, Placement, RankMap, RuntimeVariance};
+use skewsim::workload::corpus::Corpus;
+use skewsim::workload::pack::Packing;
+use skewsim::workload::{PackedSeq, Sample};
+use std::sync::Arc;
+
+use super::Output;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TrainFile {
+    #[allow(dead_code)]
+    kind: String,
+    #[serde(default)]
+    description: String,
+    model: String,
+    #[serde(default)]
+    calibration: Option<PathBuf>,
+    #[serde(default = "one")]
+    steps: u64,
+    cluster: Placement,
+    #[serde(default)]
+    network: NetSpec,
+    parallel: Parallelism,
+    workload: WorkloadSpec,
+    #[serde(default)]
+    output: OutputSpec,
+    #[serde(default)]
+    sweep: Option<SweepSpec>,
+    /// Runtime variance (absent: none), seeded with `[workload] seed`.
+    #[serde(default)]
+    variance: Option<VarianceSpec>,
+}
+
+fn one() -> u64 {
+    1
+}
+
+#[derive(Deserialize, Serialize, Clone)]
+#[serde(deny_unknown_fields, default)]
+struct NetSpec {
+    /// `stub` (fixed alpha + bytes/bandwidth, the default without a topology),
+    /// `analytical` (the default with one) or `flow`.
+    model: Option<String>,
+    /// A topology file (relative to the experiment file), e.g.
+    /// `../topologies/dgx-h200-roce.toml`; built with `[cluster] nodes` nodes.
+    topology: Option<PathBuf>,
+    alpha_us: f64,
+    intra_gbytes_per_s: f64,
+    inter_gbytes_per_s: f64,
+}
+
+impl Default for NetSpec {
+    fn default() -> Self {
+        Self {
+            model: None,
+            topology: None,
+            alpha_us: 5.0,
+            intra_gbytes_per_s: 450.0,
+            inter_gbytes_per_s: 50.0,
+        }
+    }
+}
+
+/// The network a point's steps run on.
+#[derive(Clone)]
+enum NetChoice {
+    Stub(NetSpec),
+    Analytical(Arc<Topology>),
+    Flow(Arc<Topology>),
+}
+
+impl NetChoice {
+    fn make(&self, gpus_per_node: u32) -> Box<dyn NetworkModel> {
+        match self {
+            NetChoice::Stub(n) => Box::new(StubNet::new(
+                gpus_per_node,
+                (n.alpha_us * 1e6).round() as u64,
+                n.intra_gbytes_per_s * 1e9,
+                n.inter_gbytes_per_s * 1e9,
+            )),
+            NetChoice::Analytical(t) => Box::new(AnalyticalModel::new(t.clone())),
+            NetChoice::Flow(t) => Box::new(FlowModel::new(t.clone())),
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            NetChoice::Stub(n) => format!(
+                "stand-in (alpha {} us, {} GB/s in a node, {} GB/s across, no contention)",
+                n.alpha_us, n.intra_gbytes_per_s, n.inter_gbytes_per_s
+            ),
+            NetChoice::Analytical(t) => {
+                format!("analytical over `{}` ({} nodes)", t.spec.name, t.nodes)
+            }
+            NetChoice::Flow(t) => format!(
+                "flow-level max-min over `{}` ({} nodes)",
+                t.spec.name, t.nodes
+            ),
+        }
+    }
+}
+
+#[derive(Deserialize, Clone)]
+#[serde(deny_unknown_fields)]
+struct WorkloadSpec {
+    seq_len: u32,
+    #[serde(default)]
+    seed: u64,
+    #[serde(default)]
+    sequences: Option<Vec<Vec<u32>>>,
+    #[serde(default)]
+    lognormal: Option<LogNormalSpec>,
+    /// A corpus spec (`libra-1m`, `wlbllm`, a parametric spec); see `skewsim corpus`.
+    #[serde(default)]
+    corpus: Option<String>,
+    /// `sequential` (default), `best-fit` or `best-fit:W`.
+    #[serde(default)]
+    packing: Option<String>,
+}
+
+#[derive(Deserialize, Clone, Copy)]
+#[serde(deny_unknown_fields)]
+struct LogNormalSpec {
+    median: f64,
+    sigma: f64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct OutputSpec {
+    /// The step whose trace.json and gpus.csv are written.
+    trace_step: u64,
+    /// GPUs in the trace (the first N; 0 = all). Default 64: a 4,096-GPU trace is ~1 GB.
+    trace_gpus: u32,
+}
+
+impl Default for OutputSpec {
+    fn default() -> Self {
+        Self {
+            trace_step: 0,
+            trace_gpus: 64,
+        }
+    }
+}
+
+#[derive(Deserialize, Default, Clone)]
+#[serde(deny_unknown_fields, default)]
+struct SweepSpec {
+    dp: Vec<u32>,
+    gbs: Vec<u32>,
+    seq_len: Vec<u32>,
+    /// Corpora to sweep (each at `seq_len`, or at its own default sequence length).
+    corpus: Vec<String>,
+}
+
+fn workload(w: &WorkloadSpec, seq_len: u32, file: &str) -> Result<Workload> {
+    let wl = match (&w.sequences, &w.lognormal, &w.corpus) {
+        (None, None, Some(c)) => Workload::Corpus {
+            corpus: Corpus::from_spec(c).with_context(|| format!("{file}: [workload] corpus"))?,
+            seq_len,
+            packing: w
+                .packing
+                .as_deref()
+                .unwrap_or("sequential")
+                .parse::<Packing>()
+                .with_context(|| format!("{file}: [workload] packing"))?,
+            seed: w.seed,
+        },
+        (Some(seqs), None, None) => Workload::Sequences(
+            seqs.iter()
+                .map(|lens| PackedSeq {
+                    samples: lens
+                        .iter()
+                        .enumerate()
+                        .map(|(i, &len)| Sample {
+                            doc: i as u64,
+                            offset: 0,
+                            len,
+                            cut: false,
+                        })
+                        .collect(),
+                    capacity: seq_len,
+                })
+                .collect(),
+        ),
+        (None, Some(l), None) => Workload::LogNormal {
+            median: l.median,
+            sigma: l.sigma,
+            seq_len,
+            seed: w.seed,
+        },
+        _ => bail!("{file}: [workload] needs exactly one of `corpus`, `sequences` or `lognormal`"),
+    };
+    wl.validate(&format!("{file}: [workload]"))?;
+    Ok(wl)
+}
+
+/// Everything one point of the experiment produced.
+struct PointResult {
+    dp: u32,
+    ga: u32,
+    seq_len: u32,
+    corpus: String,
+    steps: Vec<StepReport>,
+    trace: Option<String>,
+    gpus: Option<String>,
+    placement: String,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_point(
+    cost: &CostModel,
+    par: Parallelism,
+    place: Placement,
+    wl: &Workload,
+    net: &NetChoice,
+    var: Option<(VarianceSpec, u64, Faults)>,
+    steps: u64,
+    out: &OutputSpec,
+    file: &str,
+) -> Result<PointResult> {
+    let map = RankMap::new(par, place, file)?;
+    let vm = var
+        .map(|(spec, seed, faults)| VarianceModel::new(spec, seed, map.gpus()).with_faults(faults));
+    let variance: &dyn RuntimeVariance = match &vm {
+        Some(v) => v,
+        None => &NoVariance,
+    };
+    let mut reports = Vec::new();
+    let (mut trace, mut gpus) = (None, None);
+    let mut batches = wl.batches((par.dp * par.ga) as usize)?;
+    for step in 0..steps {
+        let seqs = batches
+            .next()
+            .with_context(|| format!("{file}: the corpus ran out of documents at step {step}"))?;
+        let mut network = net.make(place.gpus_per_node);
+        let (sg, t) = simulate_batch(cost, map, seqs, step, network.as_mut(), variance)
+            .with_context(|| format!("{file}: step {step}"))?;
+        let r = step_report(&sg, &t, cost, step);
+        if step == out.trace_step {
+            trace = Some(chrome_trace(&sg, &t, out.trace_gpus));
+            gpus = Some(gpus_csv(&r));
+        }
+        reports.push(r);
+    }
+    Ok(PointResult {
+        dp: par.dp,
+        ga: par.ga,
+        seq_len: 0,
+        corpus: String::new(),
+        steps: reports,
+        trace,
+        gpus,
+        placement: map.describe(),
+    })
+}
+
+/// (corpus, sequence length, GBS): one line of scaling.svg.
+type CurveKey = (String, u32, u32);
+
+fn mean(v: impl Iterator<Item = f64>) -> f64 {
+    let (s, n) = v.fold((0.0, 0usize), |a, x| (a.0 + x, a.1 + 1));
+    if n == 0 {
+        0.0
+    } else {
+        s / n as f64
+    }
+}
+
+/// Run a `train` experiment; `calibration` (the `--calibration` flag) overrides the file's.
+pub fn run(path: &Path, dir: &Path, calibration: Option<&Path>, out: Output) -> Result<()> {
+    let file = path.display().to_string();
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {file}"))?;
+    let title = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let base = path.parent().unwrap_or(Path::new("."));
+    run_text(&text, &file, &title, base, dir, calibration, out)
+}
+
+/// The built-in default run (`skewsim` with no subcommand): a small DGX H200 cluster
+/// (4 nodes, 32 GPUs, analytical network), `libra-1m` packed to 1M tokens, Ulysses with
+/// CP 16 × DP 2, GA 4, qwen3-30b-a3b, calibrated runtime variance; two steps.
+pub const DEFAULT_EXPERIMENT: &str = r#"
+kind = "train"
+description = "Built-in default: Ulysses (CP 16 x DP 2, GA 4) on 4 DGX H200 nodes, libra-1m at 1M tokens."
+model = "qwen3-30b-a3b"
+steps = 2
+
+[cluster]
+gpus_per_node = 8
+nodes = 4
+
+[network]
+topology = "dgx-h200-roce"
+model = "analytical"
+
+[variance]
+persistent = { dist = "lognormal", sigma = 0.008 }
+jitter = { dist = "lognormal", sigma = 0.0108 }
+spike = { prob = 0.0022, mean = 0.045 }
+
+[parallel]
+dp = 2
+pp = 1
+cp = 16
+ga = 4
+pipeline = "1f1b"
+recompute = true
+zero_stage = 3
+dp_buckets = 8
+
+[workload]
+seq_len = 1048576
+seed = 1
+corpus = "libra-1m"
+"#;
+
+/// Run [`DEFAULT_EXPERIMENT`], writing `runs/default/`.
+pub fn run_default(out: Output) -> Result<()> {
+    run_text(
+        DEFAULT_EXPERIMENT,
+        "built-in default experiment",
+        "default",
+        Path::new("."),
+        Path::new("runs/default"),
+        None,
+        out,
+    )
+}
+
+/// Topologies shipped in `topologies/`, by name, for `topology = "NAME"`.
+const BUILTIN_TOPOLOGIES: &[(&str, &str)] = &[(
+    "dgx-h200-roce",
+    include_str!("../../topologies/dgx-h200-roce.toml"),
+)];
+
+/// Run a `train` experiment from its text; `file` names it in messages, `title` heads the
+/// summary, relative paths inside it resolve against `base`.
+fn run_text(
+    text: &str,
+    file: &str,
+    title: &str,
+    base: &Path,
+    dir: &Path,
+    calibration: Option<&Path>,
+    out: Output,
+) -> Result<()> {
+    let file = file.to_string();
+    let path = base;
+    let f: TrainFile =
+        toml::from_str(text).with_context(|| format!("{file}: not a valid `train` experiment"))?;
+    let model = if f.model.ends_with(".toml") {
+        let p = path.join(&f.model);
+        let t = std::fs::read_to_string(&p)
+            .with_context(|| format!("{file}: reading model {}", p.display()))?;
+        ModelConfig::from_toml_str(&t, &p.display().to_string())?
+    } else {
+        ModelConfig::builtin(&f.model).with_context(|| format!("{file}: model"))?
+    };
+    let cal_path = match (calibration, &f.calibration) {
+        (Some(flag), _) => Some(flag.to_path_buf()),
+        (None, Some(c)) => Some(path.join(c)),
+        (None, None) => None,
+    };
+    let cost = match cal_path {
+        None => CostModel::h200(model)?,
+        Some(p) => {
+            let t = std::fs::read_to_string(&p)
+                .with_context(|| format!("{file}: reading calibration {}", p.display()))?;
+            let ctx = p.display().to_string();
+            CostModel::calibrated(model, &Calibration::from_json_str(&t, &ctx)?, &ctx)?
+        }
+    };
+    if f.steps == 0 || f.steps > 10_000 {
+        bail!("{file}: steps = {} must be in 1..=10000", f.steps);
+    }
+    if f.output.trace_step >= f.steps {
+        bail!(
+            "{file}: [output] trace_step = {} must be a simulated step, 0..{}",
+            f.output.trace_step,
+            f.steps
+        );
+    }
+    for (k, v) in [
+        ("alpha_us", f.network.alpha_us),
+        ("intra_gbytes_per_s", f.network.intra_gbytes_per_s),
+        ("inter_gbytes_per_s", f.network.inter_gbytes_per_s),
+    ] {
+        if !(v.is_finite() && v >= 0.0) || (k != "alpha_us" && v == 0.0) {
+            bail!("{file}: [network] {k} = {v} must be a finite positive number");
+        }
+    }
+    let topo = match &f.network.topology {
+        None => None,
+        Some(t) => {
+            let p = path.join(t);
+            let builtin = BUILTIN_TOPOLOGIES
+                .iter()
+                .find(|(n, _)| Path::new(n) == t.as_path() && !p.exists());
+            let (name, text) = match builtin {
+                Some((n, body)) => (format!("topologies/{n}.toml"), (*body).to_string()),
+                None => {
+                    let name = p.display().to_string();
+                    let text = std::fs::read_to_string(&p)
+                        .with_context(|| format!("{file}: reading topology {name}"))?;
+                    (name, text)
+                }
+            };
+            let spec = TopologySpec::parse(&text, &name)?;
+            if spec.gpus_per_node != f.cluster.gpus_per_node {
+                bail!(
+                    "{file}: [cluster] gpus_per_node = {} but topology {name} has {}",
+                    f.cluster.gpus_per_node,
+                    spec.gpus_per_node
+                );
+            }
+            Some(Arc::new(spec.build(Some(f.cluster.nodes))?))
+        }
+    };
+    let net = match (f.network.model.as_deref(), &topo) {
+        (None | Some("stub"), None) | (Some("stub"), Some(_)) => NetChoice::Stub(f.network.clone()),
+        (None | Some("analytical"), Some(t)) => NetChoice::Analytical(t.clone()),
+        (Some("flow"), Some(t)) => NetChoice::Flow(t.clone()),
+        (Some(m @ ("analytical" | "flow")), None) => {
+            bail!("{file}: [network] model = {m:?} needs a `topology` file")
+        }
+        (Some(m), _) => bail!("{file}: [network] model = {m:?}: one of stub, analytical, flow"),
+    };
+    let faults = match (&topo, topo.as_ref().and_then(|t| t.spec.faults.clone())) {
+        (Some(t), Some(fs)) => fs.resolve(t, &file)?,
+        _ => Faults::default(),
+    };
+    let variance = match &f.variance {
+        None => None,
+        Some(v) => {
+            v.validate(&file)?;
+            Some((*v, f.workload.seed, faults))
+        }
+    };
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+
+    // The grid of points: (dp, ga, seq_len, corpus).
+    let mut points: Vec<(u32, u32, u32, Option<String>)> = Vec::new();
+    match &f.sweep {
+        None => points.push((f.parallel.dp, f.parallel.ga, f.workload.seq_len, None)),
+        Some(s) => {
+            let dps = if s.dp.is_empty() {
+                vec![f.parallel.dp]
+            } else {
+                s.dp.clone()
+            };
+            let lens = if s.seq_len.is_empty() {
+                vec![f.workload.seq_len]
+            } else {
+                s.seq_len.clone()
+            };
+            let gbss = if s.gbs.is_empty() {
+                vec![f.parallel.dp * f.parallel.ga]
+            } else {
+                s.gbs.clone()
+            };
+            let corpora: Vec<Option<String>> = if s.corpus.is_empty() {
+                vec![None]
+            } else {
+                s.corpus.iter().cloned().map(Some).collect()
+            };
+            for c in &corpora {
+                let lens = match c {
+                    Some(name) if s.seq_len.is_empty() => vec![Corpus::from_spec(name)
+                        .with_context(|| format!("{file}: [sweep] corpus"))?
+                        .default_seq_len()
+                        .unwrap_or(f.workload.seq_len)],
+                    _ => lens.clone(),
+                };
+                for &l in &lens {
+                    for &g in &gbss {
+                        for &d in &dps {
+                            if d == 0 || g % d != 0 {
+                                bail!("{file}: [sweep] gbs = {g} is not a multiple of dp = {d} (ga = gbs / dp)");
+                            }
+                            points.push((d, g / d, l, c.clone()));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let results: Vec<Result<PointResult>> = points
+        .par_iter()
+        .map(|(dp, ga, l, c)| {
+            let (dp, ga, l) = (*dp, *ga, *l);
+            let mut spec = f.workload.clone();
+            if let Some(c) = c {
+                spec.corpus = Some(c.clone());
+            }
+            let wl = workload(&spec, l, &file)?;
+            let par = Parallelism {
+                dp,
+                ga,
+                ..f.parallel
+            };
+            let mut r = run_point(
+                &cost,
+                par,
+                f.cluster,
+                &wl,
+                &net,
+                variance.clone(),
+                f.steps,
+                &f.output,
+                &file,
+            )?;
+            r.seq_len = l;
+            r.corpus = c
+                .clone()
+                .or_else(|| f.workload.corpus.clone())
+                .unwrap_or_default();
+            Ok(r)
+        })
+        .collect();
+    let results: Vec<PointResult> = results.into_iter().collect::<Result<_>>()?;
+
+    let mut summary = format!("# {title}\n\n");
+    if !f.description.is_empty() {
+        summary += &format!("{}\n\n", f.description.trim());
+    }
+    let m = &cost.model;
+    summary +=
+        &format!(
+        "Model `{}`; cluster {} nodes x {} GPUs; PP {}, CP {}, {} pipeline; {} step(s) per point. \
+         Network: {}. Runtime variance: {}.\n\n",
+        m.name,
+        f.cluster.nodes,
+        f.cluster.gpus_per_node,
+        f.parallel.pp,
+        f.parallel.cp,
+        if f.parallel.pipeline == skewsim::schedule::PipelineKind::Gpipe {
+            "GPipe"
+        } else {
+            "1F1B"
+        },
+        f.steps,
+        net.describe(),
+        match &f.variance {
+            None => "none".to_string(),
+            Some(v) => format!(
+                "persistent {:?}, per-kernel jitter {:?}, spikes {}; seed {}",
+                v.persistent,
+                v.jitter,
+                v.spike.map_or("none".to_string(), |k| format!("p = {}, mean +{}", k.prob, k.mean)),
+                f.workload.seed
+            ),
+        }
+    );
+    let table = if f.sweep.is_none() {
+        let r = &results[0];
+        std::fs::write(dir.join("steps.csv"), steps_csv(&r.steps))?;
+        std::fs::write(dir.join("microbatches.csv"), microbatches_csv(&r.steps))?;
+        let mut fwd: Vec<f64> = r
+            .steps
+            .iter()
+            .flat_map(|st| st.microbatches.iter().filter(|m| m.stage == 0))
+            .map(|m| m.fwd_span as f64 * 1e-9)
+            .collect();
+        if fwd.len() > 1 {
+            let mean_fwd = mean(fwd.iter().copied()).max(f64::MIN_POSITIVE);
+            fwd.sort_by(f64::total_cmp);
+            let pts = fwd
+                .iter()
+                .enumerate()
+                .map(|(i, &x)| ((i + 1) as f64 / fwd.len() as f64, x / mean_fwd))
+                .collect();
+            let ch = Chart::new("Micro-batch forward time (stage 0), normalised to the mean")
+                .x("fraction of micro-batches", Scale::Linear)
+                .y("forward time / mean", Scale::Linear)
+                .series(Series::new("Ulysses", pts, Mark::LinePoints).color(palette(0)));
+            std::fs::write(dir.join("microbatches.svg"), ch.render())?;
+        }
+        if let Some(t) = &r.trace {
+            std::fs::write(dir.join("trace.json"), t)?;
+        }
+        if let Some(g) = &r.gpus {
+            std::fs::write(dir.join("gpus.csv"), g)?;
+        }
+        summary += &format!("```\n{}```\n\n", r.placement);
+        let fwd: Vec<f64> = r
+            .steps
+            .iter()
+            .flat_map(|s| s.microbatches.iter().filter(|m| m.stage == 0))
+            .map(|m| m.fwd_span as f64 * 1e-9)
+            .collect();
+        if !fwd.is_empty() {
+            let mean_fwd = mean(fwd.iter().copied());
+            let (lo, hi) = fwd
+                .iter()
+                .fold((f64::INFINITY, 0.0f64), |a, &x| (a.0.min(x), a.1.max(x)));
+            summary += &format!(
+                "Micro-batch forward time on stage 0 over {} micro-batches: min {lo:.1} ms, mean {mean_fwd:.1} ms, max {hi:.1} ms (normalised to the mean: {:.2} .. {:.2}).\n\n",
+                fwd.len(),
+                lo / mean_fwd,
+                hi / mean_fwd
+            );
+        }
+        if let Some(step) = r.steps.iter().find(|s| s.step == f.output.trace_step) {
+            if let Some(g) = step
+                .gpus
+                .iter()
+                .max_by_key(|g| (g.memory.total(), std::cmp::Reverse(g.gpu)))
+            {
+                let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+                let m = g.memory;
+                summary += &format!(
+                    "Peak memory (step {}): GPU {} needs {:.1} GiB of {:.1} GiB — weights {:.1}, grads {:.1}, optimizer {:.1}, activations {:.1}, attention buffers {:.1}, comm buffers {:.1}.{}\n\n",
+                    step.step,
+                    g.gpu,
+                    gib(m.total()),
+                    gib(cost.hw.memory_bytes),
+                    gib(m.weights),
+                    gib(m.grads),
+                    gib(m.optimizer),
+                    gib(m.activations),
+                    gib(m.attn_buffers),
+                    gib(m.comm_buffers),
+                    if step.infeasible_ranks > 0 {
+                        format!(" **INFEASIBLE: {} rank(s) exceed the GPU's memory.**", step.infeasible_ranks)
+                    } else {
+                        String::new()
+                    }
+                );
+            }
+        }
+        let mut t = String::from("| step | iteration (ms) | tokens/s | MFU | sync wait | exposed comm | bubble | straggler GPU (excess) | infeasible ranks |\n|---|---|---|---|---|---|---|---|---|\n");
+        for s in &r.steps {
+            writeln!(
+                t,
+                "| {} | {} | {:.0} | {:.3} | {:.3} | {:.3} | {:.3} | {} (+{:.1}%) | {} |",
+                s.step,
+                ms(s.iteration),
+                s.tokens_per_s,
+                s.mfu,
+                s.wait_fraction,
+                s.exposed_comm_fraction,
+                s.bubble_fraction,
+                s.straggler_gpu,
+                100.0 * s.straggler_excess,
+                s.infeasible_ranks
+            )?;
+        }
+        t
+    } else {
+        let mut csv = String::from("corpus,seq_len,gbs,dp,ga,gpus,mean_iteration_ms,tokens_per_s,mfu,wait_fraction,exposed_comm_fraction,speedup_vs_min_dp,scaling_efficiency,infeasible_ranks\n");
+        let mut t = String::from("| corpus | L | GBS | DP | GA | GPUs | iteration (s) | tokens/s | MFU | sync wait | exposed comm | speedup | scaling eff. |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+        // (corpus, L, GBS) → [(DP, scaling efficiency)] for scaling.svg, in input order.
+        let mut curves: Vec<(CurveKey, Vec<(f64, f64)>)> = Vec::new();
+        for r in &results {
+            let gbs = r.dp * r.ga;
+            let base = results
+                .iter()
+                .filter(|b| b.seq_len == r.seq_len && b.corpus == r.corpus && b.dp * b.ga == gbs)
+                .min_by_key(|b| b.dp)
+                .map(|b| (b.dp, mean(b.steps.iter().map(|s| s.tokens_per_s))))
+                .unwrap_or((r.dp, 1.0));
+            let tps = mean(r.steps.iter().map(|s| s.tokens_per_s));
+            let speedup = tps / base.1;
+            let eff = speedup / (f64::from(r.dp) / f64::from(base.0));
+            let it = mean(r.steps.iter().map(|s| s.iteration as f64 * 1e-9));
+            let gpus = r.dp * f.parallel.pp * f.parallel.cp;
+            let mfu = mean(r.steps.iter().map(|s| s.mfu));
+            let wait = mean(r.steps.iter().map(|s| s.wait_fraction));
+            let comm = mean(r.steps.iter().map(|s| s.exposed_comm_fraction));
+            let inf = r
+                .steps
+                .iter()
+                .map(|s| s.infeasible_ranks)
+                .max()
+                .unwrap_or(0);
+            let key = (r.corpus.clone(), r.seq_len, gbs);
+            match curves.iter_mut().find(|c| c.0 == key) {
+                Some(c) => c.1.push((f64::from(r.dp), eff)),
+                None => curves.push((key, vec![(f64::from(r.dp), eff)])),
+            }
+            writeln!(csv, "{},{},{gbs},{},{},{gpus},{it:.3},{tps:.1},{mfu:.6},{wait:.6},{comm:.6},{speedup:.4},{eff:.4},{inf}", r.corpus, r.seq_len, r.dp, r.ga)?;
+            writeln!(t, "| {} | {} | {gbs} | {} | {} | {gpus} | {:.3} | {tps:.0} | {mfu:.3} | {wait:.3} | {comm:.3} | {speedup:.2}x | {:.1}% |", r.corpus, r.seq_len, r.dp, r.ga, it / 1e3, 100.0 * eff)?;
+        }
+        std::fs::write(dir.join("points.csv"), csv)?;
+        let dps: Vec<f64> = {
+            let mut v: Vec<f64> = curves
+                .iter()
+                .flat_map(|c| c.1.iter().map(|p| p.0))
+                .collect();
+            v.sort_by(f64::total_cmp);
+            v.dedup();
+            v
+        };
+        if dps.len() > 1 {
+            let mut ch = Chart::new("Ulysses scaling efficiency vs data parallelism")
+                .x("DP (replicas)", Scale::Log)
+                .x_range(dps[0], dps[dps.len() - 1])
+                .x_ticks(dps)
+                .y("scaling efficiency vs the smallest DP", Scale::Linear)
+                .y_range(0.0, 1.05);
+            for (i, ((corpus, l, gbs), pts)) in curves.iter().enumerate() {
+                let name = if corpus.is_empty() {
+                    format!("L {}K, GBS {gbs}", l >> 10)
+                } else {
+                    format!("{corpus}, GBS {gbs}")
+                };
+                ch = ch.series(Series::new(name, pts.clone(), Mark::LinePoints).color(palette(i)));
+            }
+            if f.sweep
+                .as_ref()
+                .is_some_and(|sw| sw.corpus.iter().any(|c| c == "libra-1m"))
+            {
+                ch = ch.series(
+                    Series::new("paper: 1M, DP 16", vec![(16.0, 0.276)], Mark::Ring)
+                        .color("#000000"),
+                );
+            }
+            std::fs::write(dir.join("scaling.svg"), ch.render())?;
+        }
+        t
+    };
+    summary += &table;
+    std::fs::write(dir.join("summary.md"), &summary)?;
+    out.emit(
+        &serde_json::json!({ "dir": dir.display().to_string() }),
+        || {
+            let mut s = summary.clone();
+            s += &format!("\nwrote {}\n", dir.display());
+            s
+        },
+    )
+}

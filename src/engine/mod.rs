@@ -1,0 +1,685 @@
+//! The discrete-event core: runs an op graph on GPU streams and a network model.
+//!
+//! Owns the [`Graph`] (ops, their dependencies, the stream each runs on, collectives and
+//! their transfers) and [`run`], which executes it and records the start and end of every
+//! op. It knows nothing of models, parallelism or schedules (that is `schedule/`) and
+//! nothing of links (that is the [`NetworkModel`] it is handed).
+//!
+//! # Simulation lifecycle
+//! 1. A schedule builds a [`Graph`] with [`GraphBuilder`]: streams (per GPU: compute and
+//!    communication streams), ops on them in issue order, explicit cross-stream
+//!    dependencies, collectives with their point-to-point transfers.
+//! 2. [`run`] executes it. A stream behaves like a CUDA stream: its ops run one at a time
+//!    in issue order; an op starts when it is its stream's head, the stream is idle and
+//!    all its dependencies have ended. Ops on different streams of one GPU overlap (compute
+//!    and communication overlap whenever the graph allows it).
+//! 3. Op kinds: `Compute` takes a fixed duration; `Send` moves bytes through the network
+//!    model; `Coll` is one GPU's part in a collective: the part *arrives* when it starts,
+//!    the collective's transfers start when the last part has arrived (the time between is
+//!    that GPU's synchronisation wait), and every part ends when the last transfer lands.
+//!
+//! # Performance
+//! Events are small `Copy` values in one `BinaryHeap` keyed by (time, sequence number), so
+//! equal times pop in FIFO order and runs are deterministic. All state lives in `Vec`s
+//! indexed by op, stream and collective ids (arena style); nothing is allocated per event.
+//!
+//! Architecture invariant: simulated time is integer picoseconds and every tie is broken
+//! by (time, sequence number), so the same graph and network give the same timeline.
+
+pub mod stub_net;
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use crate::error::{invalid, Result};
+use crate::net::{GpuId, NetworkModel, Ps};
+
+/// Index of an op in a [`Graph`].
+pub type OpId = u32;
+/// Index of a stream in a [`Graph`].
+pub type StreamId = u32;
+/// Index of a collective in a [`Graph`].
+pub type CollId = u32;
+
+/// What an op is, for reports and traces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum OpClass {
+    /// Linear work of a layer (norms, projections, MLP/experts), forward.
+    LinearFwd,
+    /// Linear work, backward.
+    LinearBwd,
+    /// Core attention, forward.
+    AttnFwd,
+    /// Core attention, backward.
+    AttnBwd,
+    /// Embedding / LM head / loss, forward.
+    HeadFwd,
+    /// Embedding / LM head / loss, backward.
+    HeadBwd,
+    /// Context-parallel all-to-all before attention (Q/K/V; in backward dO).
+    A2aIn,
+    /// Context-parallel all-to-all after attention (output; in backward dQ/dK/dV).
+    A2aOut,
+    /// Pipeline activation send (forward).
+    PpSendFwd,
+    /// Pipeline gradient send (backward).
+    PpSendBwd,
+    /// Data-parallel gradient all-reduce (one bucket).
+    DpAllReduce,
+    /// Optimizer step.
+    Optimizer,
+}
+
+impl OpClass {
+    /// Every class, in order.
+    pub const ALL: [OpClass; 12] = [
+        OpClass::LinearFwd,
+        OpClass::LinearBwd,
+        OpClass::AttnFwd,
+        OpClass::AttnBwd,
+        OpClass::HeadFwd,
+        OpClass::HeadBwd,
+        OpClass::A2aIn,
+        OpClass::A2aOut,
+        OpClass::PpSendFwd,
+        OpClass::PpSendBwd,
+        OpClass::DpAllReduce,
+        OpClass::Optimizer,
+    ];
+
+    /// The name traces and CSVs use.
+    pub fn name(self) -> &'static str {
+        match self {
+            OpClass::LinearFwd => "linear_fwd",
+            OpClass::LinearBwd => "linear_bwd",
+            OpClass::AttnFwd => "attn_fwd",
+            OpClass::AttnBwd => "attn_bwd",
+            OpClass::HeadFwd => "head_fwd",
+            OpClass::HeadBwd => "head_bwd",
+            OpClass::A2aIn => "a2a_in",
+            OpClass::A2aOut => "a2a_out",
+            OpClass::PpSendFwd => "pp_send_fwd",
+            OpClass::PpSendBwd => "pp_send_bwd",
+            OpClass::DpAllReduce => "dp_allreduce",
+            OpClass::Optimizer => "optimizer",
+        }
+    }
+
+    /// True for forward work (used for the per-micro-batch forward time).
+    pub fn is_forward_compute(self) -> bool {
+        matches!(
+            self,
+            OpClass::LinearFwd | OpClass::AttnFwd | OpClass::HeadFwd
+        )
+    }
+}
+
+/// Which stream of a GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum StreamKind {
+    /// Kernels.
+    Compute,
+    /// Context-parallel collectives.
+    CpComm,
+    /// Pipeline sends.
+    PpComm,
+    /// Data-parallel gradient reduction.
+    DpComm,
+}
+
+impl StreamKind {
+    /// The name traces use.
+    pub fn name(self) -> &'static str {
+        match self {
+            StreamKind::Compute => "compute",
+            StreamKind::CpComm => "cp-comm",
+            StreamKind::PpComm => "pp-comm",
+            StreamKind::DpComm => "dp-comm",
+        }
+    }
+}
+
+/// A labelled op: what it is, for which micro-batch and layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OpLabel {
+    /// The class.
+    pub class: OpClass,
+    /// Micro-batch index inside the step (u16::MAX for step-level ops).
+    pub mb: u16,
+    /// Layer index (u16::MAX for ops that are not per layer).
+    pub layer: u16,
+}
+
+/// What an op does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpKind {
+    /// Occupies its stream for a fixed time.
+    Compute(Ps),
+    /// Moves one transfer (an index into the graph's transfers) through the network.
+    Send(u32),
+    /// One GPU's part of a collective.
+    Coll(CollId),
+}
+
+/// One op.
+#[derive(Clone, Copy, Debug)]
+pub struct Op {
+    /// What it does.
+    pub kind: OpKind,
+    /// Where it runs.
+    pub stream: StreamId,
+    /// What it is.
+    pub label: OpLabel,
+    /// The next op on the same stream (`OpId::MAX` for the last), so the engine walks a
+    /// stream without an extra indirection.
+    next: OpId,
+}
+
+/// A point-to-point transfer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Xfer {
+    /// Sender.
+    pub src: GpuId,
+    /// Receiver.
+    pub dst: GpuId,
+    /// Bytes.
+    pub bytes: u64,
+}
+
+/// A stream: which GPU, which kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StreamInfo {
+    /// Its GPU.
+    pub gpu: GpuId,
+    /// Its kind.
+    pub kind: StreamKind,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct CollInfo {
+    parts: u32,
+    xfer_start: u32,
+    xfer_len: u32,
+}
+
+/// An op graph ready to run: ops in CSR form, per-stream issue order, collectives.
+#[derive(Clone, Debug, Default)]
+pub struct Graph {
+    /// The ops, by id.
+    pub ops: Vec<Op>,
+    /// The streams, by id.
+    pub streams: Vec<StreamInfo>,
+    /// All transfers (of sends and of collectives).
+    pub xfers: Vec<Xfer>,
+    ndeps: Vec<u32>,
+    succ_off: Vec<u32>,
+    succ: Vec<OpId>,
+    stream_off: Vec<u32>,
+    stream_ops: Vec<OpId>,
+    colls: Vec<CollInfo>,
+    coll_part_off: Vec<u32>,
+    coll_parts: Vec<OpId>,
+}
+
+/// Builds a [`Graph`]. Ops must be added to each stream in issue order. Dependencies may
+/// be added later with [`GraphBuilder::add_dep`] (a cycle is not rejected here: [`run`]
+/// reports it as ops that never ran).
+#[derive(Default)]
+pub struct GraphBuilder {
+    g: Graph,
+    edges: Vec<(OpId, OpId)>,
+}
+
+impl GraphBuilder {
+    /// An empty builder with room for about `ops` ops.
+    pub fn with_capacity(ops: usize) -> Self {
+        let mut b = Self::default();
+        b.g.ops.reserve(ops);
+        b.g.ndeps.reserve(ops);
+        b.edges.reserve(ops + ops / 2);
+        b
+    }
+
+    /// A new stream on `gpu`.
+    pub fn add_stream(&mut self, gpu: GpuId, kind: StreamKind) -> StreamId {
+        self.g.streams.push(StreamInfo { gpu, kind });
+        (self.g.streams.len() - 1) as StreamId
+    }
+
+    /// A new collective whose transfers are `xfers`; add its parts with
+    /// [`GraphBuilder::add_op`] and `OpKind::Coll`.
+    pub fn add_collective(&mut self, xfers: &[Xfer]) -> CollId {
+        let start = self.g.xfers.len() as u32;
+        self.g.xfers.extend_from_slice(xfers);
+        self.g.colls.push(CollInfo {
+            parts: 0,
+            xfer_start: start,
+            xfer_len: xfers.len() as u32,
+        });
+        (self.g.colls.len() - 1) as CollId
+    }
+
+    /// A new transfer for a `Send` op.
+    pub fn add_xfer(&mut self, x: Xfer) -> u32 {
+        self.g.xfers.push(x);
+        (self.g.xfers.len() - 1) as u32
+    }
+
+    /// Append an op to `stream` (after everything already on it) that also waits for `deps`.
+    pub fn add_op(
+        &mut self,
+        stream: StreamId,
+        kind: OpKind,
+        label: OpLabel,
+        deps: &[OpId],
+    ) -> OpId {
+        let id = self.g.ops.len() as OpId;
+        self.g.ops.push(Op {
+            kind,
+            stream,
+            label,
+            next: OpId::MAX,
+        });
+        self.g.ndeps.push(deps.len() as u32);
+        for &d in deps {
+            self.edges.push((d, id));
+        }
+        if let OpKind::Coll(c) = kind {
+            if let Some(ci) = self.g.colls.get_mut(c as usize) {
+                ci.parts += 1;
+            }
+        }
+        id
+    }
+
+    /// Make `op` also wait for `dep` (both already added).
+    pub fn add_dep(&mut self, dep: OpId, op: OpId) {
+        if let Some(n) = self.g.ndeps.get_mut(op as usize) {
+            *n += 1;
+        }
+        self.edges.push((dep, op));
+    }
+
+    /// Ops added so far.
+    pub fn len(&self) -> usize {
+        self.g.ops.len()
+    }
+
+    /// True when no op was added.
+    pub fn is_empty(&self) -> bool {
+        self.g.ops.is_empty()
+    }
+
+    /// Finish: check the references and lay out the CSR arrays.
+    pub fn build(mut self) -> Result<Graph> {
+        let g = &mut self.g;
+        let n = g.ops.len();
+        if n >= OpId::MAX as usize || g.colls.len() >= COLL_BIT as usize {
+            return Err(invalid(
+                "op graph size",
+                format!("{n} ops, {} collectives", g.colls.len()),
+                "fewer than 2^32 - 1 ops and 2^31 collectives",
+            ));
+        }
+        let ns = g.streams.len();
+        let nc = g.colls.len();
+        for (i, op) in g.ops.iter().enumerate() {
+            if op.stream as usize >= ns {
+                return Err(invalid(
+                    "op stream",
+                    op.stream,
+                    format!("< {ns} streams (op {i})"),
+                ));
+            }
+            match op.kind {
+                OpKind::Coll(c) if c as usize >= nc => {
+                    return Err(invalid(
+                        "op collective",
+                        c,
+                        format!("< {nc} collectives (op {i})"),
+                    ))
+                }
+                OpKind::Send(x) if x as usize >= g.xfers.len() => {
+                    return Err(invalid(
+                        "op transfer",
+                        x,
+                        format!("< {} transfers (op {i})", g.xfers.len()),
+                    ))
+                }
+                _ => {}
+            }
+        }
+        for &(d, s) in &self.edges {
+            if d as usize >= n || s as usize >= n || d == s {
+                return Err(invalid(
+                    "dependency",
+                    format!("{d} -> {s}"),
+                    format!("two distinct ops < {n}"),
+                ));
+            }
+        }
+        // Successors, CSR by counting sort on the source.
+        g.succ_off = vec![0; n + 1];
+        for &(d, _) in &self.edges {
+            g.succ_off[d as usize + 1] += 1;
+        }
+        for i in 0..n {
+            g.succ_off[i + 1] += g.succ_off[i];
+        }
+        let mut fill = g.succ_off.clone();
+        g.succ = vec![0; self.edges.len()];
+        for &(d, s) in &self.edges {
+            g.succ[fill[d as usize] as usize] = s;
+            fill[d as usize] += 1;
+        }
+        self.edges = Vec::new();
+        // Stream issue order, stable counting sort on the stream.
+        g.stream_off = vec![0; ns + 1];
+        for op in &g.ops {
+            g.stream_off[op.stream as usize + 1] += 1;
+        }
+        for i in 0..ns {
+            g.stream_off[i + 1] += g.stream_off[i];
+        }
+        let mut fill = g.stream_off.clone();
+        g.stream_ops = vec![0; n];
+        for (i, op) in g.ops.iter().enumerate() {
+            g.stream_ops[fill[op.stream as usize] as usize] = i as OpId;
+            fill[op.stream as usize] += 1;
+        }
+        // Next op on the same stream.
+        for s in 0..ns {
+            let ops = &g.stream_ops[g.stream_off[s] as usize..g.stream_off[s + 1] as usize];
+            for w in ops.windows(2) {
+                g.ops[w[0] as usize].next = w[1];
+            }
+        }
+        // Collective parts.
+        g.coll_part_off = vec![0; nc + 1];
+        for (i, c) in g.colls.iter().enumerate() {
+            g.coll_part_off[i + 1] = g.coll_part_off[i] + c.parts;
+        }
+        let mut fill = g.coll_part_off.clone();
+        g.coll_parts = vec![0; g.coll_part_off[nc] as usize];
+        for (i, op) in g.ops.iter().enumerate() {
+            if let OpKind::Coll(c) = op.kind {
+                g.coll_parts[fill[c as usize] as usize] = i as OpId;
+                fill[c as usize] += 1;
+            }
+        }
+        Ok(self.g)
+    }
+}
+
+impl Graph {
+    /// The ops of `stream` in issue order.
+    pub fn stream_ops(&self, stream: StreamId) -> &[OpId] {
+        let s = stream as usize;
+        match (self.stream_off.get(s), self.stream_off.get(s + 1)) {
+            (Some(&a), Some(&b)) => &self.stream_ops[a as usize..b as usize],
+            _ => &[],
+        }
+    }
+
+    /// Number of collectives.
+    pub fn collectives(&self) -> usize {
+        self.colls.len()
+    }
+
+    /// The transfers of collective `c`.
+    pub fn coll_xfers(&self, c: CollId) -> &[Xfer] {
+        let ci = self.colls[c as usize];
+        &self.xfers[ci.xfer_start as usize..(ci.xfer_start + ci.xfer_len) as usize]
+    }
+
+    /// Bytes of approximate memory the graph holds (for the benchmark's budget).
+    pub fn heap_bytes(&self) -> usize {
+        use std::mem::size_of;
+        self.ops.capacity() * size_of::<Op>()
+            + self.xfers.capacity() * size_of::<Xfer>()
+            + (self.ndeps.capacity()
+                + self.succ_off.capacity()
+                + self.succ.capacity()
+                + self.stream_off.capacity()
+                + self.stream_ops.capacity()
+                + self.coll_part_off.capacity()
+                + self.coll_parts.capacity())
+                * 4
+            + self.colls.capacity() * size_of::<CollInfo>()
+    }
+}
+
+/// What [`run`] recorded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Timeline {
+    /// Start of each op (for a collective part: when this GPU arrived).
+    pub start: Vec<Ps>,
+    /// End of each op.
+    pub end: Vec<Ps>,
+    /// When each collective's last part arrived and its transfers began.
+    pub coll_start: Vec<Ps>,
+    /// The end of the last op.
+    pub makespan: Ps,
+    /// Events processed (op completions from the queue plus network completions).
+    pub events: u64,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Event {
+    time: Ps,
+    seq: u64,
+    /// Op id, or collective id with the top bit set.
+    id: u32,
+}
+
+const COLL_BIT: u32 = 1 << 31;
+
+#[derive(Clone, Copy)]
+struct StreamState {
+    /// The next op to run (`OpId::MAX` when the stream is done).
+    head: OpId,
+    busy: bool,
+}
+const TAG_COLL: u64 = 1 << 63;
+
+struct Sim<'g, 'n> {
+    g: &'g Graph,
+    net: &'n mut dyn NetworkModel,
+    heap: BinaryHeap<Reverse<Event>>,
+    seq: u64,
+    now: Ps,
+    deps_left: Vec<u32>,
+    /// Per stream: next op index into `stream_ops`, end index, busy flag.
+    st: Vec<StreamState>,
+    arrived: Vec<u32>,
+    pending: Vec<u32>,
+    t: Timeline,
+}
+
+impl Sim<'_, '_> {
+    fn push(&mut self, time: Ps, id: u32) {
+        self.seq += 1;
+        self.heap.push(Reverse(Event {
+            time,
+            seq: self.seq,
+            id,
+        }));
+    }
+
+    fn try_start(&mut self, s: StreamId) {
+        let ss = self.st[s as usize];
+        if ss.busy || ss.head == OpId::MAX {
+            return;
+        }
+        let op = ss.head;
+        if self.deps_left[op as usize] != 0 {
+            return;
+        }
+        self.st[s as usize].busy = true;
+        self.t.start[op as usize] = self.now;
+        match self.g.ops[op as usize].kind {
+            OpKind::Compute(d) => self.push(self.now + d, op),
+            OpKind::Send(x) => {
+                let x = self.g.xfers[x as usize];
+                self.net
+                    .start(self.now, x.src, x.dst, x.bytes, u64::from(op));
+            }
+            OpKind::Coll(c) => {
+                let ci = c as usize;
+                self.arrived[ci] += 1;
+                let info = self.g.colls[ci];
+                if self.arrived[ci] == info.parts {
+                    self.t.coll_start[ci] = self.now;
+                    self.pending[ci] = info.xfer_len;
+                    if info.xfer_len == 0 {
+                        self.push(self.now, c | COLL_BIT);
+                    }
+                    for x in &self.g.xfers
+                        [info.xfer_start as usize..(info.xfer_start + info.xfer_len) as usize]
+                    {
+                        self.net
+                            .start(self.now, x.src, x.dst, x.bytes, TAG_COLL | u64::from(c));
+                    }
+                }
+            }
+        }
+    }
+
+    fn complete(&mut self, op: OpId) {
+        let oi = op as usize;
+        self.t.end[oi] = self.now;
+        let o = self.g.ops[oi];
+        let s = o.stream;
+        let ss = &mut self.st[s as usize];
+        ss.busy = false;
+        ss.head = o.next;
+        let (a, b) = (
+            self.g.succ_off[oi] as usize,
+            self.g.succ_off[oi + 1] as usize,
+        );
+        for k in a..b {
+            let succ = self.g.succ[k];
+            let d = &mut self.deps_left[succ as usize];
+            *d -= 1;
+            if *d == 0 {
+                let ss = self.g.ops[succ as usize].stream;
+                self.try_start(ss);
+            }
+        }
+        self.try_start(s);
+    }
+
+    fn complete_coll(&mut self, c: CollId) {
+        let ci = c as usize;
+        let (a, b) = (
+            self.g.coll_part_off[ci] as usize,
+            self.g.coll_part_off[ci + 1] as usize,
+        );
+        for k in a..b {
+            let op = self.g.coll_parts[k];
+            self.complete(op);
+        }
+    }
+}
+
+/// Run `g` on `net` from time 0 and record every op's start and end.
+///
+/// Errors when the graph cannot finish (a stream's head waits on an op that never runs,
+/// or a collective whose parts are not all issued): the message names the stuck op.
+pub fn run(g: &Graph, net: &mut dyn NetworkModel) -> Result<Timeline> {
+    let n = g.ops.len();
+    let ns = g.streams.len();
+    let nc = g.colls.len();
+    let mut sim = Sim {
+        g,
+        net,
+        heap: BinaryHeap::with_capacity(ns),
+        seq: 0,
+        now: 0,
+        deps_left: g.ndeps.clone(),
+        st: (0..ns)
+            .map(|s| StreamState {
+                head: if g.stream_off[s] < g.stream_off[s + 1] {
+                    g.stream_ops[g.stream_off[s] as usize]
+                } else {
+                    OpId::MAX
+                },
+                busy: false,
+            })
+            .collect(),
+        arrived: vec![0; nc],
+        pending: vec![0; nc],
+        t: Timeline {
+            start: vec![0; n],
+            end: vec![0; n],
+            coll_start: vec![0; nc],
+            makespan: 0,
+            events: 0,
+        },
+    };
+    for s in 0..ns as StreamId {
+        sim.try_start(s);
+    }
+    let mut done: Vec<u64> = Vec::with_capacity(64);
+    loop {
+        let th = sim.heap.peek().map(|e| e.0.time);
+        let tn = sim.net.next_completion();
+        let net_first = match (th, tn) {
+            (None, None) => break,
+            (Some(_), None) => false,
+            (None, Some(_)) => true,
+            (Some(a), Some(b)) => b <= a,
+        };
+        if net_first {
+            let t = tn.unwrap_or(sim.now);
+            sim.now = sim.now.max(t);
+            sim.net.advance(sim.now, &mut done);
+            for &tag in &done {
+                sim.t.events += 1;
+                if tag & TAG_COLL != 0 {
+                    let c = (tag & !TAG_COLL) as usize;
+                    sim.pending[c] -= 1;
+                    if sim.pending[c] == 0 {
+                        sim.complete_coll(c as CollId);
+                    }
+                } else {
+                    sim.complete(tag as OpId);
+                }
+            }
+            done.clear();
+        } else if let Some(Reverse(e)) = sim.heap.pop() {
+            sim.now = e.time;
+            sim.t.events += 1;
+            if e.id & COLL_BIT != 0 {
+                sim.complete_coll(e.id & !COLL_BIT);
+            } else {
+                sim.complete(e.id);
+            }
+        }
+    }
+    for s in 0..ns {
+        if sim.st[s].head != OpId::MAX {
+            let op = sim.st[s].head;
+            let o = g.ops[op as usize];
+            return Err(invalid(
+                "op graph",
+                format!(
+                    "op {op} ({} mb {} layer {}) on GPU {} {} never ran",
+                    o.label.class.name(),
+                    o.label.mb,
+                    o.label.layer,
+                    g.streams[s].gpu,
+                    g.streams[s].kind.name()
+                ),
+                "a graph whose dependencies and collectives can all be met (no deadlock)",
+            ));
+        }
+    }
+    sim.t.makespan = sim.t.end.iter().copied().max().unwrap_or(0);
+    Ok(sim.t)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,304 @@
+use super::stub_net::StubNet;
+use super::*;
+
+fn lab(class: OpClass) -> OpLabel {
+    OpLabel {
+        class,
+        mb: 0,
+        layer: 0,
+    }
+}
+
+/// 1 µs latency, 1 byte/ps = 1e12 B/s inside a node, half that across.
+fn net() -> StubNet {
+    StubNet::new(2, 1_000_000, 1e12, 0.5e12)
+}
+
+#[test]
+fn one_stream_runs_in_issue_order_back_to_back() {
+    let mut b = GraphBuilder::default();
+    let s = b.add_stream(0, StreamKind::Compute);
+    let ops: Vec<_> = [5, 7, 11]
+        .iter()
+        .map(|&d| b.add_op(s, OpKind::Compute(d), lab(OpClass::LinearFwd), &[]))
+        .collect();
+    let g = b.build().unwrap();
+    let t = run(&g, &mut net()).unwrap();
+    assert_eq!(t.start, vec![0, 5, 12]);
+    assert_eq!(t.end, vec![5, 12, 23]);
+    assert_eq!(t.makespan, 23);
+    assert_eq!(t.events, 3);
+    assert_eq!(ops, vec![0, 1, 2]);
+}
+
+#[test]
+fn compute_and_communication_streams_overlap() {
+    let mut b = GraphBuilder::default();
+    let c = b.add_stream(0, StreamKind::Compute);
+    let m = b.add_stream(0, StreamKind::PpComm);
+    let a = b.add_op(c, OpKind::Compute(100), lab(OpClass::LinearFwd), &[]);
+    let x = b.add_xfer(Xfer {
+        src: 0,
+        dst: 2,
+        bytes: 1_000_000,
+    }); // inter-node: 2e6 ps + 1e6 alpha
+    let send = b.add_op(m, OpKind::Send(x), lab(OpClass::PpSendFwd), &[a]);
+    let next = b.add_op(c, OpKind::Compute(5_000_000), lab(OpClass::LinearFwd), &[]);
+    let after = b.add_op(c, OpKind::Compute(1), lab(OpClass::LinearFwd), &[send]);
+    let g = b.build().unwrap();
+    let t = run(&g, &mut net()).unwrap();
+    assert_eq!(t.start[send as usize], 100);
+    assert_eq!(t.end[send as usize], 100 + 3_000_000);
+    // `next` runs while the send is in flight.
+    assert_eq!(t.start[next as usize], 100);
+    assert_eq!(t.end[next as usize], 5_000_100);
+    assert_eq!(t.start[after as usize], 5_000_100);
+}
+
+#[test]
+fn collective_starts_when_the_last_part_arrives() {
+    let mut b = GraphBuilder::default();
+    let c0 = b.add_stream(0, StreamKind::Compute);
+    let m0 = b.add_stream(0, StreamKind::CpComm);
+    let c1 = b.add_stream(1, StreamKind::Compute);
+    let m1 = b.add_stream(1, StreamKind::CpComm);
+    let w0 = b.add_op(c0, OpKind::Compute(10), lab(OpClass::AttnFwd), &[]);
+    let w1 = b.add_op(c1, OpKind::Compute(400), lab(OpClass::AttnFwd), &[]);
+    let coll = b.add_collective(&[
+        Xfer {
+            src: 0,
+            dst: 1,
+            bytes: 2_000_000,
+        },
+        Xfer {
+            src: 1,
+            dst: 0,
+            bytes: 1_000_000,
+        },
+    ]);
+    let p0 = b.add_op(m0, OpKind::Coll(coll), lab(OpClass::A2aOut), &[w0]);
+    let p1 = b.add_op(m1, OpKind::Coll(coll), lab(OpClass::A2aOut), &[w1]);
+    let g = b.build().unwrap();
+    let t = run(&g, &mut net()).unwrap();
+    assert_eq!(t.start[p0 as usize], 10, "GPU 0 arrives early and waits");
+    assert_eq!(t.start[p1 as usize], 400);
+    assert_eq!(t.coll_start[coll as usize], 400);
+    // Slowest transfer: 1 µs + 2e6 bytes at 1 B/ps.
+    let end = 400 + 1_000_000 + 2_000_000;
+    assert_eq!((t.end[p0 as usize], t.end[p1 as usize]), (end, end));
+    assert_eq!(t.makespan, end);
+}
+
+#[test]
+fn late_dependency_edges_count() {
+    let mut b = GraphBuilder::default();
+    let s0 = b.add_stream(0, StreamKind::Compute);
+    let s1 = b.add_stream(1, StreamKind::Compute);
+    let a = b.add_op(s0, OpKind::Compute(10), lab(OpClass::LinearFwd), &[]);
+    let c = b.add_op(s1, OpKind::Compute(5), lab(OpClass::LinearFwd), &[]);
+    let d = b.add_op(s0, OpKind::Compute(1), lab(OpClass::LinearFwd), &[]);
+    b.add_dep(c, a);
+    let t = run(&b.build().unwrap(), &mut net()).unwrap();
+    assert_eq!((t.start[a as usize], t.end[d as usize]), (5, 16));
+}
+
+#[test]
+fn empty_collective_finishes_at_the_last_arrival() {
+    let mut b = GraphBuilder::default();
+    let s0 = b.add_stream(0, StreamKind::CpComm);
+    let s1 = b.add_stream(1, StreamKind::Compute);
+    let w = b.add_op(s1, OpKind::Compute(42), lab(OpClass::AttnFwd), &[]);
+    let coll = b.add_collective(&[]);
+    let p0 = b.add_op(s0, OpKind::Coll(coll), lab(OpClass::DpAllReduce), &[]);
+    let p1 = b.add_op(s1, OpKind::Coll(coll), lab(OpClass::DpAllReduce), &[w]);
+    let t = run(&b.build().unwrap(), &mut net()).unwrap();
+    assert_eq!((t.end[p0 as usize], t.end[p1 as usize]), (42, 42));
+}
+
+#[test]
+fn crossed_collectives_are_reported_as_a_deadlock() {
+    let mut b = GraphBuilder::default();
+    let s0 = b.add_stream(0, StreamKind::CpComm);
+    let s1 = b.add_stream(1, StreamKind::CpComm);
+    let a = b.add_collective(&[]);
+    let c = b.add_collective(&[]);
+    b.add_op(s0, OpKind::Coll(a), lab(OpClass::A2aIn), &[]);
+    b.add_op(s0, OpKind::Coll(c), lab(OpClass::A2aIn), &[]);
+    b.add_op(s1, OpKind::Coll(c), lab(OpClass::A2aIn), &[]);
+    b.add_op(s1, OpKind::Coll(a), lab(OpClass::A2aIn), &[]);
+    let e = run(&b.build().unwrap(), &mut net()).unwrap_err();
+    assert!(e.to_string().contains("never ran"), "{e}");
+}
+
+#[test]
+fn dependencies_on_missing_ops_are_rejected() {
+    let mut b = GraphBuilder::default();
+    let s = b.add_stream(0, StreamKind::Compute);
+    b.add_op(s, OpKind::Compute(1), lab(OpClass::LinearFwd), &[3]);
+    assert!(b.build().is_err());
+}
+
+/// A many-GPU ring of compute → send → compute: every op's time by hand, and the same
+/// timeline twice.
+#[test]
+fn ring_pipeline_by_hand_and_deterministic() {
+    let gpus = 16u32;
+    let build = || {
+        let mut b = GraphBuilder::default();
+        let comp: Vec<_> = (0..gpus)
+            .map(|g| b.add_stream(g, StreamKind::Compute))
+            .collect();
+        let comm: Vec<_> = (0..gpus)
+            .map(|g| b.add_stream(g, StreamKind::PpComm))
+            .collect();
+        let mut prev = None;
+        for g in 0..gpus {
+            let deps: Vec<OpId> = prev.into_iter().collect();
+            let w = b.add_op(
+                comp[g as usize],
+                OpKind::Compute(1_000),
+                lab(OpClass::LinearFwd),
+                &deps,
+            );
+            let x = b.add_xfer(Xfer {
+                src: g,
+                dst: (g + 1) % gpus,
+                bytes: 500,
+            });
+            prev = Some(b.add_op(
+                comm[g as usize],
+                OpKind::Send(x),
+                lab(OpClass::PpSendFwd),
+                &[w],
+            ));
+        }
+        b.build().unwrap()
+    };
+    let g = build();
+    let t1 = run(&g, &mut net()).unwrap();
+    let t2 = run(&build(), &mut net()).unwrap();
+    assert_eq!(t1, t2);
+    // Hop g→g+1 is intra-node when g is even (2 GPUs per node): 1e6 + 500 ps, else 1e6 + 1000.
+    let mut now = 0;
+    for g in 0..gpus {
+        now += 1_000;
+        now += if g % 2 == 0 { 1_000_500 } else { 1_001_000 };
+    }
+    assert_eq!(t1.makespan, now);
+}
+
+mod prop {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A random op: 0 = compute, 1 = send, 2 = collective over a GPU subset (bitmask);
+    /// a duration or byte count; a GPU; an optional dependency (back-reference).
+    type Spec = (u8, u64, u32, u32, u16);
+
+    fn build(gpus: u32, specs: &[Spec]) -> (Graph, Vec<Vec<OpId>>) {
+        let mut b = GraphBuilder::default();
+        let comp: Vec<_> = (0..gpus)
+            .map(|g| b.add_stream(g, StreamKind::Compute))
+            .collect();
+        let comm: Vec<_> = (0..gpus)
+            .map(|g| b.add_stream(g, StreamKind::CpComm))
+            .collect();
+        let mut deps: Vec<Vec<OpId>> = Vec::new();
+        for &(kind, amount, gpu, mask, back) in specs {
+            let g = gpu % gpus;
+            let n = b.len() as u32;
+            let dep: Vec<OpId> = if n > 0 && back % 3 != 0 {
+                vec![n - 1 - u32::from(back) % n]
+            } else {
+                vec![]
+            };
+            match kind % 3 {
+                0 => {
+                    b.add_op(
+                        comp[g as usize],
+                        OpKind::Compute(amount % 5_000),
+                        lab(OpClass::LinearFwd),
+                        &dep,
+                    );
+                    deps.push(dep);
+                }
+                1 => {
+                    let x = b.add_xfer(Xfer {
+                        src: g,
+                        dst: (g + 1) % gpus,
+                        bytes: amount % 10_000_000,
+                    });
+                    b.add_op(
+                        comm[g as usize],
+                        OpKind::Send(x),
+                        lab(OpClass::PpSendFwd),
+                        &dep,
+                    );
+                    deps.push(dep);
+                }
+                _ => {
+                    let members: Vec<u32> = (0..gpus)
+                        .filter(|m| mask & (1 << m) != 0 || *m == g)
+                        .collect();
+                    let xf: Vec<Xfer> = members
+                        .iter()
+                        .map(|&m| Xfer {
+                            src: m,
+                            dst: members[(members.iter().position(|&x| x == m).unwrap() + 1)
+                                % members.len()],
+                            bytes: amount % 10_000_000,
+                        })
+                        .collect();
+                    let c = b.add_collective(&xf);
+                    // Parts are added consecutively, so the graph cannot deadlock.
+                    for &m in &members {
+                        let d = if m == g { dep.clone() } else { vec![] };
+                        b.add_op(comm[m as usize], OpKind::Coll(c), lab(OpClass::A2aIn), &d);
+                        deps.push(d);
+                    }
+                }
+            }
+        }
+        (b.build().unwrap(), deps)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        #[test]
+        fn timelines_respect_streams_deps_and_durations(
+            gpus in 1u32..6,
+            specs in proptest::collection::vec((0u8..3, 0u64..u64::MAX, 0u32..8, 0u32..64, 0u16..40), 1..60),
+        ) {
+            let (g, deps) = build(gpus, &specs);
+            let stub = net();
+            let t = run(&g, &mut net()).unwrap();
+            prop_assert_eq!(t.clone(), run(&g, &mut net()).unwrap());
+            for (i, op) in g.ops.iter().enumerate() {
+                for &d in &deps[i] {
+                    prop_assert!(t.start[i] >= t.end[d as usize], "op {} starts before dep {}", i, d);
+                }
+                match op.kind {
+                    OpKind::Compute(d) => prop_assert_eq!(t.end[i] - t.start[i], d),
+                    OpKind::Send(x) => {
+                        let x = g.xfers[x as usize];
+                        prop_assert_eq!(t.end[i] - t.start[i], stub.duration(x.src, x.dst, x.bytes));
+                    }
+                    OpKind::Coll(c) => {
+                        let cs = t.coll_start[c as usize];
+                        prop_assert!(cs >= t.start[i]);
+                        let longest = g.coll_xfers(c).iter().map(|x| stub.duration(x.src, x.dst, x.bytes)).max().unwrap_or(0);
+                        prop_assert_eq!(t.end[i], cs + longest);
+                    }
+                }
+            }
+            for s in 0..g.streams.len() as StreamId {
+                let ops = g.stream_ops(s);
+                for w in ops.windows(2) {
+                    prop_assert!(w[0] < w[1]);
+                    prop_assert!(t.start[w[1] as usize] >= t.end[w[0] as usize]);
+                }
+            }
+            prop_assert_eq!(t.makespan, t.end.iter().copied().max().unwrap_or(0));
+        }
+    }
+}

@@ -1,0 +1,494 @@
+use super::*;
+use crate::cost::ModelConfig;
+use crate::engine::stub_net::StubNet;
+use crate::engine::{run, Timeline};
+use crate::schedule::{NoVariance, Parallelism, Placement};
+use crate::workload::Sample;
+
+pub(crate) fn seq(lens: &[u32], cap: u32) -> PackedSeq {
+    PackedSeq {
+        samples: lens
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| Sample {
+                doc: i as u64,
+                offset: 0,
+                len,
+                cut: false,
+            })
+            .collect(),
+        capacity: cap,
+    }
+}
+
+fn par(dp: u32, pp: u32, cp: u32, ga: u32) -> Parallelism {
+    Parallelism {
+        dp,
+        pp,
+        cp,
+        ga,
+        pipeline: PipelineKind::OneFOneB,
+        recompute: false,
+        zero_stage: 0,
+        dp_buckets: 1,
+    }
+}
+
+fn qwen() -> CostModel {
+    CostModel::h200(ModelConfig::builtin("qwen3-30b-a3b").unwrap()).unwrap()
+}
+
+fn go(cost: &CostModel, p: Parallelism, batch: &[Vec<PackedSeq>]) -> (StepGraph, Timeline) {
+    let map = RankMap::new(
+        p,
+        Placement {
+            gpus_per_node: 8,
+            nodes: 64,
+        },
+        "test",
+    )
+    .unwrap();
+    let sg = build_step(cost, map, batch, 0, &NoVariance).unwrap();
+    let t = run(&sg.graph, &mut StubNet::dgx_h200()).unwrap();
+    (sg, t)
+}
+
+fn compute_busy(sg: &StepGraph, t: &Timeline, gpu: u32) -> Ps {
+    sg.graph
+        .stream_ops(4 * gpu)
+        .iter()
+        .map(|&o| t.end[o as usize] - t.start[o as usize])
+        .sum()
+}
+
+#[test]
+fn heads_divide_or_are_rejected() {
+    assert_eq!(head_split(32, 4, 16).unwrap(), HeadSplit { q: 2, kv: 1 });
+    assert_eq!(head_split(32, 4, 4).unwrap(), HeadSplit { q: 8, kv: 1 });
+    assert_eq!(head_split(32, 8, 2).unwrap(), HeadSplit { q: 16, kv: 4 });
+    assert_eq!(head_split(64, 8, 32).unwrap(), HeadSplit { q: 2, kv: 1 });
+    assert!(head_split(32, 4, 3)
+        .unwrap_err()
+        .to_string()
+        .contains("32 query heads"));
+    assert!(head_split(48, 12, 8)
+        .unwrap_err()
+        .to_string()
+        .contains("12 KV heads"));
+}
+
+#[test]
+fn pipeline_orders() {
+    let f = |v: Vec<(bool, u32)>| {
+        v.iter()
+            .map(|&(f, m)| format!("{}{m}", if f { 'F' } else { 'B' }))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    assert_eq!(
+        f(stage_order(PipelineKind::OneFOneB, 4, 0, 6)),
+        "F0 F1 F2 F3 B0 F4 B1 F5 B2 B3 B4 B5"
+    );
+    assert_eq!(
+        f(stage_order(PipelineKind::OneFOneB, 4, 3, 3)),
+        "F0 B0 F1 B1 F2 B2"
+    );
+    assert_eq!(
+        f(stage_order(PipelineKind::OneFOneB, 4, 0, 2)),
+        "F0 F1 B0 B1"
+    );
+    assert_eq!(f(stage_order(PipelineKind::Gpipe, 2, 1, 2)), "F0 F1 B0 B1");
+    assert_eq!(
+        stage_layers(48, 5),
+        vec![(0, 10), (10, 20), (20, 30), (30, 39), (39, 48)]
+    );
+    assert_eq!(in_flight(PipelineKind::OneFOneB, 4, 1, 8), 3);
+}
+
+/// A single GPU, a single document, no variance: the step is exactly the cost model's sum.
+#[test]
+fn single_gpu_step_is_the_cost_model_sum() {
+    let c = qwen();
+    let s = seq(&[30_000], 32_768);
+    let (sg, t) = go(&c, par(1, 1, 1, 1), &[vec![s.clone()]]);
+    let tok = 30_000;
+    let per_layer = c.linear_fwd_ps(LinearPart::PreAttn, tok)
+        + c.linear_fwd_ps(LinearPart::PostAttn, tok)
+        + c.linear_bwd_ps(LinearPart::PreAttn, tok)
+        + c.linear_bwd_ps(LinearPart::PostAttn, tok)
+        + c.attn_fwd_ps([30_000], 32)
+        + c.attn_bwd_ps([30_000], 32);
+    let want = 48 * per_layer + 3 * c.lm_head_fwd_ps(tok);
+    assert_eq!(t.makespan, want);
+    assert_eq!(compute_busy(&sg, &t, 0), want);
+    assert_eq!(sg.graph.collectives(), 0);
+    assert_eq!(sg.tokens, 30_000);
+}
+
+/// Identical sequences everywhere: no rank ever waits at a collective.
+#[test]
+fn balanced_batch_never_waits() {
+    let c = qwen();
+    let s = seq(&[4096, 8192, 4096], 16_384);
+    let batch = vec![vec![s.clone(), s.clone()], vec![s.clone(), s.clone()]];
+    let (sg, t) = go(&c, par(2, 1, 4, 2), &batch);
+    let mut colls = 0;
+    for (i, op) in sg.graph.ops.iter().enumerate() {
+        if let OpKind::Coll(cid) = op.kind {
+            colls += 1;
+            assert_eq!(t.start[i], t.coll_start[cid as usize], "op {i} waited");
+        }
+    }
+    // 2 a2a fwd + 2 bwd per layer, per GPU, per micro-batch, plus the DP all-reduce part.
+    assert_eq!(colls, 8 * (48 * 4 * 2 + 1));
+    // A skewed batch: replica 1 carries one long document and waits less than replica 0.
+    let heavy = seq(&[16_384], 16_384);
+    let skew = vec![vec![s.clone(), s.clone()], vec![heavy.clone(), s.clone()]];
+    let (sg2, t2) = go(&c, par(2, 1, 4, 2), &skew);
+    let wait = |gpu: u32| -> Ps {
+        sg2.graph
+            .stream_ops(4 * gpu + 3)
+            .iter()
+            .map(|&o| {
+                t2.coll_start[match sg2.graph.ops[o as usize].kind {
+                    OpKind::Coll(c) => c as usize,
+                    _ => unreachable!(),
+                }] - t2.start[o as usize]
+            })
+            .sum()
+    };
+    let busy0 = compute_busy(&sg2, &t2, 0);
+    let busy4 = compute_busy(&sg2, &t2, 4);
+    assert!(busy4 > busy0);
+    // Replica 0 (GPUs 0..4) waits at the all-reduce for exactly the compute it lacks
+    // (up to the a2a and rounding differences of the two replicas' timelines).
+    assert!(wait(0) > 0 && wait(4) == 0, "{} {}", wait(0), wait(4));
+    let diff = (busy4 - busy0) as f64;
+    assert!(
+        (wait(0) as f64 - diff).abs() / diff < 0.05,
+        "wait {} vs compute gap {diff}",
+        wait(0)
+    );
+}
+
+/// Doubling DP at a fixed global batch halves each replica's work.
+#[test]
+fn doubling_dp_halves_per_replica_work() {
+    let c = qwen();
+    let seqs: Vec<PackedSeq> = (0..8)
+        .map(|i| seq(&[1000 * (i + 1), 2000], 16_384))
+        .collect();
+    let (sg1, t1) = go(&c, par(1, 1, 2, 8), std::slice::from_ref(&seqs));
+    let halves = vec![
+        seqs.iter().step_by(2).cloned().collect::<Vec<_>>(),
+        seqs.iter().skip(1).step_by(2).cloned().collect(),
+    ];
+    let (sg2, t2) = go(&c, par(2, 1, 2, 4), &halves);
+    let w1: Ps = (0..2).map(|g| compute_busy(&sg1, &t1, g)).sum();
+    let w2a: Ps = (0..2).map(|g| compute_busy(&sg2, &t2, g)).sum();
+    let w2b: Ps = (2..4).map(|g| compute_busy(&sg2, &t2, g)).sum();
+    // Work is conserved and split between the replicas by their sequences.
+    assert!(
+        (w2a + w2b).abs_diff(w1) <= 2 * 48 * 8 * 10,
+        "{} + {} vs {}",
+        w2a,
+        w2b,
+        w1
+    );
+    let half = w1 as f64 / 2.0;
+    assert!((w2a as f64 - half).abs() / half < 0.15 && (w2b as f64 - half).abs() / half < 0.15);
+    // Identical sequences: exactly half.
+    let same: Vec<PackedSeq> = (0..8).map(|_| seq(&[5000, 3000], 8192)).collect();
+    let (s1, u1) = go(&c, par(1, 1, 2, 8), std::slice::from_ref(&same));
+    let (s2, u2) = go(
+        &c,
+        par(2, 1, 2, 4),
+        &[same[..4].to_vec(), same[4..].to_vec()],
+    );
+    assert_eq!(compute_busy(&s1, &u1, 0), 2 * compute_busy(&s2, &u2, 0));
+    assert_eq!(compute_busy(&s2, &u2, 0), compute_busy(&s2, &u2, 2));
+}
+
+#[test]
+fn all_to_all_bytes_by_hand() {
+    let c = qwen();
+    // CP = 16 over two nodes: each rank sends Q (2 heads) + K,V (1 KV head) for its 1024
+    // tokens to each peer: 7 peers in its node, 8 across.
+    let (sg, _) = go(&c, par(1, 1, 16, 1), &[vec![seq(&[16_384], 16_384)]]);
+    let pair = 1024 * 2 * 128 * 2 + 2 * 1024 * 128 * 2;
+    let x = sg.graph.coll_xfers(0);
+    assert_eq!(x.len(), 32);
+    assert_eq!(
+        x[0],
+        Xfer {
+            src: 0,
+            dst: 1,
+            bytes: 7 * pair
+        }
+    );
+    assert_eq!(
+        x[1],
+        Xfer {
+            src: 0,
+            dst: 8,
+            bytes: 8 * pair
+        }
+    );
+    // Destinations are permutations: no NIC or NVLink port receives two aggregates.
+    let mut inter: Vec<u32> = x
+        .iter()
+        .filter(|t| t.src / 8 != t.dst / 8)
+        .map(|t| t.dst)
+        .collect();
+    let mut intra: Vec<u32> = x
+        .iter()
+        .filter(|t| t.src / 8 == t.dst / 8)
+        .map(|t| t.dst)
+        .collect();
+    inter.sort_unstable();
+    intra.sort_unstable();
+    assert_eq!(inter, (0..16).collect::<Vec<_>>());
+    assert_eq!(intra, (0..16).collect::<Vec<_>>());
+    // The output all-to-all carries Q-sized blocks.
+    assert_eq!(sg.graph.coll_xfers(1)[0].bytes, 7 * 1024 * 2 * 128 * 2);
+}
+
+#[test]
+fn pipeline_stage_waits_for_activations() {
+    let c = CostModel::h200(ModelConfig::builtin("llama3-8b").unwrap()).unwrap();
+    let s = seq(&[8192], 8192);
+    let mut p = par(1, 2, 1, 2);
+    p.pipeline = PipelineKind::Gpipe;
+    let (sg, t) = go(&c, p, &[vec![s.clone(), s.clone()]]);
+    // DP × CP = 1 fills no node, so stage 1 is GPU 1; it starts when GPU 0's first send lands.
+    let sends: Vec<usize> = sg.graph.stream_ops(2).iter().map(|&o| o as usize).collect();
+    let first1 = sg.graph.stream_ops(4)[0] as usize;
+    assert_eq!(t.start[first1], t.end[sends[0]]);
+    // The send moved 8192 tokens × 4096 × 2 bytes over NVLink: 5 µs + 64 MiB / 450 GB/s.
+    let dur = t.end[sends[0]] - t.start[sends[0]];
+    assert_eq!(
+        dur,
+        5_000_000 + (8192.0 * 4096.0 * 2.0 / 450e9 * 1e12_f64).round() as Ps
+    );
+    // Bubble: stage 1 idles while stage 0 runs its first forward.
+    assert!(t.makespan > compute_busy(&sg, &t, 0) && t.makespan > compute_busy(&sg, &t, 1));
+}
+
+#[test]
+fn bucketed_allreduce_overlaps_backward() {
+    let c = qwen();
+    let s = seq(&[8192], 8192);
+    let batch = vec![vec![s.clone()], vec![s.clone()]];
+    let (_, t1) = go(&c, par(2, 1, 1, 1), &batch);
+    let mut p = par(2, 1, 1, 1);
+    p.dp_buckets = 4;
+    let (_, t4) = go(&c, p, &batch);
+    assert!(
+        t4.makespan < t1.makespan,
+        "{} !< {}",
+        t4.makespan,
+        t1.makespan
+    );
+}
+
+#[test]
+fn wrong_batch_shapes_are_rejected() {
+    let c = qwen();
+    let map = RankMap::new(
+        par(2, 1, 1, 1),
+        Placement {
+            gpus_per_node: 8,
+            nodes: 1,
+        },
+        "t",
+    )
+    .unwrap();
+    let e = build_step(&c, map, &[vec![seq(&[10], 10)]], 0, &NoVariance).unwrap_err();
+    assert!(e.to_string().contains("dp = 2"), "{e}");
+    let map = RankMap::new(
+        par(1, 1, 3, 1),
+        Placement {
+            gpus_per_node: 8,
+            nodes: 1,
+        },
+        "t",
+    )
+    .unwrap();
+    assert!(build_step(&c, map, &[vec![seq(&[10], 12)]], 0, &NoVariance).is_err());
+}
+
+/// The variance seam: a persistent slow GPU and a per-(layer, op) kernel factor reach the
+/// op durations, and the slow GPU's CP peers wait for it at every all-to-all.
+#[test]
+fn runtime_variance_reaches_every_kernel() {
+    struct Var;
+    impl crate::schedule::RuntimeVariance for Var {
+        fn kernel_factor(&self, _gpu: u32, step: u64, layer: u32, op: OpClass, _mb: u32) -> f64 {
+            if step == 7 && layer == 0 && op == OpClass::AttnFwd {
+                2.0
+            } else {
+                1.0
+            }
+        }
+        fn persistent_factor(&self, gpu: u32) -> f64 {
+            if gpu == 5 {
+                1.25
+            } else {
+                1.0
+            }
+        }
+    }
+    let c = qwen();
+    let s = seq(&[8192, 8192], 16_384);
+    let batch = vec![vec![s.clone()], vec![s.clone()]];
+    let map = RankMap::new(
+        par(2, 1, 4, 1),
+        Placement {
+            gpus_per_node: 8,
+            nodes: 1,
+        },
+        "t",
+    )
+    .unwrap();
+    let sg = build_step(&c, map, &batch, 7, &Var).unwrap();
+    let t = run(&sg.graph, &mut StubNet::dgx_h200()).unwrap();
+    let attn = c.attn_fwd_ps([8192, 8192], 8);
+    let dur = |gpu: u32, class: OpClass, layer: u16| -> Ps {
+        sg.graph
+            .stream_ops(4 * gpu)
+            .iter()
+            .map(|&o| o as usize)
+            .find(|&o| sg.graph.ops[o].label.class == class && sg.graph.ops[o].label.layer == layer)
+            .map(|o| t.end[o] - t.start[o])
+            .unwrap()
+    };
+    assert_eq!(dur(0, OpClass::AttnFwd, 0), 2 * attn);
+    assert_eq!(dur(0, OpClass::AttnFwd, 1), attn);
+    assert_eq!(
+        dur(5, OpClass::AttnFwd, 1),
+        (attn as f64 * 1.25).round() as Ps
+    );
+    // GPU 4 (same CP group as 5) waits at the all-to-all after attention; GPU 0 does not.
+    let waited = |gpu: u32| -> Ps {
+        sg.graph
+            .stream_ops(4 * gpu + 1)
+            .iter()
+            .map(|&o| {
+                let OpKind::Coll(cid) = sg.graph.ops[o as usize].kind else {
+                    return 0;
+                };
+                t.coll_start[cid as usize] - t.start[o as usize]
+            })
+            .sum()
+    };
+    assert!(
+        waited(4) > 0 && waited(0) == 0,
+        "{} {}",
+        waited(4),
+        waited(0)
+    );
+}
+
+/// The gradient all-reduce: a ring over the stage's DP × CP ranks, each sending
+/// 2(n−1)/n of its bucket to the next; buckets split the stage's fp32 gradients.
+#[test]
+fn ring_allreduce_bytes_by_hand() {
+    let c = CostModel::h200(ModelConfig::builtin("llama3-8b").unwrap()).unwrap();
+    let mut p = par(2, 1, 2, 1);
+    p.dp_buckets = 2;
+    let s = seq(&[1000], 1024);
+    let (sg, _) = go(&c, p, &[vec![s.clone()], vec![s.clone()]]);
+    let n = sg.graph.collectives();
+    let total = 4 * c.model.total_params();
+    let (b0, b1) = (total.div_ceil(2), total / 2);
+    for (k, b) in [(n - 2, b0), (n - 1, b1)] {
+        let x = sg.graph.coll_xfers(k as u32);
+        assert_eq!(x.len(), 4);
+        for (i, t) in x.iter().enumerate() {
+            assert_eq!((t.src, t.dst), (i as u32, ((i + 1) % 4) as u32));
+            assert_eq!(t.bytes, (2 * 3 * b).div_ceil(4));
+        }
+    }
+}
+
+/// The cluster's VarianceModel through the seam: no variance reproduces the nominal
+/// timeline exactly; the calibrated default perturbs it deterministically, and every
+/// micro-batch of a layer gets its own draw.
+#[test]
+fn cluster_variance_model_plugs_into_the_seam() {
+    use crate::cluster::{VarianceModel, VarianceSpec};
+    let c = qwen();
+    let s = seq(&[4096, 4096], 8192);
+    let batch = vec![vec![s.clone(), s.clone()], vec![s.clone(), s.clone()]];
+    let map = RankMap::new(
+        par(2, 1, 2, 2),
+        Placement {
+            gpus_per_node: 8,
+            nodes: 1,
+        },
+        "t",
+    )
+    .unwrap();
+    let time = |v: &dyn crate::schedule::RuntimeVariance| {
+        let sg = build_step(&c, map, &batch, 3, v).unwrap();
+        let t = run(&sg.graph, &mut StubNet::dgx_h200()).unwrap();
+        (sg, t)
+    };
+    let (_, nominal) = time(&NoVariance);
+    let (_, none) = time(&VarianceModel::new(VarianceSpec::none(), 1, 4));
+    assert_eq!(nominal, none);
+    let vm = VarianceModel::new(VarianceSpec::default(), 1, 4);
+    let (sg, a) = time(&vm);
+    let (_, b) = time(&vm);
+    assert_eq!(a, b);
+    assert_ne!(a.makespan, nominal.makespan);
+    // Attention forward of layer 5, micro-batches 0 and 1, on GPU 0: different draws.
+    let d: Vec<Ps> = sg
+        .graph
+        .stream_ops(0)
+        .iter()
+        .map(|&o| o as usize)
+        .filter(|&o| {
+            sg.graph.ops[o].label.class == OpClass::AttnFwd && sg.graph.ops[o].label.layer == 5
+        })
+        .map(|o| a.end[o] - a.start[o])
+        .collect();
+    assert_eq!(d.len(), 2);
+    assert_ne!(d[0], d[1]);
+}
+
+/// Across nodes the ring all-reduce runs one channel per GPU of a node: 1/g of each
+/// GPU's ring traffic leaves through its own NIC to the same position in the next node.
+#[test]
+fn ring_allreduce_across_nodes_uses_every_nic() {
+    let c = CostModel::h200(ModelConfig::builtin("llama3-8b").unwrap()).unwrap();
+    let s = seq(&[1000], 1024);
+    // DP 4 x CP 4 = 16 GPUs on 2 nodes of 8.
+    let (sg, _) = go(&c, par(4, 1, 4, 1), &vec![vec![s.clone()]; 4]);
+    let n = sg.graph.collectives();
+    let x = sg.graph.coll_xfers(n as u32 - 1);
+    let total = 4 * c.model.total_params();
+    let per = (2 * 15 * total).div_ceil(16);
+    let inter = per.div_ceil(8);
+    assert_eq!(x.len(), 32);
+    for src in 0..16u32 {
+        let mine: Vec<_> = x.iter().filter(|t| t.src == src).collect();
+        assert_eq!(mine.len(), 2);
+        assert_eq!(
+            *mine[0],
+            Xfer {
+                src,
+                dst: (src / 8) * 8 + (src % 8 + 1) % 8,
+                bytes: per - inter
+            }
+        );
+        assert_eq!(
+            *mine[1],
+            Xfer {
+                src,
+                dst: (src + 8) % 16,
+                bytes: inter
+            }
+        );
+    }
+}
