@@ -192,6 +192,22 @@ pub fn launches(plan: &Plan, m: u32) -> Result<Vec<LaunchSpec>> {
     Ok(out)
 }
 
+/// Pieces between workers (src, dst, bytes) as moves between their GPUs (worker w on GPU
+/// w mod `gpus`), merged per GPU pair, in (src, dst) order.
+pub fn gpu_moves(pieces: &[(u32, u32, u64)], gpus: usize) -> Result<Vec<Move>> {
+    if gpus == 0 {
+        bail!("invalid GPU count 0: allowed 1 or more");
+    }
+    let mut m: std::collections::BTreeMap<(usize, usize), usize> = Default::default();
+    for &(src, dst, b) in pieces {
+        *m.entry((src as usize % gpus, dst as usize % gpus))
+            .or_insert(0) += usize::try_from(b)?;
+    }
+    Ok(m.into_iter()
+        .map(|((src, dst), bytes)| Move { src, dst, bytes })
+        .collect())
+}
+
 /// The measurement rows of one launch spec (attention, dispatch copy, return copy) with
 /// measured figures filled in by `measure` (median, p10, p90 ms).
 #[allow(clippy::too_many_arguments)]
@@ -290,16 +306,7 @@ fn measure_plan(
         )?);
     }
     let n = gpus.len();
-    // Pieces between workers as moves between their GPUs, merged per GPU pair.
-    let moves = |pieces: &[(u32, u32, u64)]| -> Result<Vec<Move>> {
-        let mut m: std::collections::BTreeMap<(usize, usize), usize> = Default::default();
-        for &(src, dst, b) in pieces {
-            *m.entry((src as usize % n, dst as usize % n)).or_insert(0) += usize::try_from(b)?;
-        }
-        Ok(m.into_iter()
-            .map(|((src, dst), bytes)| Move { src, dst, bytes })
-            .collect())
-    };
+    let moves = |pieces: &[(u32, u32, u64)]| gpu_moves(pieces, n);
     let scale = 1.0 / (plan.shape.head_dim as f32).sqrt();
     let mut rows = Vec::with_capacity(3 * specs.len());
     for spec in &specs {
@@ -495,6 +502,42 @@ mod tests {
             ..LibraParams::default()
         };
         plan_step(0, &batch, &consecutive_pools(2, 2), 2, &p).unwrap()
+    }
+
+    #[test]
+    fn worker_pieces_map_to_gpu_pairs() {
+        // Workers 0..4 on 2 GPUs: 0,2 → GPU 0; 1,3 → GPU 1.
+        let pieces = [(1, 0, 10), (3, 0, 5), (2, 0, 7), (0, 1, 1), (2, 3, 4)];
+        let m = gpu_moves(&pieces, 2).unwrap();
+        let want = [
+            Move {
+                src: 0,
+                dst: 0,
+                bytes: 7,
+            },
+            Move {
+                src: 0,
+                dst: 1,
+                bytes: 5,
+            },
+            Move {
+                src: 1,
+                dst: 0,
+                bytes: 15,
+            },
+        ];
+        assert_eq!(m, want);
+        // One GPU: everything is one local copy of all the bytes.
+        let one = gpu_moves(&pieces, 1).unwrap();
+        assert_eq!(
+            one,
+            vec![Move {
+                src: 0,
+                dst: 0,
+                bytes: 27
+            }]
+        );
+        assert!(gpu_moves(&pieces, 0).is_err());
     }
 
     #[test]
