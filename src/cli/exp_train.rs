@@ -1,7 +1,8 @@
 //! Experiment kind `train`: simulate training steps of a model under Ulysses context
 //! parallelism (DP × PP × CP, GA micro-batches) and write steps.csv, gpus.csv,
-//! microbatches.csv, trace.json and summary.md; with a `[sweep]` table, run every point
-//! of the (dp × gbs × seq_len) grid in parallel and write points.csv and summary.md.
+//! microbatches.csv (+ .svg), trace.json and summary.md; with a `[sweep]` table, run every
+//! point of the (dp × gbs × seq_len × corpus) grid in parallel and write points.csv,
+//! scaling.svg and summary.md.
 //!
 //! ```toml
 //! kind = "train"
@@ -36,6 +37,7 @@ use skewsim::engine::stub_net::StubNet;
 use skewsim::net::{AnalyticalModel, FlowModel, NetworkModel};
 use skewsim::report::comm::cp_comm_busy;
 use skewsim::report::step::{gpus_csv, microbatches_csv, ms, step_report, steps_csv, StepReport};
+use skewsim::report::svg::{palette, Chart, Mark, Scale, Series};
 use skewsim::report::trace::chrome_trace;
 use skewsim::schedule::plan_step::{simulate_scheme_batch, Scheme};
 use skewsim::schedule::train::Workload;
@@ -352,6 +354,9 @@ fn run_point(
         exposed: exposed / steps.max(1) as f64,
     })
 }
+
+/// (corpus, sequence length, GBS): one line of scaling.svg.
+type CurveKey = (String, u32, u32);
 
 fn mean(v: impl Iterator<Item = f64>) -> f64 {
     let (s, n) = v.fold((0.0, 0usize), |a, x| (a.0 + x, a.1 + 1));
@@ -728,6 +733,26 @@ fn run_text(
         let r = &results[0];
         std::fs::write(dir.join("steps.csv"), steps_csv(&r.steps))?;
         std::fs::write(dir.join("microbatches.csv"), microbatches_csv(&r.steps))?;
+        let mut fwd: Vec<f64> = r
+            .steps
+            .iter()
+            .flat_map(|st| st.microbatches.iter().filter(|m| m.stage == 0))
+            .map(|m| m.fwd_span as f64 * 1e-9)
+            .collect();
+        if fwd.len() > 1 {
+            let mean_fwd = mean(fwd.iter().copied()).max(f64::MIN_POSITIVE);
+            fwd.sort_by(f64::total_cmp);
+            let pts = fwd
+                .iter()
+                .enumerate()
+                .map(|(i, &x)| ((i + 1) as f64 / fwd.len() as f64, x / mean_fwd))
+                .collect();
+            let ch = Chart::new("Micro-batch forward time (stage 0), normalised to the mean")
+                .x("fraction of micro-batches", Scale::Linear)
+                .y("forward time / mean", Scale::Linear)
+                .series(Series::new("Ulysses", pts, Mark::LinePoints).color(palette(0)));
+            std::fs::write(dir.join("microbatches.svg"), ch.render())?;
+        }
         if let Some(t) = &r.trace {
             std::fs::write(dir.join("trace.json"), t)?;
         }
@@ -804,6 +829,8 @@ fn run_text(
     } else {
         let mut csv = String::from("corpus,seq_len,gbs,dp,ga,gpus,mean_iteration_ms,tokens_per_s,mfu,wait_fraction,exposed_comm_fraction,speedup_vs_min_dp,scaling_efficiency,infeasible_ranks\n");
         let mut t = String::from("| corpus | L | GBS | DP | GA | GPUs | iteration (s) | tokens/s | MFU | sync wait | exposed comm | speedup | scaling eff. |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+        // (corpus, L, GBS) → [(DP, scaling efficiency)] for scaling.svg, in input order.
+        let mut curves: Vec<(CurveKey, Vec<(f64, f64)>)> = Vec::new();
         for r in &results {
             let gbs = r.dp * r.ga;
             let base = results
@@ -826,10 +853,50 @@ fn run_text(
                 .map(|s| s.infeasible_ranks)
                 .max()
                 .unwrap_or(0);
+            let key = (r.corpus.clone(), r.seq_len, gbs);
+            match curves.iter_mut().find(|c| c.0 == key) {
+                Some(c) => c.1.push((f64::from(r.dp), eff)),
+                None => curves.push((key, vec![(f64::from(r.dp), eff)])),
+            }
             writeln!(csv, "{},{},{gbs},{},{},{gpus},{it:.3},{tps:.1},{mfu:.6},{wait:.6},{comm:.6},{speedup:.4},{eff:.4},{inf}", r.corpus, r.seq_len, r.dp, r.ga)?;
             writeln!(t, "| {} | {} | {gbs} | {} | {} | {gpus} | {:.3} | {tps:.0} | {mfu:.3} | {wait:.3} | {comm:.3} | {speedup:.2}x | {:.1}% |", r.corpus, r.seq_len, r.dp, r.ga, it / 1e3, 100.0 * eff)?;
         }
         std::fs::write(dir.join("points.csv"), csv)?;
+        let dps: Vec<f64> = {
+            let mut v: Vec<f64> = curves
+                .iter()
+                .flat_map(|c| c.1.iter().map(|p| p.0))
+                .collect();
+            v.sort_by(f64::total_cmp);
+            v.dedup();
+            v
+        };
+        if dps.len() > 1 {
+            let mut ch = Chart::new("Ulysses scaling efficiency vs data parallelism")
+                .x("DP (replicas)", Scale::Log)
+                .x_range(dps[0], dps[dps.len() - 1])
+                .x_ticks(dps)
+                .y("scaling efficiency vs the smallest DP", Scale::Linear)
+                .y_range(0.0, 1.05);
+            for (i, ((corpus, l, gbs), pts)) in curves.iter().enumerate() {
+                let name = if corpus.is_empty() {
+                    format!("L {}K, GBS {gbs}", l >> 10)
+                } else {
+                    format!("{corpus}, GBS {gbs}")
+                };
+                ch = ch.series(Series::new(name, pts.clone(), Mark::LinePoints).color(palette(i)));
+            }
+            if f.sweep
+                .as_ref()
+                .is_some_and(|sw| sw.corpus.iter().any(|c| c == "libra-1m"))
+            {
+                ch = ch.series(
+                    Series::new("paper: 1M, DP 16", vec![(16.0, 0.276)], Mark::Ring)
+                        .color("#000000"),
+                );
+            }
+            std::fs::write(dir.join("scaling.svg"), ch.render())?;
+        }
         t
     };
     summary += &table;
