@@ -124,3 +124,120 @@ fn corpus_json_is_machine_readable_and_deterministic() {
     assert_eq!(v["packed"]["sequences"], 64);
     assert_eq!(a.stdout, run().stdout, "same seed, same bytes");
 }
+
+/// A small `train` experiment: 2 nodes, Ulysses CP 8 × DP 2, GA 2, libra-256k at 32K
+/// tokens, with runtime variance and the flow network, so every random stream and the
+/// network model are exercised.
+const TRAIN: &str = r#"
+kind = "train"
+model = "qwen3-30b-a3b"
+steps = 2
+[cluster]
+gpus_per_node = 8
+nodes = 2
+[network]
+topology = "dgx-h200-roce"
+model = "flow"
+[variance]
+persistent = { dist = "lognormal", sigma = 0.01 }
+jitter = { dist = "lognormal", sigma = 0.01 }
+[parallel]
+dp = 2
+pp = 1
+cp = 8
+ga = 2
+[workload]
+seq_len = 32768
+seed = 3
+corpus = "libra-256k"
+[output]
+trace_gpus = 0
+"#;
+
+fn run_train(dir: &std::path::Path, threads: &str, body: &str) -> std::process::Output {
+    std::fs::create_dir_all(dir).unwrap();
+    let file = dir.join("train.toml");
+    std::fs::write(&file, body).unwrap();
+    Command::new(env!("CARGO_BIN_EXE_skewsim"))
+        .args([
+            "run",
+            &file.to_string_lossy(),
+            "--out",
+            &dir.join("out").to_string_lossy(),
+        ])
+        .env("RAYON_NUM_THREADS", threads)
+        .output()
+        .expect("the skewsim binary runs")
+}
+
+#[test]
+fn train_runs_are_byte_identical_across_runs_and_thread_counts() {
+    let base = std::env::temp_dir().join(format!("skewsim-train-{}", std::process::id()));
+    let runs: Vec<_> = [("a", "1"), ("b", "2"), ("c", "1")]
+        .iter()
+        .map(|(name, threads)| {
+            let dir = base.join(name);
+            let out = run_train(&dir, threads, TRAIN);
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            dir.join("out")
+        })
+        .collect();
+    for file in ["steps.csv", "gpus.csv", "microbatches.csv", "trace.json"] {
+        let first = std::fs::read(runs[0].join(file)).unwrap();
+        assert!(!first.is_empty(), "{file} is empty");
+        for other in &runs[1..] {
+            assert_eq!(
+                first,
+                std::fs::read(other.join(file)).unwrap(),
+                "{file} differs"
+            );
+        }
+    }
+}
+
+#[test]
+fn bad_train_files_name_the_field() {
+    let base = std::env::temp_dir().join(format!("skewsim-badtrain-{}", std::process::id()));
+    let cases = [
+        (
+            "cp = 8",
+            "cp = 3",
+            "a divisor of the model's 32 query heads",
+        ),
+        ("nodes = 2", "nodes = 0", "nodes"),
+        ("seq_len = 32768", "seq_len = 0", "seq_len"),
+        (
+            "corpus = \"libra-256k\"",
+            "corpus = \"nope\"",
+            "invalid corpus = nope",
+        ),
+        ("steps = 2", "steps = 2\nbogus = 1", "bogus"),
+    ];
+    for (i, (from, to, want)) in cases.iter().enumerate() {
+        let out = run_train(&base.join(i.to_string()), "1", &TRAIN.replace(from, to));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{to}: accepted");
+        assert!(!stderr.contains("panicked"), "{to}: panicked: {stderr}");
+        assert!(stderr.contains(want), "{to}: {want:?} not in {stderr}");
+    }
+}
+
+#[test]
+fn default_job_runs() {
+    let dir = std::env::temp_dir().join(format!("skewsim-default-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_skewsim"))
+        .arg("--json")
+        .current_dir(&dir)
+        .output()
+        .expect("the skewsim binary runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

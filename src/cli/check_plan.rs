@@ -52,7 +52,7 @@ pub fn run(args: Args, out: Output) -> Result<()> {
 mod tests {
     use super::*;
     use skewsim::balance::libra::{consecutive_pools, plan_step, LibraParams};
-    use skewsim::workload::{PackedSeq, Sample};
+    use skewsim::workload::PackedSeq;
 
     fn temp(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("skewsim-check-plan-{}", std::process::id()));
@@ -63,18 +63,7 @@ mod tests {
     fn plan() -> Plan {
         let batch: Vec<PackedSeq> = [vec![300u32, 200], vec![50; 9]]
             .iter()
-            .map(|l| PackedSeq {
-                samples: l
-                    .iter()
-                    .map(|&len| Sample {
-                        doc: 0,
-                        offset: 0,
-                        len,
-                        cut: false,
-                    })
-                    .collect(),
-                capacity: 512,
-            })
+            .map(|l| PackedSeq::from_lengths(l, 512, 0))
             .collect();
         let p = LibraParams {
             pool_size: 2,

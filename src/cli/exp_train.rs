@@ -1,7 +1,8 @@
 //! Experiment kind `train`: simulate training steps of a model under Ulysses context
 //! parallelism (DP × PP × CP, GA micro-batches) and write steps.csv, gpus.csv,
-//! microbatches.csv, trace.json and summary.md; with a `[sweep]` table, run every point
-//! of the (dp × gbs × seq_len) grid in parallel and write points.csv and summary.md.
+//! microbatches.csv (+ .svg), trace.json and summary.md; with a `[sweep]` table, run every
+//! point of the (dp × gbs × seq_len × corpus) grid in parallel and write points.csv,
+//! scaling.svg and summary.md.
 //!
 //! ```toml
 //! kind = "train"
@@ -16,7 +17,11 @@
 //! [workload]  # seq_len, seed, and one of: corpus = "libra-1m" (+ packing = "sequential"),
 //!             # sequences = [[doc lengths], ...], lognormal = {median, sigma}
 //! [output]    # trace_step (default 0), trace_gpus (default 64; 0 = all)
-//! [sweep]     # dp = [...], gbs = [...], seq_len = [...]  (ga = gbs / dp)
+//! [sweep]     # dp = [...], gbs = [...], seq_len = [...]  (ga = gbs / dp), corpus = [...],
+//!             # scheme = [...], pool_size = [...], tile = [[B, H], ...]
+//! scheme = "ulysses"   # or "libra-tap" (TAP on loader-order pools), "libra-tap-vrsp",
+//!                      # "libra" (TAP + VRSP + pipeliner)
+//! [libra]     # pool_size (P, capped at DP), head_shards (H), tile_tokens (B), tau, chunks (M)
 //! ```
 
 use anyhow::{bail, Context, Result};
@@ -25,13 +30,17 @@ use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+use skewsim::balance::libra::LibraParams;
 use skewsim::cluster::{Faults, Topology, TopologySpec, VarianceModel, VarianceSpec};
 use skewsim::cost::{Calibration, CostModel, ModelConfig};
 use skewsim::engine::stub_net::StubNet;
 use skewsim::net::{AnalyticalModel, FlowModel, NetworkModel};
+use skewsim::report::comm::cp_comm_busy;
 use skewsim::report::step::{gpus_csv, microbatches_csv, ms, step_report, steps_csv, StepReport};
+use skewsim::report::svg::{palette, Chart, Mark, Scale, Series};
 use skewsim::report::trace::chrome_trace;
-use skewsim::schedule::train::{simulate_batch, Workload};
+use skewsim::schedule::plan_step::{simulate_scheme_batch, Scheme};
+use skewsim::schedule::train::Workload;
 use skewsim::schedule::{NoVariance, Parallelism, Placement, RankMap, RuntimeVariance};
 use skewsim::workload::corpus::Corpus;
 use skewsim::workload::pack::Packing;
@@ -64,6 +73,36 @@ struct TrainFile {
     /// Runtime variance (absent: none), seeded with `[workload] seed`.
     #[serde(default)]
     variance: Option<VarianceSpec>,
+    /// The attention scheme (default `ulysses`).
+    #[serde(default)]
+    scheme: Option<String>,
+    /// Libra's settings (for the `libra*` schemes).
+    #[serde(default)]
+    libra: Option<LibraSpec>,
+}
+
+/// `[libra]`: Libra's knobs; CP comes from `[parallel]`, the shape from the model.
+#[derive(Deserialize, Clone, Copy)]
+#[serde(deny_unknown_fields, default)]
+struct LibraSpec {
+    pool_size: u32,
+    head_shards: u32,
+    tile_tokens: u32,
+    tau: f64,
+    chunks: u32,
+}
+
+impl Default for LibraSpec {
+    fn default() -> Self {
+        let d = LibraParams::default();
+        Self {
+            pool_size: d.pool_size,
+            head_shards: d.head_shards,
+            tile_tokens: d.tile_tokens,
+            tau: d.tau,
+            chunks: d.chunks,
+        }
+    }
 }
 
 fn one() -> u64 {
@@ -186,6 +225,12 @@ struct SweepSpec {
     seq_len: Vec<u32>,
     /// Corpora to sweep (each at `seq_len`, or at its own default sequence length).
     corpus: Vec<String>,
+    /// Schemes to sweep.
+    scheme: Vec<String>,
+    /// Libra pool sizes P to sweep.
+    pool_size: Vec<u32>,
+    /// Libra tile shapes [B, H] to sweep.
+    tile: Vec<[u32; 2]>,
 }
 
 fn workload(w: &WorkloadSpec, seq_len: u32, file: &str) -> Result<Workload> {
@@ -240,10 +285,18 @@ struct PointResult {
     trace: Option<String>,
     gpus: Option<String>,
     placement: String,
+    scheme: String,
+    libra: LibraSpec,
+    /// Mean per-GPU compute, CP-communication (hidden or not) and exposed-communication
+    /// time over the steps, ps.
+    compute: f64,
+    cp_comm: f64,
+    exposed: f64,
 }
 
 #[allow(clippy::too_many_arguments)]
 fn run_point(
+    scheme: &Scheme,
     cost: &CostModel,
     par: Parallelism,
     place: Placement,
@@ -264,14 +317,21 @@ fn run_point(
     let mut reports = Vec::new();
     let (mut trace, mut gpus) = (None, None);
     let mut batches = wl.batches((par.dp * par.ga) as usize)?;
+    let (mut compute, mut cp_comm, mut exposed) = (0.0, 0.0, 0.0);
     for step in 0..steps {
         let seqs = batches
             .next()
             .with_context(|| format!("{file}: the corpus ran out of documents at step {step}"))?;
         let mut network = net.make(place.gpus_per_node);
-        let (sg, t) = simulate_batch(cost, map, seqs, step, network.as_mut(), variance)
-            .with_context(|| format!("{file}: step {step}"))?;
+        let (sg, t) =
+            simulate_scheme_batch(scheme, cost, map, seqs, step, network.as_mut(), variance)
+                .with_context(|| format!("{file}: step {step}"))?;
         let r = step_report(&sg, &t, cost, step);
+        let n = r.gpus.len().max(1) as f64;
+        let busy = cp_comm_busy(&sg, &t);
+        compute += r.gpus.iter().map(|g| g.compute as f64).sum::<f64>() / n;
+        exposed += r.gpus.iter().map(|g| g.exposed_comm as f64).sum::<f64>() / n;
+        cp_comm += busy.iter().map(|&b| b as f64).sum::<f64>() / n;
         if step == out.trace_step {
             trace = Some(chrome_trace(&sg, &t, out.trace_gpus));
             gpus = Some(gpus_csv(&r));
@@ -287,8 +347,16 @@ fn run_point(
         trace,
         gpus,
         placement: map.describe(),
+        scheme: scheme.name().to_string(),
+        libra: LibraSpec::default(),
+        compute: compute / steps.max(1) as f64,
+        cp_comm: cp_comm / steps.max(1) as f64,
+        exposed: exposed / steps.max(1) as f64,
     })
 }
+
+/// (corpus, sequence length, GBS): one line of scaling.svg.
+type CurveKey = (String, u32, u32);
 
 fn mean(v: impl Iterator<Item = f64>) -> f64 {
     let (s, n) = v.fold((0.0, 0usize), |a, x| (a.0 + x, a.1 + 1));
@@ -521,10 +589,83 @@ fn run_text(
             }
         }
     }
+    // Attention variants: (scheme, Libra settings), outermost so tables group by scheme.
+    let multi = f.scheme.is_some()
+        || f.libra.is_some()
+        || f.sweep
+            .as_ref()
+            .is_some_and(|s| !(s.scheme.is_empty() && s.pool_size.is_empty() && s.tile.is_empty()));
+    let lib = f.libra.unwrap_or_default();
+    let sw = f.sweep.clone().unwrap_or_default();
+    let schemes = if sw.scheme.is_empty() {
+        vec![f.scheme.clone().unwrap_or_else(|| "ulysses".into())]
+    } else {
+        sw.scheme.clone()
+    };
+    let pools = if sw.pool_size.is_empty() {
+        vec![lib.pool_size]
+    } else {
+        sw.pool_size.clone()
+    };
+    let tiles = if sw.tile.is_empty() {
+        vec![[lib.tile_tokens, lib.head_shards]]
+    } else {
+        sw.tile.clone()
+    };
+    let mut variants: Vec<(String, LibraSpec)> = Vec::new();
+    for sc in &schemes {
+        Scheme::parse(sc, LibraParams::default()).with_context(|| format!("{file}: scheme"))?;
+        if sc == "ulysses" {
+            variants.push((sc.clone(), lib));
+            continue;
+        }
+        for &pool_size in &pools {
+            for &[tile_tokens, head_shards] in &tiles {
+                let v = LibraSpec {
+                    pool_size,
+                    tile_tokens,
+                    head_shards,
+                    ..lib
+                };
+                LibraParams {
+                    pool_size,
+                    cp: f.parallel.cp,
+                    head_shards,
+                    tile_tokens,
+                    tau: v.tau,
+                    chunks: v.chunks,
+                    shape: cost.attn(),
+                }
+                .validate()
+                .with_context(|| format!("{file}: [libra] / [sweep]"))?;
+                variants.push((sc.clone(), v));
+            }
+        }
+    }
+    let points: Vec<(u32, u32, u32, Option<String>, usize)> = (0..variants.len())
+        .flat_map(|v| {
+            points
+                .iter()
+                .map(move |(d, g, l, c)| (*d, *g, *l, c.clone(), v))
+        })
+        .collect();
     let results: Vec<Result<PointResult>> = points
         .par_iter()
-        .map(|(dp, ga, l, c)| {
+        .map(|(dp, ga, l, c, v)| {
             let (dp, ga, l) = (*dp, *ga, *l);
+            let (sc, lv) = &variants[*v];
+            let scheme = Scheme::parse(
+                sc,
+                LibraParams {
+                    pool_size: lv.pool_size,
+                    cp: f.parallel.cp,
+                    head_shards: lv.head_shards,
+                    tile_tokens: lv.tile_tokens,
+                    tau: lv.tau,
+                    chunks: lv.chunks,
+                    shape: cost.attn(),
+                },
+            )?;
             let mut spec = f.workload.clone();
             if let Some(c) = c {
                 spec.corpus = Some(c.clone());
@@ -536,6 +677,7 @@ fn run_text(
                 ..f.parallel
             };
             let mut r = run_point(
+                &scheme,
                 &cost,
                 par,
                 f.cluster,
@@ -547,6 +689,7 @@ fn run_text(
                 &file,
             )?;
             r.seq_len = l;
+            r.libra = *lv;
             r.corpus = c
                 .clone()
                 .or_else(|| f.workload.corpus.clone())
@@ -592,6 +735,26 @@ fn run_text(
         let r = &results[0];
         std::fs::write(dir.join("steps.csv"), steps_csv(&r.steps))?;
         std::fs::write(dir.join("microbatches.csv"), microbatches_csv(&r.steps))?;
+        let mut fwd: Vec<f64> = r
+            .steps
+            .iter()
+            .flat_map(|st| st.microbatches.iter().filter(|m| m.stage == 0))
+            .map(|m| m.fwd_span as f64 * 1e-9)
+            .collect();
+        if fwd.len() > 1 {
+            let mean_fwd = mean(fwd.iter().copied()).max(f64::MIN_POSITIVE);
+            fwd.sort_by(f64::total_cmp);
+            let pts = fwd
+                .iter()
+                .enumerate()
+                .map(|(i, &x)| ((i + 1) as f64 / fwd.len() as f64, x / mean_fwd))
+                .collect();
+            let ch = Chart::new("Micro-batch forward time (stage 0), normalised to the mean")
+                .x("fraction of micro-batches", Scale::Linear)
+                .y("forward time / mean", Scale::Linear)
+                .series(Series::new("Ulysses", pts, Mark::LinePoints).color(palette(0)));
+            std::fs::write(dir.join("microbatches.svg"), ch.render())?;
+        }
         if let Some(t) = &r.trace {
             std::fs::write(dir.join("trace.json"), t)?;
         }
@@ -663,9 +826,13 @@ fn run_text(
             )?;
         }
         t
+    } else if multi {
+        multi_tables(&results, &f.parallel, dir)?
     } else {
         let mut csv = String::from("corpus,seq_len,gbs,dp,ga,gpus,mean_iteration_ms,tokens_per_s,mfu,wait_fraction,exposed_comm_fraction,speedup_vs_min_dp,scaling_efficiency,infeasible_ranks\n");
         let mut t = String::from("| corpus | L | GBS | DP | GA | GPUs | iteration (s) | tokens/s | MFU | sync wait | exposed comm | speedup | scaling eff. |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+        // (corpus, L, GBS) → [(DP, scaling efficiency)] for scaling.svg, in input order.
+        let mut curves: Vec<(CurveKey, Vec<(f64, f64)>)> = Vec::new();
         for r in &results {
             let gbs = r.dp * r.ga;
             let base = results
@@ -688,10 +855,50 @@ fn run_text(
                 .map(|s| s.infeasible_ranks)
                 .max()
                 .unwrap_or(0);
+            let key = (r.corpus.clone(), r.seq_len, gbs);
+            match curves.iter_mut().find(|c| c.0 == key) {
+                Some(c) => c.1.push((f64::from(r.dp), eff)),
+                None => curves.push((key, vec![(f64::from(r.dp), eff)])),
+            }
             writeln!(csv, "{},{},{gbs},{},{},{gpus},{it:.3},{tps:.1},{mfu:.6},{wait:.6},{comm:.6},{speedup:.4},{eff:.4},{inf}", r.corpus, r.seq_len, r.dp, r.ga)?;
             writeln!(t, "| {} | {} | {gbs} | {} | {} | {gpus} | {:.3} | {tps:.0} | {mfu:.3} | {wait:.3} | {comm:.3} | {speedup:.2}x | {:.1}% |", r.corpus, r.seq_len, r.dp, r.ga, it / 1e3, 100.0 * eff)?;
         }
         std::fs::write(dir.join("points.csv"), csv)?;
+        let dps: Vec<f64> = {
+            let mut v: Vec<f64> = curves
+                .iter()
+                .flat_map(|c| c.1.iter().map(|p| p.0))
+                .collect();
+            v.sort_by(f64::total_cmp);
+            v.dedup();
+            v
+        };
+        if dps.len() > 1 {
+            let mut ch = Chart::new("Ulysses scaling efficiency vs data parallelism")
+                .x("DP (replicas)", Scale::Log)
+                .x_range(dps[0], dps[dps.len() - 1])
+                .x_ticks(dps)
+                .y("scaling efficiency vs the smallest DP", Scale::Linear)
+                .y_range(0.0, 1.05);
+            for (i, ((corpus, l, gbs), pts)) in curves.iter().enumerate() {
+                let name = if corpus.is_empty() {
+                    format!("L {}K, GBS {gbs}", l >> 10)
+                } else {
+                    format!("{corpus}, GBS {gbs}")
+                };
+                ch = ch.series(Series::new(name, pts.clone(), Mark::LinePoints).color(palette(i)));
+            }
+            if f.sweep
+                .as_ref()
+                .is_some_and(|sw| sw.corpus.iter().any(|c| c == "libra-1m"))
+            {
+                ch = ch.series(
+                    Series::new("paper: 1M, DP 16", vec![(16.0, 0.276)], Mark::Ring)
+                        .color("#000000"),
+                );
+            }
+            std::fs::write(dir.join("scaling.svg"), ch.render())?;
+        }
         t
     };
     summary += &table;
@@ -704,4 +911,310 @@ fn run_text(
             s
         },
     )
+}
+
+/// The sweep tables of a multi-scheme run: `points.csv` (one row per point, with compute,
+/// CP communication and exposed communication per GPU and the speedup over Ulysses at the
+/// same DP), `microbatches.csv` (every micro-batch's forward span) and the Markdown tables.
+fn multi_tables(results: &[PointResult], par: &Parallelism, dir: &Path) -> Result<String> {
+    let tps = |r: &PointResult| mean(r.steps.iter().map(|s| s.tokens_per_s));
+    let eff_p = |r: &PointResult| {
+        if r.scheme == "ulysses" {
+            0
+        } else {
+            r.libra.pool_size.min(r.dp)
+        }
+    };
+    let same_variant = |a: &PointResult, b: &PointResult| {
+        a.scheme == b.scheme
+            && (a.scheme == "ulysses"
+                || (a.libra.pool_size == b.libra.pool_size
+                    && a.libra.tile_tokens == b.libra.tile_tokens
+                    && a.libra.head_shards == b.libra.head_shards))
+    };
+    let same_job = |a: &PointResult, b: &PointResult| {
+        a.seq_len == b.seq_len && a.corpus == b.corpus && a.dp * a.ga == b.dp * b.ga
+    };
+    let mut csv = String::from("scheme,pool_size,tile_tokens,head_shards,chunks,corpus,seq_len,gbs,dp,ga,gpus,mean_iteration_ms,tokens_per_s,mfu,wait_fraction,exposed_comm_fraction,speedup_vs_min_dp,scaling_efficiency,vs_ulysses,compute_ms,cp_comm_ms,exposed_comm_ms,infeasible_ranks\n");
+    let mut t = String::from("| scheme | P | B | H | corpus | L | GBS | DP | GA | iteration (s) | tokens/s | MFU | sync wait | exposed comm | speedup vs min DP | scaling eff. | vs Ulysses | compute (ms/GPU) | CP comm (ms/GPU) | exposed comm (ms/GPU) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    let mut mbs = String::from("scheme,pool_size,tile_tokens,head_shards,corpus,seq_len,dp,ga,step,replica,stage,mb,fwd_ms\n");
+    let mut mbt = String::from("\n\nMicro-batch forward time on stage 0 (first to last forward kernel of a replica's micro-batch), normalised to the mean of `libra` at the same corpus, L, GBS and DP (own mean when absent):\n\n| scheme | P | corpus | DP | GA | micro-batches | min | mean | max |\n|---|---|---|---|---|---|---|---|---|\n");
+    let fwd = |r: &PointResult| -> Vec<f64> {
+        r.steps
+            .iter()
+            .flat_map(|s| s.microbatches.iter().filter(|m| m.stage == 0))
+            .map(|m| m.fwd_span as f64 * 1e-9)
+            .collect()
+    };
+    for r in results {
+        let gbs = r.dp * r.ga;
+        let base = results
+            .iter()
+            .filter(|b| same_variant(b, r) && same_job(b, r))
+            .min_by_key(|b| b.dp)
+            .map(|b| (b.dp, tps(b)))
+            .unwrap_or((r.dp, 1.0));
+        let speedup = tps(r) / base.1;
+        let eff = speedup / (f64::from(r.dp) / f64::from(base.0));
+        let vs_u = results
+            .iter()
+            .find(|b| b.scheme == "ulysses" && same_job(b, r) && b.dp == r.dp)
+            .map(|b| tps(r) / tps(b));
+        let it = mean(r.steps.iter().map(|s| s.iteration as f64 * 1e-9));
+        let gpus = r.dp * par.pp * par.cp;
+        let mfu = mean(r.steps.iter().map(|s| s.mfu));
+        let wait = mean(r.steps.iter().map(|s| s.wait_fraction));
+        let comm = mean(r.steps.iter().map(|s| s.exposed_comm_fraction));
+        let inf = r
+            .steps
+            .iter()
+            .map(|s| s.infeasible_ranks)
+            .max()
+            .unwrap_or(0);
+        let (cm, cc, ce) = (r.compute * 1e-9, r.cp_comm * 1e-9, r.exposed * 1e-9);
+        let (b, h) = if r.scheme == "ulysses" {
+            (0, 0)
+        } else {
+            (r.libra.tile_tokens, r.libra.head_shards)
+        };
+        let m = if r.scheme == "libra" {
+            r.libra.chunks
+        } else {
+            1
+        };
+        let vs = vs_u.map_or(String::new(), |v| format!("{v:.4}"));
+        writeln!(csv, "{},{},{b},{h},{m},{},{},{gbs},{},{},{gpus},{it:.3},{:.1},{mfu:.6},{wait:.6},{comm:.6},{speedup:.4},{eff:.4},{vs},{cm:.3},{cc:.3},{ce:.3},{inf}", r.scheme, eff_p(r), r.corpus, r.seq_len, r.dp, r.ga, tps(r))?;
+        writeln!(t, "| {} | {} | {b} | {h} | {} | {} | {gbs} | {} | {} | {:.3} | {:.0} | {mfu:.3} | {wait:.3} | {comm:.3} | {speedup:.2}x | {:.1}% | {} | {cm:.1} | {cc:.1} | {ce:.1} |", r.scheme, eff_p(r), r.corpus, r.seq_len, r.dp, r.ga, it / 1e3, tps(r), 100.0 * eff, vs_u.map_or("".into(), |v| format!("{v:.2}x")))?;
+        for s in &r.steps {
+            for mb in &s.microbatches {
+                writeln!(
+                    mbs,
+                    "{},{},{b},{h},{},{},{},{},{},{},{},{},{:.3}",
+                    r.scheme,
+                    eff_p(r),
+                    r.corpus,
+                    r.seq_len,
+                    r.dp,
+                    r.ga,
+                    s.step,
+                    mb.replica,
+                    mb.stage,
+                    mb.mb,
+                    mb.fwd_span as f64 * 1e-9
+                )?;
+            }
+        }
+        let own = fwd(r);
+        if !own.is_empty() {
+            // Libra at the same pool and tile settings when the sweep has it, else any.
+            let libra_at = |b: &&PointResult| b.scheme == "libra" && same_job(b, r) && b.dp == r.dp;
+            let norm = results
+                .iter()
+                .filter(libra_at)
+                .find(|b| {
+                    r.scheme == "ulysses"
+                        || (b.libra.pool_size == r.libra.pool_size
+                            && b.libra.tile_tokens == r.libra.tile_tokens
+                            && b.libra.head_shards == r.libra.head_shards)
+                })
+                .or_else(|| results.iter().find(libra_at))
+                .map(|b| mean(fwd(b).into_iter()))
+                .unwrap_or_else(|| mean(own.iter().copied()));
+            let (lo, hi) = own
+                .iter()
+                .fold((f64::INFINITY, 0.0f64), |a, &x| (a.0.min(x), a.1.max(x)));
+            writeln!(
+                mbt,
+                "| {} | {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.2} |",
+                variant_label(r, true, true),
+                eff_p(r),
+                r.corpus,
+                r.dp,
+                r.ga,
+                own.len(),
+                lo / norm,
+                mean(own.iter().copied()) / norm,
+                hi / norm
+            )?;
+        }
+    }
+    std::fs::write(dir.join("points.csv"), csv)?;
+    std::fs::write(dir.join("microbatches.csv"), mbs)?;
+    multi_charts(results, dir)?;
+    Ok(t + &mbt)
+}
+
+/// A point's variant, for legends: the scheme, plus P, B and H when a sweep varies them.
+fn variant_label(r: &PointResult, pools: bool, tiles: bool) -> String {
+    let mut s = r.scheme.clone();
+    if r.scheme != "ulysses" {
+        if pools {
+            s += &format!(" P={}", r.libra.pool_size.min(r.dp));
+        }
+        if tiles {
+            s += &format!(" B={} H={}", r.libra.tile_tokens, r.libra.head_shards);
+        }
+    }
+    s
+}
+
+/// SVG charts of a multi-scheme sweep, per corpus: tokens/s against DP
+/// (`scaling-CORPUS.svg`, when DP varies), compute / CP communication / exposed
+/// communication against P (`pool-CORPUS.svg`, when P varies), speedup over Ulysses
+/// against tiles per sequence (`tiles-CORPUS.svg`, when B × H varies) and every
+/// micro-batch's forward span at the largest DP, sorted, over the `libra` mean
+/// (`microbatches-CORPUS.svg`).
+fn multi_charts(results: &[PointResult], dir: &Path) -> Result<()> {
+    use skewsim::report::svg::{palette, Chart, Mark, Scale, Series};
+    let mut corpora: Vec<&str> = results.iter().map(|r| r.corpus.as_str()).collect();
+    corpora.dedup();
+    corpora.sort_unstable();
+    corpora.dedup();
+    let distinct = |f: &dyn Fn(&PointResult) -> u64| {
+        let mut v: Vec<u64> = results
+            .iter()
+            .filter(|r| r.scheme != "ulysses")
+            .map(f)
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v.len() > 1
+    };
+    let pools = distinct(&|r| u64::from(r.libra.pool_size));
+    let tiles =
+        distinct(&|r| (u64::from(r.libra.tile_tokens) << 32) | u64::from(r.libra.head_shards));
+    let tps = |r: &PointResult| mean(r.steps.iter().map(|s| s.tokens_per_s));
+    for c in corpora {
+        let rs: Vec<&PointResult> = results.iter().filter(|r| r.corpus == c).collect();
+        let mut labels: Vec<String> = Vec::new();
+        for r in &rs {
+            let l = variant_label(r, pools, tiles);
+            if !labels.contains(&l) {
+                labels.push(l);
+            }
+        }
+        let mut dps: Vec<u32> = rs.iter().map(|r| r.dp).collect();
+        dps.sort_unstable();
+        dps.dedup();
+        if dps.len() > 1 {
+            let mut ch = Chart::new(format!("{c}: tokens/s against DP (CP fixed)"))
+                .x("DP replicas", Scale::Log)
+                .x_ticks(dps.iter().map(|&d| f64::from(d)).collect())
+                .y("tokens/s", Scale::Log);
+            for (i, l) in labels.iter().enumerate() {
+                let pts: Vec<(f64, f64)> = rs
+                    .iter()
+                    .filter(|r| &variant_label(r, pools, tiles) == l)
+                    .map(|r| (f64::from(r.dp), tps(r)))
+                    .collect();
+                ch = ch.series(Series::new(l.clone(), pts, Mark::LinePoints).color(palette(i)));
+            }
+            std::fs::write(dir.join(format!("scaling-{c}.svg")), ch.render())?;
+        }
+        if pools {
+            let mut ch = Chart::new(format!("{c}: time per GPU against pool size P"))
+                .x("P (DP replicas per pool)", Scale::Log)
+                .y("seconds per GPU per step", Scale::Log);
+            let mut k = 0;
+            for sc in ["libra-tap", "libra-tap-vrsp", "libra"] {
+                let mut pts: Vec<&&PointResult> = rs.iter().filter(|r| r.scheme == sc).collect();
+                if pts.is_empty() {
+                    continue;
+                }
+                pts.sort_by_key(|r| r.libra.pool_size);
+                for (what, f, dashed) in [
+                    (
+                        "compute",
+                        (|r: &PointResult| r.compute) as fn(&PointResult) -> f64,
+                        false,
+                    ),
+                    ("CP comm", |r: &PointResult| r.cp_comm, true),
+                    ("exposed comm", |r: &PointResult| r.exposed, false),
+                ] {
+                    let p: Vec<(f64, f64)> = pts
+                        .iter()
+                        .map(|r| (f64::from(r.libra.pool_size.min(r.dp)), f(r) * 1e-12))
+                        .collect();
+                    let mut s =
+                        Series::new(format!("{sc}: {what}"), p, Mark::LinePoints).color(palette(k));
+                    if dashed {
+                        s = s.dashed();
+                    }
+                    ch = ch.series(s);
+                    k += 1;
+                }
+            }
+            std::fs::write(dir.join(format!("pool-{c}.svg")), ch.render())?;
+        }
+        if tiles {
+            let mut ch = Chart::new(format!(
+                "{c}: speedup over Ulysses against tiles per sequence"
+            ))
+            .x("tiles per sequence (L/B × H)", Scale::Log)
+            .y("tokens/s over Ulysses", Scale::Linear);
+            let mut hs: Vec<u32> = rs
+                .iter()
+                .filter(|r| r.scheme != "ulysses")
+                .map(|r| r.libra.head_shards)
+                .collect();
+            hs.sort_unstable();
+            hs.dedup();
+            for (i, &h) in hs.iter().enumerate() {
+                let mut pts: Vec<(f64, f64)> = rs
+                    .iter()
+                    .filter(|r| r.scheme != "ulysses" && r.libra.head_shards == h)
+                    .filter_map(|r| {
+                        let u = rs.iter().find(|b| {
+                            b.scheme == "ulysses" && b.dp == r.dp && b.dp * b.ga == r.dp * r.ga
+                        })?;
+                        let n = f64::from(r.seq_len.div_ceil(r.libra.tile_tokens.max(1)) * h);
+                        Some((n, tps(r) / tps(u)))
+                    })
+                    .collect();
+                pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+                ch = ch.series(
+                    Series::new(format!("H = {h}"), pts, Mark::LinePoints).color(palette(i)),
+                );
+            }
+            std::fs::write(dir.join(format!("tiles-{c}.svg")), ch.render())?;
+        }
+        if let Some(&dmax) = dps.last() {
+            let fwd = |r: &PointResult| -> Vec<f64> {
+                r.steps
+                    .iter()
+                    .flat_map(|s| s.microbatches.iter().filter(|m| m.stage == 0))
+                    .map(|m| m.fwd_span as f64)
+                    .collect()
+            };
+            let at: Vec<&&PointResult> = rs.iter().filter(|r| r.dp == dmax).collect();
+            let norm = at
+                .iter()
+                .find(|r| r.scheme == "libra")
+                .map(|r| mean(fwd(r).into_iter()))
+                .filter(|&m| m > 0.0);
+            if let Some(norm) = norm {
+                let mut ch = Chart::new(format!(
+                    "{c}, DP = {dmax}: micro-batch forward time over Libra's mean (sorted)"
+                ))
+                .x("micro-batch rank (sorted)", Scale::Linear)
+                .y("forward time / Libra mean", Scale::Log);
+                for (i, r) in at.iter().enumerate() {
+                    let mut v = fwd(r);
+                    v.sort_by(|a, b| a.total_cmp(b));
+                    let pts = v
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, &x)| x > 0.0)
+                        .map(|(k, &x)| (k as f64, x / norm))
+                        .collect();
+                    ch = ch.series(
+                        Series::new(variant_label(r, pools, tiles), pts, Mark::Scatter)
+                            .color(palette(i)),
+                    );
+                }
+                std::fs::write(dir.join(format!("microbatches-{c}.svg")), ch.render())?;
+            }
+        }
+    }
+    Ok(())
 }

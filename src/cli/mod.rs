@@ -10,6 +10,7 @@ mod bench_cluster;
 mod bench_engine;
 mod bench_libra;
 mod bench_schemes;
+mod calibrate;
 mod check_plan;
 pub mod corpus;
 mod exp_pools;
@@ -23,6 +24,7 @@ mod run;
 pub mod theory;
 mod topo;
 mod topo_draw;
+mod validate;
 
 /// skewsim: how much does attention-workload skew cost on this cluster, and which
 /// balancing scheme (Ulysses, WLB-LLM, DistCA, Libra) wins it back?
@@ -59,6 +61,10 @@ pub enum Command {
     /// Check a plan file: every query attended once per head, every KV group delivered,
     /// FLOPs = the exact causal total.
     CheckPlan(check_plan::Args),
+    /// Run plans on a real GPU, measure them, write a measurement CSV (issue 7).
+    Validate(validate::Args),
+    /// Fit the cost model's kernel table, launch, copy and jitter terms to measurements.
+    Calibrate(calibrate::Args),
 }
 
 /// How a command prints its result.
@@ -95,5 +101,7 @@ pub fn main() -> Result<()> {
         Command::Plan(args) => plan::run(args, out),
         Command::LibraConfig(args) => libra_config::run(args, out),
         Command::CheckPlan(args) => check_plan::run(args, out),
+        Command::Validate(args) => validate::run(args, out),
+        Command::Calibrate(args) => calibrate::run(args, out),
     }
 }

@@ -21,7 +21,7 @@ use skewsim::rng::stream;
 use skewsim::theory::{self, mc::purpose, Residual};
 use skewsim::workload::corpus::Corpus;
 use skewsim::workload::pack::{global_batch, Packing};
-use skewsim::workload::{PackedSeq, Sample};
+use skewsim::workload::PackedSeq;
 
 use super::corpus::load_corpus;
 use super::Output;
@@ -203,23 +203,13 @@ pub fn parse_packed(
             )
         })?,
     };
-    let mut doc = 0u64;
+    let mut first_doc = 0u64;
     let seqs = lens
         .into_iter()
-        .map(|v| PackedSeq {
-            samples: v
-                .into_iter()
-                .map(|len| {
-                    doc += 1;
-                    Sample {
-                        doc: doc - 1,
-                        offset: 0,
-                        len,
-                        cut: false,
-                    }
-                })
-                .collect(),
-            capacity: seq_len,
+        .map(|v| {
+            let seq = PackedSeq::from_lengths(&v, seq_len, first_doc);
+            first_doc += v.len() as u64;
+            seq
         })
         .collect();
     Ok((seqs, seq_len))

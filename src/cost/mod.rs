@@ -21,6 +21,7 @@
 //! validator's prediction agree by construction. Calibration changes parameters here,
 //! never formulas elsewhere.
 
+pub mod fit;
 pub mod kernel;
 pub mod memory;
 pub mod model;
@@ -155,6 +156,64 @@ pub struct Calibration {
     /// Hardware figures; the ones left out keep the defaults.
     #[serde(default)]
     pub hardware: Hardware,
+    /// Per-launch and copy terms fitted by `skewsim calibrate` ([`fit`]); defaults when
+    /// left out.
+    #[serde(default)]
+    pub launch: LaunchCosts,
+}
+
+/// Fixed costs a measured GPU adds to the table's compute time (issue 7): the attention
+/// launch overhead, the device-to-device copy rate and overhead, and run-to-run jitter.
+/// Defaults: no launch overhead (the table alone, as the engine prices), copies at half
+/// the HBM rate (a copy reads and writes every byte), no jitter figure.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LaunchCosts {
+    /// Fixed time of one attention kernel launch, µs.
+    pub attn_launch_us: f64,
+    /// Fixed time of one copy, µs.
+    pub copy_launch_us: f64,
+    /// Bytes copied per second (device-to-device on one GPU).
+    pub copy_bytes_per_s: f64,
+    /// Lognormal σ of run-to-run time of one launch (ln units), when measured.
+    pub jitter_sigma: Option<f64>,
+}
+
+impl Default for LaunchCosts {
+    fn default() -> Self {
+        Self {
+            attn_launch_us: 0.0,
+            copy_launch_us: 0.0,
+            copy_bytes_per_s: Hardware::default().hbm_bytes_per_s / 2.0,
+            jitter_sigma: None,
+        }
+    }
+}
+
+impl LaunchCosts {
+    fn validate(&self, ctx: &str) -> Result<()> {
+        for (f, v) in [
+            ("attn_launch_us", self.attn_launch_us),
+            ("copy_launch_us", self.copy_launch_us),
+            ("jitter_sigma", self.jitter_sigma.unwrap_or(0.0)),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(invalid(
+                    format!("{ctx}: launch.{f}"),
+                    v,
+                    "a finite number >= 0",
+                ));
+            }
+        }
+        if !(self.copy_bytes_per_s.is_finite() && self.copy_bytes_per_s > 0.0) {
+            return Err(invalid(
+                format!("{ctx}: launch.copy_bytes_per_s"),
+                self.copy_bytes_per_s,
+                "a finite rate > 0",
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl Calibration {
@@ -163,6 +222,7 @@ impl Calibration {
         let c: Calibration =
             serde_json::from_str(text).map_err(|e| parse_error(context, e.to_string()))?;
         c.hardware.validate(context)?;
+        c.launch.validate(context)?;
         EffTable::from_points(&c.attn_fwd, context)?;
         Ok(c)
     }

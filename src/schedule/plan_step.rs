@@ -86,9 +86,11 @@ pub fn libra_step_plan(
     libra_plan(step, global, &pools, dp, &p)
 }
 
-/// The per-replica micro-batches a plan implies: sequence `s` of group (ga, ·) is replica
-/// r's micro-batch `ga`, r the replica of the worker holding its first token. Every
-/// (replica, GA index) must get exactly one sequence.
+/// The per-replica micro-batches a plan implies: sequence `s` of a group at GA index g is
+/// part of replica r's micro-batch g, r the replica of the worker holding its first token
+/// (its linear work runs there). Several sequences on one (replica, GA index) — a
+/// variable-length packing such as WLB-LLM's — are concatenated into one; a slot with none
+/// (a replica idle at that GA index) is an empty sequence.
 pub fn replica_batches(
     plan: &Plan,
     global: &[PackedSeq],
@@ -96,14 +98,16 @@ pub fn replica_batches(
     ga: u32,
     cp: u32,
 ) -> Result<Vec<Vec<PackedSeq>>> {
-    let mut slots: Vec<Option<usize>> = vec![None; (dp * ga) as usize];
+    let mut slots: Vec<Vec<usize>> = vec![Vec::new(); (dp * ga) as usize];
+    let mut seen = vec![false; global.len()];
     for g in &plan.groups {
         for s in &g.sequences {
             let Some(first) = s.layout.first() else {
                 continue;
             };
             let r = first.worker / cp.max(1);
-            if r >= dp || g.ga >= ga || s.id as usize >= global.len() {
+            let i = s.id as usize;
+            if r >= dp || g.ga >= ga || i >= global.len() {
                 return Err(invalid(
                     format!("plan sequence {}", s.id),
                     format!("replica {r}, GA index {}", g.ga),
@@ -113,30 +117,34 @@ pub fn replica_batches(
                     ),
                 ));
             }
-            let slot = &mut slots[(r * ga + g.ga) as usize];
-            if slot.replace(s.id as usize).is_some() {
+            if std::mem::replace(&mut seen[i], true) {
                 return Err(invalid(
                     format!("plan sequence {}", s.id),
-                    format!("replica {r}, GA index {}", g.ga),
-                    "one packed sequence per replica and GA index",
+                    "planned twice",
+                    "each batch sequence in at most one group",
                 ));
             }
+            slots[(r * ga + g.ga) as usize].push(i);
         }
     }
     let mut out = Vec::with_capacity(dp as usize);
     for r in 0..dp {
         let mut mbs = Vec::with_capacity(ga as usize);
         for m in 0..ga {
-            match slots[(r * ga + m) as usize] {
-                Some(i) => mbs.push(global[i].clone()),
-                None => {
-                    return Err(invalid(
-                        "plan",
-                        format!("no sequence for replica {r} at GA index {m}"),
-                        "one packed sequence per replica and GA index",
-                    ))
-                }
+            let ids = &slots[(r * ga + m) as usize];
+            let mut seq = PackedSeq {
+                samples: Vec::new(),
+                capacity: 0,
+            };
+            for &i in ids {
+                seq.samples.extend_from_slice(&global[i].samples);
+                seq.capacity = seq.capacity.saturating_add(global[i].capacity);
             }
+            mbs.push(if ids.len() == 1 {
+                global[ids[0]].clone()
+            } else {
+                seq
+            });
         }
         out.push(mbs);
     }

@@ -45,6 +45,24 @@ pub struct PackedSeq {
 }
 
 impl PackedSeq {
+    /// A sequence of `capacity` tokens holding whole documents of the given lengths,
+    /// numbered `first_doc`, `first_doc + 1`, … (for pre-packed inputs and tests).
+    pub fn from_lengths(lengths: &[u32], capacity: u32, first_doc: u64) -> PackedSeq {
+        PackedSeq {
+            samples: lengths
+                .iter()
+                .zip(first_doc..)
+                .map(|(&len, doc)| Sample {
+                    doc,
+                    offset: 0,
+                    len,
+                    cut: false,
+                })
+                .collect(),
+            capacity,
+        }
+    }
+
     /// Tokens holding samples.
     pub fn tokens(&self) -> u64 {
         self.samples.iter().map(|s| u64::from(s.len)).sum()
@@ -81,25 +99,10 @@ impl PackedSeq {
 mod tests {
     use super::*;
 
-    fn seq(lens: &[u32], cap: u32) -> PackedSeq {
-        PackedSeq {
-            samples: lens
-                .iter()
-                .enumerate()
-                .map(|(i, &len)| Sample {
-                    doc: i as u64,
-                    offset: 0,
-                    len,
-                    cut: false,
-                })
-                .collect(),
-            capacity: cap,
-        }
-    }
-
     #[test]
     fn load_and_pairs_by_hand() {
-        let s = seq(&[3, 4], 10);
+        let s = PackedSeq::from_lengths(&[3, 4], 10, 0);
+        assert_eq!(s.samples[1].doc, 1);
         assert_eq!(s.tokens(), 7);
         assert_eq!(s.padding(), 3);
         assert_eq!(s.load(), 9 + 16);

@@ -753,6 +753,50 @@ impl Gpu {
             .collect()
     }
 
+    /// Times `reps` device-to-device copies of `bytes` bytes (one buffer to another on this
+    /// GPU), each between its own pair of CUDA events, after `warmup` untimed ones. Returns
+    /// per-copy milliseconds. On one GPU this measures HBM (read + write), not a network.
+    pub fn time_copy(&self, bytes: usize, warmup: usize, reps: usize) -> Result<Vec<f64>, Error> {
+        if bytes == 0 {
+            return Ok(vec![0.0; reps]);
+        }
+        let src = self
+            .stream
+            .alloc_zeros::<u8>(bytes)
+            .map_err(cuda("cuMemAlloc(copy src)"))?;
+        let mut dst = self
+            .stream
+            .alloc_zeros::<u8>(bytes)
+            .map_err(cuda("cuMemAlloc(copy dst)"))?;
+        for _ in 0..warmup {
+            self.stream
+                .memcpy_dtod(&src, &mut dst)
+                .map_err(cuda("cuMemcpyDtoDAsync"))?;
+        }
+        self.sync()?;
+        let flags = Some(CUevent_flags::CU_EVENT_DEFAULT);
+        let mut evs = Vec::with_capacity(reps + 1);
+        for _ in 0..=reps {
+            evs.push(self.ctx.new_event(flags).map_err(cuda("cuEventCreate"))?);
+        }
+        evs[0].record(&self.stream).map_err(cuda("cuEventRecord"))?;
+        for ev in evs.iter().skip(1) {
+            self.stream
+                .memcpy_dtod(&src, &mut dst)
+                .map_err(cuda("cuMemcpyDtoDAsync"))?;
+            ev.record(&self.stream).map_err(cuda("cuEventRecord"))?;
+        }
+        self.sync()?;
+        (0..reps)
+            .map(|i| {
+                evs[i]
+                    .elapsed_ms(&evs[i + 1])
+                    .map(f64::from)
+                    .map_err(cuda("cuEventElapsedTime"))
+            })
+            .collect()
+    }
+
     /// Copies O and LSE back.
     pub fn download(&self, b: &FwdBuffers) -> Result<(Vec<u16>, Vec<f32>), Error> {
         let o = self

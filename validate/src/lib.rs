@@ -22,6 +22,7 @@ pub mod bf16;
 pub mod error;
 pub mod gpu;
 pub mod harness;
+pub mod nccl;
 pub mod reference;
 pub mod stats;
 pub mod trace;

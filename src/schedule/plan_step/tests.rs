@@ -144,9 +144,27 @@ fn bad_schemes_and_plans_are_named() {
     };
     let global = skewed();
     let plan = ulysses_plan(0, &global, 2, &p).unwrap();
-    // The plan has 2 replicas × 2 GA; a 4-replica layout leaves slots empty.
-    let e = replica_batches(&plan, &global, 4, 1, 1).unwrap_err();
+    // The plan has 2 replicas × 2 GA: a layout with 1 GA index has no room for GA 1.
+    let e = replica_batches(&plan, &global, 2, 1, 1).unwrap_err();
     assert!(e.to_string().contains("GA index"), "{e}");
+    // A 4-replica layout leaves replicas 2 and 3 idle (empty micro-batches).
+    let b = replica_batches(&plan, &global, 4, 2, 1).unwrap();
+    assert_eq!(b[2][0].tokens(), 0);
+    assert_eq!(b[0][1], global[2]);
+    // ... and such a step still runs: the idle replicas only join the all-reduce.
+    let sg = build_plan_step(&c, rank_map(4, 1, 1, 2), &plan, &global, 1, &NoVariance).unwrap();
+    let t = run(&sg.graph, &mut StubNet::dgx_h200()).unwrap();
+    assert!(t.makespan > 0);
+    // Two sequences on one slot (replica 0, GA 0) are concatenated.
+    let mut two = plan.clone();
+    two.groups[1].ga = 0; // group of sequence 1 (replica 1) ...
+    for r in &mut two.groups[1].sequences[0].layout {
+        r.worker = 0; // ... now lives on replica 0
+    }
+    let b = replica_batches(&two, &global, 2, 2, 1).unwrap();
+    assert_eq!(b[0][0].tokens(), global[0].tokens() + global[1].tokens());
+    assert_eq!(b[0][0].capacity, 65_536);
+    assert_eq!(b[1][0].tokens(), 0);
     let e = simulate_scheme_batch(
         &Scheme::Libra(LibraParams::default()),
         &c,

@@ -1,0 +1,580 @@
+//! `skewsim validate --plan FILE...`: run a Plan's attention on a real GPU and measure it
+//! (issue 7, "Plan execution").
+//!
+//! Owns the edge between the Plan IR and the `validate` crate: a Plan group's per-worker
+//! work is cut by the TAP pipeliner (Libra §6.2–6.3, [`pipeliner::pipeline`]) into M head
+//! chunks, and each (worker, chunk) becomes one variable-length kernel launch of
+//! `validate`'s own [`WorkUnit`]s (each Plan segment = the sample-local queries [a, e) with
+//! the sample's KV prefix [0, e)), timed with CUDA events. Each chunk's dispatch bytes
+//! (Q and KV arriving) and return bytes (outputs leaving) are moved for real: with one GPU
+//! as device-to-device copies of the planned bytes, which measure HBM, not a network;
+//! with `--gpus N` ≥ 2, worker w runs on GPU w mod N and each chunk's pieces go between
+//! the GPUs of their workers as one NCCL grouped send/recv ([`validate::nccl::Mesh`];
+//! compiled and written for any N, not yet run: only one GPU was lent).
+//!
+//! Writes the measurement CSV ([`skewsim::cost::fit::Measurement`] rows) that
+//! `skewsim calibrate` reads, and prints predicted vs measured per worker and per step,
+//! predictions from the one cost model ([`skewsim::cost::fit::Pricing`]).
+//! It may not price anything itself, and the `validate` crate never sees a Plan.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, Context, Result};
+
+use skewsim::balance::libra::pipeliner;
+use skewsim::cost::fit::{self, MeasureKind, Measurement, Pricing, SegCount};
+use skewsim::plan::Plan;
+use validate::gpu::{FwdVariant, Gpu};
+use validate::nccl::{Mesh, Move};
+use validate::units::{Batch, Heads, Layout, WorkUnit};
+
+use super::Output;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Plan files (JSON, as `skewsim plan` writes them); each is run in turn.
+    #[arg(long, required = true, num_args = 1..)]
+    pub plan: Vec<PathBuf>,
+    /// Label stored with every row (the seed the plan was made with): `skewsim calibrate`
+    /// splits fit and held-out plans by it.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Pipeliner head chunks M per worker (divides h_q/H) [default: the largest of 4, 2, 1
+    /// that divides].
+    #[arg(long)]
+    pub chunks: Option<u32>,
+    /// Forward kernel variant of the `validate` crate.
+    #[arg(long, default_value = "v3w4")]
+    pub variant: String,
+    /// Untimed launches before each timed series.
+    #[arg(long, default_value_t = 2)]
+    pub warmup: usize,
+    /// Timed launches per (worker, chunk); the row keeps median, p10 and p90.
+    #[arg(long, default_value_t = 5)]
+    pub reps: usize,
+    /// CUDA device ordinal (one GPU: workers run one after another on it).
+    #[arg(long, default_value_t = 0)]
+    pub device: usize,
+    /// GPUs to spread workers over (devices 0..N; worker w runs on GPU w mod N). With
+    /// N >= 2 each chunk's transfers go through NCCL grouped send/recv between the GPUs
+    /// of their workers; with 1, they are device-to-device copies on `--device`.
+    #[arg(long, default_value_t = 1)]
+    pub gpus: usize,
+    /// Measurement CSV to write.
+    #[arg(short, long, default_value = "measurements.csv")]
+    pub out: PathBuf,
+    /// Price predictions with this calibration file (JSON, `skewsim calibrate -o`) instead
+    /// of the built-in H200 table.
+    #[arg(long)]
+    pub calibration: Option<PathBuf>,
+}
+
+/// One (worker, chunk) of a plan group: what the GPU runs and moves.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LaunchSpec {
+    pub ga: u32,
+    pub pool: u32,
+    pub worker: u32,
+    pub chunk: u32,
+    /// Query heads per unit in the launch (h_q / (H·M)).
+    pub heads: u32,
+    /// KV heads the launch reads per unit (GQA, at least 1).
+    pub heads_kv: u32,
+    /// Plan units on the worker.
+    pub units: usize,
+    /// The kernel's batch: the samples the units touch and one [`WorkUnit`] per segment.
+    pub batch: Batch,
+    /// Segment (query length, KV length) histogram, for pricing.
+    pub segs: Vec<SegCount>,
+    /// Forward FLOPs (the pipeliner's count).
+    pub flops: f64,
+    /// Bytes arriving before the chunk runs (Q and KV pieces).
+    pub dispatch_bytes: u64,
+    /// Bytes of outputs sent back after it runs.
+    pub return_bytes: u64,
+    /// The dispatch pieces as (src worker, dst worker, bytes).
+    pub dispatch_moves: Vec<(u32, u32, u64)>,
+    /// The return pieces as (src worker, dst worker, bytes).
+    pub return_moves: Vec<(u32, u32, u64)>,
+}
+
+/// The default M: the largest of 4, 2, 1 dividing h_q/H.
+pub fn default_chunks(plan: &Plan) -> u32 {
+    let w = plan.heads_per_shard();
+    [4, 2, 1].into_iter().find(|m| w % m == 0).unwrap_or(1)
+}
+
+/// Cut a plan into launches: per group, per worker, per head chunk (pipeliner order).
+pub fn launches(plan: &Plan, m: u32) -> Result<Vec<LaunchSpec>> {
+    let group_q_per_kv = plan
+        .shape
+        .heads_q
+        .checked_div(plan.shape.heads_kv)
+        .unwrap_or(0);
+    let mut out = Vec::new();
+    for g in &plan.groups {
+        let pipes = pipeliner::pipeline(plan, g, m)?;
+        let seqs: HashMap<u32, &skewsim::plan::PlanSeq> =
+            g.sequences.iter().map(|s| (s.id, s)).collect();
+        let units: HashMap<u32, &skewsim::plan::WorkUnit> =
+            g.units.iter().map(|u| (u.id, u)).collect();
+        for p in &pipes {
+            // The worker's batch (same for every chunk: chunks cut heads, not tokens).
+            let mut sample_of: HashMap<(u32, u32), usize> = HashMap::new();
+            let mut batch = Batch {
+                sample_lens: Vec::new(),
+                units: Vec::new(),
+            };
+            let mut hist: HashMap<(u32, u32), u32> = HashMap::new();
+            for id in &p.units {
+                let u = units.get(id).ok_or_else(|| {
+                    anyhow!("plan group ga {} pool {}: unit {id} missing", g.ga, g.pool)
+                })?;
+                let s = seqs.get(&u.seq).ok_or_else(|| {
+                    anyhow!("plan group ga {} pool {}: unit {} names sequence {} which is not in the group", g.ga, g.pool, u.id, u.seq)
+                })?;
+                for seg in &u.segments {
+                    if seg.end <= seg.start {
+                        continue;
+                    }
+                    let len = *s.samples.get(seg.sample as usize).ok_or_else(|| {
+                        anyhow!(
+                            "unit {}: segment sample {} out of range 0..{}",
+                            u.id,
+                            seg.sample,
+                            s.samples.len()
+                        )
+                    })?;
+                    let next = batch.sample_lens.len();
+                    let idx = *sample_of.entry((u.seq, seg.sample)).or_insert(next);
+                    if idx == next {
+                        batch.sample_lens.push(len);
+                    }
+                    batch.units.push(WorkUnit {
+                        sample: idx,
+                        a: seg.start,
+                        e: seg.end,
+                    });
+                    *hist.entry((seg.end - seg.start, seg.end)).or_insert(0) += 1;
+                }
+            }
+            let mut segs: Vec<SegCount> = hist
+                .into_iter()
+                .map(|((q, kv), n)| SegCount { q, kv, n })
+                .collect();
+            segs.sort_by_key(|s| (s.q, s.kv));
+            for c in &p.chunks {
+                let heads_kv = if group_q_per_kv > 0 && c.heads % group_q_per_kv == 0 {
+                    c.heads / group_q_per_kv
+                } else {
+                    1
+                };
+                out.push(LaunchSpec {
+                    ga: g.ga,
+                    pool: g.pool,
+                    worker: p.worker,
+                    chunk: c.index,
+                    heads: c.heads,
+                    heads_kv,
+                    units: p.units.len(),
+                    batch: batch.clone(),
+                    segs: segs.clone(),
+                    flops: c.flops,
+                    dispatch_bytes: c.dispatch.iter().map(|t| t.bytes).sum(),
+                    return_bytes: c.returns.iter().map(|t| t.bytes).sum(),
+                    dispatch_moves: c.dispatch.iter().map(|t| (t.src, t.dst, t.bytes)).collect(),
+                    return_moves: c.returns.iter().map(|t| (t.src, t.dst, t.bytes)).collect(),
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Pieces between workers (src, dst, bytes) as moves between their GPUs (worker w on GPU
+/// w mod `gpus`), merged per GPU pair, in (src, dst) order.
+pub fn gpu_moves(pieces: &[(u32, u32, u64)], gpus: usize) -> Result<Vec<Move>> {
+    if gpus == 0 {
+        bail!("invalid GPU count 0: allowed 1 or more");
+    }
+    let mut m: std::collections::BTreeMap<(usize, usize), usize> = Default::default();
+    for &(src, dst, b) in pieces {
+        *m.entry((src as usize % gpus, dst as usize % gpus))
+            .or_insert(0) += usize::try_from(b)?;
+    }
+    Ok(m.into_iter()
+        .map(|((src, dst), bytes)| Move { src, dst, bytes })
+        .collect())
+}
+
+/// The measurement rows of one launch spec (attention, dispatch copy, return copy) with
+/// measured figures filled in by `measure` (median, p10, p90 ms).
+#[allow(clippy::too_many_arguments)]
+fn rows_of(
+    spec: &LaunchSpec,
+    plan_name: &str,
+    seed: u64,
+    plan: &Plan,
+    tiles: usize,
+    attn: (f64, f64, f64),
+    dispatch: (f64, f64, f64),
+    ret: (f64, f64, f64),
+) -> Vec<Measurement> {
+    let base = Measurement {
+        kind: MeasureKind::Attn,
+        plan: plan_name.to_string(),
+        seed,
+        scheme: plan.scheme.clone(),
+        step: plan.step,
+        ga: spec.ga,
+        pool: spec.pool,
+        worker: spec.worker,
+        chunk: spec.chunk,
+        units: spec.units as u64,
+        segments: spec.batch.units.len() as u64,
+        tiles: tiles as u64,
+        heads: spec.heads,
+        head_dim: plan.shape.head_dim,
+        q_tokens: spec
+            .segs
+            .iter()
+            .map(|s| u64::from(s.q) * u64::from(s.n))
+            .sum(),
+        flops: spec.flops,
+        bytes: 0,
+        predicted_ms: None,
+        measured_ms: attn.0,
+        p10_ms: attn.1,
+        p90_ms: attn.2,
+        segs: spec.segs.clone(),
+    };
+    let copy = |kind, bytes, t: (f64, f64, f64)| Measurement {
+        kind,
+        tiles: 0,
+        flops: 0.0,
+        bytes,
+        measured_ms: t.0,
+        p10_ms: t.1,
+        p90_ms: t.2,
+        segs: Vec::new(),
+        ..base.clone()
+    };
+    vec![
+        copy(MeasureKind::Dispatch, spec.dispatch_bytes, dispatch),
+        base.clone(),
+        copy(MeasureKind::Return, spec.return_bytes, ret),
+    ]
+}
+
+fn quantiles(ms: &[f64]) -> Result<(f64, f64, f64)> {
+    let q = |p| validate::stats::quantile(ms, p).ok_or_else(|| anyhow!("no valid timings"));
+    Ok((q(0.5)?, q(0.1)?, q(0.9)?))
+}
+
+/// Run every launch of one plan on `gpu`; rows in launch order.
+fn measure_plan(
+    gpus: &mut [Gpu],
+    mesh: Option<&Mesh>,
+    args: &Args,
+    plan: &Plan,
+    plan_name: &str,
+) -> Result<Vec<Measurement>> {
+    let m = args.chunks.unwrap_or_else(|| default_chunks(plan));
+    let specs = launches(plan, m)?;
+    let var = FwdVariant::parse(&args.variant, plan.shape.head_dim)?;
+    let (max_q, max_kv, heads, heads_kv) = specs.iter().fold((1, 1, 1, 1), |acc, s| {
+        let q: u32 = s.batch.units.iter().map(|u| u.e - u.a).sum();
+        let kv: u32 = s.batch.sample_lens.iter().sum();
+        (
+            acc.0.max(q),
+            acc.1.max(kv),
+            acc.2.max(s.heads),
+            acc.3.max(s.heads_kv),
+        )
+    });
+    let heads_max = Heads::new(heads, heads_kv, plan.shape.head_dim)
+        .with_context(|| format!("{plan_name}: heads {heads}/{heads_kv}"))?;
+    let mut bufs = Vec::with_capacity(gpus.len());
+    for gpu in gpus.iter() {
+        bufs.push(validate::harness::upload_random_rows(
+            gpu,
+            heads_max,
+            max_q,
+            max_kv.max(max_q),
+            7,
+        )?);
+    }
+    let n = gpus.len();
+    let moves = |pieces: &[(u32, u32, u64)]| gpu_moves(pieces, n);
+    let scale = 1.0 / (plan.shape.head_dim as f32).sqrt();
+    let mut rows = Vec::with_capacity(3 * specs.len());
+    for spec in &specs {
+        let g = spec.worker as usize % n;
+        let (gpu, buf) = (&mut gpus[g], &mut bufs[g]);
+        let h = Heads::new(spec.heads, spec.heads_kv, plan.shape.head_dim)?;
+        let layout = Layout::new(&spec.batch, var.block_m())?;
+        let (attn, tiles) = if layout.tiles.is_empty() {
+            ((0.0, 0.0, 0.0), 0)
+        } else {
+            gpu.set_layout_within(buf, &layout, h, false)?;
+            // Every chunk of a worker runs the same units: poison and check the output once
+            // per worker (chunk 0); moving the whole output over PCIe per launch dominated
+            // the wall time of run 13 (40–60 s per plan for ~5 s of GPU work).
+            let check = spec.chunk == 0;
+            if check {
+                gpu.poison(buf)?;
+            }
+            let ms = gpu.time_fwd(var, h, buf, scale, args.warmup, args.reps)?;
+            let o = if check {
+                gpu.download(buf)?.0
+            } else {
+                Vec::new()
+            };
+            let used = layout.q_rows * h.h_q as usize * h.head_dim as usize;
+            let bad = o
+                .iter()
+                .take(used)
+                .filter(|&&x| validate::bf16::to_f32(x).is_nan())
+                .count();
+            if bad > 0 {
+                bail!(
+                    "{plan_name}: worker {} chunk {}: {bad} output elements unwritten or NaN",
+                    spec.worker,
+                    spec.chunk
+                );
+            }
+            (quantiles(&ms)?, layout.tiles.len())
+        };
+        let (d, r) = match mesh {
+            Some(mesh) => (
+                quantiles(&mesh.time_exchange(
+                    &moves(&spec.dispatch_moves)?,
+                    args.warmup,
+                    args.reps,
+                )?)?,
+                quantiles(&mesh.time_exchange(
+                    &moves(&spec.return_moves)?,
+                    args.warmup,
+                    args.reps,
+                )?)?,
+            ),
+            None => (
+                quantiles(&gpu.time_copy(
+                    usize::try_from(spec.dispatch_bytes)?,
+                    args.warmup,
+                    args.reps,
+                )?)?,
+                quantiles(&gpu.time_copy(
+                    usize::try_from(spec.return_bytes)?,
+                    args.warmup,
+                    args.reps,
+                )?)?,
+            ),
+        };
+        rows.extend(rows_of(spec, plan_name, args.seed, plan, tiles, attn, d, r));
+    }
+    Ok(rows)
+}
+
+/// The pricing a command uses: a calibration file's, else the built-in H200 table.
+pub fn pricing_from(file: Option<&Path>) -> Result<Pricing> {
+    match file {
+        None => Ok(Pricing::h200_default()?),
+        Some(f) => {
+            let name = f.display().to_string();
+            let text = std::fs::read_to_string(f)
+                .with_context(|| format!("reading calibration {name}"))?;
+            Ok(Pricing::from_calibration_json(&text, &name)?)
+        }
+    }
+}
+
+pub fn run(args: Args, out: Output) -> Result<()> {
+    let pricing = pricing_from(args.calibration.as_deref())?;
+    // Read and check every plan before touching the GPU.
+    let mut plans = Vec::new();
+    for f in &args.plan {
+        let (plan, _) = super::check_plan::check_file(f)?;
+        let name = f
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| f.display().to_string());
+        plans.push((name, plan));
+    }
+    if args.gpus == 0 {
+        bail!("invalid --gpus = 0: allowed 1 or more");
+    }
+    let open = |ordinal: usize| {
+        Gpu::open(ordinal).map_err(|e| match e {
+            validate::Error::NoDriver => anyhow!(
+                "no CUDA driver found: `skewsim validate` runs plans on an NVIDIA GPU (libcuda could not be loaded here)"
+            ),
+            other => anyhow!(other),
+        })
+    };
+    let ordinals: Vec<usize> = if args.gpus == 1 {
+        vec![args.device]
+    } else {
+        (0..args.gpus).collect()
+    };
+    let mut gpus = Vec::with_capacity(ordinals.len());
+    for &o in &ordinals {
+        gpus.push(open(o)?);
+    }
+    let mesh = if gpus.len() >= 2 {
+        Some(Mesh::new(gpus.iter().map(|g| g.stream.clone()).collect())?)
+    } else {
+        None
+    };
+    let gpu = &gpus[0];
+    eprintln!(
+        "{} GPU(s) from device {}: {} ({} SMs), driver {}; transfers {}",
+        gpus.len(),
+        ordinals[0],
+        gpu.name,
+        gpu.sm_count,
+        gpu.driver_version,
+        if mesh.is_some() {
+            "through NCCL grouped send/recv (worker w on GPU w mod N)"
+        } else {
+            "as device-to-device copies (HBM, not a network)"
+        }
+    );
+    let (gpu_name, driver) = (gpu.name.clone(), gpu.driver_version);
+    let mut rows = Vec::new();
+    for (name, plan) in &plans {
+        let t0 = std::time::Instant::now();
+        let r = measure_plan(&mut gpus, mesh.as_ref(), &args, plan, name)?;
+        eprintln!(
+            "{name}: {} rows in {:.1} s",
+            r.len(),
+            t0.elapsed().as_secs_f64()
+        );
+        rows.extend(r);
+    }
+    for r in &mut rows {
+        r.predicted_ms = Some(pricing.predict_ms(r));
+    }
+    let csv = fit::measurements_to_csv(&rows)?;
+    std::fs::write(&args.out, csv).with_context(|| format!("writing {}", args.out.display()))?;
+    let summary = fit::summarize(&rows, &pricing);
+    out.emit(&summary, || {
+        format!(
+            "wrote {} ({} rows; GPU {}, driver {})\n{}",
+            args.out.display(),
+            rows.len(),
+            gpu_name,
+            driver,
+            summary.table()
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use skewsim::balance::libra::{consecutive_pools, plan_step, LibraParams};
+    use skewsim::workload::{PackedSeq, Sample};
+
+    /// Two packed sequences (one with two long samples, one with nine short ones), one pool
+    /// of 2 replicas × CP 2, tiles of 64 tokens.
+    pub(crate) fn small_plan() -> Plan {
+        let batch: Vec<PackedSeq> = [vec![300u32, 200], vec![50; 9]]
+            .iter()
+            .map(|l| PackedSeq {
+                samples: l
+                    .iter()
+                    .map(|&len| Sample {
+                        doc: 0,
+                        offset: 0,
+                        len,
+                        cut: false,
+                    })
+                    .collect(),
+                capacity: 512,
+            })
+            .collect();
+        let p = LibraParams {
+            pool_size: 2,
+            cp: 2,
+            tile_tokens: 64,
+            ..LibraParams::default()
+        };
+        plan_step(0, &batch, &consecutive_pools(2, 2), 2, &p).unwrap()
+    }
+
+    #[test]
+    fn worker_pieces_map_to_gpu_pairs() {
+        // Workers 0..4 on 2 GPUs: 0,2 → GPU 0; 1,3 → GPU 1.
+        let pieces = [(1, 0, 10), (3, 0, 5), (2, 0, 7), (0, 1, 1), (2, 3, 4)];
+        let m = gpu_moves(&pieces, 2).unwrap();
+        let want = [
+            Move {
+                src: 0,
+                dst: 0,
+                bytes: 7,
+            },
+            Move {
+                src: 0,
+                dst: 1,
+                bytes: 5,
+            },
+            Move {
+                src: 1,
+                dst: 0,
+                bytes: 15,
+            },
+        ];
+        assert_eq!(m, want);
+        // One GPU: everything is one local copy of all the bytes.
+        let one = gpu_moves(&pieces, 1).unwrap();
+        assert_eq!(
+            one,
+            vec![Move {
+                src: 0,
+                dst: 0,
+                bytes: 27
+            }]
+        );
+        assert!(gpu_moves(&pieces, 0).is_err());
+    }
+
+    #[test]
+    fn launches_cover_the_plan_flops_and_bytes() {
+        let plan = small_plan();
+        let m = default_chunks(&plan);
+        let specs = launches(&plan, m).unwrap();
+        let total: f64 = specs.iter().map(|s| s.flops).sum();
+        let want: f64 = plan
+            .groups
+            .iter()
+            .flat_map(|g| &g.units)
+            .map(|u| u.flops)
+            .sum();
+        assert!((total - want).abs() <= 1e-9 * want, "{total} vs {want}");
+        // The kernel's own FLOP count of each launch equals the pipeliner's.
+        for s in &specs {
+            let h = Heads::new(s.heads, s.heads_kv, plan.shape.head_dim).unwrap();
+            let k = s.batch.flops(h);
+            assert!(
+                (k - s.flops).abs() <= 1e-9 * s.flops.max(1.0),
+                "{k} vs {}",
+                s.flops
+            );
+            let hist: u32 = s.segs.iter().map(|x| x.n).sum();
+            assert_eq!(hist as usize, s.batch.units.len());
+        }
+        let bytes: u64 = specs
+            .iter()
+            .map(|s| s.dispatch_bytes + s.return_bytes)
+            .sum();
+        let want: u64 = plan
+            .groups
+            .iter()
+            .flat_map(|g| &g.transfers)
+            .map(|t| t.bytes)
+            .sum();
+        assert_eq!(bytes, want);
+    }
+}

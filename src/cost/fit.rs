@@ -1,0 +1,1003 @@
+//! Calibration against GPU measurements (issue 7, "Calibration").
+//!
+//! Owns the measurement record that `skewsim validate` writes and `skewsim calibrate` reads
+//! ([`Measurement`], CSV text in and out), the [`Pricing`] of one measured launch through
+//! the one cost model (the kernel efficiency table [`EffTable`] answered per segment by
+//! (heads per call, query length, KV length), plus the launch and copy terms of
+//! [`LaunchCosts`]), the predicted-vs-measured [`Summary`] and the [`fit`] that turns
+//! measurements into a [`Calibration`].
+//!
+//! It may not read files or touch a device (the CLI does), and it never prices work by a
+//! formula of its own: a launch of segments costs `attn_launch_us` + Σ segments FLOPs /
+//! `EffTable::tflops(heads, q, kv)` (the engine's formula, Libra Eq. 8 FLOPs at the
+//! measured rate); a copy costs `copy_launch_us` + bytes / `copy_bytes_per_s`.
+//!
+//! Fitting: copies by weighted least squares on relative residuals (closed form, 2
+//! unknowns); attention by Levenberg–Marquardt on relative residuals over ln(TFLOP/s) at
+//! the grid's nodes and the launch overhead, pricing every candidate through
+//! [`EffTable::from_points`] + [`EffTable::tflops`], so the fitted table is exactly the one
+//! the engine will interpolate. Nodes no measurement reaches keep their starting value
+//! (the built-in H200 table's).
+
+use serde::{Deserialize, Serialize};
+
+use super::{AttnShape, Calibration, EffPoint, EffTable, Hardware, LaunchCosts};
+use crate::error::{invalid, parse_error, Result};
+use crate::plan::segment_pairs;
+
+/// `n` segments of `q` queries ending at sample-local position `kv` (keys [0, kv)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SegCount {
+    /// Query length e − a.
+    pub q: u32,
+    /// KV length e.
+    pub kv: u32,
+    /// How many such segments.
+    pub n: u32,
+}
+
+/// What a measurement row timed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MeasureKind {
+    /// One variable-length attention launch (a worker's head chunk).
+    Attn,
+    /// The chunk's dispatch bytes (Q and KV arriving), moved as one copy.
+    Dispatch,
+    /// The chunk's return bytes (outputs leaving), moved as one copy.
+    Return,
+}
+
+impl MeasureKind {
+    fn name(self) -> &'static str {
+        match self {
+            MeasureKind::Attn => "attn",
+            MeasureKind::Dispatch => "dispatch",
+            MeasureKind::Return => "return",
+        }
+    }
+}
+
+/// One measured launch or copy.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Measurement {
+    pub kind: MeasureKind,
+    /// The plan (file stem) or trace it came from.
+    pub plan: String,
+    /// The seed label the plan was made with (held-out split).
+    pub seed: u64,
+    pub scheme: String,
+    pub step: u64,
+    pub ga: u32,
+    pub pool: u32,
+    pub worker: u32,
+    /// Head chunk index m.
+    pub chunk: u32,
+    /// Plan work units on the worker.
+    pub units: u64,
+    /// Kernel units (segments) in the launch.
+    pub segments: u64,
+    /// Kernel query tiles in the launch (per head).
+    pub tiles: u64,
+    /// Query heads per call.
+    pub heads: u32,
+    pub head_dim: u32,
+    /// Query tokens in the launch.
+    pub q_tokens: u64,
+    /// Forward FLOPs (attention rows).
+    pub flops: f64,
+    /// Bytes moved (copy rows).
+    pub bytes: u64,
+    /// The cost model's prediction when the row was written.
+    pub predicted_ms: Option<f64>,
+    /// Median of the timed repetitions.
+    pub measured_ms: f64,
+    pub p10_ms: f64,
+    pub p90_ms: f64,
+    /// Segment histogram (attention rows).
+    pub segs: Vec<SegCount>,
+}
+
+const HEADER: [&str; 22] = [
+    "kind",
+    "plan",
+    "seed",
+    "scheme",
+    "step",
+    "ga",
+    "pool",
+    "worker",
+    "chunk",
+    "units",
+    "segments",
+    "tiles",
+    "heads",
+    "head_dim",
+    "q_tokens",
+    "flops",
+    "bytes",
+    "predicted_ms",
+    "measured_ms",
+    "p10_ms",
+    "p90_ms",
+    "segs",
+];
+
+/// Segments as `q:kv*n` joined by `;`.
+fn segs_text(segs: &[SegCount]) -> String {
+    segs.iter()
+        .map(|s| format!("{}:{}*{}", s.q, s.kv, s.n))
+        .collect::<Vec<_>>()
+        .join(";")
+}
+
+fn parse_segs(text: &str, ctx: &str) -> Result<Vec<SegCount>> {
+    if text.is_empty() {
+        return Ok(Vec::new());
+    }
+    text.split(';')
+        .map(|part| {
+            let bad = || {
+                invalid(
+                    format!("{ctx}: segs"),
+                    part,
+                    "q:kv*n with 1 <= q <= kv and n >= 1",
+                )
+            };
+            let (qkv, n) = part.split_once('*').ok_or_else(bad)?;
+            let (q, kv) = qkv.split_once(':').ok_or_else(bad)?;
+            let s = SegCount {
+                q: q.parse().map_err(|_| bad())?,
+                kv: kv.parse().map_err(|_| bad())?,
+                n: n.parse().map_err(|_| bad())?,
+            };
+            if s.q == 0 || s.q > s.kv || s.n == 0 {
+                return Err(bad());
+            }
+            Ok(s)
+        })
+        .collect()
+}
+
+/// Measurement rows as CSV text (header first).
+pub fn measurements_to_csv(rows: &[Measurement]) -> Result<String> {
+    let mut w = csv::Writer::from_writer(Vec::new());
+    let err = |e: csv::Error| parse_error("measurement csv", e.to_string());
+    w.write_record(HEADER).map_err(err)?;
+    let opt = |x: Option<f64>| x.map(|v| format!("{v:.6}")).unwrap_or_default();
+    for r in rows {
+        w.write_record([
+            r.kind.name().to_string(),
+            r.plan.clone(),
+            r.seed.to_string(),
+            r.scheme.clone(),
+            r.step.to_string(),
+            r.ga.to_string(),
+            r.pool.to_string(),
+            r.worker.to_string(),
+            r.chunk.to_string(),
+            r.units.to_string(),
+            r.segments.to_string(),
+            r.tiles.to_string(),
+            r.heads.to_string(),
+            r.head_dim.to_string(),
+            r.q_tokens.to_string(),
+            format!("{:.6e}", r.flops),
+            r.bytes.to_string(),
+            opt(r.predicted_ms),
+            format!("{:.6}", r.measured_ms),
+            format!("{:.6}", r.p10_ms),
+            format!("{:.6}", r.p90_ms),
+            segs_text(&r.segs),
+        ])
+        .map_err(err)?;
+    }
+    let bytes = w
+        .into_inner()
+        .map_err(|e| parse_error("measurement csv", e.to_string()))?;
+    String::from_utf8(bytes).map_err(|e| parse_error("measurement csv", e.to_string()))
+}
+
+/// Parse measurement CSV text; `context` names the file in errors.
+pub fn measurements_from_csv(text: &str, context: &str) -> Result<Vec<Measurement>> {
+    let mut rdr = csv::Reader::from_reader(text.as_bytes());
+    let headers = rdr
+        .headers()
+        .map_err(|e| parse_error(context, e.to_string()))?
+        .clone();
+    let mut col = [0usize; 22];
+    for (i, name) in HEADER.iter().enumerate() {
+        col[i] = headers
+            .iter()
+            .position(|h| h == *name)
+            .ok_or_else(|| parse_error(context, format!("missing column `{name}`")))?;
+    }
+    let mut out = Vec::new();
+    for (i, rec) in rdr.records().enumerate() {
+        let rec = rec.map_err(|e| parse_error(context, e.to_string()))?;
+        let line = i + 2;
+        let ctx = format!("{context}: line {line}");
+        let f = |k: usize| rec.get(col[k]).unwrap_or("");
+        fn num<T: std::str::FromStr>(s: &str, ctx: &str, name: &str) -> Result<T> {
+            s.parse::<T>()
+                .map_err(|_| invalid(format!("{ctx}: {name}"), s, "a number"))
+        }
+        let kind = match f(0) {
+            "attn" => MeasureKind::Attn,
+            "dispatch" => MeasureKind::Dispatch,
+            "return" => MeasureKind::Return,
+            other => {
+                return Err(invalid(
+                    format!("{ctx}: kind"),
+                    other,
+                    "attn, dispatch or return",
+                ))
+            }
+        };
+        let time = |k: usize, name: &str| -> Result<f64> {
+            let v: f64 = num(f(k), &ctx, name)?;
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(invalid(
+                    format!("{ctx}: {name}"),
+                    v,
+                    "a finite time >= 0 ms",
+                ));
+            }
+            Ok(v)
+        };
+        out.push(Measurement {
+            kind,
+            plan: f(1).to_string(),
+            seed: num(f(2), &ctx, "seed")?,
+            scheme: f(3).to_string(),
+            step: num(f(4), &ctx, "step")?,
+            ga: num(f(5), &ctx, "ga")?,
+            pool: num(f(6), &ctx, "pool")?,
+            worker: num(f(7), &ctx, "worker")?,
+            chunk: num(f(8), &ctx, "chunk")?,
+            units: num(f(9), &ctx, "units")?,
+            segments: num(f(10), &ctx, "segments")?,
+            tiles: num(f(11), &ctx, "tiles")?,
+            heads: num(f(12), &ctx, "heads")?,
+            head_dim: num(f(13), &ctx, "head_dim")?,
+            q_tokens: num(f(14), &ctx, "q_tokens")?,
+            flops: num(f(15), &ctx, "flops")?,
+            bytes: num(f(16), &ctx, "bytes")?,
+            predicted_ms: match f(17) {
+                "" => None,
+                s => Some(num(s, &ctx, "predicted_ms")?),
+            },
+            measured_ms: time(18, "measured_ms")?,
+            p10_ms: time(19, "p10_ms")?,
+            p90_ms: time(20, "p90_ms")?,
+            segs: parse_segs(f(21), &ctx)?,
+        });
+    }
+    Ok(out)
+}
+
+/// Prices measured launches and copies through the cost model's table and launch terms.
+#[derive(Clone, Debug)]
+pub struct Pricing {
+    pub eff: EffTable,
+    pub launch: LaunchCosts,
+}
+
+impl Pricing {
+    /// The built-in H200 table with default launch terms.
+    pub fn h200_default() -> Result<Self> {
+        Ok(Pricing {
+            eff: EffTable::h200_default()?,
+            launch: LaunchCosts::default(),
+        })
+    }
+
+    /// From a calibration file's text.
+    pub fn from_calibration_json(text: &str, context: &str) -> Result<Self> {
+        let c = Calibration::from_json_str(text, context)?;
+        Ok(Pricing {
+            eff: EffTable::from_points(&c.attn_fwd, context)?,
+            launch: c.launch,
+        })
+    }
+
+    /// Attention time of a launch's segments at `heads` per call, ms, without the launch
+    /// overhead.
+    pub fn attn_compute_ms(eff: &EffTable, heads: u32, head_dim: u32, segs: &[SegCount]) -> f64 {
+        let shape = AttnShape {
+            heads_q: heads,
+            heads_kv: 1,
+            head_dim,
+            dtype_bytes: 2,
+        };
+        segs.iter()
+            .map(|s| {
+                let pairs = segment_pairs(u64::from(s.kv - s.q), u64::from(s.kv));
+                let flops = shape.fwd_flops(pairs, heads) * f64::from(s.n);
+                // FLOPs / TFLOP/s = ps; 1e-9 ms per ps.
+                flops / eff.tflops(heads, u64::from(s.q), u64::from(s.kv)) * 1e-9
+            })
+            .sum()
+    }
+
+    /// Predicted milliseconds of one measurement row.
+    pub fn predict_ms(&self, m: &Measurement) -> f64 {
+        match m.kind {
+            MeasureKind::Attn if m.segs.is_empty() => 0.0,
+            MeasureKind::Attn => {
+                self.launch.attn_launch_us * 1e-3
+                    + Self::attn_compute_ms(&self.eff, m.heads, m.head_dim, &m.segs)
+            }
+            _ if m.bytes == 0 => 0.0,
+            _ => {
+                self.launch.copy_launch_us * 1e-3
+                    + m.bytes as f64 / self.launch.copy_bytes_per_s * 1e3
+            }
+        }
+    }
+}
+
+/// Absolute percentage errors summarised.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct ErrStats {
+    pub n: usize,
+    pub median_ape: f64,
+    pub p90_ape: f64,
+    pub max_ape: f64,
+}
+
+fn quantile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    // Linear interpolation between order statistics.
+    let x = p * (sorted.len() - 1) as f64;
+    let lo = x.floor() as usize;
+    let hi = x.ceil() as usize;
+    sorted[lo] + (sorted[hi] - sorted[lo]) * (x - lo as f64)
+}
+
+impl ErrStats {
+    /// From (predicted, measured) pairs; pairs with measured 0 are skipped.
+    pub fn of(pairs: &[(f64, f64)]) -> Self {
+        let mut e: Vec<f64> = pairs
+            .iter()
+            .filter(|(_, m)| *m > 0.0)
+            .map(|(p, m)| (p - m).abs() / m * 100.0)
+            .collect();
+        e.sort_by(f64::total_cmp);
+        ErrStats {
+            n: e.len(),
+            median_ape: quantile(&e, 0.5),
+            p90_ape: quantile(&e, 0.9),
+            max_ape: e.last().copied().unwrap_or(f64::NAN),
+        }
+    }
+}
+
+/// One worker's attention time in one (plan, GA index, pool): Σ of its chunks.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct WorkerTime {
+    pub plan: String,
+    pub ga: u32,
+    pub pool: u32,
+    pub worker: u32,
+    pub predicted_ms: f64,
+    pub measured_ms: f64,
+}
+
+/// Predicted vs measured: per worker (attention), per step (slowest worker), copies.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Summary {
+    pub workers: Vec<WorkerTime>,
+    /// APE of per-worker attention time.
+    pub worker_err: ErrStats,
+    /// APE of the slowest worker's time per (plan, GA index): the straggler.
+    pub max_worker_err: ErrStats,
+    /// APE of single launches.
+    pub launch_err: ErrStats,
+    /// APE of copies (dispatch and return, bytes > 0).
+    pub copy_err: ErrStats,
+}
+
+/// Summarise `rows` priced by `pricing`.
+pub fn summarize(rows: &[Measurement], pricing: &Pricing) -> Summary {
+    let mut workers: Vec<WorkerTime> = Vec::new();
+    let mut launches = Vec::new();
+    let mut copies = Vec::new();
+    let mut index: std::collections::BTreeMap<(String, u32, u32, u32), usize> =
+        std::collections::BTreeMap::new();
+    for r in rows {
+        let p = pricing.predict_ms(r);
+        match r.kind {
+            MeasureKind::Attn => {
+                launches.push((p, r.measured_ms));
+                let key = (r.plan.clone(), r.ga, r.pool, r.worker);
+                let i = *index.entry(key).or_insert_with(|| {
+                    workers.push(WorkerTime {
+                        plan: r.plan.clone(),
+                        ga: r.ga,
+                        pool: r.pool,
+                        worker: r.worker,
+                        predicted_ms: 0.0,
+                        measured_ms: 0.0,
+                    });
+                    workers.len() - 1
+                });
+                workers[i].predicted_ms += p;
+                workers[i].measured_ms += r.measured_ms;
+            }
+            _ if r.bytes > 0 => copies.push((p, r.measured_ms)),
+            _ => {}
+        }
+    }
+    let mut steps: std::collections::BTreeMap<(String, u32), (f64, f64)> =
+        std::collections::BTreeMap::new();
+    for w in &workers {
+        let e = steps.entry((w.plan.clone(), w.ga)).or_insert((0.0, 0.0));
+        e.0 = e.0.max(w.predicted_ms);
+        e.1 = e.1.max(w.measured_ms);
+    }
+    let wp: Vec<(f64, f64)> = workers
+        .iter()
+        .map(|w| (w.predicted_ms, w.measured_ms))
+        .collect();
+    let sp: Vec<(f64, f64)> = steps.values().copied().collect();
+    Summary {
+        worker_err: ErrStats::of(&wp),
+        max_worker_err: ErrStats::of(&sp),
+        launch_err: ErrStats::of(&launches),
+        copy_err: ErrStats::of(&copies),
+        workers,
+    }
+}
+
+impl Summary {
+    /// Text table: the error statistics, then per plan and GA index the slowest worker.
+    pub fn table(&self) -> String {
+        let mut s =
+            String::from("quantity                       n  median APE %  p90 APE %  max APE %\n");
+        for (name, e) in [
+            ("per-worker attention time", &self.worker_err),
+            ("slowest worker per step", &self.max_worker_err),
+            ("single launch", &self.launch_err),
+            ("copy (HBM d2d)", &self.copy_err),
+        ] {
+            s.push_str(&format!(
+                "{name:<27}{:>5}{:>14.2}{:>11.2}{:>11.2}\n",
+                e.n, e.median_ape, e.p90_ape, e.max_ape
+            ));
+        }
+        s
+    }
+}
+
+/// Settings of [`fit`].
+#[derive(Clone, Debug)]
+pub struct FitOptions {
+    /// Grid lengths (tokens) of the fitted table; empty: powers of 2 spanning the data.
+    pub lens: Vec<u32>,
+    /// Levenberg–Marquardt iterations.
+    pub iterations: usize,
+    /// Weight of the pull towards the starting pricing: one residual per node,
+    /// `w·(ln tflops − ln tflops₀)`, and `w·(µs − µs₀)/10` for the launch overhead, beside
+    /// the launches' relative errors. Keeps nodes and overhead that the data cannot tell
+    /// apart (all launches long, few lengths) at the start instead of trading off wildly.
+    pub prior_weight: f64,
+}
+
+impl Default for FitOptions {
+    fn default() -> Self {
+        FitOptions {
+            lens: Vec::new(),
+            iterations: 30,
+            prior_weight: 0.03,
+        }
+    }
+}
+
+/// The fitted parameters and how well they reproduce the fitting data.
+#[derive(Clone, Debug)]
+pub struct FitResult {
+    pub calibration: Calibration,
+    /// Root mean square relative residual of the attention launches (fraction).
+    pub attn_rms_rel: f64,
+    /// Attention launches and copies used.
+    pub attn_rows: usize,
+    pub copy_rows: usize,
+}
+
+/// Solve `a x = b` (n × n, row-major) by Gaussian elimination with partial pivoting.
+fn solve(mut a: Vec<f64>, mut b: Vec<f64>) -> Option<Vec<f64>> {
+    let n = b.len();
+    for c in 0..n {
+        let p = (c..n).max_by(|&i, &j| a[i * n + c].abs().total_cmp(&a[j * n + c].abs()))?;
+        if a[p * n + c].abs() < 1e-300 {
+            return None;
+        }
+        if p != c {
+            for k in 0..n {
+                a.swap(p * n + k, c * n + k);
+            }
+            b.swap(p, c);
+        }
+        for r in c + 1..n {
+            let f = a[r * n + c] / a[c * n + c];
+            if f != 0.0 {
+                for k in c..n {
+                    a[r * n + k] -= f * a[c * n + k];
+                }
+                b[r] -= f * b[c];
+            }
+        }
+    }
+    let mut x = vec![0.0; n];
+    for c in (0..n).rev() {
+        let s: f64 = (c + 1..n).map(|k| a[c * n + k] * x[k]).sum();
+        x[c] = (b[c] - s) / a[c * n + c];
+    }
+    x.iter().all(|v| v.is_finite()).then_some(x)
+}
+
+/// Fit copy terms: minimise Σ ((a + b·bytes − t)/t)², a = launch ms, b = ms per byte.
+fn fit_copies(rows: &[&Measurement], base: &LaunchCosts) -> LaunchCosts {
+    let pts: Vec<(f64, f64)> = rows
+        .iter()
+        .filter(|r| r.bytes > 0 && r.measured_ms > 0.0)
+        .map(|r| (r.bytes as f64, r.measured_ms))
+        .collect();
+    let mut out = base.clone();
+    if pts.len() < 2 {
+        return out;
+    }
+    // Weighted normal equations, weight 1/t².
+    let (mut s00, mut s01, mut s11, mut r0, mut r1) = (0.0, 0.0, 0.0, 0.0, 0.0);
+    for &(x, t) in &pts {
+        let w = 1.0 / (t * t);
+        s00 += w;
+        s01 += w * x;
+        s11 += w * x * x;
+        r0 += w * t;
+        r1 += w * x * t;
+    }
+    if let Some(v) = solve(vec![s00, s01, s01, s11], vec![r0, r1]) {
+        let (a, b) = (v[0].max(0.0), v[1]);
+        if b > 0.0 {
+            out.copy_launch_us = a * 1e3;
+            out.copy_bytes_per_s = 1e3 / b;
+        }
+    }
+    out
+}
+
+/// Lognormal σ of run-to-run jitter from each row's p10/p90 around its median:
+/// median over rows of ln(p90/p10) / (2·z₀.₉), z₀.₉ = 1.2816.
+fn fit_jitter(rows: &[&Measurement]) -> Option<f64> {
+    let mut s: Vec<f64> = rows
+        .iter()
+        .filter(|r| r.p10_ms > 0.0 && r.p90_ms >= r.p10_ms)
+        .map(|r| (r.p90_ms / r.p10_ms).ln() / (2.0 * 1.2816))
+        .collect();
+    s.sort_by(f64::total_cmp);
+    (!s.is_empty()).then(|| quantile(&s, 0.5))
+}
+
+/// Fit the efficiency table (heads per call × length), the attention launch overhead, copy
+/// terms and jitter to `rows`. The table starts from `start` at every node.
+pub fn fit(rows: &[Measurement], start: &Pricing, opts: &FitOptions) -> Result<FitResult> {
+    let attn: Vec<&Measurement> = rows
+        .iter()
+        .filter(|r| r.kind == MeasureKind::Attn && !r.segs.is_empty() && r.measured_ms > 0.0)
+        .collect();
+    let copies: Vec<&Measurement> = rows
+        .iter()
+        .filter(|r| r.kind != MeasureKind::Attn)
+        .collect();
+    if attn.is_empty() {
+        return Err(invalid(
+            "measurements",
+            "no attention rows with segments and a positive time",
+            "at least one measured attention launch",
+        ));
+    }
+    let mut heads: Vec<u32> = attn.iter().map(|r| r.heads).collect();
+    heads.sort_unstable();
+    heads.dedup();
+    let lens: Vec<u32> = if opts.lens.is_empty() {
+        let (mut lo, mut hi) = (f64::INFINITY, 0f64);
+        for r in &attn {
+            for s in &r.segs {
+                let l = (f64::from(s.q) * f64::from(s.kv)).sqrt();
+                lo = lo.min(l);
+                hi = hi.max(l);
+            }
+        }
+        // Below 64 tokens a launch is all overhead: the table's first node is at least 64.
+        let (a, b) = (
+            lo.max(64.0).log2().floor() as u32,
+            hi.max(64.0).log2().ceil() as u32,
+        );
+        (a.min(30)..=b.min(30)).map(|e| 1u32 << e).collect()
+    } else {
+        let mut l = opts.lens.clone();
+        l.sort_unstable();
+        l.dedup();
+        l
+    };
+    if lens.is_empty() || lens[0] == 0 {
+        return Err(invalid(
+            "fit lengths",
+            format!("{lens:?}"),
+            "positive token counts",
+        ));
+    }
+    let nodes: Vec<(u32, u32)> = heads
+        .iter()
+        .flat_map(|&h| lens.iter().map(move |&l| (h, l)))
+        .collect();
+    let np = nodes.len() + 1; // + launch overhead (µs, ≥ 0, fitted as is)
+    let mut theta: Vec<f64> = nodes
+        .iter()
+        .map(|&(h, l)| start.eff.tflops(h, u64::from(l), u64::from(l)).ln())
+        .collect();
+    theta.push(start.launch.attn_launch_us.max(0.0));
+    let table = |th: &[f64]| -> Result<EffTable> {
+        let pts: Vec<EffPoint> = nodes
+            .iter()
+            .zip(th)
+            .map(|(&(heads, len), &t)| EffPoint {
+                heads,
+                len,
+                // ln TFLOP/s kept inside [ln 0.01, ln 1e5]: a step never leaves the physical range.
+                tflops: t.clamp(-4.6, 11.5).exp(),
+            })
+            .collect();
+        EffTable::from_points(&pts, "fit")
+    };
+    let theta0 = theta.clone();
+    let w = opts.prior_weight.max(0.0);
+    let residuals = |th: &[f64]| -> Result<Vec<f64>> {
+        let eff = table(th)?;
+        let us = th[np - 1].max(0.0);
+        let mut r: Vec<f64> = attn
+            .iter()
+            .map(|r| {
+                let p = us * 1e-3 + Pricing::attn_compute_ms(&eff, r.heads, r.head_dim, &r.segs);
+                (p - r.measured_ms) / r.measured_ms
+            })
+            .collect();
+        if w > 0.0 {
+            r.extend((0..np - 1).map(|k| w * (th[k] - theta0[k])));
+            r.push(w * (us - theta0[np - 1]) / 10.0);
+        }
+        Ok(r)
+    };
+    let cost = |r: &[f64]| r.iter().map(|x| x * x).sum::<f64>();
+    let mut r = residuals(&theta)?;
+    let mut c = cost(&r);
+    let mut lambda = 1e-3;
+    let n = r.len();
+    for _ in 0..opts.iterations {
+        // Numeric Jacobian (forward differences).
+        let mut jac = vec![0.0; n * np];
+        for k in 0..np {
+            let h = if k + 1 == np { 0.5 } else { 1e-4 };
+            let mut t2 = theta.clone();
+            t2[k] += h;
+            let r2 = residuals(&t2)?;
+            for i in 0..n {
+                jac[i * np + k] = (r2[i] - r[i]) / h;
+            }
+        }
+        let mut jtj = vec![0.0; np * np];
+        let mut jtr = vec![0.0; np];
+        for i in 0..n {
+            let row = &jac[i * np..(i + 1) * np];
+            for a in 0..np {
+                if row[a] == 0.0 {
+                    continue;
+                }
+                jtr[a] += row[a] * r[i];
+                for b in 0..np {
+                    jtj[a * np + b] += row[a] * row[b];
+                }
+            }
+        }
+        let mut improved = false;
+        for _ in 0..8 {
+            let mut m = jtj.clone();
+            for a in 0..np {
+                m[a * np + a] += lambda * jtj[a * np + a].max(1e-12) + 1e-12;
+            }
+            let Some(step) = solve(m, jtr.iter().map(|v| -v).collect()) else {
+                lambda *= 10.0;
+                continue;
+            };
+            let mut t2: Vec<f64> = theta.iter().zip(&step).map(|(t, s)| t + s).collect();
+            t2[np - 1] = t2[np - 1].max(0.0);
+            let r2 = residuals(&t2)?;
+            let c2 = cost(&r2);
+            if c2 < c {
+                theta = t2;
+                r = r2;
+                let rel = (c - c2) / c.max(1e-300);
+                c = c2;
+                lambda = (lambda / 3.0).max(1e-9);
+                improved = rel > 1e-10;
+                break;
+            }
+            lambda *= 10.0;
+        }
+        if !improved {
+            break;
+        }
+    }
+    let eff_points: Vec<EffPoint> = nodes
+        .iter()
+        .zip(&theta)
+        .map(|(&(heads, len), &t)| EffPoint {
+            heads,
+            len,
+            tflops: t.clamp(-4.6, 11.5).exp(),
+        })
+        .collect();
+    let mut launch = fit_copies(&copies, &start.launch);
+    launch.attn_launch_us = theta[np - 1];
+    launch.jitter_sigma = fit_jitter(&attn).or(start.launch.jitter_sigma);
+    Ok(FitResult {
+        calibration: Calibration {
+            attn_fwd: eff_points,
+            hardware: Hardware::default(),
+            launch,
+        },
+        attn_rms_rel: (r[..attn.len()].iter().map(|x| x * x).sum::<f64>() / attn.len() as f64)
+            .sqrt(),
+        attn_rows: attn.len(),
+        copy_rows: copies.iter().filter(|r| r.bytes > 0).count(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(kind: MeasureKind, heads: u32, segs: Vec<SegCount>, bytes: u64, ms: f64) -> Measurement {
+        Measurement {
+            kind,
+            plan: "p".into(),
+            seed: 1,
+            scheme: "libra".into(),
+            step: 0,
+            ga: 0,
+            pool: 0,
+            worker: 0,
+            chunk: 0,
+            units: 1,
+            segments: segs.iter().map(|s| u64::from(s.n)).sum(),
+            tiles: 0,
+            heads,
+            head_dim: 128,
+            q_tokens: 0,
+            flops: 0.0,
+            bytes,
+            predicted_ms: Some(1.5),
+            measured_ms: ms,
+            p10_ms: ms * 0.98,
+            p90_ms: ms * 1.02,
+            segs,
+        }
+    }
+
+    #[test]
+    fn csv_round_trips_and_names_bad_fields() {
+        let segs = vec![
+            SegCount {
+                q: 64,
+                kv: 300,
+                n: 2,
+            },
+            SegCount { q: 5, kv: 5, n: 1 },
+        ];
+        let rows = vec![
+            row(MeasureKind::Attn, 2, segs, 0, 1.25),
+            row(MeasureKind::Dispatch, 2, vec![], 4096, 0.01),
+        ];
+        let text = measurements_to_csv(&rows).unwrap();
+        assert!(text.contains("64:300*2;5:5*1"), "{text}");
+        let back = measurements_from_csv(&text, "m.csv").unwrap();
+        assert_eq!(back.len(), 2);
+        assert_eq!(back[0].segs, rows[0].segs);
+        assert_eq!(back[0].measured_ms, 1.25);
+        assert_eq!(back[1].kind, MeasureKind::Dispatch);
+        assert_eq!(back[1].bytes, 4096);
+        let bad = text.replace("64:300*2", "400:300*2");
+        let e = measurements_from_csv(&bad, "m.csv")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("m.csv: line 2: segs") && e.contains("400:300*2"),
+            "{e}"
+        );
+        let bad = text.replace("dispatch", "teleport");
+        let e = measurements_from_csv(&bad, "m.csv")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("line 3: kind") && e.contains("attn, dispatch or return"),
+            "{e}"
+        );
+        let e = measurements_from_csv("kind,plan\n", "m.csv")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("missing column `seed`"), "{e}");
+    }
+
+    #[test]
+    fn prediction_by_hand() {
+        // One 1024-token document at 2 heads: 4·128·2·(1024·1025/2) FLOPs at the default
+        // table's 177.7 TFLOP/s (heads 2, len 1024), plus 3 µs launch.
+        let mut p = Pricing::h200_default().unwrap();
+        p.launch.attn_launch_us = 3.0;
+        let r = row(
+            MeasureKind::Attn,
+            2,
+            vec![SegCount {
+                q: 1024,
+                kv: 1024,
+                n: 1,
+            }],
+            0,
+            1.0,
+        );
+        let flops = 4.0 * 128.0 * 2.0 * (1024.0 * 1025.0 / 2.0);
+        let want = 3e-3 + flops / 177.7e12 * 1e3;
+        assert!(
+            (p.predict_ms(&r) - want).abs() < 1e-12,
+            "{}",
+            p.predict_ms(&r)
+        );
+        // Copy: 1 MB at 2e12 B/s + 5 µs.
+        p.launch.copy_bytes_per_s = 2e12;
+        p.launch.copy_launch_us = 5.0;
+        let c = row(MeasureKind::Return, 2, vec![], 1_000_000, 1.0);
+        assert!((p.predict_ms(&c) - (5e-3 + 1e6 / 2e12 * 1e3)).abs() < 1e-15);
+    }
+
+    #[test]
+    fn summary_errors_by_hand() {
+        let p = Pricing::h200_default().unwrap();
+        let seg = vec![SegCount {
+            q: 1024,
+            kv: 1024,
+            n: 1,
+        }];
+        let truth = p.predict_ms(&row(MeasureKind::Attn, 2, seg.clone(), 0, 1.0));
+        // Worker 0: two chunks measured 10% slow; worker 1: exact.
+        let mut rows = Vec::new();
+        for (w, f) in [(0, 1.1), (0, 1.1), (1, 1.0), (1, 1.0)] {
+            let mut r = row(MeasureKind::Attn, 2, seg.clone(), 0, truth * f);
+            r.worker = w;
+            rows.push(r);
+        }
+        let s = summarize(&rows, &p);
+        assert_eq!(s.workers.len(), 2);
+        assert_eq!(s.worker_err.n, 2);
+        // APEs |1 - 1.1|/1.1 = 9.0909 % and 0 %.
+        assert!((s.worker_err.max_ape - 100.0 * 0.1 / 1.1).abs() < 1e-9);
+        assert!((s.worker_err.median_ape - 50.0 * 0.1 / 1.1).abs() < 1e-9);
+        // Slowest worker: predicted 2·truth vs measured 2.2·truth.
+        assert_eq!(s.max_worker_err.n, 1);
+        assert!((s.max_worker_err.median_ape - 100.0 * 0.1 / 1.1).abs() < 1e-9);
+    }
+
+    /// Synthetic measurements from known parameters: the fit must recover them.
+    #[test]
+    fn fit_recovers_known_parameters() {
+        // Truth: a table over heads {2, 8} × lens {256, 1024, 4096, 16384} and a 6 µs
+        // launch; copies at 2.1e12 B/s + 4 µs.
+        let lens = [256u32, 1024, 4096, 16384];
+        let truth_eff = |h: u32, l: u32| {
+            let base = if h == 2 { 120.0 } else { 200.0 };
+            base * (1.0 + (f64::from(l) / 256.0).ln() / 3.0)
+        };
+        let pts: Vec<EffPoint> = [2u32, 8]
+            .iter()
+            .flat_map(|&h| {
+                lens.iter().map(move |&l| EffPoint {
+                    heads: h,
+                    len: l,
+                    tflops: truth_eff(h, l),
+                })
+            })
+            .collect();
+        let truth = Pricing {
+            eff: EffTable::from_points(&pts, "truth").unwrap(),
+            launch: LaunchCosts {
+                attn_launch_us: 6.0,
+                copy_launch_us: 4.0,
+                copy_bytes_per_s: 2.1e12,
+                jitter_sigma: None,
+            },
+        };
+        // Launches: mixes of whole documents and chunks at deterministic lengths.
+        let mut rows = Vec::new();
+        let mut x: u64 = 12345;
+        let mut next = |m: u64| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (x >> 33) % m
+        };
+        for i in 0..60 {
+            let heads = if i % 2 == 0 { 2 } else { 8 };
+            let mut segs = Vec::new();
+            for _ in 0..(1 + next(4)) {
+                let kv = 256 + next(16000) as u32;
+                let q = if next(2) == 0 { kv } else { (kv / 4).max(1) };
+                segs.push(SegCount {
+                    q,
+                    kv,
+                    n: 1 + next(3) as u32,
+                });
+            }
+            // Very small launches make the launch overhead visible.
+            if i % 5 == 0 {
+                segs = vec![SegCount {
+                    q: 256,
+                    kv: 256,
+                    n: 1,
+                }];
+            }
+            let mut r = row(MeasureKind::Attn, heads, segs, 0, 0.0);
+            r.measured_ms = truth.predict_ms(&r);
+            r.p10_ms = r.measured_ms * (-1.2816f64 * 0.02).exp();
+            r.p90_ms = r.measured_ms * (1.2816f64 * 0.02).exp();
+            rows.push(r);
+        }
+        for b in [1u64 << 16, 1 << 20, 1 << 24, 1 << 26, 3 << 20] {
+            let mut r = row(MeasureKind::Dispatch, 2, vec![], b, 0.0);
+            r.measured_ms = truth.predict_ms(&r);
+            rows.push(r);
+        }
+        let start = Pricing::h200_default().unwrap();
+        let opts = FitOptions {
+            lens: lens.to_vec(),
+            iterations: 40,
+            prior_weight: 1e-5,
+        };
+        let f = fit(&rows, &start, &opts).unwrap();
+        let c = &f.calibration;
+        assert!(f.attn_rms_rel < 1e-4, "rms {}", f.attn_rms_rel);
+        for p in &c.attn_fwd {
+            let t = truth_eff(p.heads, p.len);
+            assert!((p.tflops - t).abs() / t < 0.02, "{p:?} vs {t}");
+        }
+        assert!(
+            (c.launch.attn_launch_us - 6.0).abs() < 0.3,
+            "{:?}",
+            c.launch
+        );
+        assert!(
+            (c.launch.copy_bytes_per_s / 2.1e12 - 1.0).abs() < 1e-6,
+            "{:?}",
+            c.launch
+        );
+        assert!(
+            (c.launch.copy_launch_us - 4.0).abs() < 1e-6,
+            "{:?}",
+            c.launch
+        );
+        let js = c.launch.jitter_sigma.unwrap();
+        assert!((js - 0.02).abs() < 1e-9, "{js}");
+        // The fitted pricing reproduces the launches.
+        let fitted = Pricing {
+            eff: EffTable::from_points(&c.attn_fwd, "fit").unwrap(),
+            launch: c.launch.clone(),
+        };
+        let s = summarize(&rows, &fitted);
+        assert!(s.worker_err.max_ape < 0.1, "{:?}", s.worker_err);
+        // No attention rows: a clear error.
+        let e = fit(&rows[60..], &start, &opts).unwrap_err().to_string();
+        assert!(e.contains("at least one measured attention launch"), "{e}");
+    }
+}

@@ -1,0 +1,119 @@
+//! `skewsim validate` and `skewsim calibrate` end to end on a machine without a GPU (CI):
+//! validate checks the plan, then fails with a clear "no CUDA driver found" and exit 1;
+//! calibrate fits a committed H200 measurement CSV and writes a calibration that the
+//! cost model reads back.
+
+use std::process::Command;
+
+fn skewsim(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_skewsim"))
+        .args(args)
+        .output()
+        .expect("skewsim runs")
+}
+
+fn temp(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("skewsim-validate-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+#[test]
+fn validate_without_a_driver_is_a_clean_error() {
+    if validate::gpu::driver_present() {
+        println!("skipped: a CUDA driver is present here, so the no-driver path cannot be tested");
+        return;
+    }
+    let plan = temp("plan.json");
+    let out = skewsim(&[
+        "plan",
+        "--gbs",
+        "2",
+        "--dp",
+        "2",
+        "--cp",
+        "2",
+        "--pool-size",
+        "2",
+        "--seq-len",
+        "8192",
+        "-o",
+        plan.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let csv = temp("m.csv");
+    let out = skewsim(&[
+        "validate",
+        "--plan",
+        plan.to_str().unwrap(),
+        "-o",
+        csv.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("no CUDA driver found"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(!csv.exists());
+    // A bad plan is named before the GPU is looked for.
+    let bad = temp("bad.json");
+    std::fs::write(&bad, "{\"version\": 9}").unwrap();
+    let out = skewsim(&["validate", "--plan", bad.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("bad.json: version = 9"), "{err}");
+}
+
+#[test]
+fn calibrate_fits_the_committed_h200_measurements() {
+    let m = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/validate/results/plans_run13/measurements.csv"
+    );
+    let cal = temp("cal.json");
+    let out = skewsim(&[
+        "--json",
+        "calibrate",
+        "--measurements",
+        m,
+        "--holdout-seeds",
+        "2,4,6",
+        "-o",
+        cal.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["holdout_seeds"], serde_json::json!([2, 4, 6]));
+    assert_eq!(v["fit_seeds"], serde_json::json!([1, 3, 5, 7, 10]));
+    // The targets on held-out plans (measured 2026-11-29 on an H200).
+    let after = &v["holdout_after"];
+    assert!(
+        after["worker_err"]["median_ape"].as_f64().unwrap() < 5.0,
+        "{after}"
+    );
+    assert!(
+        after["worker_err"]["p90_ape"].as_f64().unwrap() < 10.0,
+        "{after}"
+    );
+    assert!(
+        after["max_worker_err"]["max_ape"].as_f64().unwrap() < 5.0,
+        "{after}"
+    );
+    // Calibration beats the uncalibrated table.
+    let before = &v["holdout_before"]["worker_err"]["median_ape"];
+    assert!(before.as_f64().unwrap() > after["worker_err"]["median_ape"].as_f64().unwrap());
+    // The written file is a calibration the cost model accepts.
+    let text = std::fs::read_to_string(&cal).unwrap();
+    skewsim::cost::Calibration::from_json_str(&text, "cal.json").unwrap();
+    // No input: a clear error.
+    let out = skewsim(&["calibrate"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("at least one --measurements"));
+}
