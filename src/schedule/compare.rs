@@ -203,3 +203,144 @@ pub fn simulate_scheme_step_with(
         plan_bytes,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::balance::libra::LibraParams;
+    use crate::cost::ModelConfig;
+    use crate::engine::stub_net::StubNet;
+    use crate::engine::{GraphBuilder, OpKind, OpLabel, StreamKind};
+    use crate::schedule::{NoVariance, PipelineKind};
+    use crate::workload::corpus::Corpus;
+    use crate::workload::pack::{global_batch, Packing};
+
+    fn par(dp: u32, cp: u32, ga: u32) -> Parallelism {
+        Parallelism {
+            dp,
+            pp: 1,
+            cp,
+            ga,
+            pipeline: PipelineKind::OneFOneB,
+            recompute: false,
+            zero_stage: 0,
+            dp_buckets: 1,
+        }
+    }
+
+    #[test]
+    fn attention_span_by_hand() {
+        // GPU 0: mb 0 attention 100 ps, then its backward linear (50), then a backward dO
+        // all-to-all of layer 0 (excluded: after the backward started), then mb 1 attention
+        // 200 ps. GPU 1: mb 0 attention 300 ps, a layer-1 attention (excluded), its backward
+        // linear. Span = max(100, 300) + 200 = 500.
+        let lab = |class, mb, layer| OpLabel { class, mb, layer };
+        let mut b = GraphBuilder::with_capacity(8);
+        let s0 = b.add_stream(0, StreamKind::Compute);
+        let s1 = b.add_stream(1, StreamKind::Compute);
+        b.add_op(s0, OpKind::Compute(100), lab(OpClass::AttnFwd, 0, 0), &[]);
+        b.add_op(s0, OpKind::Compute(50), lab(OpClass::LinearBwd, 0, 0), &[]);
+        b.add_op(s0, OpKind::Compute(70), lab(OpClass::A2aIn, 0, 0), &[]);
+        b.add_op(s0, OpKind::Compute(200), lab(OpClass::AttnFwd, 1, 0), &[]);
+        b.add_op(s1, OpKind::Compute(300), lab(OpClass::AttnFwd, 0, 0), &[]);
+        b.add_op(s1, OpKind::Compute(999), lab(OpClass::AttnFwd, 0, 1), &[]);
+        b.add_op(s1, OpKind::Compute(10), lab(OpClass::LinearBwd, 0, 1), &[]);
+        let graph = b.build().unwrap();
+        let mut net = StubNet::new(8, 0, 1e12, 1e12);
+        let t = run(&graph, &mut net).unwrap();
+        let place = Placement {
+            gpus_per_node: 8,
+            nodes: 1,
+        };
+        let sg = StepGraph {
+            graph,
+            map: RankMap::new(par(2, 1, 1), place, "test").unwrap(),
+            tokens: 0,
+            causal_pairs: 0,
+            memory: Vec::new(),
+            streams_per_gpu: 1,
+        };
+        assert_eq!(attention_span(&sg, &t), 500);
+    }
+
+    #[test]
+    fn distca_layout_and_chunks() {
+        let p = scheme_parallelism(Scheme::DistCa, par(4, 8, 16)).unwrap();
+        assert_eq!((p.dp, p.cp, p.ga), (32, 1, 2));
+        assert_eq!(
+            scheme_parallelism(Scheme::Libra, par(4, 8, 16)).unwrap(),
+            par(4, 8, 16)
+        );
+        let e = scheme_parallelism(Scheme::DistCa, par(4, 8, 4)).unwrap_err();
+        assert!(e.to_string().contains("32 attention servers"), "{e}");
+        let set = SchemeSettings {
+            libra: LibraParams {
+                chunks: 4,
+                ..LibraParams::default()
+            },
+            ..SchemeSettings::default()
+        };
+        assert_eq!(scheme_chunks(Scheme::Libra, &set, 32), 4);
+        assert_eq!(scheme_chunks(Scheme::DistCa, &set, 32), 2);
+        assert_eq!(scheme_chunks(Scheme::DistCa, &set, 5), 1);
+        let off = SchemeSettings {
+            ping_pong: false,
+            ..set
+        };
+        assert_eq!(scheme_chunks(Scheme::DistCa, &off, 32), 1);
+        assert_eq!(scheme_chunks(Scheme::WlbLlm, &off, 32), 1);
+    }
+
+    #[test]
+    fn every_scheme_runs_a_step_and_the_signal_removes_exposed_bytes() {
+        let mut model = ModelConfig::builtin("llama3-8b").unwrap();
+        model.layers = 2;
+        let cost = CostModel::h200(model).unwrap();
+        let corpus = Corpus::from_spec("wlbllm").unwrap();
+        let batch = global_batch(&corpus, 16_384, 16, Packing::Sequential, 2, 0).unwrap();
+        let set = SchemeSettings {
+            cp: 4,
+            libra: LibraParams {
+                pool_size: 2,
+                head_shards: 4,
+                chunks: 2,
+                tile_tokens: 2048,
+                ..LibraParams::default()
+            },
+            ..SchemeSettings::default()
+        };
+        let base = par(4, 4, 4);
+        let place = Placement {
+            gpus_per_node: 8,
+            nodes: 2,
+        };
+        let tokens: u64 = batch.iter().map(PackedSeq::tokens).sum();
+        for sc in Scheme::ALL {
+            let step = |signal: bool| {
+                let mut planner =
+                    SchemePlanner::new(sc, set.clone(), &cost, 4, 16, 16_384).unwrap();
+                let mut net = StubNet::dgx_h200();
+                simulate_scheme_step_with(
+                    &cost,
+                    &mut planner,
+                    &set,
+                    base,
+                    place,
+                    0,
+                    &batch,
+                    &mut net,
+                    &NoVariance,
+                    signal,
+                )
+                .unwrap()
+            };
+            let (real, sig) = (step(false), step(true));
+            assert_eq!(real.report.tokens, tokens, "{sc:?} trains every token");
+            assert!(real.attn_span > 0 && real.attn_span < real.report.iteration);
+            assert_eq!(real.plan_bytes == 0, sc == Scheme::Ulysses);
+            // one-token transfers can only make the step faster (Ulysses has no plan)
+            assert!(sig.report.iteration <= real.report.iteration, "{sc:?}");
+            assert_eq!(sig.plan_bytes, real.plan_bytes);
+        }
+    }
+}
