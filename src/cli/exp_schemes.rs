@@ -799,11 +799,35 @@ fn render(f: &CompareFile, title: &str, arms: &[Arm], rs: &[ArmResult]) -> Compa
             if r.infeasible > 0 { " (over)" } else { "" }
         );
     }
-    // plot: per arm, per (model, topology, corpus, L): tokens/s vs GPUs
-    let mut chart = Chart::new(format!("{title}: throughput by scheme"))
-        .x("GPUs", Scale::Log)
-        .y("tokens/s", Scale::Linear);
-    let mut series = 0usize;
+    // plot: speedup over the baseline arm vs GPUs; colour = arm, dashes = a second
+    // topology (or model), one series per (arm, model, topology, corpus, L)
+    let rel = arms.len() > 1;
+    let base_label = arms[0].label.clone();
+    let mut chart = Chart::new(if rel {
+        format!("{title}: speedup over {base_label} (tokens/s)")
+    } else {
+        format!("{title}: throughput")
+    })
+    .x("GPUs", Scale::Log)
+    .y(
+        if rel {
+            format!("tokens/s ÷ {base_label}'s")
+        } else {
+            "tokens/s".to_string()
+        },
+        Scale::Linear,
+    )
+    .size(960.0, 520.0);
+    let mut gpus: Vec<u32> = rs.iter().map(|r| r.gpus).collect();
+    gpus.sort_unstable();
+    gpus.dedup();
+    if let (Some(&lo), Some(&hi)) = (gpus.first(), gpus.last()) {
+        if hi > lo {
+            chart = chart
+                .x_range(f64::from(lo) / 1.25, f64::from(hi) * 1.25)
+                .x_ticks(gpus.iter().map(|&g| f64::from(g)).collect());
+        }
+    }
     let mut keys: Vec<(String, String, String, u32)> = rs
         .iter()
         .map(|r| {
@@ -815,34 +839,80 @@ fn render(f: &CompareFile, title: &str, arms: &[Arm], rs: &[ArmResult]) -> Compa
             )
         })
         .collect();
-    keys.dedup();
     keys.sort();
     keys.dedup();
+    let mut dashes: Vec<(String, String)> =
+        keys.iter().map(|k| (k.0.clone(), k.1.clone())).collect();
+    dashes.sort();
+    dashes.dedup();
+    let vary = |i: usize| {
+        keys.iter()
+            .map(|k| [&k.0, &k.1, &k.2][i])
+            .collect::<std::collections::BTreeSet<_>>()
+            .len()
+            > 1
+    };
+    let (vm, vt, vc) = (vary(0), vary(1), vary(2));
+    let vl = keys
+        .iter()
+        .map(|k| k.3)
+        .collect::<std::collections::BTreeSet<_>>()
+        .len()
+        > 1;
     for k in &keys {
-        for a in arms {
+        for (ai, a) in arms.iter().enumerate() {
+            if rel && ai == 0 {
+                continue;
+            }
             let pts: Vec<(f64, f64)> = rs
                 .iter()
                 .filter(|r| {
                     r.arm == a.label
                         && (&r.model, &r.topology, &r.corpus, r.seq_len) == (&k.0, &k.1, &k.2, k.3)
                 })
-                .map(|r| (f64::from(r.gpus), r.tokens_per_s))
+                .map(|r| {
+                    let y = if rel {
+                        baseline(r).map_or(1.0, |b| r.tokens_per_s / b.tokens_per_s)
+                    } else {
+                        r.tokens_per_s
+                    };
+                    (f64::from(r.gpus), y)
+                })
                 .collect();
             if pts.is_empty() {
                 continue;
             }
-            let name = if keys.len() > 1 {
-                format!("{} ({} {} {})", a.label, k.0, k.2, k.3)
-            } else {
-                a.label.clone()
-            };
-            let s = if pts.len() > 1 {
+            let mut parts = vec![a.label.clone()];
+            if vm {
+                parts.push(k.0.replace("llama", "l"));
+            }
+            if vt {
+                // dgx-h200-roce → roce, gb200-nvl72 → nvl72: the legend is narrow
+                parts.push(k.1.rsplit('-').next().unwrap_or(&k.1).to_string());
+            }
+            if vc {
+                parts.push(k.2.clone());
+            }
+            if vl {
+                parts.push(format!("{}K", k.3 / 1024));
+            }
+            let name = parts.join(" · ");
+            let mut s = if pts.len() > 1 {
                 Series::line(name, pts)
             } else {
                 Series::scatter(name, pts)
             };
-            chart = chart.series(s.color(skewsim::report::svg::palette(series)));
-            series += 1;
+            s = s.color(skewsim::report::svg::palette(ai));
+            if dashes
+                .iter()
+                .position(|d| (&d.0, &d.1) == (&k.0, &k.1))
+                .unwrap_or(0)
+                % 2
+                == 1
+            {
+                s = s.dashed();
+            }
+            chart = chart.series(s);
         }
     }
     let mut md = format!("# {title}\n\n");
