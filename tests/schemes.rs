@@ -146,6 +146,11 @@ fn bad_settings_are_named() {
             "layers = 99",
         ),
         ("ga = 8", "ga = 3", "multiple of its DP"),
+        (
+            "topology = \"dgx-h200-roce\"",
+            "alpha = 1",
+            "unknown field `alpha`",
+        ),
     ];
     let dir = tmp("bad");
     for (i, (from, to, want)) in cases.iter().enumerate() {

@@ -64,8 +64,6 @@ struct CompareFile {
     steps: u64,
     arms: Vec<String>,
     #[serde(default)]
-    cluster: ClusterSpec,
-    #[serde(default)]
     network: NetFile,
     parallel: ParFile,
     workload: WorkFile,
@@ -77,13 +75,6 @@ struct CompareFile {
 
 fn one() -> u64 {
     1
-}
-
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields, default)]
-struct ClusterSpec {
-    /// Only without a topology: every topology file brings its own node size.
-    gpus_per_node: u32,
 }
 
 #[derive(Deserialize, Default)]
@@ -499,9 +490,9 @@ fn run_arm(
 ) -> Result<ArmResult> {
     let gpus = par.dp * par.pp * par.cp;
     // the topology's node size (each swept topology brings its own)
-    let gpn = topo
-        .as_ref()
-        .map_or(f.cluster.gpus_per_node, |t| t.1.gpus_per_node);
+    let Some(gpn) = topo.as_ref().map(|t| t.1.gpus_per_node) else {
+        bail!("[network] topology is required (e.g. \"dgx-h200-roce\")");
+    };
     // whole NVLink super-nodes (NVL72: 18 nodes of 4), spare GPUs idle
     let per_domain = topo
         .as_ref()
@@ -949,9 +940,6 @@ description = "Built-in default: Ulysses, WLB-LLM, DistCA and Libra on llama3-8b
 model = "llama3-8b"
 steps = 2
 arms = ["ulysses", "wlbllm", "distca", "libra"]
-
-[cluster]
-gpus_per_node = 8
 
 [network]
 topology = "dgx-h200-roce"
