@@ -151,6 +151,7 @@ fn bad_settings_are_named() {
             "alpha = 1",
             "unknown field `alpha`",
         ),
+        ("topology = \"dgx-h200-roce\"\n", "", "topology is required"),
     ];
     let dir = tmp("bad");
     for (i, (from, to, want)) in cases.iter().enumerate() {
