@@ -221,3 +221,69 @@ fn same_slice_twice_on_one_and_two_threads_is_byte_identical() {
         );
     }
 }
+
+#[test]
+fn bad_libra_settings_are_named() {
+    let dir = scratch("bad");
+    for (key, value, want) in [
+        ("chunks", int(3), "M (pipeliner chunks)"),
+        ("head_shards", int(5), "H (head shards)"),
+        ("tile_tokens", int(0), "B (tile tokens)"),
+        ("pool_size", int(3), "P (pool size)"),
+    ] {
+        let file = slice(
+            "libra-tile-grid",
+            &[
+                ("scheme", arr(vec![s("libra")])),
+                ("tile", arr(vec![arr(vec![int(8192), int(4)])])),
+            ],
+            &dir,
+        );
+        let mut doc: toml::Table =
+            toml::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+        let lib = doc.get_mut("libra").unwrap().as_table_mut().unwrap();
+        lib.insert(key.into(), value.clone());
+        lib.insert(
+            "chunks".into(),
+            if key == "chunks" {
+                value.clone()
+            } else {
+                int(1)
+            },
+        );
+        if key == "tile_tokens" || key == "head_shards" {
+            // The sweep's tile list overrides [libra]'s B and H.
+            let sw = doc.get_mut("sweep").unwrap().as_table_mut().unwrap();
+            sw.remove("tile");
+        }
+        std::fs::write(&file, toml::to_string(&doc).unwrap()).unwrap();
+        let o = Command::new(env!("CARGO_BIN_EXE_skewsim"))
+            .args([
+                "run",
+                file.to_str().unwrap(),
+                "--out",
+                dir.join("o").to_str().unwrap(),
+            ])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{key}: {err}");
+        assert!(err.contains(want), "{key}: {err}");
+        assert!(!err.contains("panicked"), "{key}: {err}");
+    }
+    let file = slice("libra-tile-grid", &[("scheme", arr(vec![s("ring")]))], &dir);
+    let o = Command::new(env!("CARGO_BIN_EXE_skewsim"))
+        .args([
+            "run",
+            file.to_str().unwrap(),
+            "--out",
+            dir.join("o").to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("libra-tap-vrsp"),
+        "{err}"
+    );
+}

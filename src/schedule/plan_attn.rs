@@ -15,6 +15,10 @@
 //! - **return** — the output transfers back to each unit's Q-home (in backward: dQ to the
 //!   Q-home and dK/dV to the KV group's home, the Q and KV transfers reversed).
 //!
+//! In backward the executing worker is assumed to still hold the unit's Q, K, V and output
+//! from the forward (or to recompute them there under full recomputation), so only dO
+//! travels in and dQ, dK, dV travel back; the memory this takes is not modelled here.
+//!
 //! Chunks follow [`overlap_stages`]: dispatch chunk 0; then, stage by stage, dispatch
 //! chunk m+1 and return chunk m−1 on the GPU's CP-communication stream while chunk m runs
 //! on its compute stream. Dependencies only: a chunk's compute waits for its dispatch, its

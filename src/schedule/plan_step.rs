@@ -12,7 +12,7 @@ use super::train::split_replicas;
 use super::ulysses::{build_step_with, StepGraph};
 use super::{RankMap, RuntimeVariance};
 use crate::balance::grouping::vrsp;
-use crate::balance::libra::{consecutive_pools, plan_step as libra_plan, LibraParams};
+use crate::balance::libra::{consecutive_pools, plan_step as libra_plan, step_shape, LibraParams};
 use crate::cost::CostModel;
 use crate::engine::{run, Timeline};
 use crate::error::{invalid, Result};
@@ -77,6 +77,8 @@ pub fn libra_step_plan(
 ) -> Result<Plan> {
     let mut p = *p;
     p.pool_size = p.pool_size.min(dp).max(1);
+    // P against DP (and GBS against DP) first, so a bad P is named against DP.
+    step_shape(global.len(), dp, &p)?;
     let pools = if use_vrsp {
         let loads: Vec<u64> = global.iter().map(PackedSeq::load).collect();
         vrsp(&loads, p.pool_size as usize)?
