@@ -379,59 +379,6 @@ pub fn run(path: &Path, dir: &Path, calibration: Option<&Path>, out: Output) -> 
     run_text(&text, &file, &title, base, dir, calibration, out)
 }
 
-/// The built-in default run (`skewsim` with no subcommand): a small DGX H200 cluster
-/// (4 nodes, 32 GPUs, analytical network), `libra-1m` packed to 1M tokens, Ulysses with
-/// CP 16 × DP 2, GA 4, qwen3-30b-a3b, calibrated runtime variance; two steps.
-pub const DEFAULT_EXPERIMENT: &str = r#"
-kind = "train"
-description = "Built-in default: Ulysses (CP 16 x DP 2, GA 4) on 4 DGX H200 nodes, libra-1m at 1M tokens."
-model = "qwen3-30b-a3b"
-steps = 2
-
-[cluster]
-gpus_per_node = 8
-nodes = 4
-
-[network]
-topology = "dgx-h200-roce"
-model = "analytical"
-
-[variance]
-persistent = { dist = "lognormal", sigma = 0.008 }
-jitter = { dist = "lognormal", sigma = 0.0108 }
-spike = { prob = 0.0022, mean = 0.045 }
-
-[parallel]
-dp = 2
-pp = 1
-cp = 16
-ga = 4
-pipeline = "1f1b"
-recompute = true
-zero_stage = 3
-dp_buckets = 8
-
-[workload]
-seq_len = 1048576
-seed = 1
-corpus = "libra-1m"
-"#;
-
-/// Run [`DEFAULT_EXPERIMENT`], writing `runs/default/` (the default before the four-way
-/// comparison took over `skewsim` without a subcommand).
-#[allow(dead_code)]
-pub fn run_default(out: Output) -> Result<()> {
-    run_text(
-        DEFAULT_EXPERIMENT,
-        "built-in default experiment",
-        "default",
-        Path::new("."),
-        Path::new("runs/default"),
-        None,
-        out,
-    )
-}
-
 /// Topologies shipped in `topologies/`, by name, for `topology = "NAME"`.
 pub(super) const BUILTIN_TOPOLOGIES: &[(&str, &str)] = &[(
     "dgx-h200-roce",
