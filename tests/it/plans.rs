@@ -2,26 +2,11 @@
 //! plan.json` for every scheme; all four plans of one step carry the same exact causal
 //! FLOP total; bad scheme settings give a named error and a non-zero exit, never a panic.
 
+use crate::common::{scratch, skewsim, skewsim_threads};
 use std::path::PathBuf;
-use std::process::{Command, Output};
-
-fn skewsim(args: &[&str]) -> Output {
-    skewsim_threads(args, None)
-}
-
-fn skewsim_threads(args: &[&str], threads: Option<&str>) -> Output {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_skewsim"));
-    c.args(args).current_dir(env!("CARGO_MANIFEST_DIR"));
-    if let Some(t) = threads {
-        c.env("RAYON_NUM_THREADS", t);
-    }
-    c.output().expect("the skewsim binary runs")
-}
 
 fn dir() -> PathBuf {
-    let d = std::env::temp_dir().join(format!("skewsim-plans-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    scratch("plans")
 }
 
 const WORKLOAD: [&str; 10] = [

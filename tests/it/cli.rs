@@ -2,52 +2,12 @@
 //! with the exit status and a piece of text it must print. Bad input must give a clear
 //! message and a non-zero exit, never a panic.
 
-use std::process::Command;
-
-/// What an invocation must do.
-enum Expect {
-    /// Exit 0 and print this on stdout.
-    Ok(&'static str),
-    /// Exit non-zero (not a panic) and print this on stderr.
-    Err(&'static str),
-}
-
-fn skewsim(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_skewsim"))
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("the skewsim binary runs")
-}
-
-fn check(args: &[&str], expect: Expect) {
-    let out = skewsim(args);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!stderr.contains("panicked"), "{args:?} panicked: {stderr}");
-    match expect {
-        Expect::Ok(want) => {
-            assert!(out.status.success(), "{args:?} failed: {stderr}");
-            assert!(
-                stdout.contains(want),
-                "{args:?}: {want:?} not in stdout:\n{stdout}"
-            );
-        }
-        Expect::Err(want) => {
-            assert!(!out.status.success(), "{args:?} succeeded: {stdout}");
-            assert!(
-                stderr.contains(want),
-                "{args:?}: {want:?} not in stderr:\n{stderr}"
-            );
-        }
-    }
-}
+use crate::common::{check, scratch, skewsim, skewsim_at, skewsim_threads, Expect};
 
 #[test]
 fn corpus_command() {
     use Expect::*;
-    let dir = std::env::temp_dir().join(format!("skewsim-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("cli-corpus");
     let file = |name: &str, body: &str| {
         let p = dir.join(name);
         std::fs::write(&p, body).unwrap();
@@ -158,21 +118,21 @@ fn run_train(dir: &std::path::Path, threads: &str, body: &str) -> std::process::
     std::fs::create_dir_all(dir).unwrap();
     let file = dir.join("train.toml");
     std::fs::write(&file, body).unwrap();
-    Command::new(env!("CARGO_BIN_EXE_skewsim"))
-        .args([
+    let out_dir = dir.join("out");
+    skewsim_threads(
+        &[
             "run",
             &file.to_string_lossy(),
             "--out",
-            &dir.join("out").to_string_lossy(),
-        ])
-        .env("RAYON_NUM_THREADS", threads)
-        .output()
-        .expect("the skewsim binary runs")
+            &out_dir.to_string_lossy(),
+        ],
+        Some(threads),
+    )
 }
 
 #[test]
 fn train_runs_are_byte_identical_across_runs_and_thread_counts() {
-    let base = std::env::temp_dir().join(format!("skewsim-train-{}", std::process::id()));
+    let base = scratch("cli-train");
     let runs: Vec<_> = [("a", "1"), ("b", "2"), ("c", "1")]
         .iter()
         .map(|(name, threads)| {
@@ -201,7 +161,7 @@ fn train_runs_are_byte_identical_across_runs_and_thread_counts() {
 
 #[test]
 fn bad_train_files_name_the_field() {
-    let base = std::env::temp_dir().join(format!("skewsim-badtrain-{}", std::process::id()));
+    let base = scratch("cli-badtrain");
     let cases = [
         (
             "cp = 8",
@@ -228,13 +188,7 @@ fn bad_train_files_name_the_field() {
 
 #[test]
 fn default_job_runs() {
-    let dir = std::env::temp_dir().join(format!("skewsim-default-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_skewsim"))
-        .arg("--json")
-        .current_dir(&dir)
-        .output()
-        .expect("the skewsim binary runs");
+    let out = skewsim_at(&["--json"], None, &scratch("cli-default"));
     assert!(
         out.status.success(),
         "{}",

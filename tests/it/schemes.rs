@@ -3,26 +3,11 @@
 //! thread as on many; the default command prints the four-way table; bad settings are
 //! named.
 
+use crate::common::{root, scratch, skewsim_at};
 use std::path::{Path, PathBuf};
-use std::process::Command;
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn skewsim(args: &[&str], threads: Option<&str>, dir: &Path) -> std::process::Output {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_skewsim"));
-    c.args(args).current_dir(dir);
-    if let Some(t) = threads {
-        c.env("RAYON_NUM_THREADS", t);
-    }
-    c.output().expect("the skewsim binary runs")
-}
 
 fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("skewsim-schemes-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    scratch(&format!("schemes-{name}"))
 }
 
 fn read(p: &Path) -> String {
@@ -33,7 +18,7 @@ fn read(p: &Path) -> String {
 fn reproduces(name: &str, threads: Option<&str>) {
     let out = tmp(name);
     let file = root().join(format!("experiments/{name}.toml"));
-    let o = skewsim(
+    let o = skewsim_at(
         &[
             "run",
             file.to_str().unwrap(),
@@ -86,7 +71,7 @@ fn a_slice_of_distca_3d_reproduces_its_committed_rows() {
     // its topology is the built-in dgx-h200-roce, so the file may live anywhere
     let file = dir.join("distca-3d-slice.toml");
     std::fs::write(&file, sliced).unwrap();
-    let o = skewsim(
+    let o = skewsim_at(
         &[
             "run",
             file.to_str().unwrap(),
@@ -111,7 +96,7 @@ fn a_slice_of_distca_3d_reproduces_its_committed_rows() {
 #[test]
 fn default_command_prints_the_four_way_table() {
     let dir = tmp("default");
-    let o = skewsim(&[], None, &dir);
+    let o = skewsim_at(&[], None, &dir);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let s = String::from_utf8_lossy(&o.stdout);
     for arm in ["ulysses", "wlbllm", "distca", "libra"] {
@@ -158,7 +143,7 @@ fn bad_settings_are_named() {
         assert!(base.contains(from), "{from}");
         let file = dir.join(format!("bad-{i}.toml"));
         std::fs::write(&file, base.replacen(from, to, 1)).unwrap();
-        let o = skewsim(
+        let o = skewsim_at(
             &[
                 "run",
                 file.to_str().unwrap(),

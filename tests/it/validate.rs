@@ -3,19 +3,10 @@
 //! calibrate fits a committed H200 measurement CSV and writes a calibration that the
 //! cost model reads back.
 
-use std::process::Command;
-
-fn skewsim(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_skewsim"))
-        .args(args)
-        .output()
-        .expect("skewsim runs")
-}
+use crate::common::{scratch, skewsim};
 
 fn temp(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("skewsim-validate-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
+    scratch("validate-cli").join(name)
 }
 
 #[test]

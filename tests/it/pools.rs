@@ -3,39 +3,12 @@
 //! whatever RAYON_NUM_THREADS; `--assignment` is a valid grouping that keeps the step's
 //! multiset of samples; re-running an experiment reproduces its committed table.
 
+use crate::common::{fails, scratch, skewsim, skewsim_threads};
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-fn skewsim_env(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_skewsim"));
-    c.args(args).current_dir(env!("CARGO_MANIFEST_DIR"));
-    for (k, v) in env {
-        c.env(k, v);
-    }
-    c.output().expect("the skewsim binary runs")
-}
-
-fn skewsim(args: &[&str]) -> Output {
-    skewsim_env(args, &[])
-}
+use std::path::PathBuf;
 
 fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("skewsim-pools-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-/// `args` must fail (not panic) with `want` on stderr.
-fn fails(args: &[&str], want: &str) {
-    let out = skewsim(args);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{args:?} succeeded");
-    assert!(!stderr.contains("panicked"), "{args:?} panicked: {stderr}");
-    assert!(
-        stderr.contains(want),
-        "{args:?}: {want:?} not in stderr:\n{stderr}"
-    );
+    scratch(&format!("pools-{name}"))
 }
 
 #[test]
@@ -143,8 +116,8 @@ fn same_seed_same_bytes_whatever_the_thread_count() {
         if cmd[0] == "pools" {
             args.extend(["--out", o.to_str().unwrap()]);
         }
-        let one = skewsim_env(&args, &[("RAYON_NUM_THREADS", "1")]);
-        let four = skewsim_env(&args, &[("RAYON_NUM_THREADS", "4")]);
+        let one = skewsim_threads(&args, Some("1"));
+        let four = skewsim_threads(&args, Some("4"));
         let dflt = skewsim(&args);
         assert!(
             one.status.success(),
@@ -282,7 +255,7 @@ fn rows(text: &str) -> BTreeMap<(String, String, String, String), String> {
 /// Re-runs `experiments/NAME.toml` for one corpus and checks every row it produces against
 /// the committed `experiments/results/NAME/results.csv`, byte for byte.
 fn reproduces(name: &str, corpus: &str) {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = crate::common::root();
     let text = std::fs::read_to_string(root.join(format!("experiments/{name}.toml"))).unwrap();
     let mut doc: toml::Table = toml::from_str(&text).unwrap();
     let corpora = doc["corpus"].as_array().unwrap().clone();

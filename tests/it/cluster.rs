@@ -4,47 +4,14 @@
 //! non-zero exit, never a panic.
 
 use std::path::PathBuf;
-use std::process::Command;
 
-enum Expect {
-    /// Exit 0 and print this on stdout.
-    Ok(&'static str),
-    /// Exit non-zero (not a panic) and print this on stderr.
-    Err(&'static str),
-}
-
-fn check(args: &[&str], expect: Expect) {
-    let out = Command::new(env!("CARGO_BIN_EXE_skewsim"))
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("the skewsim binary runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!stderr.contains("panicked"), "{args:?} panicked: {stderr}");
-    match expect {
-        Expect::Ok(want) => {
-            assert!(out.status.success(), "{args:?} failed: {stderr}");
-            assert!(
-                stdout.contains(want),
-                "{args:?}: {want:?} not in stdout:\n{stdout}"
-            );
-        }
-        Expect::Err(want) => {
-            assert!(!out.status.success(), "{args:?} succeeded: {stdout}");
-            assert!(
-                stderr.contains(want),
-                "{args:?}: {want:?} not in stderr:\n{stderr}"
-            );
-        }
-    }
-}
+use crate::common::{check, scratch, Expect};
 
 /// A scratch copy of `topologies/test-small.toml` with `from` replaced by `to`.
 fn variant(name: &str, from: &str, to: &str) -> String {
-    let text = include_str!("../topologies/test-small.toml");
+    let text = include_str!("../../topologies/test-small.toml");
     assert!(text.contains(from), "fixture lost {from:?}");
-    let dir = std::env::temp_dir().join(format!("skewsim-cluster-cli-{}", std::process::id()));
+    let dir = scratch("cluster-variants");
     std::fs::create_dir_all(&dir).unwrap();
     let p: PathBuf = dir.join(name);
     std::fs::write(&p, text.replacen(from, to, 1)).unwrap();
@@ -53,7 +20,7 @@ fn variant(name: &str, from: &str, to: &str) -> String {
 
 #[test]
 fn topo_and_variance_commands() {
-    let out = std::env::temp_dir().join(format!("skewsim-topo-{}", std::process::id()));
+    let out = scratch("cluster-topo");
     let out = out.display().to_string();
     let unknown = variant("unknown.toml", "spines = 2", "spines = 2\ncolour = 3");
     let negative = variant(
