@@ -21,9 +21,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{AttnShape, Calibration, EffPoint, EffTable, Hardware, LaunchCosts};
+use super::{attn_segment_ps_f, AttnShape, Calibration, EffPoint, EffTable, Hardware, LaunchCosts};
 use crate::error::{invalid, parse_error, Result};
-use crate::plan::segment_pairs;
 
 /// `n` segments of `q` queries ending at sample-local position `kv` (keys [0, kv)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -312,10 +311,9 @@ impl Pricing {
         };
         segs.iter()
             .map(|s| {
-                let pairs = segment_pairs(u64::from(s.kv - s.q), u64::from(s.kv));
-                let flops = shape.fwd_flops(pairs, heads) * f64::from(s.n);
-                // FLOPs / TFLOP/s = ps; 1e-9 ms per ps.
-                flops / eff.tflops(heads, u64::from(s.q), u64::from(s.kv)) * 1e-9
+                let (start, end) = (u64::from(s.kv - s.q), u64::from(s.kv));
+                // ps → ms
+                attn_segment_ps_f(eff, &shape, heads, start, end) * f64::from(s.n) * 1e-9
             })
             .sum()
     }

@@ -228,6 +228,25 @@ impl Calibration {
     }
 }
 
+/// Forward time, in ps (unrounded), of the causal queries [start, end) of one sample —
+/// keys [0, end) — over `heads` query heads of one call: exact causal pairs × FLOPs per
+/// pair at the table's rate for (heads, query length, KV length). The one attention-time
+/// formula: whole documents ([`CostModel::attn_fwd_ps`]), plan units
+/// (`schedule::plan_attn`) and measured launches (`fit`) all price through it.
+pub fn attn_segment_ps_f(
+    eff: &EffTable,
+    shape: &AttnShape,
+    heads: u32,
+    start: u64,
+    end: u64,
+) -> f64 {
+    let pairs = crate::plan::segment_pairs(start, end);
+    if pairs == 0 {
+        return 0.0;
+    }
+    shape.fwd_flops(pairs, heads) / eff.tflops(heads, end - start, end)
+}
+
 /// Which linear block of a layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LinearPart {
@@ -246,6 +265,8 @@ pub struct CostModel {
     pub hw: Hardware,
     /// Forward attention kernel efficiency.
     pub attn_eff: EffTable,
+    /// Fixed per-launch costs (zero unless a calibration file measured them).
+    pub launch: LaunchCosts,
 }
 
 impl CostModel {
@@ -255,6 +276,7 @@ impl CostModel {
             model,
             hw: Hardware::default(),
             attn_eff: EffTable::h200_default()?,
+            launch: LaunchCosts::default(),
         })
     }
 
@@ -265,6 +287,7 @@ impl CostModel {
             model,
             hw: cal.hardware,
             attn_eff: EffTable::from_points(&cal.attn_fwd, context)?,
+            launch: cal.launch.clone(),
         })
     }
 
@@ -341,24 +364,33 @@ impl CostModel {
         self.attn_fwd_ps_f(doc_lens, heads).round() as Ps
     }
 
-    /// [`CostModel::attn_fwd_ps`] unrounded.
+    /// [`CostModel::attn_fwd_ps`] unrounded: one kernel call (its launch overhead once)
+    /// over every document.
     pub fn attn_fwd_ps_f(&self, doc_lens: impl IntoIterator<Item = u32>, heads: u32) -> f64 {
+        self.attn_launch_ps() + self.attn_kernel_ps_f(doc_lens, heads)
+    }
+
+    /// The table's compute time of whole documents, without the launch overhead.
+    fn attn_kernel_ps_f(&self, doc_lens: impl IntoIterator<Item = u32>, heads: u32) -> f64 {
         let a = self.attn();
         doc_lens
             .into_iter()
-            .map(|l| {
-                let l = u64::from(l);
-                let flops = a.fwd_flops(crate::workload::causal_pairs(l), heads);
-                flops / self.attn_eff.tflops(heads, l, l)
-            })
+            .map(|l| attn_segment_ps_f(&self.attn_eff, &a, heads, 0, u64::from(l)))
             .sum()
     }
 
-    /// Backward time of core attention over the same documents.
+    /// The fixed cost of one attention kernel launch, ps (0 without a calibration).
+    pub fn attn_launch_ps(&self) -> f64 {
+        self.launch.attn_launch_us * 1e6
+    }
+
+    /// Backward time of core attention over the same documents: the forward compute ×
+    /// the backward FLOP factor / its efficiency, plus one launch.
     pub fn attn_bwd_ps(&self, doc_lens: impl IntoIterator<Item = u32>, heads: u32) -> Ps {
-        (self.attn_fwd_ps_f(doc_lens, heads) * self.hw.attn_bwd_flop_factor
-            / self.hw.attn_bwd_efficiency)
-            .round() as Ps
+        (self.attn_kernel_ps_f(doc_lens, heads) * self.hw.attn_bwd_flop_factor
+            / self.hw.attn_bwd_efficiency
+            + self.attn_launch_ps())
+        .round() as Ps
     }
 
     /// Model FLOPs (forward + backward, no recomputation) of one step's worth of documents:
@@ -396,6 +428,22 @@ mod tests {
         // Backward: 2.5x FLOPs at 0.8x efficiency.
         let b = c.attn_bwd_ps([16384], 32) as f64;
         assert!((b - want * 2.5 / 0.8).abs() <= 1.0, "{b}");
+    }
+
+    #[test]
+    fn a_calibrated_launch_overhead_is_paid_once_per_call_forward_and_backward() {
+        let plain = qwen();
+        let mut launched = qwen();
+        launched.launch.attn_launch_us = 5.0;
+        let docs = [4096u32, 512, 128];
+        let f = launched.attn_fwd_ps(docs, 8) as i64 - plain.attn_fwd_ps(docs, 8) as i64;
+        let b = launched.attn_bwd_ps(docs, 8) as i64 - plain.attn_bwd_ps(docs, 8) as i64;
+        assert!((f - 5_000_000).abs() <= 1, "{f}");
+        assert!((b - 5_000_000).abs() <= 1, "{b}");
+        // One segment through the shared formula equals the whole-document price.
+        let a = plain.attn();
+        let seg = attn_segment_ps_f(&plain.attn_eff, &a, 8, 0, 4096);
+        assert_eq!(seg.round() as Ps, plain.attn_fwd_ps([4096], 8));
     }
 
     #[test]

@@ -40,7 +40,7 @@
 use super::stage::{AttentionStage, AttnCall, StepEnv};
 use super::RankMap;
 use crate::balance::libra::pipeliner::{overlap_stages, pipeline, Stage};
-use crate::cost::CostModel;
+use crate::cost::{attn_segment_ps_f, CostModel};
 use crate::engine::{GraphBuilder, OpClass, OpId, OpKind, OpLabel, StreamKind, Xfer};
 use crate::error::{invalid, Result};
 use crate::net::{GpuId, Ps};
@@ -54,12 +54,13 @@ pub fn unit_fwd_ps_f(cost: &CostModel, unit: &WorkUnit, heads: u32) -> f64 {
     unit.segments
         .iter()
         .map(|s| {
-            let (q0, q1) = (u64::from(s.start), u64::from(s.end));
-            let pairs = crate::plan::segment_pairs(q0, q1);
-            if pairs == 0 {
-                return 0.0;
-            }
-            a.fwd_flops(pairs, heads) / cost.attn_eff.tflops(heads, q1 - q0, q1)
+            attn_segment_ps_f(
+                &cost.attn_eff,
+                &a,
+                heads,
+                u64::from(s.start),
+                u64::from(s.end),
+            )
         })
         .sum()
 }
@@ -127,6 +128,7 @@ impl PlanAttention {
         let nworkers = par.dp * par.cp;
         // Backward as `CostModel::attn_bwd_ps` rounds it: fwd × factor / efficiency.
         let (bf, be) = (cost.hw.attn_bwd_flop_factor, cost.hw.attn_bwd_efficiency);
+        let launch = cost.attn_launch_ps();
         // Scheme-level (stage-independent) part: per group, per chunk, per worker times
         // and the worker-level transfer pieces.
         struct Pre {
@@ -143,6 +145,8 @@ impl PlanAttention {
             check_group(g, gi, nworkers, par.ga)?;
             let pipes = pipeline(plan, g, chunks)?;
             let mut t = vec![0.0f64; g.workers.len()];
+            // A worker with units makes one kernel call per chunk (one launch overhead).
+            let mut calls = vec![0.0f64; g.workers.len()];
             for u in &g.units {
                 let i = g
                     .workers
@@ -156,6 +160,7 @@ impl PlanAttention {
                         )
                     })?;
                 t[i] += unit_fwd_ps_f(cost, u, heads);
+                calls[i] = 1.0;
             }
             let piece =
                 |c: &crate::balance::libra::pipeliner::ChunkTransfer| (c.src, c.dst, c.bytes);
@@ -170,8 +175,16 @@ impl PlanAttention {
             pre.push(Pre {
                 ga: g.ga,
                 workers: g.workers.clone(),
-                fwd: t.iter().map(|&x| x.round() as Ps).collect(),
-                bwd: t.iter().map(|&x| (x * bf / be).round() as Ps).collect(),
+                fwd: t
+                    .iter()
+                    .zip(&calls)
+                    .map(|(&x, &n)| (x + n * launch).round() as Ps)
+                    .collect(),
+                bwd: t
+                    .iter()
+                    .zip(&calls)
+                    .map(|(&x, &n)| (x * bf / be + n * launch).round() as Ps)
+                    .collect(),
                 disp,
                 ret,
             });
