@@ -6,18 +6,8 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("skewsim-libra-exp-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
+use crate::common::{root, scratch, skewsim_threads};
 
 /// The experiment file with its `[sweep]` narrowed to `sweep` (keys replaced) and the
 /// topology taken from the built-in copy (the slice lives outside the repository).
@@ -39,16 +29,15 @@ fn slice(name: &str, sweep: &[(&str, toml::Value)], dir: &Path) -> PathBuf {
 }
 
 fn run(file: &Path, out: &Path, threads: &str) {
-    let o = Command::new(env!("CARGO_BIN_EXE_skewsim"))
-        .args([
+    let o = skewsim_threads(
+        &[
             "run",
             file.to_str().unwrap(),
             "--out",
             out.to_str().unwrap(),
-        ])
-        .env("RAYON_NUM_THREADS", threads)
-        .output()
-        .unwrap();
+        ],
+        Some(threads),
+    );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }
 
@@ -257,30 +246,30 @@ fn bad_libra_settings_are_named() {
             sw.remove("tile");
         }
         std::fs::write(&file, toml::to_string(&doc).unwrap()).unwrap();
-        let o = Command::new(env!("CARGO_BIN_EXE_skewsim"))
-            .args([
+        let o = skewsim_threads(
+            &[
                 "run",
                 file.to_str().unwrap(),
                 "--out",
                 dir.join("o").to_str().unwrap(),
-            ])
-            .output()
-            .unwrap();
+            ],
+            None,
+        );
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(!o.status.success(), "{key}: {err}");
         assert!(err.contains(want), "{key}: {err}");
         assert!(!err.contains("panicked"), "{key}: {err}");
     }
     let file = slice("libra-tile-grid", &[("scheme", arr(vec![s("ring")]))], &dir);
-    let o = Command::new(env!("CARGO_BIN_EXE_skewsim"))
-        .args([
+    let o = skewsim_threads(
+        &[
             "run",
             file.to_str().unwrap(),
             "--out",
             dir.join("o").to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
+        ],
+        None,
+    );
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
         !o.status.success() && err.contains("libra-tap-vrsp"),
