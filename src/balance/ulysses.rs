@@ -55,28 +55,9 @@ impl UlyssesParams {
                 "both at least 1",
             ));
         }
-        if self.cp == 0 || s.heads_q % self.cp != 0 {
-            return Err(invalid(
-                "CP",
-                self.cp,
-                format!(
-                    "a divisor of h_q = {} (Ulysses gives each of the CP ranks h_q/CP whole \
-                     query heads): {}",
-                    s.heads_q,
-                    divisors(s.heads_q)
-                ),
-            ));
-        }
+        crate::cost::head_split(s.heads_q, s.heads_kv, self.cp)?;
         Ok(())
     }
-}
-
-fn divisors(n: u32) -> String {
-    let d: Vec<String> = (1..=n)
-        .filter(|d| n % d == 0)
-        .map(|d| d.to_string())
-        .collect();
-    d.join(", ")
 }
 
 /// GA micro-steps of a batch of `gbs` sequences on `dp` replicas of `cp` ranks, checked.
@@ -268,7 +249,12 @@ mod tests {
         let e = plan_step(0, &[seq(&[4], 8, 0)], 1, &p)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("CP = 5") && e.contains("h_q = 32"), "{e}");
+        assert!(
+            e.contains("cp = 5")
+                && e.contains("32 query heads")
+                && e.contains("1, 2, 4, 8, 16, 32"),
+            "{e}"
+        );
         let p = UlyssesParams {
             cp: 2,
             shape: QWEN3_30B_A3B,

@@ -16,7 +16,7 @@ use skewsim::engine::stub_net::StubNet;
 use skewsim::engine::{run as run_graph, GraphBuilder, OpClass, OpKind, OpLabel, StreamKind};
 use skewsim::net::{AnalyticalModel, FlowModel, NetworkModel};
 use skewsim::report::step::step_report;
-use skewsim::schedule::train::{lognormal_sequences, split_replicas};
+use skewsim::schedule::train::split_replicas;
 use skewsim::schedule::ulysses::build_step;
 use skewsim::schedule::{NoVariance, Parallelism, PipelineKind, Placement, RankMap};
 use skewsim::workload::corpus::Corpus;
@@ -109,7 +109,16 @@ pub fn full_step(dp: u32, cp: u32, ga: u32, seq_len: u32) -> Result<Vec<BenchRow
         },
         "bench",
     )?;
-    let seqs = lognormal_sequences(1024.0, 1.6, seq_len, (dp * ga) as usize, 1);
+    // Documents: lognormal, median 1,024 tokens, σ 1.6 (ln 1024 = 6.9315).
+    let corpus = Corpus::from_spec("lognormal:mu=6.9315,sigma=1.6")?;
+    let seqs = global_batch(
+        &corpus,
+        seq_len,
+        (dp * ga) as usize,
+        Packing::Sequential,
+        1,
+        0,
+    )?;
     let batch: Vec<Vec<PackedSeq>> = seqs
         .chunks(ga as usize)
         .map(<[PackedSeq]>::to_vec)

@@ -15,7 +15,8 @@
 //! [variance]  # the cluster's VarianceSpec (persistent, jitter, spike); absent: none
 //! [parallel]  # dp, pp, cp, ga, pipeline = "1f1b" | "gpipe", recompute, zero_stage, dp_buckets
 //! [workload]  # seq_len, seed, and one of: corpus = "libra-1m" (+ packing = "sequential"),
-//!             # sequences = [[doc lengths], ...], lognormal = {median, sigma}
+//!             # sequences = [[doc lengths], ...]; a distribution is a corpus spec:
+//!             # corpus = "lognormal:median=800,p99=30000"
 //! [output]    # trace_step (default 0), trace_gpus (default 64; 0 = all)
 //! [sweep]     # dp = [...], gbs = [...], seq_len = [...]  (ga = gbs / dp), corpus = [...],
 //!             # scheme = [...], pool_size = [...], tile = [[B, H], ...]
@@ -44,7 +45,7 @@ use skewsim::schedule::train::Workload;
 use skewsim::schedule::{NoVariance, Parallelism, Placement, RankMap, RuntimeVariance};
 use skewsim::workload::corpus::Corpus;
 use skewsim::workload::pack::Packing;
-use skewsim::workload::{PackedSeq, Sample};
+use skewsim::workload::PackedSeq;
 use std::sync::Arc;
 
 use super::Output;
@@ -182,21 +183,12 @@ struct WorkloadSpec {
     seed: u64,
     #[serde(default)]
     sequences: Option<Vec<Vec<u32>>>,
-    #[serde(default)]
-    lognormal: Option<LogNormalSpec>,
     /// A corpus spec (`libra-1m`, `wlbllm`, a parametric spec); see `skewsim corpus`.
     #[serde(default)]
     corpus: Option<String>,
     /// `sequential` (default), `best-fit` or `best-fit:W`.
     #[serde(default)]
     packing: Option<String>,
-}
-
-#[derive(Deserialize, Clone, Copy)]
-#[serde(deny_unknown_fields)]
-struct LogNormalSpec {
-    median: f64,
-    sigma: f64,
 }
 
 #[derive(Deserialize)]
@@ -234,8 +226,8 @@ struct SweepSpec {
 }
 
 fn workload(w: &WorkloadSpec, seq_len: u32, file: &str) -> Result<Workload> {
-    let wl = match (&w.sequences, &w.lognormal, &w.corpus) {
-        (None, None, Some(c)) => Workload::Corpus {
+    let wl = match (&w.sequences, &w.corpus) {
+        (None, Some(c)) => Workload::Corpus {
             corpus: Corpus::from_spec(c).with_context(|| format!("{file}: [workload] corpus"))?,
             seq_len,
             packing: w
@@ -246,30 +238,12 @@ fn workload(w: &WorkloadSpec, seq_len: u32, file: &str) -> Result<Workload> {
                 .with_context(|| format!("{file}: [workload] packing"))?,
             seed: w.seed,
         },
-        (Some(seqs), None, None) => Workload::Sequences(
+        (Some(seqs), None) => Workload::Sequences(
             seqs.iter()
-                .map(|lens| PackedSeq {
-                    samples: lens
-                        .iter()
-                        .enumerate()
-                        .map(|(i, &len)| Sample {
-                            doc: i as u64,
-                            offset: 0,
-                            len,
-                            cut: false,
-                        })
-                        .collect(),
-                    capacity: seq_len,
-                })
+                .map(|lens| PackedSeq::from_lengths(lens, seq_len, 0))
                 .collect(),
         ),
-        (None, Some(l), None) => Workload::LogNormal {
-            median: l.median,
-            sigma: l.sigma,
-            seq_len,
-            seed: w.seed,
-        },
-        _ => bail!("{file}: [workload] needs exactly one of `corpus`, `sequences` or `lognormal`"),
+        _ => bail!("{file}: [workload] needs exactly one of `corpus` (a built-in, a trace or a parametric spec such as `lognormal:median=800,p99=30000`) or `sequences`"),
     };
     wl.validate(&format!("{file}: [workload]"))?;
     Ok(wl)

@@ -247,6 +247,63 @@ pub fn attn_segment_ps_f(
     shape.fwd_flops(pairs, heads) / eff.tflops(heads, end - start, end)
 }
 
+/// How the heads of one layer are divided across a CP group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeadSplit {
+    /// Query heads per rank.
+    pub q: u32,
+    /// KV heads per rank (≥ 1; replicated when CP > h_kv).
+    pub kv: u32,
+}
+
+/// Divide the heads over `cp` ranks, or say why they do not divide.
+/// (DeepSpeed-Ulysses: every rank computes h_q/CP whole query heads and the KV heads they
+/// map to; KV heads are replicated when CP exceeds h_kv.)
+pub fn head_split(heads_q: u32, heads_kv: u32, cp: u32) -> Result<HeadSplit> {
+    if cp == 0 || heads_q % cp != 0 {
+        return Err(invalid(
+            "cp",
+            cp,
+            format!(
+                "a divisor of the model's {heads_q} query heads (Ulysses gives each rank whole \
+                 heads): {}",
+                divisors(heads_q)
+            ),
+        ));
+    }
+    let kv = if heads_kv >= cp {
+        if heads_kv % cp != 0 {
+            return Err(invalid(
+                "cp",
+                cp,
+                format!("a divisor or a multiple of the model's {heads_kv} KV heads"),
+            ));
+        }
+        heads_kv / cp
+    } else {
+        if cp % heads_kv != 0 {
+            return Err(invalid(
+                "cp",
+                cp,
+                format!("a divisor or a multiple of the model's {heads_kv} KV heads"),
+            ));
+        }
+        1
+    };
+    Ok(HeadSplit {
+        q: heads_q / cp,
+        kv,
+    })
+}
+
+fn divisors(n: u32) -> String {
+    let d: Vec<String> = (1..=n)
+        .filter(|d| n % d == 0)
+        .map(|d| d.to_string())
+        .collect();
+    d.join(", ")
+}
+
 /// Which linear block of a layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LinearPart {

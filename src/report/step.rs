@@ -471,10 +471,11 @@ mod tests {
             "t",
         )
         .unwrap();
-        let wl = Workload::LogNormal {
-            median: 800.0,
-            sigma: 1.5,
+        let wl = Workload::Corpus {
+            corpus: crate::workload::corpus::Corpus::from_spec("lognormal:mu=6.68,sigma=1.5")
+                .unwrap(),
             seq_len: 16_384,
+            packing: crate::workload::pack::Packing::Sequential,
             seed: 5,
         };
         let once = || {

@@ -371,10 +371,23 @@ impl Chart {
             plot: (
                 MARGIN_LEFT,
                 MARGIN_TOP,
-                (self.width - MARGIN_RIGHT).max(MARGIN_LEFT + 10.0),
+                (self.total_width() - self.margin_right()).max(MARGIN_LEFT + 10.0),
                 (self.height - MARGIN_BOTTOM).max(MARGIN_TOP + 10.0),
             ),
         }
+    }
+
+    /// The right margin: room for the legend's longest name (about 7 px a character at
+    /// 12 px sans-serif, after the 36 px sample line), at least [`MARGIN_RIGHT`].
+    fn margin_right(&self) -> f64 {
+        let longest = self.series.iter().map(|s| s.name.chars().count()).max().unwrap_or(0);
+        MARGIN_RIGHT.max(46.0 + 7.0 * longest as f64)
+    }
+
+    /// The document's width: `width`, widened by whatever a long legend needs beyond the
+    /// default margin, so the plot area keeps its size.
+    fn total_width(&self) -> f64 {
+        self.width + self.margin_right() - MARGIN_RIGHT
     }
 
     /// The SVG document.
@@ -385,13 +398,14 @@ impl Chart {
         let _ = writeln!(
             o,
             r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="12">"#,
-            w = self.width,
+            w = self.total_width(),
             h = self.height
         );
         let _ = writeln!(
             o,
             r#"<rect x="0" y="0" width="{}" height="{}" fill="white"/>"#,
-            self.width, self.height
+            self.total_width(),
+            self.height
         );
         let _ = writeln!(
             o,
@@ -653,6 +667,23 @@ mod tests {
         assert!(svg.contains("1 point(s) not drawable"));
         assert_eq!(svg.matches("<polyline").count(), 2);
         assert_eq!(svg.matches("<circle").count(), 3 + 2 + 2);
+    }
+
+    #[test]
+    fn a_long_legend_widens_the_document_not_the_plot() {
+        let short = sample();
+        let mut long = sample();
+        long.series[0].name = "wlbllm · nvl72 · libra-256k (a long legend name)".into();
+        assert_eq!(short.frame().plot, long.frame().plot);
+        let width = |svg: &str| -> f64 {
+            let at = svg.find("width=\"").unwrap() + 7;
+            svg[at..].split('"').next().unwrap().parse().unwrap()
+        };
+        let (ws, wl) = (width(&short.render()), width(&long.render()));
+        assert_eq!(ws, short.width);
+        // 36 px line + 10 px gap + 7 px per character must fit right of the plot.
+        let chars = long.series[0].name.chars().count() as f64;
+        assert!(wl - long.frame().plot.2 >= 46.0 + 7.0 * chars, "{wl}");
     }
 
     #[test]

@@ -5,8 +5,6 @@
 //! consecutive sequences r·GA .. (r+1)·GA (as a distributed sampler hands them out), in
 //! micro-batch order.
 
-use rand_distr::{Distribution, LogNormal};
-
 use super::ulysses::{build_step, StepGraph};
 use super::{RankMap, RuntimeVariance};
 use crate::cost::CostModel;
@@ -15,7 +13,7 @@ use crate::error::{invalid, Result};
 use crate::net::NetworkModel;
 use crate::workload::corpus::Corpus;
 use crate::workload::pack::{batches, Packing};
-use crate::workload::{PackedSeq, Sample};
+use crate::workload::PackedSeq;
 
 /// Where a run's packed sequences come from.
 #[derive(Clone, Debug)]
@@ -34,19 +32,6 @@ pub enum Workload {
     },
     /// Explicit packed sequences (document lengths), used in order and cycled.
     Sequences(Vec<PackedSeq>),
-    /// Documents drawn from a log-normal length distribution (median, σ of ln length),
-    /// packed greedily in arrival order into sequences of `seq_len` tokens; a document
-    /// that does not fit the space left is cut and its rest starts the next sequence.
-    LogNormal {
-        /// Median document length in tokens.
-        median: f64,
-        /// σ of the log length.
-        sigma: f64,
-        /// Packed sequence length L.
-        seq_len: u32,
-        /// Seed.
-        seed: u64,
-    },
 }
 
 impl Workload {
@@ -83,31 +68,6 @@ impl Workload {
                 }
                 Ok(())
             }
-            Workload::LogNormal {
-                median,
-                sigma,
-                seq_len,
-                ..
-            } => {
-                if !(median.is_finite() && *median >= 1.0) {
-                    return Err(invalid(format!("{ctx}: median"), median, "a length >= 1"));
-                }
-                if !(sigma.is_finite() && *sigma >= 0.0 && *sigma <= 5.0) {
-                    return Err(invalid(
-                        format!("{ctx}: sigma"),
-                        sigma,
-                        "a number in [0, 5]",
-                    ));
-                }
-                if *seq_len == 0 {
-                    return Err(invalid(
-                        format!("{ctx}: seq_len"),
-                        0,
-                        "a positive token count",
-                    ));
-                }
-                Ok(())
-            }
         }
     }
 
@@ -129,17 +89,6 @@ impl Workload {
                     Some(b)
                 }))
             }
-            Workload::LogNormal {
-                median,
-                sigma,
-                seq_len,
-                seed,
-            } => {
-                let mut g = LogNormalStream::new(*median, *sigma, *seq_len, *seed);
-                Box::new(std::iter::from_fn(move || {
-                    Some((0..n).map(|_| g.next_seq()).collect())
-                }))
-            }
         })
     }
 
@@ -155,77 +104,6 @@ impl Workload {
             )
         })
     }
-}
-
-/// A continuous stream of packed sequences of `cap` tokens from log-normal document
-/// lengths; a document that does not fit the space left is cut and its rest starts the
-/// next sequence.
-struct LogNormalStream {
-    ln: Option<LogNormal<f64>>,
-    median: f64,
-    r: crate::rng::Rng,
-    doc: u64,
-    carry: Option<(u32, u32)>,
-    cap: u32,
-}
-
-impl LogNormalStream {
-    fn new(median: f64, sigma: f64, cap: u32, seed: u64) -> Self {
-        Self {
-            ln: LogNormal::new(median.max(1.0).ln(), sigma.max(0.0)).ok(),
-            median,
-            r: crate::rng::stream(seed, "lognormal-docs", 0),
-            doc: 0,
-            carry: None,
-            cap: cap.max(1),
-        }
-    }
-
-    fn next_seq(&mut self) -> PackedSeq {
-        let mut samples = Vec::new();
-        let mut used = 0u32;
-        while used < self.cap {
-            let (offset, len) = match self.carry.take() {
-                Some(c) => c,
-                None => {
-                    self.doc += 1;
-                    let l = match &self.ln {
-                        Some(d) => d.sample(&mut self.r),
-                        None => self.median,
-                    };
-                    (0, (l.round().max(1.0)).min(f64::from(u32::MAX)) as u32)
-                }
-            };
-            let take = len.min(self.cap - used);
-            if take < len {
-                self.carry = Some((offset + take, len - take));
-            }
-            samples.push(Sample {
-                doc: self.doc,
-                offset,
-                len: take,
-                cut: offset > 0 || take < len,
-            });
-            used += take;
-        }
-        PackedSeq {
-            samples,
-            capacity: self.cap,
-        }
-    }
-}
-
-/// `n` packed sequences of `cap` tokens from log-normal document lengths, seeded (the
-/// first `n` of one continuous stream).
-pub fn lognormal_sequences(
-    median: f64,
-    sigma: f64,
-    cap: u32,
-    n: usize,
-    seed: u64,
-) -> Vec<PackedSeq> {
-    let mut g = LogNormalStream::new(median, sigma, cap, seed);
-    (0..n).map(|_| g.next_seq()).collect()
 }
 
 /// Split a step's GBS sequences over `dp` replicas of `ga` micro-batches.
@@ -281,26 +159,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn lognormal_packing_fills_every_sequence_and_keeps_cuts() {
-        let s = lognormal_sequences(2000.0, 1.5, 8192, 20, 7);
-        assert_eq!(s.len(), 20);
-        for q in &s {
-            assert_eq!(q.tokens(), 8192);
-        }
-        // A cut document continues at the start of the next sequence.
-        for w in s.windows(2) {
-            let last = w[0].samples.last().unwrap();
-            let first = w[1].samples[0];
-            if first.offset > 0 {
-                assert_eq!(first.doc, last.doc);
-                assert_eq!(first.offset, last.offset + last.len);
-            }
-        }
-        assert_eq!(s, lognormal_sequences(2000.0, 1.5, 8192, 20, 7));
-        assert_ne!(s, lognormal_sequences(2000.0, 1.5, 8192, 20, 8));
-    }
-
-    #[test]
     fn corpus_batches_have_gbs_full_sequences() {
         let wl = Workload::Corpus {
             corpus: Corpus::from_spec("libra-256k").unwrap(),
@@ -323,7 +181,9 @@ mod tests {
 
     #[test]
     fn replicas_get_consecutive_sequences() {
-        let s = lognormal_sequences(100.0, 0.5, 1000, 6, 1);
+        let s: Vec<PackedSeq> = (0..6)
+            .map(|i| PackedSeq::from_lengths(&[i + 1], 8, 0))
+            .collect();
         let r = split_replicas(s.clone(), 3, 2);
         assert_eq!(r[1], vec![s[2].clone(), s[3].clone()]);
     }

@@ -41,48 +41,7 @@ use crate::error::{invalid, Result};
 use crate::net::{GpuId, Ps};
 use crate::workload::PackedSeq;
 
-/// How the heads of one layer are divided across a CP group.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct HeadSplit {
-    /// Query heads per rank.
-    pub q: u32,
-    /// KV heads per rank (≥ 1; replicated when CP > h_kv).
-    pub kv: u32,
-}
-
-/// Divide the heads over `cp` ranks, or say why they do not divide.
-pub fn head_split(heads_q: u32, heads_kv: u32, cp: u32) -> Result<HeadSplit> {
-    if cp == 0 || heads_q % cp != 0 {
-        return Err(invalid(
-            "cp",
-            cp,
-            format!("a divisor of the model's {heads_q} query heads (Ulysses splits heads)"),
-        ));
-    }
-    let kv = if heads_kv >= cp {
-        if heads_kv % cp != 0 {
-            return Err(invalid(
-                "cp",
-                cp,
-                format!("a divisor or a multiple of the model's {heads_kv} KV heads"),
-            ));
-        }
-        heads_kv / cp
-    } else {
-        if cp % heads_kv != 0 {
-            return Err(invalid(
-                "cp",
-                cp,
-                format!("a divisor or a multiple of the model's {heads_kv} KV heads"),
-            ));
-        }
-        1
-    };
-    Ok(HeadSplit {
-        q: heads_q / cp,
-        kv,
-    })
-}
+pub use crate::cost::{head_split, HeadSplit};
 
 /// One step's graph with what the report needs to read it.
 #[derive(Clone, Debug)]

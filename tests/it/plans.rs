@@ -124,8 +124,8 @@ fn bad_scheme_settings_are_named() {
     let file = d.join("bad.json").to_string_lossy().into_owned();
     for (extra, want) in [
         (vec!["--scheme", "zigzag"], "invalid scheme = zigzag"),
-        (vec!["--scheme", "ulysses", "--cp", "5"], "CP = 5"),
-        (vec!["--scheme", "ulysses", "--cp", "5"], "h_q = 32"),
+        (vec!["--scheme", "ulysses", "--cp", "5"], "cp = 5"),
+        (vec!["--scheme", "ulysses", "--cp", "5"], "32 query heads"),
         (
             vec!["--scheme", "distca", "--cp", "4"],
             "cp = 4 for scheme distca",
