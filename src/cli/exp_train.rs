@@ -1033,36 +1033,49 @@ fn multi_charts(results: &[PointResult], dir: &Path) -> Result<()> {
             std::fs::write(dir.join(format!("scaling-{c}.svg")), ch.render())?;
         }
         if pools {
+            let mut ps: Vec<u32> = rs
+                .iter()
+                .filter(|r| r.scheme != "ulysses")
+                .map(|r| r.libra.pool_size.min(r.dp))
+                .collect();
+            ps.sort_unstable();
+            ps.dedup();
+            // Colour per scheme; compute a plain line, CP communication dashed, exposed
+            // communication with points.
             let mut ch = Chart::new(format!("{c}: time per GPU against pool size P"))
                 .x("P (DP replicas per pool)", Scale::Log)
+                .x_ticks(ps.iter().map(|&p| f64::from(p)).collect())
                 .y("seconds per GPU per step", Scale::Log);
-            let mut k = 0;
-            for sc in ["libra-tap", "libra-tap-vrsp", "libra"] {
-                let mut pts: Vec<&&PointResult> = rs.iter().filter(|r| r.scheme == sc).collect();
+            for (si, sc) in ["libra-tap", "libra-tap-vrsp", "libra"].iter().enumerate() {
+                let mut pts: Vec<&&PointResult> = rs.iter().filter(|r| r.scheme == *sc).collect();
                 if pts.is_empty() {
                     continue;
                 }
                 pts.sort_by_key(|r| r.libra.pool_size);
-                for (what, f, dashed) in [
+                for (what, f, mark, dashed) in [
                     (
                         "compute",
                         (|r: &PointResult| r.compute) as fn(&PointResult) -> f64,
+                        Mark::Line,
                         false,
                     ),
-                    ("CP comm", |r: &PointResult| r.cp_comm, true),
-                    ("exposed comm", |r: &PointResult| r.exposed, false),
+                    ("CP comm", |r: &PointResult| r.cp_comm, Mark::Line, true),
+                    (
+                        "exposed comm",
+                        |r: &PointResult| r.exposed,
+                        Mark::LinePoints,
+                        false,
+                    ),
                 ] {
                     let p: Vec<(f64, f64)> = pts
                         .iter()
                         .map(|r| (f64::from(r.libra.pool_size.min(r.dp)), f(r) * 1e-12))
                         .collect();
-                    let mut s =
-                        Series::new(format!("{sc}: {what}"), p, Mark::LinePoints).color(palette(k));
+                    let mut s = Series::new(format!("{sc}: {what}"), p, mark).color(palette(si));
                     if dashed {
                         s = s.dashed();
                     }
                     ch = ch.series(s);
-                    k += 1;
                 }
             }
             std::fs::write(dir.join(format!("pool-{c}.svg")), ch.render())?;

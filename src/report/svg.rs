@@ -380,7 +380,12 @@ impl Chart {
     /// The right margin: room for the legend's longest name (about 7 px a character at
     /// 12 px sans-serif, after the 36 px sample line), at least [`MARGIN_RIGHT`].
     fn margin_right(&self) -> f64 {
-        let longest = self.series.iter().map(|s| s.name.chars().count()).max().unwrap_or(0);
+        let longest = self
+            .series
+            .iter()
+            .map(|s| s.name.chars().count())
+            .max()
+            .unwrap_or(0);
         MARGIN_RIGHT.max(46.0 + 7.0 * longest as f64)
     }
 
