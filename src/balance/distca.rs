@@ -676,19 +676,7 @@ mod tests {
     }
 
     fn seq(lens: &[u32], doc0: u64) -> PackedSeq {
-        PackedSeq {
-            samples: lens
-                .iter()
-                .enumerate()
-                .map(|(i, &len)| Sample {
-                    doc: doc0 + i as u64,
-                    offset: 0,
-                    len,
-                    cut: false,
-                })
-                .collect(),
-            capacity: lens.iter().sum::<u32>().max(1),
-        }
+        PackedSeq::from_lengths(lens, lens.iter().sum::<u32>().max(1), doc0)
     }
 
     /// Every query token of every sample attended exactly once, task pairs exact, KV prefix

@@ -164,23 +164,10 @@ mod tests {
     use crate::plan::{check, Payload};
     use crate::workload::corpus::Corpus;
     use crate::workload::pack::{global_batch, Packing};
-    use crate::workload::Sample;
     use proptest::prelude::*;
 
     fn seq(lens: &[u32], cap: u32, doc0: u64) -> PackedSeq {
-        PackedSeq {
-            samples: lens
-                .iter()
-                .enumerate()
-                .map(|(i, &len)| Sample {
-                    doc: doc0 + i as u64,
-                    offset: 0,
-                    len,
-                    cut: false,
-                })
-                .collect(),
-            capacity: cap,
-        }
+        PackedSeq::from_lengths(lens, cap, doc0)
     }
 
     const TINY: AttnShape = AttnShape {

@@ -345,7 +345,7 @@ mod tests {
     use crate::engine::stub_net::StubNet;
     use crate::schedule::ulysses::build_step;
     use crate::schedule::{NoVariance, Parallelism, PipelineKind, Placement, RankMap};
-    use crate::workload::{PackedSeq, Sample};
+    use crate::workload::PackedSeq;
 
     #[test]
     fn interval_algebra_by_hand() {
@@ -360,19 +360,7 @@ mod tests {
     }
 
     fn seq(lens: &[u32], cap: u32) -> PackedSeq {
-        PackedSeq {
-            samples: lens
-                .iter()
-                .enumerate()
-                .map(|(i, &len)| Sample {
-                    doc: i as u64,
-                    offset: 0,
-                    len,
-                    cut: false,
-                })
-                .collect(),
-            capacity: cap,
-        }
+        PackedSeq::from_lengths(lens, cap, 0)
     }
 
     #[test]

@@ -143,7 +143,6 @@ mod tests {
     use crate::plan::{check, Payload};
     use crate::workload::corpus::Corpus;
     use crate::workload::pack::{global_batch, Packing};
-    use crate::workload::Sample;
     use proptest::prelude::*;
 
     /// 1 head, head_dim 1, 1 byte: Q = out = tokens bytes, KV = 2·tokens.
@@ -155,19 +154,7 @@ mod tests {
     };
 
     fn seq(lens: &[u32], doc0: u64, slack: u32) -> PackedSeq {
-        PackedSeq {
-            samples: lens
-                .iter()
-                .enumerate()
-                .map(|(i, &len)| Sample {
-                    doc: doc0 + i as u64,
-                    offset: 0,
-                    len,
-                    cut: false,
-                })
-                .collect(),
-            capacity: lens.iter().sum::<u32>() + slack,
-        }
+        PackedSeq::from_lengths(lens, lens.iter().sum::<u32>() + slack, doc0)
     }
 
     /// (Q + output bytes, KV bytes) of a plan.

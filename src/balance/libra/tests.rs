@@ -8,22 +8,9 @@ use super::pipeliner::{overlap_stages, pipeline, Stage};
 use super::tap::{place, tile, Tiling};
 use super::*;
 use crate::plan::{check, kv_group_bytes, Payload, Plan, ViolationKind};
-use crate::workload::Sample;
 
 fn seq(lens: &[u32], cap: u32) -> PackedSeq {
-    PackedSeq {
-        samples: lens
-            .iter()
-            .enumerate()
-            .map(|(i, &len)| Sample {
-                doc: i as u64,
-                offset: 0,
-                len,
-                cut: false,
-            })
-            .collect(),
-        capacity: cap,
-    }
+    PackedSeq::from_lengths(lens, cap, 0)
 }
 
 /// A tiny shape whose bytes are easy by hand: 2 query heads, 1 KV head, d = 1, 1 byte.

@@ -3,22 +3,9 @@ use crate::cost::ModelConfig;
 use crate::engine::stub_net::StubNet;
 use crate::engine::{run, Timeline};
 use crate::schedule::{NoVariance, Parallelism, Placement};
-use crate::workload::Sample;
 
 pub(crate) fn seq(lens: &[u32], cap: u32) -> PackedSeq {
-    PackedSeq {
-        samples: lens
-            .iter()
-            .enumerate()
-            .map(|(i, &len)| Sample {
-                doc: i as u64,
-                offset: 0,
-                len,
-                cut: false,
-            })
-            .collect(),
-        capacity: cap,
-    }
+    PackedSeq::from_lengths(lens, cap, 0)
 }
 
 fn par(dp: u32, pp: u32, cp: u32, ga: u32) -> Parallelism {
