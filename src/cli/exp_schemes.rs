@@ -409,6 +409,7 @@ pub fn run_text(text: &str, file: &str, title: &str, base: &Path) -> Result<Comp
     let jobs: Vec<(usize, usize)> = (0..points.len())
         .flat_map(|p| (0..arms.len()).map(move |a| (p, a)))
         .collect();
+    let progress = super::Progress::new(jobs.len(), "points simulated");
     let results: Vec<Result<ArmResult>> = jobs
         .par_iter()
         .map(|&(pi, ai)| {
@@ -444,6 +445,7 @@ pub fn run_text(text: &str, file: &str, title: &str, base: &Path) -> Result<Comp
             })
             .with_context(|| ctx)
         })
+        .inspect(|_| progress.tick())
         .collect();
     let results: Vec<ArmResult> = results.into_iter().collect::<Result<_>>()?;
     let mut extra = String::new();

@@ -570,6 +570,7 @@ fn run_text(
                 .map(move |(d, g, l, c)| (*d, *g, *l, c.clone(), v))
         })
         .collect();
+    let progress = super::Progress::new(points.len(), "points simulated");
     let results: Vec<Result<PointResult>> = points
         .par_iter()
         .map(|(dp, ga, l, c, v)| {
@@ -617,6 +618,7 @@ fn run_text(
                 .unwrap_or_default();
             Ok(r)
         })
+        .inspect(|_| progress.tick())
         .collect();
     let results: Vec<PointResult> = results.into_iter().collect::<Result<_>>()?;
 
