@@ -86,9 +86,18 @@ fn dgx(nodes: u32) -> Result<Arc<Topology>> {
     Ok(Arc::new(spec.build(Some(nodes))?))
 }
 
-/// One full training step of qwen3-30b-a3b with Ulysses, CP = `cp`, DP = `dp`, GA = `ga`,
-/// every rank simulated; `seq_len` tokens per packed sequence.
-pub fn full_step(dp: u32, cp: u32, ga: u32, seq_len: u32) -> Result<Vec<BenchRow>> {
+/// qwen3-30b-a3b with Ulysses (PP 1, 1F1B, ZeRO-3, 8 gradient buckets) on nodes of 8
+/// GPUs: the cost model, the rank map and one global batch of `corpus` packed to `seq_len`,
+/// split into DP replicas of GA micro-batches.
+fn qwen_step_input(
+    dp: u32,
+    cp: u32,
+    ga: u32,
+    seq_len: u32,
+    recompute: bool,
+    corpus: &str,
+    seed: u64,
+) -> Result<(CostModel, RankMap, Vec<Vec<PackedSeq>>)> {
     let cost = CostModel::h200(ModelConfig::builtin("qwen3-30b-a3b")?)?;
     let par = Parallelism {
         dp,
@@ -96,33 +105,38 @@ pub fn full_step(dp: u32, cp: u32, ga: u32, seq_len: u32) -> Result<Vec<BenchRow
         cp,
         ga,
         pipeline: PipelineKind::OneFOneB,
-        recompute: false,
+        recompute,
         zero_stage: 3,
         dp_buckets: 8,
     };
-    let gpus = par.gpus() as u32;
+    let nodes = (par.gpus() as u32).div_ceil(8);
     let map = RankMap::new(
         par,
         Placement {
             gpus_per_node: 8,
-            nodes: gpus.div_ceil(8),
+            nodes,
         },
         "bench",
     )?;
-    // Documents: lognormal, median 1,024 tokens, σ 1.6 (ln 1024 = 6.9315).
-    let corpus = Corpus::from_spec("lognormal:mu=6.9315,sigma=1.6")?;
+    let corpus = Corpus::from_spec(corpus)?;
     let seqs = global_batch(
         &corpus,
         seq_len,
         (dp * ga) as usize,
         Packing::Sequential,
-        1,
+        seed,
         0,
     )?;
-    let batch: Vec<Vec<PackedSeq>> = seqs
-        .chunks(ga as usize)
-        .map(<[PackedSeq]>::to_vec)
-        .collect();
+    Ok((cost, map, split_replicas(seqs, dp, ga)))
+}
+
+/// One full training step of qwen3-30b-a3b with Ulysses, CP = `cp`, DP = `dp`, GA = `ga`,
+/// every rank simulated; `seq_len` tokens per packed sequence.
+pub fn full_step(dp: u32, cp: u32, ga: u32, seq_len: u32) -> Result<Vec<BenchRow>> {
+    // Documents: lognormal, median 1,024 tokens, σ 1.6 (ln 1024 = 6.9315).
+    let corpus = "lognormal:mu=6.9315,sigma=1.6";
+    let (cost, map, batch) = qwen_step_input(dp, cp, ga, seq_len, false, corpus, 1)?;
+    let gpus = map.gpus();
     let (t0, c0) = (Instant::now(), thread_cpu_s());
     let sg = build_step(&cost, map, &batch, 0, &NoVariance)?;
     let t_build = t0.elapsed().as_secs_f64();
@@ -262,35 +276,7 @@ pub fn arm_engine_throughput() -> Result<Timed> {
 
 fn arm_step(gpus: u32, flow: bool) -> Result<Timed> {
     let (dp, cp, ga, seq_len) = (gpus / 16, 16, 8, 262_144);
-    let cost = CostModel::h200(ModelConfig::builtin("qwen3-30b-a3b")?)?;
-    let par = Parallelism {
-        dp,
-        pp: 1,
-        cp,
-        ga,
-        pipeline: PipelineKind::OneFOneB,
-        recompute: true,
-        zero_stage: 3,
-        dp_buckets: 8,
-    };
-    let map = RankMap::new(
-        par,
-        Placement {
-            gpus_per_node: 8,
-            nodes: gpus.div_ceil(8),
-        },
-        "bench",
-    )?;
-    let corpus = Corpus::from_spec("libra-256k")?;
-    let seqs = global_batch(
-        &corpus,
-        seq_len,
-        (dp * ga) as usize,
-        Packing::Sequential,
-        0,
-        0,
-    )?;
-    let batch = split_replicas(seqs, dp, ga);
+    let (cost, map, batch) = qwen_step_input(dp, cp, ga, seq_len, true, "libra-256k", 0)?;
     let topo = dgx(gpus.div_ceil(8))?;
     Ok(Box::new(move || {
         let sg = build_step(&cost, map, &batch, 0, &NoVariance)?;
