@@ -17,6 +17,10 @@
 //!    model; `Coll` is one GPU's part in a collective: the part *arrives* when it starts,
 //!    the collective's transfers start when the last part has arrived (the time between is
 //!    that GPU's synchronisation wait), and every part ends when the last transfer lands.
+//!    A *grouped point-to-point* collective (an NCCL group of sends and receives,
+//!    [`GraphBuilder::add_grouped_p2p`]) couples a part only to the GPUs it exchanges data
+//!    with: its transfers start when it and every peer have arrived, and it ends when its
+//!    own transfers and every peer's have landed — no barrier across the whole group.
 //!
 //! # Performance
 //! Events are small `Copy` values in one `BinaryHeap` keyed by (time, sequence number), so
@@ -202,6 +206,8 @@ struct CollInfo {
     parts: u32,
     xfer_start: u32,
     xfer_len: u32,
+    /// Grouped point-to-point: the range of its peer pairs in `Graph::p2p_pairs`.
+    p2p: Option<(u32, u32)>,
 }
 
 /// An op graph ready to run: ops in CSR form, per-stream issue order, collectives.
@@ -221,6 +227,14 @@ pub struct Graph {
     colls: Vec<CollInfo>,
     coll_part_off: Vec<u32>,
     coll_parts: Vec<OpId>,
+    /// Peer pairs (GPUs) of grouped point-to-point collectives.
+    p2p_pairs: Vec<(GpuId, GpuId)>,
+    /// Per collective part (index into `coll_parts`), CSR: its peers (part indices) and
+    /// its own transfers (sender = its GPU). Empty for whole-group collectives.
+    part_nbr_off: Vec<u32>,
+    part_nbrs: Vec<u32>,
+    part_xf_off: Vec<u32>,
+    part_xf: Vec<u32>,
 }
 
 /// Builds a [`Graph`]. Ops must be added to each stream in issue order. Dependencies may
@@ -257,8 +271,23 @@ impl GraphBuilder {
             parts: 0,
             xfer_start: start,
             xfer_len: xfers.len() as u32,
+            p2p: None,
         });
         (self.g.colls.len() - 1) as CollId
+    }
+
+    /// A new grouped point-to-point collective (an NCCL group of sends and receives):
+    /// `xfers` are the priced transfers, each owned by the part on its sender's GPU;
+    /// `pairs` are the GPU pairs that really exchange data (either direction). A part's
+    /// transfers start once it and all its peers have arrived; it ends once its own and all
+    /// its peers' transfers have landed. Add one part per GPU with [`GraphBuilder::add_op`]
+    /// and `OpKind::Coll`; every sender and every pair's GPU needs a part.
+    pub fn add_grouped_p2p(&mut self, xfers: &[Xfer], pairs: &[(GpuId, GpuId)]) -> CollId {
+        let c = self.add_collective(xfers);
+        let a = self.g.p2p_pairs.len() as u32;
+        self.g.p2p_pairs.extend_from_slice(pairs);
+        self.g.colls[c as usize].p2p = Some((a, pairs.len() as u32));
+        c
     }
 
     /// A new transfer for a `Send` op.
@@ -409,11 +438,121 @@ impl GraphBuilder {
                 fill[c as usize] += 1;
             }
         }
+        g.p2p_layout()?;
         Ok(self.g)
     }
 }
 
 impl Graph {
+    /// Per part of every grouped point-to-point collective: its peers and its own
+    /// transfers (CSR over part indices; empty for whole-group collectives).
+    fn p2p_layout(&mut self) -> Result<()> {
+        let np = self.coll_parts.len();
+        self.part_nbr_off = vec![0; np + 1];
+        self.part_xf_off = vec![0; np + 1];
+        self.part_nbrs.clear();
+        self.part_xf.clear();
+        let mut nbrs: Vec<Vec<u32>> = Vec::new();
+        let mut xfs: Vec<Vec<u32>> = Vec::new();
+        for (ci, info) in self.colls.iter().enumerate() {
+            let (a, b) = (
+                self.coll_part_off[ci] as usize,
+                self.coll_part_off[ci + 1] as usize,
+            );
+            let Some((pa, pl)) = info.p2p else {
+                for k in a..b {
+                    self.part_nbr_off[k + 1] = self.part_nbrs.len() as u32;
+                    self.part_xf_off[k + 1] = self.part_xf.len() as u32;
+                }
+                continue;
+            };
+            // GPU → part index, one part per GPU.
+            let mut at: std::collections::BTreeMap<GpuId, u32> = Default::default();
+            for k in a..b {
+                let gpu = self.streams[self.ops[self.coll_parts[k] as usize].stream as usize].gpu;
+                if at.insert(gpu, k as u32).is_some() {
+                    return Err(invalid(
+                        format!("grouped send/recv {ci} parts"),
+                        format!("two parts on GPU {gpu}"),
+                        "one part per GPU",
+                    ));
+                }
+            }
+            let part = |gpu: GpuId| {
+                at.get(&gpu).copied().ok_or_else(|| {
+                    invalid(
+                        format!("grouped send/recv {ci}"),
+                        format!("GPU {gpu}"),
+                        "a GPU with a part in the collective",
+                    )
+                })
+            };
+            nbrs.clear();
+            nbrs.resize(b - a, Vec::new());
+            xfs.clear();
+            xfs.resize(b - a, Vec::new());
+            for &(s, d) in &self.p2p_pairs[pa as usize..(pa + pl) as usize] {
+                let (ps, pd) = (part(s)?, part(d)?);
+                if ps != pd {
+                    nbrs[ps as usize - a].push(pd);
+                    nbrs[pd as usize - a].push(ps);
+                }
+            }
+            for x in info.xfer_start..info.xfer_start + info.xfer_len {
+                let k = part(self.xfers[x as usize].src)?;
+                xfs[k as usize - a].push(x);
+            }
+            for k in a..b {
+                let v = &mut nbrs[k - a];
+                v.sort_unstable();
+                v.dedup();
+                self.part_nbrs.extend_from_slice(v);
+                self.part_xf.extend_from_slice(&xfs[k - a]);
+                self.part_nbr_off[k + 1] = self.part_nbrs.len() as u32;
+                self.part_xf_off[k + 1] = self.part_xf.len() as u32;
+            }
+        }
+        Ok(())
+    }
+
+    fn part_nbrs(&self, k: u32) -> &[u32] {
+        &self.part_nbrs
+            [self.part_nbr_off[k as usize] as usize..self.part_nbr_off[k as usize + 1] as usize]
+    }
+
+    fn part_xfers(&self, k: u32) -> &[u32] {
+        &self.part_xf
+            [self.part_xf_off[k as usize] as usize..self.part_xf_off[k as usize + 1] as usize]
+    }
+
+    /// The part index (into `coll_parts`) of op `op`, a part of collective `c`.
+    fn part_of(&self, c: CollId, op: OpId) -> u32 {
+        let a = self.coll_part_off[c as usize] as usize;
+        let b = self.coll_part_off[c as usize + 1] as usize;
+        // Parts are filled in op order, so each collective's range is sorted.
+        let i = self.coll_parts[a..b].partition_point(|&o| o < op);
+        (a + i) as u32
+    }
+
+    /// When op `op`'s own work began in `t`: for a collective part, when its transfers
+    /// started (a whole-group collective: its last arrival; a grouped send/recv part: the
+    /// last arrival among it and its peers), so the time from `t.start` to this is the
+    /// GPU's synchronisation wait; for any other op, its start.
+    pub fn xfer_start(&self, t: &Timeline, op: OpId) -> Ps {
+        match self.ops[op as usize].kind {
+            OpKind::Coll(c) if self.colls[c as usize].p2p.is_some() => {
+                let k = self.part_of(c, op);
+                std::iter::once(k)
+                    .chain(self.part_nbrs(k).iter().copied())
+                    .map(|q| t.start[self.coll_parts[q as usize] as usize])
+                    .max()
+                    .unwrap_or(t.start[op as usize])
+            }
+            OpKind::Coll(c) => t.coll_start[c as usize],
+            _ => t.start[op as usize],
+        }
+    }
+
     /// The ops of `stream` in issue order.
     pub fn stream_ops(&self, stream: StreamId) -> &[OpId] {
         let s = stream as usize;
@@ -445,8 +584,13 @@ impl Graph {
                 + self.stream_off.capacity()
                 + self.stream_ops.capacity()
                 + self.coll_part_off.capacity()
-                + self.coll_parts.capacity())
+                + self.coll_parts.capacity()
+                + self.part_nbr_off.capacity()
+                + self.part_nbrs.capacity()
+                + self.part_xf_off.capacity()
+                + self.part_xf.capacity())
                 * 4
+            + self.p2p_pairs.capacity() * 8
             + self.colls.capacity() * size_of::<CollInfo>()
     }
 }
@@ -458,7 +602,8 @@ pub struct Timeline {
     pub start: Vec<Ps>,
     /// End of each op.
     pub end: Vec<Ps>,
-    /// When each collective's last part arrived and its transfers began.
+    /// When each collective's last part arrived and its transfers began (grouped
+    /// point-to-point: when its first part's transfers began).
     pub coll_start: Vec<Ps>,
     /// The end of the last op.
     pub makespan: Ps,
@@ -470,11 +615,14 @@ pub struct Timeline {
 struct Event {
     time: Ps,
     seq: u64,
-    /// Op id, or collective id with the top bit set.
-    id: u32,
+    /// Op id, or collective id with `COLL_BIT`, or grouped point-to-point part with
+    /// `PART_BIT`.
+    id: u64,
 }
 
 const COLL_BIT: u32 = 1 << 31;
+const EV_COLL: u64 = 1 << 63;
+const EV_PART: u64 = 1 << 62;
 
 #[derive(Clone, Copy)]
 struct StreamState {
@@ -483,6 +631,7 @@ struct StreamState {
     busy: bool,
 }
 const TAG_COLL: u64 = 1 << 63;
+const TAG_PART: u64 = 1 << 62;
 
 struct Sim<'g, 'n> {
     g: &'g Graph,
@@ -495,11 +644,17 @@ struct Sim<'g, 'n> {
     st: Vec<StreamState>,
     arrived: Vec<u32>,
     pending: Vec<u32>,
+    /// Per grouped point-to-point part: arrivals (itself and peers) still awaited before
+    /// its transfers start, its transfers in flight, drained parts (itself and peers)
+    /// still awaited before it ends.
+    part_start_wait: Vec<u32>,
+    part_pending: Vec<u32>,
+    part_end_wait: Vec<u32>,
     t: Timeline,
 }
 
 impl Sim<'_, '_> {
-    fn push(&mut self, time: Ps, id: u32) {
+    fn push(&mut self, time: Ps, id: u64) {
         self.seq += 1;
         self.heap.push(Reverse(Event {
             time,
@@ -520,11 +675,22 @@ impl Sim<'_, '_> {
         self.st[s as usize].busy = true;
         self.t.start[op as usize] = self.now;
         match self.g.ops[op as usize].kind {
-            OpKind::Compute(d) => self.push(self.now + d, op),
+            OpKind::Compute(d) => self.push(self.now + d, u64::from(op)),
             OpKind::Send(x) => {
                 let x = self.g.xfers[x as usize];
                 self.net
                     .start(self.now, x.src, x.dst, x.bytes, u64::from(op));
+            }
+            OpKind::Coll(c) if self.g.colls[c as usize].p2p.is_some() => {
+                let g = self.g;
+                let k = g.part_of(c, op);
+                for q in std::iter::once(k).chain(g.part_nbrs(k).iter().copied()) {
+                    let w = &mut self.part_start_wait[q as usize];
+                    *w -= 1;
+                    if *w == 0 {
+                        self.start_part(c, q);
+                    }
+                }
             }
             OpKind::Coll(c) => {
                 let ci = c as usize;
@@ -534,7 +700,7 @@ impl Sim<'_, '_> {
                     self.t.coll_start[ci] = self.now;
                     self.pending[ci] = info.xfer_len;
                     if info.xfer_len == 0 {
-                        self.push(self.now, c | COLL_BIT);
+                        self.push(self.now, EV_COLL | u64::from(c));
                     }
                     for x in &self.g.xfers
                         [info.xfer_start as usize..(info.xfer_start + info.xfer_len) as usize]
@@ -569,6 +735,39 @@ impl Sim<'_, '_> {
             }
         }
         self.try_start(s);
+    }
+
+    /// Part `k` of grouped point-to-point collective `c` and its peers have all arrived:
+    /// its transfers start (none: it is drained at once, through the queue).
+    fn start_part(&mut self, c: CollId, k: u32) {
+        let g = self.g;
+        if self.arrived[c as usize] == 0 {
+            self.t.coll_start[c as usize] = self.now;
+        }
+        self.arrived[c as usize] += 1;
+        let xf = g.part_xfers(k);
+        self.part_pending[k as usize] = xf.len() as u32;
+        if xf.is_empty() {
+            self.push(self.now, EV_PART | u64::from(k));
+        }
+        for &x in xf {
+            let x = g.xfers[x as usize];
+            self.net
+                .start(self.now, x.src, x.dst, x.bytes, TAG_PART | u64::from(k));
+        }
+    }
+
+    /// Part `k`'s transfers have all landed: it and each peer whose every neighbour has
+    /// drained end now.
+    fn drain_part(&mut self, k: u32) {
+        let g = self.g;
+        for q in std::iter::once(k).chain(g.part_nbrs(k).iter().copied()) {
+            let w = &mut self.part_end_wait[q as usize];
+            *w -= 1;
+            if *w == 0 {
+                self.complete(g.coll_parts[q as usize]);
+            }
+        }
     }
 
     fn complete_coll(&mut self, c: CollId) {
@@ -611,6 +810,13 @@ pub fn run(g: &Graph, net: &mut dyn NetworkModel) -> Result<Timeline> {
             .collect(),
         arrived: vec![0; nc],
         pending: vec![0; nc],
+        part_start_wait: (0..g.coll_parts.len() as u32)
+            .map(|k| 1 + g.part_nbrs(k).len() as u32)
+            .collect(),
+        part_pending: vec![0; g.coll_parts.len()],
+        part_end_wait: (0..g.coll_parts.len() as u32)
+            .map(|k| 1 + g.part_nbrs(k).len() as u32)
+            .collect(),
         t: Timeline {
             start: vec![0; n],
             end: vec![0; n],
@@ -644,6 +850,12 @@ pub fn run(g: &Graph, net: &mut dyn NetworkModel) -> Result<Timeline> {
                     if sim.pending[c] == 0 {
                         sim.complete_coll(c as CollId);
                     }
+                } else if tag & TAG_PART != 0 {
+                    let k = (tag & !TAG_PART) as u32;
+                    sim.part_pending[k as usize] -= 1;
+                    if sim.part_pending[k as usize] == 0 {
+                        sim.drain_part(k);
+                    }
                 } else {
                     sim.complete(tag as OpId);
                 }
@@ -652,10 +864,12 @@ pub fn run(g: &Graph, net: &mut dyn NetworkModel) -> Result<Timeline> {
         } else if let Some(Reverse(e)) = sim.heap.pop() {
             sim.now = e.time;
             sim.t.events += 1;
-            if e.id & COLL_BIT != 0 {
-                sim.complete_coll(e.id & !COLL_BIT);
+            if e.id & EV_COLL != 0 {
+                sim.complete_coll((e.id & !EV_COLL) as CollId);
+            } else if e.id & EV_PART != 0 {
+                sim.drain_part((e.id & !EV_PART) as u32);
             } else {
-                sim.complete(e.id);
+                sim.complete(e.id as OpId);
             }
         }
     }

@@ -302,3 +302,114 @@ mod prop {
         }
     }
 }
+
+/// GPUs 0–4 with a compute and a CP stream each; GPU g's part of `coll` arrives after a
+/// compute op of `arrive[g]` ps.
+fn p2p_graph(
+    pairs: &[(GpuId, GpuId)],
+    xfers: &[Xfer],
+    arrive: [Ps; 5],
+) -> Result<(Graph, Vec<OpId>)> {
+    let mut b = GraphBuilder::default();
+    let coll = b.add_grouped_p2p(xfers, pairs);
+    let mut parts = Vec::new();
+    for (g, &a) in arrive.iter().enumerate() {
+        let c = b.add_stream(g as GpuId, StreamKind::Compute);
+        let m = b.add_stream(g as GpuId, StreamKind::CpComm);
+        let w = b.add_op(c, OpKind::Compute(a), lab(OpClass::AttnFwd), &[]);
+        parts.push(b.add_op(m, OpKind::Coll(coll), lab(OpClass::A2aIn), &[w]));
+    }
+    Ok((b.build()?, parts))
+}
+
+#[test]
+fn grouped_p2p_couples_only_peers() {
+    // {0, 1} and {2, 3} exchange; 4 only takes part. GPU 3 arrives late.
+    let xfers = [
+        Xfer {
+            src: 0,
+            dst: 1,
+            bytes: 2_000_000,
+        },
+        Xfer {
+            src: 3,
+            dst: 2,
+            bytes: 1000,
+        },
+    ];
+    let (g, p) = p2p_graph(&[(0, 1), (2, 3)], &xfers, [0, 100, 50, 5_000_000, 7]).unwrap();
+    let t = run(&g, &mut net()).unwrap();
+    let end = |i: usize| t.end[p[i] as usize];
+    // 0 → 1 starts when both arrived (100) and takes 1 µs + 2e6 ps; GPU 1 (nothing to
+    // send) ends with it: it receives.
+    assert_eq!((end(0), end(1)), (3_000_100, 3_000_100));
+    // 3 → 2 waits for GPU 3 (5 µs) and lands 1 µs + 1000 ps later; GPU 0's pair does not.
+    assert_eq!((end(2), end(3)), (6_001_000, 6_001_000));
+    // No peers, no transfers: ends when it arrives.
+    assert_eq!((t.start[p[4] as usize], end(4)), (7, 7));
+    assert_eq!(t.coll_start[0], 7, "the first part to start its transfers");
+    // The same transfers as one whole-group collective: everyone waits for GPU 3.
+    let mut b = GraphBuilder::default();
+    let coll = b.add_collective(&xfers);
+    let mut parts = Vec::new();
+    for (gpu, a) in [0, 100, 50, 5_000_000, 7].into_iter().enumerate() {
+        let c = b.add_stream(gpu as GpuId, StreamKind::Compute);
+        let m = b.add_stream(gpu as GpuId, StreamKind::CpComm);
+        let w = b.add_op(c, OpKind::Compute(a), lab(OpClass::AttnFwd), &[]);
+        parts.push(b.add_op(m, OpKind::Coll(coll), lab(OpClass::A2aIn), &[w]));
+    }
+    let t = run(&b.build().unwrap(), &mut net()).unwrap();
+    assert!(parts
+        .iter()
+        .all(|&o| t.end[o as usize] == 5_000_000 + 3_000_000));
+}
+
+#[test]
+fn grouped_p2p_hot_sender_delays_only_its_receivers() {
+    // GPU 0 sends a lot to 1 and 2; GPU 3 sends little to 4. Receivers 1 and 2 end with
+    // GPU 0's last transfer; 3 and 4 do not wait for it.
+    let x = |src, dst, bytes| Xfer { src, dst, bytes };
+    let (g, p) = p2p_graph(
+        &[(0, 1), (0, 2), (3, 4)],
+        &[x(0, 1, 4_000_000), x(0, 2, 1_000_000), x(3, 4, 10)],
+        [0; 5],
+    )
+    .unwrap();
+    let t = run(&g, &mut net()).unwrap();
+    let end = |i: usize| t.end[p[i] as usize];
+    let hot = 1_000_000 + 4_000_000; // 0 → 1 inside node 0
+    assert_eq!((end(0), end(1), end(2)), (hot, hot, hot));
+    let cold = 1_000_000 + 20; // 3 → 4 across nodes at half speed
+    assert_eq!((end(3), end(4)), (cold, cold));
+}
+
+#[test]
+fn grouped_p2p_rejects_unknown_gpus() {
+    let e = p2p_graph(&[(0, 7)], &[], [0; 5]).unwrap_err().to_string();
+    assert!(
+        e.contains("GPU 7") && e.contains("a GPU with a part"),
+        "{e}"
+    );
+    let x = Xfer {
+        src: 9,
+        dst: 0,
+        bytes: 1,
+    };
+    let e = p2p_graph(&[], &[x], [0; 5]).unwrap_err().to_string();
+    assert!(e.contains("GPU 9"), "{e}");
+}
+
+#[test]
+fn grouped_p2p_wait_ends_when_the_last_peer_arrives() {
+    let x = Xfer {
+        src: 0,
+        dst: 1,
+        bytes: 10,
+    };
+    let (g, p) = p2p_graph(&[(0, 1)], &[x], [0, 300, 5, 0, 0]).unwrap();
+    let t = run(&g, &mut net()).unwrap();
+    // GPU 0 arrives at 0 and waits for GPU 1 (300); GPU 2 has no peer and waits not at all.
+    assert_eq!(g.xfer_start(&t, p[0]), 300);
+    assert_eq!(g.xfer_start(&t, p[1]), 300);
+    assert_eq!(g.xfer_start(&t, p[2]), 5);
+}

@@ -21,7 +21,7 @@ pub fn cp_comm_busy(sg: &StepGraph, t: &Timeline) -> Vec<Ps> {
         for &o in g.stream_ops(s) {
             let (st, en) = (t.start[o as usize], t.end[o as usize]);
             let from = match g.ops[o as usize].kind {
-                OpKind::Coll(c) => t.coll_start[c as usize].max(st),
+                OpKind::Coll(_) => g.xfer_start(t, o).max(st),
                 _ => st,
             };
             if en > from {

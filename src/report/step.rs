@@ -159,8 +159,8 @@ pub fn step_report(sg: &StepGraph, t: &Timeline, cost: &CostModel, step: u64) ->
             for &o in g.stream_ops(s) {
                 let (st, en) = (t.start[o as usize], t.end[o as usize]);
                 match g.ops[o as usize].kind {
-                    OpKind::Coll(c) => {
-                        let cs = t.coll_start[c as usize];
+                    OpKind::Coll(_) => {
+                        let cs = g.xfer_start(t, o);
                         wait.push((st, cs));
                         act.push((cs, en));
                     }

@@ -51,10 +51,9 @@ pub fn chrome_trace(sg: &StepGraph, t: &Timeline, max_gpus: u32) -> String {
                     format!(" mb{}", op.label.mb)
                 };
                 let args = match op.kind {
-                    OpKind::Coll(c) => format!(
-                        ",\"args\":{{\"wait_us\":{}}}",
-                        us(t.coll_start[c as usize] - st)
-                    ),
+                    OpKind::Coll(_) => {
+                        format!(",\"args\":{{\"wait_us\":{}}}", us(g.xfer_start(t, o) - st))
+                    }
                     _ => String::new(),
                 };
                 push(&mut s, format!(

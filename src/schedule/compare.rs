@@ -4,24 +4,25 @@
 //! it into ops, the engine times them, `report::step` measures them.
 //!
 //! Owns the per-scheme layout on the cluster (Ulysses, WLB-LLM, Libra: DP × CP; DistCA:
-//! DP·CP servers, CP 1, GA' = GBS / (DP·CP)), the pipelining each scheme gets (Libra: its
-//! M head chunks; DistCA with ping-pong: two chunks, so one half's attention transfers
-//! overlap the other half's compute; see below) and the core-attention-layer measure
-//! [`attention_span`]. It may not plan, price or time anything itself.
+//! DP·CP servers, CP 1, GA' = GBS / (DP·CP)), the overlap each scheme gets
+//! ([`scheme_overlap`]) and the core-attention-layer measure [`attention_span`]. It may
+//! not plan, price or time anything itself.
 //!
-//! # Ping-pong, as simulated
-//! The generic lowering overlaps communication and compute by head chunks (Libra's
-//! pipeliner); DistCA's ping-pong overlaps them by nano-batches (halves of the samples,
-//! [`crate::balance::distca::pingpong::NanoTable`]). skewsim runs DistCA's ping-pong as two
-//! overlapped chunks of the lowering — the same two-stage overlap of attention transfers
-//! with attention compute, cut by heads instead of samples — and does not overlap
-//! attention transfers with the *linear* layers of the other nano-batch, which DistCA
-//! also does. The ping-pong gain measured here is therefore a lower bound.
+//! # Overlap, as simulated
+//! Libra's pipeliner cuts each worker's attention into M head chunks whose transfers
+//! overlap the other chunks' kernels. DistCA's ping-pong cuts each micro-batch into two
+//! nano-batches (its planner's [`crate::balance::distca::pingpong::NanoTable`]): every
+//! linear block becomes one op per nano-batch, so nano-batch 0's attention dispatch runs
+//! under nano-batch 1's linear block, each kernel under the other nano-batch's transfers,
+//! and nano-batch 1's return under nano-batch 0's next linear block
+//! (`plan_attn::Overlap::NanoBatches`). What actually hides is the engine's measurement.
 
+use super::plan_attn::Overlap;
 use super::plan_step::build_plan_step;
 use super::train::split_replicas;
 use super::ulysses::{build_step, StepGraph};
 use super::{Parallelism, Placement, RankMap, RuntimeVariance};
+use crate::balance::distca::pingpong::NanoTable;
 use crate::balance::schemes::{Scheme, SchemePlanner, SchemeSettings};
 use crate::cost::CostModel;
 use crate::engine::{run, OpClass, Timeline};
@@ -69,13 +70,17 @@ pub fn scheme_parallelism(scheme: Scheme, base: Parallelism) -> Result<Paralleli
     })
 }
 
-/// Pipeliner chunks for the generic lowering: Libra's M, 2 for DistCA with ping-pong
-/// (when h_q is even), else 1.
-pub fn scheme_chunks(scheme: Scheme, set: &SchemeSettings, heads_q: u32) -> u32 {
-    match scheme {
-        Scheme::Libra => set.libra.chunks,
-        Scheme::DistCa if set.ping_pong && heads_q % 2 == 0 => 2,
-        _ => 1,
+/// The overlap the generic lowering gives `scheme`: Libra's M head chunks, DistCA's
+/// ping-pong nano-batches (`nano`, its planner's table) when ping-pong is on, else none.
+pub fn scheme_overlap<'a>(
+    scheme: Scheme,
+    set: &SchemeSettings,
+    nano: Option<&'a NanoTable>,
+) -> Overlap<'a> {
+    match (scheme, nano) {
+        (Scheme::Libra, _) => Overlap::HeadChunks(set.libra.chunks),
+        (Scheme::DistCa, Some(t)) if set.ping_pong => Overlap::NanoBatches(t),
+        _ => Overlap::HeadChunks(1),
     }
 }
 
@@ -189,9 +194,9 @@ pub fn simulate_scheme_step_with(
                 }
             }
         }
-        let m = scheme_chunks(scheme, set, cost.model.heads_q);
+        let overlap = scheme_overlap(scheme, set, sp.nano.as_ref());
         (
-            build_plan_step(cost, map, &sp.plan, &sp.trained, m, var)?,
+            build_plan_step(cost, map, &sp.plan, &sp.trained, overlap, var)?,
             bytes,
         )
     };
@@ -280,15 +285,30 @@ mod tests {
             },
             ..SchemeSettings::default()
         };
-        assert_eq!(scheme_chunks(Scheme::Libra, &set, 32), 4);
-        assert_eq!(scheme_chunks(Scheme::DistCa, &set, 32), 2);
-        assert_eq!(scheme_chunks(Scheme::DistCa, &set, 5), 1);
+        let table = NanoTable {
+            units: vec![[1, 1]],
+        };
+        let chunks = |o: Overlap<'_>| match o {
+            Overlap::HeadChunks(m) => m,
+            Overlap::NanoBatches(_) => 0,
+        };
+        assert_eq!(chunks(scheme_overlap(Scheme::Libra, &set, None)), 4);
+        assert_eq!(
+            chunks(scheme_overlap(Scheme::DistCa, &set, Some(&table))),
+            0
+        );
+        assert_eq!(
+            chunks(scheme_overlap(Scheme::WlbLlm, &set, Some(&table))),
+            1
+        );
         let off = SchemeSettings {
             ping_pong: false,
             ..set
         };
-        assert_eq!(scheme_chunks(Scheme::DistCa, &off, 32), 1);
-        assert_eq!(scheme_chunks(Scheme::WlbLlm, &off, 32), 1);
+        assert_eq!(
+            chunks(scheme_overlap(Scheme::DistCa, &off, Some(&table))),
+            1
+        );
     }
 
     #[test]

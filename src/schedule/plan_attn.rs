@@ -19,15 +19,24 @@
 //! from the forward (or to recompute them there under full recomputation), so only dO
 //! travels in and dQ, dK, dV travel back; the memory this takes is not modelled here.
 //!
-//! Chunks follow [`overlap_stages`]: dispatch chunk 0; then, stage by stage, dispatch
-//! chunk m+1 and return chunk m−1 on the GPU's CP-communication stream while chunk m runs
-//! on its compute stream. Dependencies only: a chunk's compute waits for its dispatch, its
-//! return for its compute, the next linear block for the last return. Whether the
-//! communication hides is what the engine measures.
+//! A group's work is cut into slots ([`Overlap`]): Libra's M head chunks (every unit for
+//! h_q/(H·M) heads, each transfer's share), or DistCA's two ping-pong nano-batches (each
+//! nano-batch's own units for all heads and its own transfers, per the planner's
+//! [`NanoTable`]). Slots follow [`overlap_stages`]: dispatch slot 0; then, stage by stage,
+//! dispatch slot m+1 and return slot m−1 on the GPU's CP-communication stream while slot m
+//! runs on its compute stream. Dependencies only: a slot's compute waits for its dispatch,
+//! its return for its compute. Head chunks share one linear block: every dispatch waits for
+//! it and the next one for the last return. Nano-batches each have their own linear block
+//! (the step builder cuts it, [`AttentionStage::nanos`]): nano-batch k's dispatch waits only
+//! for its own, so it runs under the other nano-batch's linear block, and its return gates
+//! only its own next one. Whether the communication hides is what the engine measures.
 //!
-//! Transfers of one (group, chunk, phase) are one grouped all-to-all(v), as NCCL runs a
-//! group of sends and receives: every worker of the group takes part and it ends when its
-//! last transfer lands, so a unit waits for its inputs. The network models price
+//! Transfers of one (group, slot, phase) are one grouped send/recv, as NCCL runs a group
+//! of sends and receives ([`GraphBuilder::add_grouped_p2p`]): every worker of the group
+//! takes part, a worker's transfers start once it and the workers it exchanges data with
+//! have arrived, and it ends once its own and those peers' transfers have landed — so a
+//! unit waits for its inputs, and a hot sender delays its receivers but not the rest of
+//! a cluster-wide group (DistCA's). The network models price
 //! transfers without contention between them (analytical) or by fair sharing of links
 //! (flow), so each GPU's traffic is aggregated onto its ports: one NVLink transfer of
 //! max(egress, ingress) bytes to the next GPU of its node and one NIC transfer of
@@ -39,12 +48,13 @@
 
 use super::stage::{AttentionStage, AttnCall, StepEnv};
 use super::RankMap;
+use crate::balance::distca::pingpong::NanoTable;
 use crate::balance::libra::pipeliner::{overlap_stages, pipeline, Stage};
 use crate::cost::{attn_segment_ps_f, CostModel};
 use crate::engine::{GraphBuilder, OpClass, OpId, OpKind, OpLabel, StreamKind, Xfer};
 use crate::error::{invalid, Result};
 use crate::net::{GpuId, Ps};
-use crate::plan::{Group, Plan, WorkUnit, WorkerId};
+use crate::plan::{Group, Payload, Plan, WorkUnit, WorkerId};
 
 /// Forward time of one unit's causal attention over `heads` query heads per call, in ps
 /// (unrounded): Σ over its segments of exact causal FLOPs / the table's TFLOP/s at
@@ -77,6 +87,11 @@ struct ChunkOps {
     f_out: Vec<Xfer>,
     b_in: Vec<Xfer>,
     b_out: Vec<Xfer>,
+    /// The GPU pairs that really exchange data in the dispatch (forward Q/KV, backward
+    /// dQ/dK/dV) and in the return (forward output, backward dO): the coupling of the
+    /// grouped send/recv, whose priced transfers are the port aggregates above.
+    disp_pairs: Vec<(GpuId, GpuId)>,
+    ret_pairs: Vec<(GpuId, GpuId)>,
 }
 
 /// One group for one pipeline stage.
@@ -89,21 +104,134 @@ struct GroupOps {
     chunks: Vec<ChunkOps>,
 }
 
+/// How a group's attention is cut into the slots the overlap schedule ([`overlap_stages`])
+/// runs side by side on the compute and CP-communication streams.
+#[derive(Clone, Copy, Debug)]
+pub enum Overlap<'a> {
+    /// M equal head chunks per worker (Libra's pipeliner, §6.2–6.3; 1 = no pipelining):
+    /// every chunk carries all units for h_q/(H·M) heads and its share of every transfer.
+    /// The linear blocks around the layer are whole.
+    HeadChunks(u32),
+    /// DistCA's ping-pong: the two nano-batches of a [`NanoTable`], each with all heads of
+    /// its own units and its own transfers. The step builder splits every linear block
+    /// into one op per nano-batch, so nano-batch k's dispatch waits only for its own
+    /// linear block and overlaps the other's, and its return gates only its own next one.
+    NanoBatches(&'a NanoTable),
+}
+
 /// A Plan's attention as an [`AttentionStage`].
 #[derive(Clone, Debug)]
 pub struct PlanAttention {
     /// `[stage][ga]` → the groups at that GA index.
     ops: Vec<Vec<Vec<GroupOps>>>,
+    /// Slots per group: head chunks (M) or nano-batches.
     chunks: u32,
+    /// Nano-batches the step builder cuts linear blocks into (1 under head chunks).
+    nanos: u32,
     stages: Vec<Stage>,
 }
 
+/// Per group, per slot and worker: forward time (unrounded) and whether it calls a kernel;
+/// per slot: dispatch and return pieces (src, dst, bytes) in plan worker ids.
+struct SlotWork {
+    t: Vec<Vec<f64>>,
+    calls: Vec<Vec<f64>>,
+    disp: Vec<Vec<(WorkerId, WorkerId, u64)>>,
+    ret: Vec<Vec<(WorkerId, WorkerId, u64)>>,
+}
+
+fn worker_index(g: &Group, gi: usize, u: &WorkUnit) -> Result<usize> {
+    g.workers
+        .iter()
+        .position(|&x| x == u.worker)
+        .ok_or_else(|| {
+            invalid(
+                format!("plan group {gi} unit {} worker", u.id),
+                u.worker,
+                "a worker of its group",
+            )
+        })
+}
+
+/// Head chunks: every chunk computes every unit for `w / chunks` heads (the same time per
+/// chunk) and moves its share of each transfer ([`pipeline`]).
+fn head_chunk_work(
+    cost: &CostModel,
+    plan: &Plan,
+    g: &Group,
+    gi: usize,
+    chunks: u32,
+) -> Result<SlotWork> {
+    let heads = plan.heads_per_shard() / chunks;
+    let pipes = pipeline(plan, g, chunks)?;
+    let n = g.workers.len();
+    let mut t = vec![0.0f64; n];
+    // A worker with units makes one kernel call per chunk (one launch overhead).
+    let mut calls = vec![0.0f64; n];
+    for u in &g.units {
+        let i = worker_index(g, gi, u)?;
+        t[i] += unit_fwd_ps_f(cost, u, heads);
+        calls[i] = 1.0;
+    }
+    let piece = |c: &crate::balance::libra::pipeliner::ChunkTransfer| (c.src, c.dst, c.bytes);
+    let mut disp = vec![Vec::new(); chunks as usize];
+    let mut ret = vec![Vec::new(); chunks as usize];
+    for p in &pipes {
+        for (k, c) in p.chunks.iter().enumerate() {
+            disp[k].extend(c.dispatch.iter().map(piece));
+            ret[k].extend(c.returns.iter().map(piece));
+        }
+    }
+    Ok(SlotWork {
+        t: vec![t; chunks as usize],
+        calls: vec![calls; chunks as usize],
+        disp,
+        ret,
+    })
+}
+
+/// Nano-batches: slot k computes the units of nano-batch k for all `w` heads of their
+/// shard and moves the transfers of nano-batch k whole (Q and KV in, outputs back).
+fn nano_work(
+    cost: &CostModel,
+    plan: &Plan,
+    g: &Group,
+    gi: usize,
+    table: &NanoTable,
+) -> Result<SlotWork> {
+    let heads = plan.heads_per_shard();
+    let n = g.workers.len();
+    let mut t = vec![vec![0.0f64; n]; 2];
+    let mut calls = vec![vec![0.0f64; n]; 2];
+    for u in &g.units {
+        let i = worker_index(g, gi, u)?;
+        let k = usize::from(table.unit_nano(gi, u.id));
+        t[k][i] += unit_fwd_ps_f(cost, u, heads);
+        calls[k][i] = 1.0;
+    }
+    let mut disp = vec![Vec::new(); 2];
+    let mut ret = vec![Vec::new(); 2];
+    for (tr, k) in g.transfers.iter().zip(table.transfer_nanos(gi, g)) {
+        let piece = (tr.src, tr.dst, tr.bytes);
+        match tr.carries {
+            Payload::Output { .. } => ret[usize::from(k)].push(piece),
+            Payload::Q { .. } | Payload::Kv { .. } => disp[usize::from(k)].push(piece),
+        }
+    }
+    Ok(SlotWork {
+        t,
+        calls,
+        disp,
+        ret,
+    })
+}
+
 impl PlanAttention {
-    /// Lower `plan` for the ranks of `map`, cutting each worker's work into `chunks` equal
-    /// head chunks (1 = no pipelining; must divide h_q/H). Plan worker w is rank
-    /// (replica w / CP, position w mod CP) of every pipeline stage; its GA index is the
-    /// micro-batch.
-    pub fn new(cost: &CostModel, plan: &Plan, map: RankMap, chunks: u32) -> Result<Self> {
+    /// Lower `plan` for the ranks of `map`, cut for overlap as `overlap` says (head chunks
+    /// must divide h_q/H; a nano table must match the plan's groups). Plan worker w is
+    /// rank (replica w / CP, position w mod CP) of every pipeline stage; its GA index is
+    /// the micro-batch.
+    pub fn new(cost: &CostModel, plan: &Plan, map: RankMap, overlap: Overlap<'_>) -> Result<Self> {
         let par = map.par;
         let shape = cost.attn();
         if plan.shape != shape {
@@ -114,79 +242,64 @@ impl PlanAttention {
             ));
         }
         let w = plan.heads_per_shard();
-        if w == 0 || chunks == 0 || w % chunks != 0 {
-            return Err(invalid(
-                "M (pipeliner chunks)",
-                chunks,
-                format!(
-                    "a divisor of h_q/H = {}/{} = {w}",
-                    shape.heads_q, plan.head_shards
-                ),
-            ));
-        }
-        let heads = w / chunks;
+        let (chunks, nanos) = match overlap {
+            Overlap::HeadChunks(chunks) => {
+                if w == 0 || chunks == 0 || w % chunks != 0 {
+                    return Err(invalid(
+                        "M (pipeliner chunks)",
+                        chunks,
+                        format!(
+                            "a divisor of h_q/H = {}/{} = {w}",
+                            shape.heads_q, plan.head_shards
+                        ),
+                    ));
+                }
+                (chunks, 1)
+            }
+            Overlap::NanoBatches(table) => {
+                table.validate(plan)?;
+                (2, 2)
+            }
+        };
         let nworkers = par.dp * par.cp;
         // Backward as `CostModel::attn_bwd_ps` rounds it: fwd × factor / efficiency.
         let (bf, be) = (cost.hw.attn_bwd_flop_factor, cost.hw.attn_bwd_efficiency);
         let launch = cost.attn_launch_ps();
-        // Scheme-level (stage-independent) part: per group, per chunk, per worker times
-        // and the worker-level transfer pieces.
+        // Scheme-level (stage-independent) part: per group, per slot and worker, times and
+        // the worker-level transfer pieces.
         struct Pre {
             ga: u32,
             workers: Vec<WorkerId>,
-            fwd: Vec<Ps>,
-            bwd: Vec<Ps>,
-            /// Per chunk: (src, dst, bytes) dispatch and return pieces.
+            fwd: Vec<Vec<Ps>>,
+            bwd: Vec<Vec<Ps>>,
             disp: Vec<Vec<(WorkerId, WorkerId, u64)>>,
             ret: Vec<Vec<(WorkerId, WorkerId, u64)>>,
         }
         let mut pre: Vec<Pre> = Vec::with_capacity(plan.groups.len());
         for (gi, g) in plan.groups.iter().enumerate() {
             check_group(g, gi, nworkers, par.ga)?;
-            let pipes = pipeline(plan, g, chunks)?;
-            let mut t = vec![0.0f64; g.workers.len()];
-            // A worker with units makes one kernel call per chunk (one launch overhead).
-            let mut calls = vec![0.0f64; g.workers.len()];
-            for u in &g.units {
-                let i = g
-                    .workers
-                    .iter()
-                    .position(|&x| x == u.worker)
-                    .ok_or_else(|| {
-                        invalid(
-                            format!("plan group {gi} unit {} worker", u.id),
-                            u.worker,
-                            "a worker of its group",
-                        )
-                    })?;
-                t[i] += unit_fwd_ps_f(cost, u, heads);
-                calls[i] = 1.0;
-            }
-            let piece =
-                |c: &crate::balance::libra::pipeliner::ChunkTransfer| (c.src, c.dst, c.bytes);
-            let mut disp = vec![Vec::new(); chunks as usize];
-            let mut ret = vec![Vec::new(); chunks as usize];
-            for p in &pipes {
-                for (k, c) in p.chunks.iter().enumerate() {
-                    disp[k].extend(c.dispatch.iter().map(piece));
-                    ret[k].extend(c.returns.iter().map(piece));
-                }
-            }
+            let sw = match overlap {
+                Overlap::HeadChunks(m) => head_chunk_work(cost, plan, g, gi, m)?,
+                Overlap::NanoBatches(table) => nano_work(cost, plan, g, gi, table)?,
+            };
+            let times = |scale: f64| -> Vec<Vec<Ps>> {
+                sw.t.iter()
+                    .zip(&sw.calls)
+                    .map(|(t, c)| {
+                        t.iter()
+                            .zip(c)
+                            .map(|(&x, &n)| (x * scale + n * launch).round() as Ps)
+                            .collect()
+                    })
+                    .collect()
+            };
             pre.push(Pre {
                 ga: g.ga,
                 workers: g.workers.clone(),
-                fwd: t
-                    .iter()
-                    .zip(&calls)
-                    .map(|(&x, &n)| (x + n * launch).round() as Ps)
-                    .collect(),
-                bwd: t
-                    .iter()
-                    .zip(&calls)
-                    .map(|(&x, &n)| (x * bf / be + n * launch).round() as Ps)
-                    .collect(),
-                disp,
-                ret,
+                fwd: times(1.0),
+                bwd: times(bf / be),
+                disp: sw.disp,
+                ret: sw.ret,
             });
         }
         let mut ops = Vec::with_capacity(par.pp as usize);
@@ -205,14 +318,16 @@ impl PlanAttention {
                                 v.iter().map(|&(s, d, b)| (gpu(s), gpu(d), b)).collect()
                             };
                         ChunkOps {
-                            fwd: g.fwd.clone(),
-                            bwd: g.bwd.clone(),
+                            fwd: g.fwd[k].clone(),
+                            bwd: g.bwd[k].clone(),
                             f_in: port_xfers(&fwd_dir(&g.disp[k]), map),
                             f_out: port_xfers(&fwd_dir(&g.ret[k]), map),
                             // Backward: dO travels as the output did, reversed; dQ, dK, dV
                             // go home as Q and KV came.
                             b_in: port_xfers(&rev(&g.ret[k]), map),
                             b_out: port_xfers(&rev(&g.disp[k]), map),
+                            disp_pairs: peer_pairs(&fwd_dir(&g.disp[k])),
+                            ret_pairs: peer_pairs(&fwd_dir(&g.ret[k])),
                         }
                     })
                     .collect();
@@ -227,11 +342,12 @@ impl PlanAttention {
         Ok(Self {
             ops,
             chunks,
+            nanos,
             stages: overlap_stages(chunks),
         })
     }
 
-    /// Head chunks per worker (M).
+    /// Overlap slots per group (head chunks M, or 2 nano-batches).
     pub fn chunks(&self) -> u32 {
         self.chunks
     }
@@ -297,6 +413,18 @@ fn port_xfers(pieces: &[(GpuId, GpuId, u64)], map: RankMap) -> Vec<Xfer> {
     out
 }
 
+/// The distinct GPU pairs (smaller id first) that move bytes among `pieces`.
+fn peer_pairs(pieces: &[(GpuId, GpuId, u64)]) -> Vec<(GpuId, GpuId)> {
+    let mut v: Vec<(GpuId, GpuId)> = pieces
+        .iter()
+        .filter(|&&(s, d, b)| s != d && b > 0)
+        .map(|&(s, d, _)| (s.min(d), s.max(d)))
+        .collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
 /// No dependency for "none yet" (`OpId::MAX`), else the one op.
 fn deps(op: &OpId) -> &[OpId] {
     if *op == OpId::MAX {
@@ -307,6 +435,10 @@ fn deps(op: &OpId) -> &[OpId] {
 }
 
 impl AttentionStage for PlanAttention {
+    fn nanos(&self) -> u32 {
+        self.nanos
+    }
+
     fn emit(
         &mut self,
         b: &mut GraphBuilder,
@@ -336,30 +468,41 @@ impl AttentionStage for PlanAttention {
             layer: call.layer as u16,
         };
         let m = self.chunks as usize;
+        let nano = self.nanos > 1;
+        // `last` holds one entry per (nano-batch, worker): nano-batch k's at k·W + w.
+        let width = last.len() / self.nanos as usize;
+        // Under nano-batches slot k waits for and gates nano-batch k's linear blocks; head
+        // chunks all wait for and gate the one linear block.
+        let slot_of = |k: usize, w: usize| if nano { k * width + w } else { w };
         for g in groups {
             let n = g.workers.len();
-            if g.workers.iter().any(|&w| w as usize >= last.len()) {
+            if g.workers.iter().any(|&w| w as usize >= width) {
                 return Err(invalid(
                     "plan worker",
                     format!("{:?}", g.workers),
-                    format!("worker ids below {}", last.len()),
+                    format!("worker ids below {width}"),
                 ));
             }
-            // Per chunk and worker: the op its compute waits for, the op its return waits
-            // for; the worker's latest communication op.
+            // Per slot and worker: the op its compute waits for, the op its return waits
+            // for, its return; the worker's latest compute and communication op.
             let mut ready = vec![OpId::MAX; m * n];
             let mut done = vec![OpId::MAX; m * n];
+            let mut returned = vec![OpId::MAX; m * n];
             let mut tail: Vec<OpId> = g.workers.iter().map(|&w| last[w as usize]).collect();
             let mut comm_tail = vec![OpId::MAX; n];
             for st in &self.stages {
                 if let Some(k) = st.dispatch {
                     let k = k as usize;
                     let c = &g.chunks[k];
-                    let xf = if call.fwd { &c.f_in } else { &c.b_in };
+                    let (xf, pairs) = if call.fwd {
+                        (&c.f_in, &c.disp_pairs)
+                    } else {
+                        (&c.b_in, &c.ret_pairs)
+                    };
                     if !xf.is_empty() {
-                        let coll = b.add_collective(xf);
+                        let coll = b.add_grouped_p2p(xf, pairs);
                         for i in 0..n {
-                            let w = g.workers[i] as usize;
+                            let w = slot_of(k, g.workers[i] as usize);
                             let op = b.add_op(
                                 env.stream(g.gpus[i], StreamKind::CpComm),
                                 OpKind::Coll(coll),
@@ -384,7 +527,7 @@ impl AttentionStage for PlanAttention {
                             done[k * n + i] = ready[k * n + i];
                             continue;
                         }
-                        let w = g.workers[i] as usize;
+                        let w = slot_of(k, g.workers[i] as usize);
                         let dep = if ready[k * n + i] == OpId::MAX {
                             &last[w]
                         } else {
@@ -404,11 +547,15 @@ impl AttentionStage for PlanAttention {
                 if let Some(k) = st.ret {
                     let k = k as usize;
                     let c = &g.chunks[k];
-                    let xf = if call.fwd { &c.f_out } else { &c.b_out };
+                    let (xf, pairs) = if call.fwd {
+                        (&c.f_out, &c.ret_pairs)
+                    } else {
+                        (&c.b_out, &c.disp_pairs)
+                    };
                     if !xf.is_empty() {
-                        let coll = b.add_collective(xf);
+                        let coll = b.add_grouped_p2p(xf, pairs);
                         for i in 0..n {
-                            let w = g.workers[i] as usize;
+                            let w = slot_of(k, g.workers[i] as usize);
                             let dep = if done[k * n + i] == OpId::MAX {
                                 &last[w]
                             } else {
@@ -420,21 +567,36 @@ impl AttentionStage for PlanAttention {
                                 lab(c_out),
                                 deps(dep),
                             );
+                            returned[k * n + i] = op;
                             comm_tail[i] = op;
                         }
                     }
                 }
             }
-            // The next linear block runs on the compute stream (after every chunk's kernel
-            // in issue order) and must wait for the last communication (the last return;
-            // the CP stream runs in issue order).
             for i in 0..n {
                 let w = g.workers[i] as usize;
-                last[w] = if comm_tail[i] != OpId::MAX {
-                    comm_tail[i]
+                if nano {
+                    // Nano-batch k's next linear block waits for its own return (or, with
+                    // nothing to return, its kernel or its dispatch).
+                    for k in 0..m {
+                        let j = k * n + i;
+                        let op = [returned[j], done[j], ready[j]]
+                            .into_iter()
+                            .find(|&op| op != OpId::MAX);
+                        if let Some(op) = op {
+                            last[k * width + w] = op;
+                        }
+                    }
                 } else {
-                    tail[i]
-                };
+                    // The next linear block runs on the compute stream (after every
+                    // chunk's kernel in issue order) and must wait for the last
+                    // communication (the last return; the CP stream runs in issue order).
+                    last[w] = if comm_tail[i] != OpId::MAX {
+                        comm_tail[i]
+                    } else {
+                        tail[i]
+                    };
+                }
             }
         }
         Ok(())

@@ -7,7 +7,7 @@
 //! pools for a step. It may not plan (that is `balance/`), price (`cost/`) or time
 //! (`engine/`).
 
-use super::plan_attn::PlanAttention;
+use super::plan_attn::{Overlap, PlanAttention};
 use super::train::split_replicas;
 use super::ulysses::{build_step_with, StepGraph};
 use super::{RankMap, RuntimeVariance};
@@ -153,19 +153,19 @@ pub fn replica_batches(
     Ok(out)
 }
 
-/// Build one step whose attention follows `plan` (any scheme's), `chunks` head chunks per
-/// worker (1 = no pipelining).
+/// Build one step whose attention follows `plan` (any scheme's), cut for overlap as
+/// `overlap` says (head chunks per worker, 1 = no pipelining; or DistCA's nano-batches).
 pub fn build_plan_step(
     cost: &CostModel,
     map: RankMap,
     plan: &Plan,
     global: &[PackedSeq],
-    chunks: u32,
+    overlap: Overlap<'_>,
     var: &dyn RuntimeVariance,
 ) -> Result<StepGraph> {
     let par = map.par;
     let batch = replica_batches(plan, global, par.dp, par.ga, par.cp)?;
-    let mut attn = PlanAttention::new(cost, plan, map, chunks)?;
+    let mut attn = PlanAttention::new(cost, plan, map, overlap)?;
     build_step_with(cost, map, &batch, plan.step, var, Some(&mut attn))
 }
 
@@ -207,7 +207,7 @@ pub fn simulate_scheme_batch(
             } else {
                 1
             };
-            build_plan_step(cost, map, &plan, &global, m, var)?
+            build_plan_step(cost, map, &plan, &global, Overlap::HeadChunks(m), var)?
         }
     };
     let t = run(&sg.graph, net)?;

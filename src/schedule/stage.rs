@@ -64,9 +64,17 @@ pub struct AttnCall {
 
 /// A layer's core attention as graph ops.
 pub trait AttentionStage {
-    /// Append the attention of `call` to `b`. `last[replica · CP + cp_rank]` is the last op
-    /// of that rank of the stage (the linear block that produced Q/K/V, or in backward the
-    /// one that produced dO); on return it must be the op the next linear block waits for.
+    /// Nano-batches per micro-batch (DistCA's ping-pong: 2; default 1). With n > 1 the step
+    /// builder cuts every linear block of a rank into n ops of equal token shares (nano-batch
+    /// 0's first, on the same compute stream) and `last` holds n entries per rank.
+    fn nanos(&self) -> u32 {
+        1
+    }
+
+    /// Append the attention of `call` to `b`. `last[k · W + replica · CP + cp_rank]`
+    /// (W = DP · CP, k < [`Self::nanos`]) is the last op of nano-batch k of that rank of the
+    /// stage (the linear block that produced Q/K/V, or in backward the one that produced
+    /// dO); on return it must be the op nano-batch k's next linear block waits for.
     fn emit(
         &mut self,
         b: &mut GraphBuilder,

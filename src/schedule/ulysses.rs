@@ -356,6 +356,8 @@ pub fn build_step_with(
         },
     };
     let env = crate::schedule::stage::StepEnv { map, var, step };
+    // Nano-batches per micro-batch: each rank's linear blocks are cut into this many ops.
+    let nanos = attn.as_deref().map_or(1, |a| a.nanos()).max(1) as usize;
     if batch.len() != par.dp as usize {
         return Err(invalid(
             "batch replicas",
@@ -429,8 +431,10 @@ pub fn build_step_with(
     let mut groups: Vec<GpuId> = vec![0; dpu * cpu];
     let mut routes: Vec<A2aRoute> = Vec::with_capacity(dpu * cpu);
     let mut route_buf: Vec<A2aRoute> = Vec::with_capacity(cpu);
-    let mut last: Vec<OpId> = vec![NONE; dpu * cpu];
-    let mut durs: Vec<RankDur> = vec![RankDur::default(); dpu * cpu];
+    // Per (nano-batch k, rank i) at k·W + i: the rank's last op and its linear durations.
+    let wn = dpu * cpu;
+    let mut last: Vec<OpId> = vec![NONE; nanos * wn];
+    let mut durs: Vec<RankDur> = vec![RankDur::default(); nanos * wn];
     let mut pair_in: Vec<u64> = vec![0; dpu * cpu];
     let mut pair_out: Vec<u64> = vec![0; dpu * cpu];
     let mut attn_f: Vec<Ps> = vec![0; dpu];
@@ -467,22 +471,25 @@ pub fn build_step_with(
                 attn_b[r] = cost.attn_bwd_ps(seq.lengths(), split.q);
                 for c in 0..cpu {
                     let t = chunk(tokens[r], cp, c as u32);
-                    durs[r * cpu + c] = RankDur {
-                        pre_f: cost.linear_fwd_ps(LinearPart::PreAttn, t),
-                        post_f: cost.linear_fwd_ps(LinearPart::PostAttn, t),
-                        pre_b: cost.linear_bwd_ps(LinearPart::PreAttn, t),
-                        post_b: cost.linear_bwd_ps(LinearPart::PostAttn, t),
-                        head_f: if last_stage {
-                            cost.lm_head_fwd_ps(t)
-                        } else {
-                            0
-                        },
-                        head_b: if last_stage {
-                            2 * cost.lm_head_fwd_ps(t)
-                        } else {
-                            0
-                        },
-                    };
+                    for k in 0..nanos {
+                        let t = chunk(t, nanos as u32, k as u32);
+                        durs[k * wn + r * cpu + c] = RankDur {
+                            pre_f: cost.linear_fwd_ps(LinearPart::PreAttn, t),
+                            post_f: cost.linear_fwd_ps(LinearPart::PostAttn, t),
+                            pre_b: cost.linear_bwd_ps(LinearPart::PreAttn, t),
+                            post_b: cost.linear_bwd_ps(LinearPart::PostAttn, t),
+                            head_f: if last_stage {
+                                cost.lm_head_fwd_ps(t)
+                            } else {
+                                0
+                            },
+                            head_b: if last_stage {
+                                2 * cost.lm_head_fwd_ps(t)
+                            } else {
+                                0
+                            },
+                        };
+                    }
                     pair_in[r * cpu + c] = a.q_bytes(t, split.q) + a.kv_bytes(t, split.kv);
                     pair_out[r * cpu + c] = a.q_bytes(t, split.q);
                 }
@@ -499,26 +506,28 @@ pub fn build_step_with(
                     for r in 0..dpu {
                         let rs = r * cpu..(r + 1) * cpu;
                         for c in 0..cpu {
-                            let i = r * cpu + c;
-                            let g = groups[i];
-                            let d = durs[i];
-                            let base = d.pre_f + if l > lf { d.post_f } else { 0 };
-                            let dur = cx.vary(g, l, OpClass::LinearFwd, base);
-                            let deps: &[OpId] = if last[i] == NONE {
-                                &[]
-                            } else {
-                                std::slice::from_ref(&last[i])
-                            };
-                            let op = cx.b.add_op(
-                                cx.stream(g, StreamKind::Compute),
-                                OpKind::Compute(dur),
-                                lab(OpClass::LinearFwd),
-                                deps,
-                            );
-                            if l == lf {
-                                f_first[idx(p, r as u32, c as u32, mb)] = op;
+                            let g = groups[r * cpu + c];
+                            for k in 0..nanos {
+                                let i = k * wn + r * cpu + c;
+                                let d = durs[i];
+                                let base = d.pre_f + if l > lf { d.post_f } else { 0 };
+                                let dur = cx.vary(g, l, OpClass::LinearFwd, base);
+                                let deps: &[OpId] = if last[i] == NONE {
+                                    &[]
+                                } else {
+                                    std::slice::from_ref(&last[i])
+                                };
+                                let op = cx.b.add_op(
+                                    cx.stream(g, StreamKind::Compute),
+                                    OpKind::Compute(dur),
+                                    lab(OpClass::LinearFwd),
+                                    deps,
+                                );
+                                if l == lf && k == 0 {
+                                    f_first[idx(p, r as u32, c as u32, mb)] = op;
+                                }
+                                last[i] = op;
                             }
-                            last[i] = op;
                         }
                         if attn.is_none() {
                             emit_attention(
@@ -554,25 +563,30 @@ pub fn build_step_with(
                 };
                 for r in 0..dpu {
                     for c in 0..cpu {
-                        let i = r * cpu + c;
-                        let g = groups[i];
-                        let d = durs[i];
-                        let dur = cx.vary(g, ll, OpClass::LinearFwd, d.post_f);
-                        let mut op = cx.b.add_op(
-                            cx.stream(g, StreamKind::Compute),
-                            OpKind::Compute(dur),
-                            lab(OpClass::LinearFwd),
-                            &[last[i]],
-                        );
-                        if last_stage {
-                            let dur = cx.vary(g, ll - 1, OpClass::HeadFwd, d.head_f);
+                        let g = groups[r * cpu + c];
+                        let mut op = NONE;
+                        for k in 0..nanos {
+                            let i = k * wn + r * cpu + c;
+                            let d = durs[i];
+                            let dur = cx.vary(g, ll, OpClass::LinearFwd, d.post_f);
                             op = cx.b.add_op(
                                 cx.stream(g, StreamKind::Compute),
                                 OpKind::Compute(dur),
-                                lab(OpClass::HeadFwd),
-                                &[],
+                                lab(OpClass::LinearFwd),
+                                &[last[i]],
                             );
-                        } else {
+                            if last_stage {
+                                let dur = cx.vary(g, ll - 1, OpClass::HeadFwd, d.head_f);
+                                op = cx.b.add_op(
+                                    cx.stream(g, StreamKind::Compute),
+                                    OpKind::Compute(dur),
+                                    lab(OpClass::HeadFwd),
+                                    &[],
+                                );
+                            }
+                            last[i] = op;
+                        }
+                        if !last_stage {
                             let dst = map.gpu(p + 1, r as u32, c as u32);
                             let bytes = cost.hidden_bytes(chunk(tokens[r], cp, c as u32));
                             let x = cx.b.add_xfer(Xfer { src: g, dst, bytes });
@@ -584,7 +598,6 @@ pub fn build_step_with(
                             );
                             f_send[idx(p, r as u32, c as u32, mb)] = s;
                         }
-                        last[i] = op;
                     }
                 }
             } else {
@@ -595,41 +608,48 @@ pub fn build_step_with(
                 };
                 for r in 0..dpu {
                     for c in 0..cpu {
-                        let i = r * cpu + c;
-                        let g = groups[i];
-                        let d = durs[i];
+                        let g = groups[r * cpu + c];
                         let mut first = NONE;
-                        if last_stage {
+                        for k in 0..nanos {
+                            let i = k * wn + r * cpu + c;
+                            let d = durs[i];
+                            if last_stage {
+                                let dur = cx.vary(
+                                    g,
+                                    ll - 1,
+                                    OpClass::HeadBwd,
+                                    d.head_b + if rec { d.head_f } else { 0 },
+                                );
+                                let op = cx.b.add_op(
+                                    cx.stream(g, StreamKind::Compute),
+                                    OpKind::Compute(dur),
+                                    lab(OpClass::HeadBwd),
+                                    &[],
+                                );
+                                if first == NONE {
+                                    first = op;
+                                }
+                            }
+                            // Variance layer index `ll`: the last layer's post block, drawn
+                            // apart from the layer's own linear backward below.
                             let dur = cx.vary(
                                 g,
-                                ll - 1,
-                                OpClass::HeadBwd,
-                                d.head_b + if rec { d.head_f } else { 0 },
+                                ll,
+                                OpClass::LinearBwd,
+                                d.post_b + if rec { d.post_f } else { 0 },
                             );
-                            first = cx.b.add_op(
+                            let op = cx.b.add_op(
                                 cx.stream(g, StreamKind::Compute),
                                 OpKind::Compute(dur),
-                                lab(OpClass::HeadBwd),
+                                lab(OpClass::LinearBwd),
                                 &[],
                             );
+                            if first == NONE {
+                                first = op;
+                            }
+                            last[i] = op;
                         }
-                        // Variance layer index `ll`: the last layer's post block, drawn
-                        // apart from the layer's own linear backward below.
-                        let dur = cx.vary(
-                            g,
-                            ll,
-                            OpClass::LinearBwd,
-                            d.post_b + if rec { d.post_f } else { 0 },
-                        );
-                        let op = cx.b.add_op(
-                            cx.stream(g, StreamKind::Compute),
-                            OpKind::Compute(dur),
-                            lab(OpClass::LinearBwd),
-                            &[],
-                        );
-                        b_first[idx(p, r as u32, c as u32, mb)] =
-                            if first == NONE { op } else { first };
-                        last[i] = op;
+                        b_first[idx(p, r as u32, c as u32, mb)] = first;
                     }
                 }
                 let last_mb_slot = last_bwd_mb == Some(mb);
@@ -667,26 +687,31 @@ pub fn build_step_with(
                             );
                         }
                         for c in 0..cpu {
-                            let i = r * cpu + c;
-                            let g = groups[i];
-                            let d = durs[i];
-                            let mut base = d.pre_b + if l > lf { d.post_b } else { 0 };
-                            if rec {
-                                base += d.pre_f + if l > lf { d.post_f } else { 0 };
+                            let g = groups[r * cpu + c];
+                            let mut op = NONE;
+                            for nk in 0..nanos {
+                                let i = nk * wn + r * cpu + c;
+                                let d = durs[i];
+                                let mut base = d.pre_b + if l > lf { d.post_b } else { 0 };
+                                if rec {
+                                    base += d.pre_f + if l > lf { d.post_f } else { 0 };
+                                }
+                                let dur = cx.vary(g, l, OpClass::LinearBwd, base);
+                                op = cx.b.add_op(
+                                    cx.stream(g, StreamKind::Compute),
+                                    OpKind::Compute(dur),
+                                    lab(OpClass::LinearBwd),
+                                    &[last[i]],
+                                );
+                                last[i] = op;
                             }
-                            let dur = cx.vary(g, l, OpClass::LinearBwd, base);
-                            let op = cx.b.add_op(
-                                cx.stream(g, StreamKind::Compute),
-                                OpKind::Compute(dur),
-                                lab(OpClass::LinearBwd),
-                                &[last[i]],
-                            );
-                            last[i] = op;
+                            // The rank's last nano-batch ends its layer (one compute stream).
                             if last_mb_slot {
+                                let i = (r * cpu + c) as u32;
                                 let done = k as u32 + 1;
                                 for bk in 0..nb {
                                     if done == ((bk + 1) * n_layers).div_ceil(nb) {
-                                        bucket_ready[(i as u32 * nb + bk) as usize] = op;
+                                        bucket_ready[(i * nb + bk) as usize] = op;
                                     }
                                 }
                             }
@@ -701,8 +726,9 @@ pub fn build_step_with(
                     };
                     for r in 0..dpu {
                         for c in 0..cpu {
-                            let i = r * cpu + c;
-                            let g = groups[i];
+                            let g = groups[r * cpu + c];
+                            // After the rank's last nano-batch (one compute stream).
+                            let i = (nanos - 1) * wn + r * cpu + c;
                             let dst = map.gpu(p - 1, r as u32, c as u32);
                             let bytes = cost.hidden_bytes(chunk(tokens[r], cp, c as u32));
                             let x = cx.b.add_xfer(Xfer { src: g, dst, bytes });

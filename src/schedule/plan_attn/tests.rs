@@ -130,7 +130,7 @@ fn layer_time(
     fwd: bool,
     net: &mut StubNet,
 ) -> (Ps, PlanAttention) {
-    let mut pa = PlanAttention::new(cost, plan, m, chunks).unwrap();
+    let mut pa = PlanAttention::new(cost, plan, m, Overlap::HeadChunks(chunks)).unwrap();
     let mut b = GraphBuilder::with_capacity(64);
     for g in 0..m.gpus() {
         for k in [
@@ -292,9 +292,9 @@ fn ports_aggregate_egress_and_ingress() {
 fn bad_chunks_and_foreign_workers_are_named() {
     let c = qwen();
     let plan = one_unit_plan(&c, 1024, 0, 1);
-    let e = PlanAttention::new(&c, &plan, map(1, 8), 3).unwrap_err();
+    let e = PlanAttention::new(&c, &plan, map(1, 8), Overlap::HeadChunks(3)).unwrap_err();
     assert!(e.to_string().contains("M (pipeliner chunks)"), "{e}");
     let plan2 = one_unit_plan(&c, 1024, 1, 2);
-    let e = PlanAttention::new(&c, &plan2, map(1, 8), 1).unwrap_err();
+    let e = PlanAttention::new(&c, &plan2, map(1, 8), Overlap::HeadChunks(1)).unwrap_err();
     assert!(e.to_string().contains("worker"), "{e}");
 }

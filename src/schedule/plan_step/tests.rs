@@ -71,7 +71,7 @@ fn a_cp1_ulysses_plan_through_the_plan_stage_equals_the_built_in_step() {
         shape: c.attn(),
     };
     let plan = ulysses_plan(0, &global, 2, &p).unwrap();
-    let sg = build_plan_step(&c, m, &plan, &global, 1, &NoVariance).unwrap();
+    let sg = build_plan_step(&c, m, &plan, &global, Overlap::HeadChunks(1), &NoVariance).unwrap();
     let t = run(&sg.graph, &mut StubNet::dgx_h200()).unwrap();
     // The Ulysses planner deals sequence b to GA index b / DP on replica b mod DP.
     let batch = replica_batches(&plan, &global, 2, 2, 1).unwrap();
@@ -152,7 +152,15 @@ fn bad_schemes_and_plans_are_named() {
     assert_eq!(b[2][0].tokens(), 0);
     assert_eq!(b[0][1], global[2]);
     // ... and such a step still runs: the idle replicas only join the all-reduce.
-    let sg = build_plan_step(&c, rank_map(4, 1, 1, 2), &plan, &global, 1, &NoVariance).unwrap();
+    let sg = build_plan_step(
+        &c,
+        rank_map(4, 1, 1, 2),
+        &plan,
+        &global,
+        Overlap::HeadChunks(1),
+        &NoVariance,
+    )
+    .unwrap();
     let t = run(&sg.graph, &mut StubNet::dgx_h200()).unwrap();
     assert!(t.makespan > 0);
     // Two sequences on one slot (replica 0, GA 0) are concatenated.
@@ -176,4 +184,101 @@ fn bad_schemes_and_plans_are_named() {
     )
     .unwrap_err();
     assert!(e.to_string().contains("libra cp"), "{e}");
+}
+
+#[test]
+fn distca_ping_pong_runs_each_nano_batch_under_the_others_linear_block() {
+    use crate::balance::distca::{lower::plan_step as distca_plan, DistcaConfig};
+    use crate::engine::OpClass;
+    use crate::schedule::plan_attn::unit_fwd_ps_f;
+    let mut model = ModelConfig::builtin("llama3-8b").unwrap();
+    model.layers = 2;
+    let c = CostModel::h200(model).unwrap();
+    // 4 servers on 4 nodes (every move crosses a NIC), one micro-batch each.
+    let m = RankMap::new(
+        Parallelism {
+            dp: 4,
+            pp: 1,
+            cp: 1,
+            ga: 1,
+            pipeline: PipelineKind::OneFOneB,
+            recompute: false,
+            zero_stage: 1,
+            dp_buckets: 1,
+        },
+        Placement {
+            gpus_per_node: 1,
+            nodes: 4,
+        },
+        "test",
+    )
+    .unwrap();
+    let global = skewed();
+    let cfg = DistcaConfig::new(c.attn(), 0.1, 128).unwrap();
+    let d = distca_plan(0, &global, 4, &cfg, true).unwrap();
+    assert!(
+        d.plan.groups[0].transfers.len() > 1,
+        "the skew makes DistCA move work"
+    );
+    let step = |o: Overlap<'_>| {
+        let sg = build_plan_step(&c, m, &d.plan, &global, o, &NoVariance).unwrap();
+        let t = run(&sg.graph, &mut StubNet::dgx_h200()).unwrap();
+        (sg, t)
+    };
+    let (sn, tn) = step(Overlap::NanoBatches(&d.nano));
+    let (s1, t1) = step(Overlap::HeadChunks(1));
+    let ops = |sg: &StepGraph, class: OpClass| -> Vec<usize> {
+        (0..sg.graph.ops.len())
+            .filter(|&i| sg.graph.ops[i].label.class == class)
+            .collect()
+    };
+    let gpu = |sg: &StepGraph, i: usize| sg.graph.streams[sg.graph.ops[i].stream as usize].gpu;
+    // Every linear block is cut in two (one op per nano-batch).
+    assert_eq!(
+        ops(&sn, OpClass::LinearFwd).len(),
+        2 * ops(&s1, OpClass::LinearFwd).len()
+    );
+    // Kernel time per layer = Σ over (worker, nano-batch with units) of its units' time
+    // for all heads of the shard + one launch: priced by hand from the plan.
+    let g = &d.plan.groups[0];
+    let mut want = 0u64;
+    for w in &g.workers {
+        for k in 0..2u8 {
+            let us: Vec<_> = g
+                .units
+                .iter()
+                .filter(|u| u.worker == *w && d.nano.unit_nano(0, u.id) == k)
+                .collect();
+            if !us.is_empty() {
+                let t: f64 = us
+                    .iter()
+                    .map(|u| unit_fwd_ps_f(&c, u, d.plan.heads_per_shard()))
+                    .sum();
+                want += (t + c.attn_launch_ps()).round() as u64;
+            }
+        }
+    }
+    let got: u64 = ops(&sn, OpClass::AttnFwd)
+        .iter()
+        .map(|&i| tn.end[i] - tn.start[i])
+        .sum();
+    assert_eq!(got, 2 * want, "two layers");
+    // The mechanism: a dispatch runs while the same GPU computes a linear block (the other
+    // nano-batch's). Without ping-pong a dispatch never overlaps its GPU's linear work.
+    let overlapped = |sg: &StepGraph, t: &crate::engine::Timeline| {
+        let lin = ops(sg, OpClass::LinearFwd);
+        ops(sg, OpClass::A2aIn).iter().any(|&a| {
+            lin.iter().any(|&l| {
+                gpu(sg, a) == gpu(sg, l) && t.start[a].max(t.start[l]) < t.end[a].min(t.end[l])
+            })
+        })
+    };
+    assert!(overlapped(&sn, &tn));
+    assert!(!overlapped(&s1, &t1));
+    assert!(
+        tn.makespan < t1.makespan,
+        "{} vs {}",
+        tn.makespan,
+        t1.makespan
+    );
 }
