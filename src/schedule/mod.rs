@@ -37,6 +37,11 @@ pub enum PipelineKind {
     /// One forward, one backward (PipeDream-flush / Megatron non-interleaved).
     #[serde(rename = "1f1b")]
     OneFOneB,
+    /// DistCA's ticks (`balance::distca::pingpong::pp_ticks`): in every tick all stages run
+    /// the same phase, layer j of every stage together, so a pooled attention stage can
+    /// balance core attention across stages and idle warm-up/drain stages serve it.
+    #[serde(rename = "ticks")]
+    Ticks,
 }
 
 /// How a step is parallelised.

@@ -71,6 +71,15 @@ pub trait AttentionStage {
         1
     }
 
+    /// Pooled across pipeline stages (DistCA's ticks): under `PipelineKind::Ticks` the step
+    /// builder then calls [`Self::emit`] once per (tick, layer j of every stage) with
+    /// `call.mb` = the tick, `call.layer` = j, `call.stage` = 0, and `last` spanning all
+    /// stages: `last[(stage · nanos + k) · W + replica · CP + cp_rank]`. Default: one call
+    /// per stage.
+    fn pooled(&self) -> bool {
+        false
+    }
+
     /// Append the attention of `call` to `b`. `last[k · W + replica · CP + cp_rank]`
     /// (W = DP · CP, k < [`Self::nanos`]) is the last op of nano-batch k of that rank of the
     /// stage (the linear block that produced Q/K/V, or in backward the one that produced
