@@ -447,6 +447,11 @@ impl Graph {
     /// Per part of every grouped point-to-point collective: its peers and its own
     /// transfers (CSR over part indices; empty for whole-group collectives).
     fn p2p_layout(&mut self) -> Result<()> {
+        if self.colls.iter().all(|c| c.p2p.is_none()) {
+            // No grouped send/recv: no per-part arrays (a step of Ulysses' all-to-alls has
+            // millions of parts).
+            return Ok(());
+        }
         let np = self.coll_parts.len();
         self.part_nbr_off = vec![0; np + 1];
         self.part_xf_off = vec![0; np + 1];
@@ -516,13 +521,25 @@ impl Graph {
     }
 
     fn part_nbrs(&self, k: u32) -> &[u32] {
+        if self.part_nbr_off.is_empty() {
+            return &[];
+        }
         &self.part_nbrs
             [self.part_nbr_off[k as usize] as usize..self.part_nbr_off[k as usize + 1] as usize]
     }
 
     fn part_xfers(&self, k: u32) -> &[u32] {
+        if self.part_xf_off.is_empty() {
+            return &[];
+        }
         &self.part_xf
             [self.part_xf_off[k as usize] as usize..self.part_xf_off[k as usize + 1] as usize]
+    }
+
+    /// Collective parts with per-part state (all of them when any collective is a grouped
+    /// send/recv, else none).
+    fn part_count(&self) -> usize {
+        self.part_nbr_off.len().saturating_sub(1)
     }
 
     /// The part index (into `coll_parts`) of op `op`, a part of collective `c`.
@@ -810,11 +827,11 @@ pub fn run(g: &Graph, net: &mut dyn NetworkModel) -> Result<Timeline> {
             .collect(),
         arrived: vec![0; nc],
         pending: vec![0; nc],
-        part_start_wait: (0..g.coll_parts.len() as u32)
+        part_start_wait: (0..g.part_count() as u32)
             .map(|k| 1 + g.part_nbrs(k).len() as u32)
             .collect(),
-        part_pending: vec![0; g.coll_parts.len()],
-        part_end_wait: (0..g.coll_parts.len() as u32)
+        part_pending: vec![0; g.part_count()],
+        part_end_wait: (0..g.part_count() as u32)
             .map(|k| 1 + g.part_nbrs(k).len() as u32)
             .collect(),
         t: Timeline {
