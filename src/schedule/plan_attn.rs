@@ -128,6 +128,10 @@ pub struct PlanAttention {
     chunks: u32,
     /// Nano-batches the step builder cuts linear blocks into (1 under head chunks).
     nanos: u32,
+    /// Ranks per pipeline stage (DP · CP): the stride of the builder's `last`.
+    width: u32,
+    /// Workers are GPUs of every stage (DistCA's ticks).
+    pooled: bool,
     stages: Vec<Stage>,
 }
 
@@ -232,6 +236,29 @@ impl PlanAttention {
     /// rank (replica w / CP, position w mod CP) of every pipeline stage; its GA index is
     /// the micro-batch.
     pub fn new(cost: &CostModel, plan: &Plan, map: RankMap, overlap: Overlap<'_>) -> Result<Self> {
+        Self::lower(cost, plan, map, overlap, false)
+    }
+
+    /// Lower a plan pooled across pipeline stages (DistCA's ticks, under
+    /// `PipelineKind::Ticks`): plan worker w is GPU w (stage w / (DP·CP), rank w mod
+    /// (DP·CP)), a group's GA index is the tick, and [`AttentionStage::emit`] is called once
+    /// per (tick, layer j of every stage) with `last` spanning all stages.
+    pub fn pooled(
+        cost: &CostModel,
+        plan: &Plan,
+        map: RankMap,
+        overlap: Overlap<'_>,
+    ) -> Result<Self> {
+        Self::lower(cost, plan, map, overlap, true)
+    }
+
+    fn lower(
+        cost: &CostModel,
+        plan: &Plan,
+        map: RankMap,
+        overlap: Overlap<'_>,
+        pooled: bool,
+    ) -> Result<Self> {
         let par = map.par;
         let shape = cost.attn();
         if plan.shape != shape {
@@ -277,7 +304,11 @@ impl PlanAttention {
         }
         let mut pre: Vec<Pre> = Vec::with_capacity(plan.groups.len());
         for (gi, g) in plan.groups.iter().enumerate() {
-            check_group(g, gi, nworkers, par.ga)?;
+            if pooled {
+                check_group(g, gi, nworkers * par.pp, 2 * (par.ga + par.pp - 1))?;
+            } else {
+                check_group(g, gi, nworkers, par.ga)?;
+            }
             let sw = match overlap {
                 Overlap::HeadChunks(m) => head_chunk_work(cost, plan, g, gi, m)?,
                 Overlap::NanoBatches(table) => nano_work(cost, plan, g, gi, table)?,
@@ -302,11 +333,17 @@ impl PlanAttention {
                 ret: sw.ret,
             });
         }
-        let mut ops = Vec::with_capacity(par.pp as usize);
-        for p in 0..par.pp {
+        // Pooled: one lowering whose workers are GPUs, indexed by tick; else one per stage.
+        let (lowerings, slots) = if pooled {
+            (1, 2 * (par.ga + par.pp - 1))
+        } else {
+            (par.pp, par.ga)
+        };
+        let mut ops = Vec::with_capacity(lowerings as usize);
+        for p in 0..lowerings {
             let base = p * nworkers;
             let gpu = |wk: WorkerId| base + wk;
-            let mut by_ga: Vec<Vec<GroupOps>> = vec![Vec::new(); par.ga as usize];
+            let mut by_ga: Vec<Vec<GroupOps>> = vec![Vec::new(); slots as usize];
             for g in &pre {
                 let chunk_ops = (0..chunks as usize)
                     .map(|k| {
@@ -343,6 +380,8 @@ impl PlanAttention {
             ops,
             chunks,
             nanos,
+            width: nworkers,
+            pooled,
             stages: overlap_stages(chunks),
         })
     }
@@ -439,6 +478,10 @@ impl AttentionStage for PlanAttention {
         self.nanos
     }
 
+    fn pooled(&self) -> bool {
+        self.pooled
+    }
+
     fn emit(
         &mut self,
         b: &mut GraphBuilder,
@@ -469,18 +512,25 @@ impl AttentionStage for PlanAttention {
         };
         let m = self.chunks as usize;
         let nano = self.nanos > 1;
-        // `last` holds one entry per (nano-batch, worker): nano-batch k's at k·W + w.
-        let width = last.len() / self.nanos as usize;
+        // `last` holds one entry per (stage, nano-batch, rank): worker w (= stage · W +
+        // rank; stage 0 unless pooled) of nano-batch k at (stage · nanos + k) · W + rank.
         // Under nano-batches slot k waits for and gates nano-batch k's linear blocks; head
         // chunks all wait for and gate the one linear block.
-        let slot_of = |k: usize, w: usize| if nano { k * width + w } else { w };
+        let (width, nanos) = (self.width as usize, self.nanos as usize);
+        let slot_of = |k: usize, w: usize| {
+            let k = if nano { k } else { 0 };
+            ((w / width) * nanos + k) * width + w % width
+        };
         for g in groups {
             let n = g.workers.len();
-            if g.workers.iter().any(|&w| w as usize >= width) {
+            if g.workers
+                .iter()
+                .any(|&w| slot_of(nanos - 1, w as usize) >= last.len())
+            {
                 return Err(invalid(
                     "plan worker",
                     format!("{:?}", g.workers),
-                    format!("worker ids below {width}"),
+                    format!("worker ids within the builder's {} entries", last.len()),
                 ));
             }
             // Per slot and worker: the op its compute waits for, the op its return waits
@@ -488,7 +538,11 @@ impl AttentionStage for PlanAttention {
             let mut ready = vec![OpId::MAX; m * n];
             let mut done = vec![OpId::MAX; m * n];
             let mut returned = vec![OpId::MAX; m * n];
-            let mut tail: Vec<OpId> = g.workers.iter().map(|&w| last[w as usize]).collect();
+            let mut tail: Vec<OpId> = g
+                .workers
+                .iter()
+                .map(|&w| last[slot_of(0, w as usize)])
+                .collect();
             let mut comm_tail = vec![OpId::MAX; n];
             for st in &self.stages {
                 if let Some(k) = st.dispatch {
@@ -584,14 +638,14 @@ impl AttentionStage for PlanAttention {
                             .into_iter()
                             .find(|&op| op != OpId::MAX);
                         if let Some(op) = op {
-                            last[k * width + w] = op;
+                            last[slot_of(k, w)] = op;
                         }
                     }
                 } else {
                     // The next linear block runs on the compute stream (after every
                     // chunk's kernel in issue order) and must wait for the last
                     // communication (the last return; the CP stream runs in issue order).
-                    last[w] = if comm_tail[i] != OpId::MAX {
+                    last[slot_of(0, w)] = if comm_tail[i] != OpId::MAX {
                         comm_tail[i]
                     } else {
                         tail[i]
