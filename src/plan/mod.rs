@@ -6,7 +6,8 @@
 //! with the worker each token range lives on (its *layout*), the attention [`WorkUnit`]s
 //! (sequence, sample segments, query range, head shard, KV groups referenced, causal
 //! pairs and FLOPs, Q-home and executing worker) and the [`Transfer`]s (source,
-//! destination, bytes, and what they carry: Q, a KV group's tokens, or an output).
+//! destination, bytes, and what they carry: Q, a KV span — the sender's tokens of one or
+//! more consecutive samples' KV groups, [`KvSpans`] — or an output).
 //!
 //! It may not touch files, the engine or any strategy: planners (balance/) build Plans,
 //! the schedule, the engine and the GPU validator read them. Bytes and FLOPs in a Plan
