@@ -119,6 +119,20 @@ pub const ARMS: &[Arm] = &[
         setup: super::bench_cluster::arm_flow_a2a_4096,
     },
     Arm {
+        name: "flow-a2a-4096-full",
+        what: "the whole 4,095-round 4,096-GPU all-to-all on the flow model (33,546,240 flow events)",
+        target_s: None,
+        runs: 1,
+        setup: super::bench_cluster::arm_flow_a2a_4096_full,
+    },
+    Arm {
+        name: "recompute-scaling",
+        what: "one flow-model rate recomputation vs active flows (257 ... 65,537; one component / random), 4,096 GPUs, median of 5 each",
+        target_s: None,
+        runs: 1,
+        setup: super::bench_cluster::arm_recompute_scaling,
+    },
+    Arm {
         name: "libra-tap-1m",
         what: "TAP tiling + Algorithm 2 placement of one 1M-token pool (P=8, CP=16, B=4096, H=4)",
         target_s: Some(0.05),

@@ -1,7 +1,9 @@
-//! Benchmarks of the cluster model (issue 3): topology build + routing at 16,384 GPUs, the
-//! flow model's event rate on a 4,096-GPU all-to-all, and how one rate recomputation's
-//! cost grows with the number of active flows. Each returns rows; `skewsim bench` (or
-//! `skewsim topo --bench`) prints them. Timings are wall clock of a release build.
+//! Benchmark arms of the cluster model (issue 3), registered in `bench::ARMS`: topology
+//! build + routing at 16,384 GPUs (`topo-16k`), the flow model's event rate on a 4,096-GPU
+//! all-to-all (`flow-a2a-4096`: 64 rounds; `flow-a2a-4096-full`: all 4,095), and how one
+//! rate recomputation's cost grows with the number of active flows
+//! (`recompute-scaling`). `skewsim bench NAME` prints them; timings are wall clock of a
+//! release build. (`skewsim topo --bench` printed these before the registry had them.)
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -9,7 +11,6 @@ use std::time::Instant;
 use anyhow::Result;
 
 use super::bench::Timed;
-use serde::Serialize;
 
 use skewsim::cluster::{Topology, TopologySpec};
 use skewsim::net::collective::{lower, Collective};
@@ -17,125 +18,21 @@ use skewsim::net::{FlowModel, NetworkModel};
 
 const DGX_ROCE: &str = include_str!("../../topologies/dgx-h200-roce.toml");
 
-/// One benchmark measurement.
-#[derive(Clone, Debug, Serialize)]
-pub struct BenchRow {
-    /// Benchmark name.
-    pub bench: String,
-    /// What was measured.
-    pub metric: String,
-    /// The number.
-    pub value: f64,
-    /// Its unit.
-    pub unit: String,
-    /// Target or context.
-    pub note: String,
-}
-
-fn row(bench: &str, metric: &str, value: f64, unit: &str, note: &str) -> BenchRow {
-    BenchRow {
-        bench: bench.into(),
-        metric: metric.into(),
-        value,
-        unit: unit.into(),
-        note: note.into(),
-    }
-}
-
 fn dgx(nodes: u32) -> Result<Topology> {
     Ok(TopologySpec::parse(DGX_ROCE, "topologies/dgx-h200-roce.toml")?.build(Some(nodes))?)
 }
 
-/// Build the 16,384-GPU DGX H200 RoCE topology (petgraph graph included) and route one
-/// flow from every GPU to each of 64 destinations (1,048,576 routes, a shift pattern that
-/// crosses every tier). Target: < 2 s in all.
-pub fn topo_build_route() -> Result<Vec<BenchRow>> {
-    let t0 = Instant::now();
-    let topo = dgx(2048)?;
-    let build = t0.elapsed().as_secs_f64();
-    let t1 = Instant::now();
-    let n = topo.gpus();
-    let mut hops = 0u64;
-    let mut flow = 0u64;
-    for src in 0..n {
-        for k in 0..64u32 {
-            let dst = (src + 1 + k * 257) % n;
-            hops += topo.route(src, dst, flow)?.links().len() as u64;
-            flow += 1;
-        }
-    }
-    let route = t1.elapsed().as_secs_f64();
-    let b = "topo-build-route";
-    Ok(vec![
-        row(b, "GPUs", f64::from(n), "", "dgx-h200-roce --nodes 2048"),
-        row(b, "links", topo.links.len() as f64, "", ""),
-        row(b, "build", build, "s", "graph + link arena"),
-        row(
-            b,
-            "route 1,048,576 flows",
-            route,
-            "s",
-            &format!("{hops} hops in all"),
-        ),
-        row(b, "build + route", build + route, "s", "target < 2 s"),
-    ])
-}
-
-/// A 4,096-GPU (512-node) all-to-all lowered as pairwise shift rounds (round k: GPU i →
-/// GPU i + k), `rounds` rounds of 1 MiB per pair, on the flow model. Events = flow starts
-/// + flow completions. Target: ≥ 1,000,000 events/s.
-pub fn flow_alltoall(rounds: usize) -> Result<Vec<BenchRow>> {
-    let topo = Arc::new(dgx(512)?);
-    let group: Vec<u32> = (0..topo.gpus()).collect();
-    let n = group.len() as u64;
-    let phases = lower(Collective::AllToAllPairwise, &group, n << 20)?;
-    let rounds = rounds.min(phases.len());
-    let mut model = FlowModel::new(topo);
-    let t0 = Instant::now();
-    let mut now = 0;
-    let mut tag = 0u64;
-    let mut done = Vec::new();
-    for phase in &phases[..rounds] {
-        for tr in phase {
-            model.start(now, tr.src, tr.dst, tr.bytes, tag);
-            tag += 1;
-        }
-        let mut left = phase.len();
-        while left > 0 {
-            let Some(t) = model.next_completion() else {
-                break;
-            };
-            model.advance(t, &mut done);
-            left = left.saturating_sub(done.len());
-            done.clear();
-            now = t;
-        }
-    }
-    let secs = t0.elapsed().as_secs_f64();
-    let s = model.stats();
-    let events = (s.starts + s.finishes) as f64;
-    let b = "flow-alltoall-4096";
-    Ok(vec![
-        row(
-            b,
-            "rounds",
-            rounds as f64,
-            "",
-            "of 4,095 pairwise rounds, 1 MiB per pair",
-        ),
-        row(b, "flow events", events, "", "starts + completions"),
-        row(b, "rate recomputations", s.recomputes as f64, "", ""),
-        row(
-            b,
-            "mean flows per recomputation",
-            s.flows_rerated as f64 / s.recomputes.max(1) as f64,
-            "",
-            "",
-        ),
-        row(b, "wall", secs, "s", ""),
-        row(b, "events/s", events / secs, "1/s", "target ≥ 1,000,000"),
-        row(b, "simulated time", now as f64 * 1e-6, "µs", ""),
-    ])
+/// One point of [`recompute_scaling`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct RecomputeRow {
+    /// All flows in one component (`true`) or random inter-node flows.
+    pub one_component: bool,
+    /// Active flows when the measured flow starts (F + 1).
+    pub active: u32,
+    /// Median wall time of one recomputation, µs.
+    pub median_us: f64,
+    /// Flows re-rated per recomputation (mean of the 5).
+    pub rerated: f64,
 }
 
 /// Cost of one rate recomputation against the number of active flows, on the 4,096-GPU
@@ -144,12 +41,11 @@ pub fn flow_alltoall(rounds: usize) -> Result<Vec<BenchRow>> {
 ///   new flow's component is every active flow — the worst case;
 /// - `random`: F flows between random GPUs of different nodes; only the new flow's
 ///   component is re-rated (the count re-rated is reported).
-pub fn recompute_scaling() -> Result<Vec<BenchRow>> {
-    let topo = Arc::new(dgx(512)?);
+pub fn recompute_scaling(topo: &Arc<Topology>, flows: &[u32]) -> Vec<RecomputeRow> {
     let gpus = topo.gpus();
     let mut rows = Vec::new();
     for giant in [true, false] {
-        for f in [256u32, 1024, 4096, 16384, 65536] {
+        for &f in flows {
             let mut model = FlowModel::new(topo.clone());
             for i in 0..f {
                 let (src, dst) = if giant {
@@ -171,26 +67,51 @@ pub fn recompute_scaling() -> Result<Vec<BenchRow>> {
                 model.advance(now, &mut Vec::new());
                 times.push(t0.elapsed().as_secs_f64());
             }
-            let rerated = (model.stats().flows_rerated - before) as f64 / 5.0;
             times.sort_by(f64::total_cmp);
-            let med = times[2];
-            rows.push(row(
-                if giant {
-                    "recompute-one-comp"
-                } else {
-                    "recompute-random"
-                },
-                &format!("{} active flows", f + 1),
-                med * 1e6,
-                "µs",
-                &format!(
-                    "{rerated:.0} flows re-rated; {:.1} ns per re-rated flow",
-                    med * 1e9 / rerated.max(1.0)
-                ),
-            ));
+            rows.push(RecomputeRow {
+                one_component: giant,
+                active: f + 1,
+                median_us: times[2] * 1e6,
+                rerated: (model.stats().flows_rerated - before) as f64 / 5.0,
+            });
         }
     }
-    Ok(rows)
+    rows
+}
+
+/// The detail line of arm `recompute-scaling`: per case, active flows → median µs (flows
+/// re-rated, ns per re-rated flow).
+pub fn recompute_detail(rows: &[RecomputeRow]) -> String {
+    let mut parts = Vec::new();
+    for giant in [true, false] {
+        let cells: Vec<String> = rows
+            .iter()
+            .filter(|r| r.one_component == giant)
+            .map(|r| {
+                format!(
+                    "{} → {:.1} µs ({:.0} re-rated, {:.0} ns each)",
+                    r.active,
+                    r.median_us,
+                    r.rerated,
+                    r.median_us * 1e3 / r.rerated.max(1.0)
+                )
+            })
+            .collect();
+        let case = if giant { "one component" } else { "random" };
+        parts.push(format!("{case}: {}", cells.join(", ")));
+    }
+    parts.join("; ")
+}
+
+/// Arm `recompute-scaling`: [`recompute_scaling`] at 256 … 65,536 active flows on the
+/// 4,096-GPU topology (built untimed); the timed run is the whole sweep, the detail line
+/// its per-recomputation medians.
+pub fn arm_recompute_scaling() -> Result<Timed> {
+    let topo = Arc::new(dgx(512)?);
+    Ok(Box::new(move || {
+        let rows = recompute_scaling(&topo, &[256, 1024, 4096, 16384, 65536]);
+        Ok(recompute_detail(&rows))
+    }))
 }
 
 /// Arm `topo-16k` (target 2 s): build the 16,384-GPU DGX H200 topology and route
@@ -220,6 +141,17 @@ pub fn arm_topo_16k() -> Result<Timed> {
 /// 64 pairwise rounds of a 4,096-GPU all-to-all on the flow model; topology and lowering
 /// built untimed.
 pub fn arm_flow_a2a_4096() -> Result<Timed> {
+    flow_a2a_4096(64)
+}
+
+/// Arm `flow-a2a-4096-full`: the whole 4,095-round all-to-all (33,546,240 flow events).
+pub fn arm_flow_a2a_4096_full() -> Result<Timed> {
+    flow_a2a_4096(4095)
+}
+
+/// The first `rounds` pairwise rounds of a 4,096-GPU (512-node) all-to-all, 1 MiB per pair
+/// (round k: GPU i → GPU i + k; a round starts when the previous one completed).
+fn flow_a2a_4096(rounds: usize) -> Result<Timed> {
     let topo = Arc::new(dgx(512)?);
     let group: Vec<u32> = (0..topo.gpus()).collect();
     let phases = lower(
@@ -233,7 +165,7 @@ pub fn arm_flow_a2a_4096() -> Result<Timed> {
         let mut now = 0;
         let mut tag = 0u64;
         let mut done = Vec::new();
-        for phase in &phases[..64] {
+        for phase in &phases[..rounds.min(phases.len())] {
             for tr in phase {
                 model.start(now, tr.src, tr.dst, tr.bytes, tag);
                 tag += 1;
@@ -252,48 +184,10 @@ pub fn arm_flow_a2a_4096() -> Result<Timed> {
         let s = model.stats();
         let events = (s.starts + s.finishes) as f64;
         Ok(format!(
-            "{events} flow events, {} recomputations, {:.2} M events/s",
+            "{events} flow events, {} recomputations ({:.0} flows re-rated each), {:.2} M events/s",
             s.recomputes,
+            s.flows_rerated as f64 / s.recomputes.max(1) as f64,
             events / t0.elapsed().as_secs_f64() / 1e6
         ))
     }))
-}
-
-/// All cluster benchmarks, in order; the flow benchmark runs `rounds` all-to-all rounds.
-pub fn all(rounds: usize) -> Result<Vec<BenchRow>> {
-    let mut rows = topo_build_route()?;
-    rows.extend(flow_alltoall(rounds)?);
-    rows.extend(recompute_scaling()?);
-    // The two `skewsim bench` arms, once each, as that command times them.
-    for (name, target, setup) in [
-        ("topo-16k", 2.0, arm_topo_16k as fn() -> Result<Timed>),
-        ("flow-a2a-4096", 0.524, arm_flow_a2a_4096),
-    ] {
-        let mut timed = setup()?;
-        let t0 = Instant::now();
-        let detail = timed()?;
-        rows.push(row(
-            &format!("arm {name}"),
-            "wall",
-            t0.elapsed().as_secs_f64(),
-            "s",
-            &format!("target ≤ {target} s; {detail}"),
-        ));
-    }
-    Ok(rows)
-}
-
-/// A text table of rows.
-pub fn table(rows: &[BenchRow]) -> String {
-    let mut s = format!(
-        "{:<20} {:<32} {:>16} {:<4} {}\n",
-        "bench", "metric", "value", "unit", "note"
-    );
-    for r in rows {
-        s += &format!(
-            "{:<20} {:<32} {:>16.4} {:<4} {}\n",
-            r.bench, r.metric, r.value, r.unit, r.note
-        );
-    }
-    s
 }

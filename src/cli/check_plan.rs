@@ -93,16 +93,18 @@ mod tests {
         assert!(e.contains("bad.json: plan is wrong: GA 0, pool 0:"), "{e}");
         assert!(e.contains("attended by no unit"), "{e}");
 
-        let v2 = temp("v2.json");
+        // a plan of the old format version 1 (before KV spans): both versions named
+        let v1 = temp("v1.json");
         std::fs::write(
-            &v2,
+            &v1,
             p.to_json()
                 .unwrap()
-                .replacen("\"version\": 1", "\"version\": 2", 1),
+                .replacen("\"version\": 2", "\"version\": 1", 1),
         )
         .unwrap();
-        let e = format!("{:#}", check_file(&v2).unwrap_err());
-        assert!(e.contains("version = 2"), "{e}");
+        let e = format!("{:#}", check_file(&v1).unwrap_err());
+        assert!(e.contains("v1.json: version = 1"), "{e}");
+        assert!(e.contains("reads only plan format version 2"), "{e}");
 
         let e = format!("{:#}", check_file(&temp("missing.json")).unwrap_err());
         assert!(e.contains("reading plan"), "{e}");

@@ -792,6 +792,220 @@ fn render(f: &CompareFile, title: &str, arms: &[Arm], rs: &[ArmResult]) -> Compa
             if r.infeasible > 0 { " (over)" } else { "" }
         );
     }
+    let svg = plot(f, title, arms, rs);
+    let mut md = format!("# {title}\n\n");
+    if !f.description.is_empty() {
+        md += &format!("{}\n\n", f.description.trim());
+    }
+    md += &format!(
+        "Kind `{}`; {} step(s) per point (a GBS window); layers simulated: {}; CP {}, GA {}, PP {}; \
+         analytical network unless stated; no runtime variance. The attention layer is layer 0's \
+         forward core attention (dispatch, kernels, return), its span over all GPUs summed over \
+         the micro-batches: the straggler's latency for the step.\n\n",
+        f.kind,
+        f.steps,
+        f.layers.map_or("all".to_string(), |l| l.to_string()),
+        f.parallel.cp,
+        f.parallel.ga,
+        f.parallel.pp
+    );
+    md += &t;
+    CompareOutput {
+        markdown: md,
+        csv,
+        svg,
+        table: t,
+    }
+}
+
+/// Throughput of `r` over the baseline arm's (the first arm) at the same point (1 when
+/// there is none).
+fn speedup(arms: &[Arm], rs: &[ArmResult], r: &ArmResult) -> f64 {
+    rs.iter()
+        .find(|b| {
+            b.arm == arms[0].label
+                && (&b.model, &b.topology, &b.corpus, b.seq_len, b.dp)
+                    == (&r.model, &r.topology, &r.corpus, r.seq_len, r.dp)
+        })
+        .map_or(1.0, |b| r.tokens_per_s / b.tokens_per_s)
+}
+
+/// A point's curve key: (model, topology, corpus, L).
+type CurveKey = (String, String, String, u32);
+
+/// `dgx-h200-roce` → `roce`, `../topologies/gb200-nvl72.toml` → `nvl72`: short enough for a
+/// legend.
+fn short_topology(t: &str) -> String {
+    let t = t.rsplit('/').next().unwrap_or(t).trim_end_matches(".toml");
+    t.rsplit('-').next().unwrap_or(t).to_string()
+}
+
+/// plot.svg: speedup over the baseline arm (or throughput, for one arm) against GPUs.
+/// When the points span more than one (topology, corpus) — the four-way comparison — one
+/// panel per (topology, corpus), rows by topology, columns by corpus, on a shared y range,
+/// each with the baseline as a flat grey line and every other arm as a series (colour =
+/// arm; dashes = a second model or L). Otherwise one chart, as before: one series per
+/// (arm, model, topology, corpus, L), colour = arm, dashes = a second topology or model.
+fn plot(f: &CompareFile, title: &str, arms: &[Arm], rs: &[ArmResult]) -> String {
+    let mut keys: Vec<CurveKey> = rs
+        .iter()
+        .map(|r| {
+            (
+                r.model.clone(),
+                r.topology.clone(),
+                r.corpus.clone(),
+                r.seq_len,
+            )
+        })
+        .collect();
+    keys.sort();
+    keys.dedup();
+    let mut cells: Vec<(String, String)> =
+        keys.iter().map(|k| (k.1.clone(), k.2.clone())).collect();
+    cells.sort();
+    cells.dedup();
+    if cells.len() <= 1 {
+        return single_chart(title, arms, rs, &keys).render();
+    }
+    panels(f, title, arms, rs, &keys, &cells)
+}
+
+/// The small multiples of [`plot`]: one panel per (topology, corpus) in `cells`.
+fn panels(
+    f: &CompareFile,
+    title: &str,
+    arms: &[Arm],
+    rs: &[ArmResult],
+    keys: &[CurveKey],
+    cells: &[(String, String)],
+) -> String {
+    let rel = arms.len() > 1;
+    let base_label = &arms[0].label;
+    let value = |r: &ArmResult| {
+        if rel {
+            speedup(arms, rs, r)
+        } else {
+            r.tokens_per_s
+        }
+    };
+    // shared axes: every panel on the same GPUs and y range, so panels compare by eye
+    let mut gpus: Vec<u32> = rs.iter().map(|r| r.gpus).collect();
+    gpus.sort_unstable();
+    gpus.dedup();
+    let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
+    for r in rs {
+        let v = value(r);
+        if v.is_finite() {
+            lo = lo.min(v);
+            hi = hi.max(v);
+        }
+    }
+    let pad = ((hi - lo) * 0.08).max(0.02);
+    let corpora: std::collections::BTreeSet<&String> = cells.iter().map(|c| &c.1).collect();
+    let pp = if f.parallel.pp > 1 {
+        format!(" × PP {}", f.parallel.pp)
+    } else {
+        String::new()
+    };
+    let x_label = format!("GPUs (DP × CP {}{pp}; log scale)", f.parallel.cp);
+    let y_label = if rel {
+        format!("speedup over {base_label} (tokens/s ratio, ×)")
+    } else {
+        "throughput (tokens/s)".to_string()
+    };
+    let mut grid = skewsim::report::svg::Grid::new(if rel {
+        format!("{title}: speedup over {base_label} in training tokens/s, per topology (rows) and corpus (columns)")
+    } else {
+        format!("{title}: training throughput, per topology (rows) and corpus (columns)")
+    })
+    .columns(corpora.len().min(3));
+    for (topo, corpus) in cells {
+        let inside: Vec<&CurveKey> = keys
+            .iter()
+            .filter(|k| (&k.1, &k.2) == (topo, corpus))
+            .collect();
+        let mut variants: Vec<(String, u32)> = inside.iter().map(|k| (k.0.clone(), k.3)).collect();
+        variants.sort();
+        variants.dedup();
+        let (vm, vl) = (
+            variants
+                .iter()
+                .map(|v| &v.0)
+                .collect::<std::collections::BTreeSet<_>>()
+                .len()
+                > 1,
+            variants
+                .iter()
+                .map(|v| v.1)
+                .collect::<std::collections::BTreeSet<_>>()
+                .len()
+                > 1,
+        );
+        let mut chart = Chart::new(format!(
+            "corpus {corpus} · topology {}",
+            short_topology(topo)
+        ))
+        .x(x_label.clone(), Scale::Log)
+        .y(y_label.clone(), Scale::Linear)
+        .y_range(lo - pad, hi + pad)
+        .size(560.0, 400.0);
+        if let (Some(&a), Some(&b)) = (gpus.first(), gpus.last()) {
+            // one GPU count: centred, one tick
+            let widen = if b > a { 1.25 } else { 2.0 };
+            chart = chart
+                .x_range(f64::from(a) / widen, f64::from(b) * widen)
+                .x_ticks(gpus.iter().map(|&g| f64::from(g)).collect());
+        }
+        for (vi, k) in inside.iter().enumerate() {
+            for (ai, a) in arms.iter().enumerate() {
+                let pts: Vec<(f64, f64)> = rs
+                    .iter()
+                    .filter(|r| {
+                        r.arm == a.label
+                            && (&r.model, &r.topology, &r.corpus, r.seq_len)
+                                == (&k.0, &k.1, &k.2, k.3)
+                    })
+                    .map(|r| (f64::from(r.gpus), value(r)))
+                    .collect();
+                if pts.is_empty() {
+                    continue;
+                }
+                let mut parts = vec![if rel && ai == 0 {
+                    format!("{} (baseline = 1)", a.label)
+                } else {
+                    a.label.clone()
+                }];
+                if vm {
+                    parts.push(k.0.replace("llama", "l"));
+                }
+                if vl {
+                    parts.push(format!("{}K", k.3 / 1024));
+                }
+                let name = parts.join(" · ");
+                let mut s = if pts.len() > 1 {
+                    Series::line(name, pts)
+                } else {
+                    Series::scatter(name, pts)
+                };
+                s = s.color(if rel && ai == 0 {
+                    "#808080"
+                } else {
+                    skewsim::report::svg::palette(ai)
+                });
+                if vi % 2 == 1 {
+                    s = s.dashed();
+                }
+                chart = chart.series(s);
+            }
+        }
+        grid = grid.panel(chart);
+    }
+    grid.render()
+}
+
+/// The single chart of [`plot`].
+fn single_chart(title: &str, arms: &[Arm], rs: &[ArmResult], keys: &[CurveKey]) -> Chart {
+    let baseline = |r: &ArmResult| speedup(arms, rs, r);
     // plot: speedup over the baseline arm vs GPUs; colour = arm, dashes = a second
     // topology (or model), one series per (arm, model, topology, corpus, L)
     let rel = arms.len() > 1;
@@ -821,19 +1035,6 @@ fn render(f: &CompareFile, title: &str, arms: &[Arm], rs: &[ArmResult]) -> Compa
                 .x_ticks(gpus.iter().map(|&g| f64::from(g)).collect());
         }
     }
-    let mut keys: Vec<(String, String, String, u32)> = rs
-        .iter()
-        .map(|r| {
-            (
-                r.model.clone(),
-                r.topology.clone(),
-                r.corpus.clone(),
-                r.seq_len,
-            )
-        })
-        .collect();
-    keys.sort();
-    keys.dedup();
     let mut dashes: Vec<(String, String)> =
         keys.iter().map(|k| (k.0.clone(), k.1.clone())).collect();
     dashes.sort();
@@ -852,7 +1053,7 @@ fn render(f: &CompareFile, title: &str, arms: &[Arm], rs: &[ArmResult]) -> Compa
         .collect::<std::collections::BTreeSet<_>>()
         .len()
         > 1;
-    for k in &keys {
+    for k in keys {
         for (ai, a) in arms.iter().enumerate() {
             if rel && ai == 0 {
                 continue;
@@ -864,11 +1065,7 @@ fn render(f: &CompareFile, title: &str, arms: &[Arm], rs: &[ArmResult]) -> Compa
                         && (&r.model, &r.topology, &r.corpus, r.seq_len) == (&k.0, &k.1, &k.2, k.3)
                 })
                 .map(|r| {
-                    let y = if rel {
-                        baseline(r).map_or(1.0, |b| r.tokens_per_s / b.tokens_per_s)
-                    } else {
-                        r.tokens_per_s
-                    };
+                    let y = if rel { baseline(r) } else { r.tokens_per_s };
                     (f64::from(r.gpus), y)
                 })
                 .collect();
@@ -908,29 +1105,7 @@ fn render(f: &CompareFile, title: &str, arms: &[Arm], rs: &[ArmResult]) -> Compa
             chart = chart.series(s);
         }
     }
-    let mut md = format!("# {title}\n\n");
-    if !f.description.is_empty() {
-        md += &format!("{}\n\n", f.description.trim());
-    }
-    md += &format!(
-        "Kind `{}`; {} step(s) per point (a GBS window); layers simulated: {}; CP {}, GA {}, PP {}; \
-         analytical network unless stated; no runtime variance. The attention layer is layer 0's \
-         forward core attention (dispatch, kernels, return), its span over all GPUs summed over \
-         the micro-batches: the straggler's latency for the step.\n\n",
-        f.kind,
-        f.steps,
-        f.layers.map_or("all".to_string(), |l| l.to_string()),
-        f.parallel.cp,
-        f.parallel.ga,
-        f.parallel.pp
-    );
-    md += &t;
-    CompareOutput {
-        markdown: md,
-        csv,
-        svg: chart.render(),
-        table: t,
-    }
+    chart
 }
 
 /// The built-in four-way comparison `skewsim` runs without a subcommand: all four schemes

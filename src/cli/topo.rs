@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
 use skewsim::cluster::analysis::{bisection_bandwidth, diameter};
@@ -15,7 +15,7 @@ use skewsim::net::collective::{
 };
 use skewsim::net::{AnalyticalModel, GpuId};
 
-use super::{bench_cluster, topo_draw, Output};
+use super::{topo_draw, Output};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -30,13 +30,13 @@ pub struct Args {
     /// Also list every link (its name, as fault injection spells it, and bandwidth).
     #[arg(long)]
     pub links: bool,
-    /// Run the cluster-model benchmarks instead (topology build + routing at 16,384 GPUs,
-    /// flow-model event rate, recomputation scaling).
-    #[arg(long)]
+    /// Removed: the cluster-model benchmarks are `skewsim bench` arms now (an error that
+    /// says which).
+    #[arg(long, hide = true)]
     pub bench: bool,
-    /// Pairwise all-to-all rounds the flow benchmark runs (of 4,095).
-    #[arg(long, default_value_t = 64)]
-    pub bench_rounds: usize,
+    /// Removed with `--bench`.
+    #[arg(long, hide = true)]
+    pub bench_rounds: Option<usize>,
 }
 
 #[derive(Serialize)]
@@ -63,9 +63,13 @@ struct Summary {
 }
 
 pub fn run(args: Args, out: Output) -> Result<()> {
-    if args.bench {
-        let rows = bench_cluster::all(args.bench_rounds)?;
-        return out.emit(&rows, || bench_cluster::table(&rows));
+    if args.bench || args.bench_rounds.is_some() {
+        bail!(
+            "`skewsim topo --bench` was removed: the cluster-model benchmarks are arms of the \
+             one benchmark registry now — run `skewsim bench topo-16k flow-a2a-4096 \
+             recompute-scaling` (and `flow-a2a-4096-full` for all 4,095 all-to-all rounds, \
+             which `--bench-rounds 4095` ran)"
+        );
     }
     let name = args.file.display().to_string();
     let text =

@@ -15,7 +15,10 @@
 //! the first unit on a worker that reads a group brings, from every other holder, the
 //! group's tokens it needs and does not hold — the whole sample ([`KvReach::WholeSample`],
 //! an all-gather or all-to-all of K and V) or only the causal prefix the worker's units on
-//! that group read, keys [0, largest query end) ([`KvReach::CausalPrefix`], DistCA).
+//! that group read, keys [0, largest query end) ([`KvReach::CausalPrefix`], DistCA). Under
+//! [`KvReach::AllGather`] the whole-sample KV is not sent per group and piece but per
+//! (sequence, shard, receiver, sender) as few spans as the layout allows, after every
+//! unit's Q pieces and before the outputs.
 
 use std::collections::{HashMap, HashSet};
 
@@ -32,6 +35,12 @@ pub enum KvReach {
     WholeSample,
     /// Keys [0, e) only, e the largest sample-local query end of its units on the group.
     CausalPrefix,
+    /// What [`KvReach::WholeSample`] moves, merged: per (sequence, head shard, receiver,
+    /// sender) one KV span ([`Payload::Kv`]) per maximal run of the sender's tokens in
+    /// samples the receiver reads — the sender's share of an all-gather in one transfer,
+    /// however many pieces of however many samples it holds (WLB-LLM's per-document
+    /// sharding gives every rank two chunks of every document).
+    AllGather,
 }
 
 /// One unit as a planner decides it.
@@ -115,7 +124,7 @@ pub fn build_group(site: &GroupSite<'_>, sequences: Vec<PlanSeq>, units: &[UnitS
     // keys each (group, worker) needs under the causal prefix (whole samples need no table)
     let mut need: HashMap<(KvGroup, WorkerId), u32> = HashMap::new();
     let prefix_units = match site.kv {
-        KvReach::WholeSample => &[][..],
+        KvReach::WholeSample | KvReach::AllGather => &[][..],
         KvReach::CausalPrefix => units,
     };
     for (u, ss) in prefix_units.iter().zip(&segs) {
@@ -177,11 +186,11 @@ pub fn build_group(site: &GroupSite<'_>, sequences: Vec<PlanSeq>, units: &[UnitS
                 shard: u.shard,
             };
             kv_groups.push(group);
-            if !delivered.insert((group, u.worker)) {
+            if site.kv == KvReach::AllGather || !delivered.insert((group, u.worker)) {
                 continue;
             }
             let e = match site.kv {
-                KvReach::WholeSample => seq.samples[sg.sample as usize],
+                KvReach::WholeSample | KvReach::AllGather => seq.samples[sg.sample as usize],
                 KvReach::CausalPrefix => need.get(&(group, u.worker)).copied().unwrap_or(0),
             };
             let (s0, _) = index[u.seq].span(sg.sample as usize);
@@ -215,6 +224,9 @@ pub fn build_group(site: &GroupSite<'_>, sequences: Vec<PlanSeq>, units: &[UnitS
             worker: u.worker,
         });
     }
+    if site.kv == KvReach::AllGather {
+        all_gather_spans(site, &sequences, &index, &out_units, &mut transfers);
+    }
     transfers.extend(outputs);
     Group {
         ga: site.ga,
@@ -223,6 +235,101 @@ pub fn build_group(site: &GroupSite<'_>, sequences: Vec<PlanSeq>, units: &[UnitS
         sequences,
         units: out_units,
         transfers,
+    }
+}
+
+/// The KV spans of [`KvReach::AllGather`], appended to `transfers`: for each sequence, head
+/// shard and receiver (group worker order) the samples its units read; then for each
+/// sender (group worker order) its layout tokens in position order, a span running over
+/// the tokens of read samples and closing at a sample the receiver does not read.
+fn all_gather_spans(
+    site: &GroupSite<'_>,
+    sequences: &[PlanSeq],
+    index: &[SampleIndex],
+    units: &[WorkUnit],
+    transfers: &mut Vec<Transfer>,
+) {
+    let h = site.head_shards.max(1);
+    // (sequence index, shard, receiver) → samples read, sorted
+    let slot: HashMap<u32, usize> = sequences
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (s.id, i))
+        .collect();
+    let mut reads: Vec<(usize, u32, WorkerId, u32)> = units
+        .iter()
+        .flat_map(|u| {
+            let i = slot.get(&u.seq).copied().unwrap_or(usize::MAX);
+            u.segments
+                .iter()
+                .map(move |sg| (i, u.shard, u.worker, sg.sample))
+        })
+        .filter(|r| r.0 < sequences.len())
+        .collect();
+    reads.sort_unstable();
+    reads.dedup();
+    let mut at = 0;
+    while at < reads.len() {
+        let (si, shard, _, _) = reads[at];
+        let seq = &sequences[si];
+        let mut read = vec![false; seq.samples.len()];
+        let mut held: HashMap<WorkerId, Vec<&Resident>> = HashMap::new();
+        for r in &seq.layout {
+            held.entry(r.worker).or_default().push(r);
+        }
+        let next = at + reads[at..].partition_point(|r| (r.0, r.1) == (si, shard));
+        for &dst in site.workers {
+            read.iter_mut().for_each(|x| *x = false);
+            let mut any = false;
+            for r in reads[at..next].iter().filter(|r| r.2 == dst) {
+                read[r.3 as usize] = true;
+                any = true;
+            }
+            if !any {
+                continue;
+            }
+            for &src in site.workers.iter().filter(|&&w| w != dst) {
+                // the open span: (first sample, its first position, span start, end, tokens)
+                let mut open: Option<(u32, u64, u64, u64, u64)> = None;
+                let mut close = |open: &mut Option<(u32, u64, u64, u64, u64)>| {
+                    if let Some((j, p0, a, e, n)) = open.take() {
+                        transfers.push(Transfer {
+                            src,
+                            dst,
+                            bytes: kv_group_bytes(site.shape, h, shard, n),
+                            carries: Payload::Kv {
+                                group: KvGroup {
+                                    seq: seq.id,
+                                    sample: j,
+                                    shard,
+                                },
+                                start: (a - p0) as u32,
+                                end: (e - p0) as u32,
+                            },
+                        });
+                    }
+                };
+                for r in held.get(&src).map_or(&[][..], Vec::as_slice) {
+                    for sg in index[si].segments(r.start, r.end) {
+                        let (p0, _) = index[si].span(sg.sample as usize);
+                        let (a, e) = (p0 + u64::from(sg.start), p0 + u64::from(sg.end));
+                        if !read[sg.sample as usize] {
+                            close(&mut open);
+                            continue;
+                        }
+                        match &mut open {
+                            Some(o) => {
+                                o.3 = e;
+                                o.4 += e - a;
+                            }
+                            None => open = Some((sg.sample, p0, a, e, e - a)),
+                        }
+                    }
+                }
+                close(&mut open);
+            }
+        }
+        at = next;
     }
 }
 
@@ -315,5 +422,292 @@ mod tests {
             ),
             "{v}"
         );
+    }
+
+    /// Samples [4, 2, 4] on workers 0–2 as [0,2)@0 [2,4)@1 [4,5)@0 [5,6)@2 [6,8)@1
+    /// [8,10)@0, each range a unit on its holder (WLB-LLM's shape of plan).
+    fn spans_plan(kv: KvReach) -> Plan {
+        let workers = [0, 1, 2];
+        let layout = [
+            (0, 2, 0),
+            (2, 4, 1),
+            (4, 5, 0),
+            (5, 6, 2),
+            (6, 8, 1),
+            (8, 10, 0),
+        ];
+        let seq = PlanSeq {
+            id: 3,
+            samples: vec![4, 2, 4],
+            capacity: 10,
+            layout: layout
+                .iter()
+                .map(|&(start, end, worker)| Resident { start, end, worker })
+                .collect(),
+        };
+        let units: Vec<_> = layout
+            .iter()
+            .map(|&(q_start, q_end, worker)| UnitSpec {
+                seq: 0,
+                q_start,
+                q_end,
+                shard: 0,
+                worker,
+            })
+            .collect();
+        let site = GroupSite {
+            ga: 0,
+            pool: 0,
+            workers: &workers,
+            shape: &TINY,
+            head_shards: 1,
+            kv,
+        };
+        Plan {
+            version: PLAN_VERSION,
+            scheme: "test".into(),
+            step: 0,
+            shape: TINY,
+            head_shards: 1,
+            groups: vec![build_group(&site, vec![seq], &units)],
+        }
+    }
+
+    fn kv_of(p: &Plan) -> Vec<(WorkerId, WorkerId, u32, u32, u32, u64)> {
+        p.groups[0]
+            .transfers
+            .iter()
+            .map(|t| match t.carries {
+                Payload::Kv { group, start, end } => {
+                    (t.src, t.dst, group.sample, start, end, t.bytes)
+                }
+                _ => panic!("{t:?} is not KV"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn all_gather_spans_by_hand() {
+        // Reads: worker 0 samples {0, 1, 2}, worker 1 {0, 2}, worker 2 {1}. 2 B per token.
+        // To 0: from 1 its [2,4) and [6,8) as one span (sample 1 between holds none of
+        // 1's tokens): sample 0, [2, 8), 4 tokens; from 2 its [5,6) = sample 1 [1, 2).
+        // To 1: from 0 [0,2), then [4,5) is sample 1, which 1 does not read: the span
+        // closes; [8,10) = sample 2 [2, 4). Worker 2's [5,6) is in sample 1: nothing.
+        // To 2: from 0 [4,5) = sample 1 [0, 1); 1 holds none of sample 1.
+        let p = spans_plan(KvReach::AllGather);
+        assert_eq!(
+            kv_of(&p),
+            vec![
+                (1, 0, 0, 2, 8, 8),
+                (2, 0, 1, 1, 2, 2),
+                (0, 1, 0, 0, 2, 4),
+                (0, 1, 2, 2, 4, 4),
+                (0, 2, 1, 0, 1, 2),
+            ]
+        );
+        let s = check(&p).unwrap();
+        // the same bytes as one transfer per piece (6 of them)
+        let whole = spans_plan(KvReach::WholeSample);
+        let w = check(&whole).unwrap();
+        assert_eq!((s.transfers, s.bytes, w.transfers, w.bytes), (5, 20, 6, 20));
+        // the pipeliner counts a span's held tokens, not its length: per (src, dst) the
+        // same chunk bytes as the per-piece plan
+        let by_pair = |p: &Plan| {
+            let mut m = std::collections::BTreeMap::new();
+            for wp in crate::balance::libra::pipeliner::pipeline(p, &p.groups[0], 1).unwrap() {
+                for c in wp.chunks.iter().flat_map(|c| &c.dispatch) {
+                    *m.entry((c.src, c.dst)).or_insert(0u64) += c.bytes;
+                }
+            }
+            m
+        };
+        assert_eq!(by_pair(&p), by_pair(&whole));
+        assert_eq!(by_pair(&p)[&(1, 0)], 8);
+    }
+
+    #[test]
+    fn malformed_spans_are_caught() {
+        use crate::plan::ViolationKind;
+        let reason = |p: &Plan| match check(p).unwrap_err().kind {
+            ViolationKind::BadTransfer { index, reason, .. } => (index, reason),
+            k => panic!("{k}"),
+        };
+        let set = |start: u32, end: u32, bytes: u64, i: usize| {
+            let mut p = spans_plan(KvReach::AllGather);
+            let t = &mut p.groups[0].transfers[i];
+            t.bytes = bytes;
+            if let Payload::Kv {
+                start: ref mut a,
+                end: ref mut e,
+                ..
+            } = t.carries
+            {
+                (*a, *e) = (start, end);
+            }
+            p
+        };
+        // starts on position 1, which worker 1 does not hold
+        let (i, r) = reason(&set(1, 8, 8, 0));
+        assert!(
+            i == 0 && r.contains("does not hold the first and last"),
+            "{r}"
+        );
+        // reaches past the sequence's 10 tokens
+        let (_, r) = reason(&set(2, 11, 8, 0));
+        assert!(r.contains("reaches past the sequence's 10 tokens"), "{r}");
+        // 0 → 1 [0, 5) takes in worker 0's sample-1 token, which worker 1 never reads
+        let (i, r) = reason(&set(0, 5, 6, 2));
+        assert!(i == 2 && r.contains("no unit on worker 1 reads"), "{r}");
+        // priced as its length (6 tokens), not its held tokens (4)
+        let v = check(&set(2, 8, 12, 0)).unwrap_err().kind;
+        assert!(
+            matches!(
+                v,
+                ViolationKind::WrongBytes {
+                    index: 0,
+                    bytes: 12,
+                    expected: 8
+                }
+            ),
+            "{v}"
+        );
+        // a span and a piece bringing the same tokens: caught as a duplicate
+        let mut p = spans_plan(KvReach::AllGather);
+        let mut extra = p.groups[0].transfers[0].clone();
+        extra.carries = Payload::Kv {
+            group: KvGroup {
+                seq: 3,
+                sample: 2,
+                shard: 0,
+            },
+            start: 0,
+            end: 2,
+        };
+        extra.bytes = 4;
+        p.groups[0].transfers.push(extra);
+        let v = check(&p).unwrap_err().kind;
+        assert!(
+            matches!(
+                v,
+                ViolationKind::DuplicateKv {
+                    worker: 0,
+                    start: 0,
+                    end: 2,
+                    ..
+                }
+            ),
+            "{v}"
+        );
+    }
+
+    fn random_plan(
+        kv: KvReach,
+        samples: &[u32],
+        cuts: &[(u32, u32)],
+        exec: &[u32],
+        shards: u32,
+    ) -> Plan {
+        let workers = [0, 1, 2, 3];
+        let tokens: u64 = samples.iter().map(|&l| u64::from(l)).sum();
+        // layout: pieces of the given lengths (the last stretched to the end) on workers
+        let mut layout = Vec::new();
+        let mut at = 0u64;
+        for (k, &(len, w)) in cuts.iter().enumerate() {
+            let end = if k + 1 == cuts.len() {
+                tokens
+            } else {
+                (at + u64::from(len)).min(tokens)
+            };
+            if end > at {
+                layout.push(Resident {
+                    start: at,
+                    end,
+                    worker: w,
+                });
+            }
+            at = end;
+        }
+        let units: Vec<_> = (0..shards)
+            .flat_map(|shard| {
+                let layout = &layout;
+                layout.iter().enumerate().map(move |(k, r)| UnitSpec {
+                    seq: 0,
+                    q_start: r.start,
+                    q_end: r.end,
+                    shard,
+                    worker: exec[(k + shard as usize) % exec.len()],
+                })
+            })
+            .collect();
+        let shape = AttnShape {
+            heads_q: 4,
+            heads_kv: 2,
+            head_dim: 2,
+            dtype_bytes: 2,
+        };
+        let site = GroupSite {
+            ga: 0,
+            pool: 0,
+            workers: &workers,
+            shape: &shape,
+            head_shards: shards,
+            kv,
+        };
+        let seq = PlanSeq {
+            id: 7,
+            samples: samples.to_vec(),
+            capacity: tokens as u32,
+            layout,
+        };
+        Plan {
+            version: PLAN_VERSION,
+            scheme: "test".into(),
+            step: 0,
+            shape,
+            head_shards: shards,
+            groups: vec![build_group(&site, vec![seq], &units)],
+        }
+    }
+
+    proptest::proptest! {
+        /// Random layouts, units on random workers, 1–4 head shards: the all-gather spans
+        /// plan checks and moves, per (sender, receiver) and pipeliner chunk, exactly the
+        /// bytes of the one-transfer-per-piece plan, in no more transfers.
+        #[test]
+        fn spans_move_what_pieces_move(
+            samples in proptest::collection::vec(1u32..12, 1..6),
+            cuts in proptest::collection::vec((1u32..7, 0u32..4), 1..12),
+            exec in proptest::collection::vec(0u32..4, 1..5),
+            shards in proptest::prop_oneof![
+                proptest::strategy::Just(1u32),
+                proptest::strategy::Just(2),
+                proptest::strategy::Just(4)
+            ],
+            m in 1u32..3,
+        ) {
+            let spans = random_plan(KvReach::AllGather, &samples, &cuts, &exec, shards);
+            let pieces = random_plan(KvReach::WholeSample, &samples, &cuts, &exec, shards);
+            let a = check(&spans);
+            proptest::prop_assert!(a.is_ok(), "{:?}", a);
+            let b = check(&pieces).unwrap();
+            let a = a.unwrap();
+            proptest::prop_assert_eq!(a.bytes, b.bytes);
+            proptest::prop_assert!(a.transfers <= b.transfers);
+            let m = if (4 / shards) % m == 0 { m } else { 1 };
+            let chunks = |p: &Plan| {
+                let mut out = std::collections::BTreeMap::new();
+                for wp in crate::balance::libra::pipeliner::pipeline(p, &p.groups[0], m)
+                    .unwrap()
+                {
+                    for (k, c) in wp.chunks.iter().enumerate() {
+                        for x in c.dispatch.iter().chain(&c.returns) {
+                            *out.entry((k, x.src, x.dst)).or_insert(0u64) += x.bytes;
+                        }
+                    }
+                }
+                out
+            };
+            proptest::prop_assert_eq!(chunks(&spans), chunks(&pieces));
+        }
     }
 }

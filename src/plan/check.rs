@@ -12,7 +12,9 @@
 //!    sample tokens [0, tokens) exactly — every query token of every sample attended
 //!    exactly once per head;
 //! 4. transfers: never to self, between group workers, from a worker that holds what it
-//!    sends, priced exactly by [`crate::cost::AttnShape`];
+//!    sends (a KV span: the tokens its sender holds in it, starting and ending on such
+//!    tokens, each sample it touches a KV group of its own), priced exactly by
+//!    [`crate::cost::AttnShape`];
 //! 5. reach: every non-local piece of a unit's queries comes to its executing worker
 //!    and its output goes back (one transfer per piece); every KV group a unit references
 //!    reaches its executing worker as far as causality needs it — resident tokens plus KV
@@ -29,7 +31,8 @@ use std::collections::{HashMap, HashSet};
 use serde::Serialize;
 
 use super::{
-    kv_group_bytes, segment_pairs, KvGroup, Payload, Plan, PlanSeq, SampleIndex, WorkUnit, WorkerId,
+    kv_group_bytes, segment_pairs, KvGroup, KvSpans, Payload, Plan, PlanSeq, SampleIndex, WorkUnit,
+    WorkerId,
 };
 
 /// The first thing found wrong with a plan, and where.
@@ -566,6 +569,7 @@ fn check_group(
     let mut o_out: HashMap<QKey, Vec<(u64, u64)>> = HashMap::new();
     type KvPieces = Vec<(u32, u32, usize)>; // (start, end, transfer index)
     let mut kv_in: HashMap<(KvGroup, WorkerId), KvPieces> = HashMap::new();
+    let spans = KvSpans::new(&g.sequences);
     for (i, t) in g.transfers.iter().enumerate() {
         let bad = |reason: String| Kind::BadTransfer {
             index: i,
@@ -609,34 +613,27 @@ fn check_group(
                 shape.q_bytes(end - start, w)
             }
             Payload::Kv { group, start, end } => {
-                let Some(sv) = seqs.get(&group.seq) else {
-                    return Err(bad(format!("sequence {} is not in the group", group.seq)));
-                };
-                let j = group.sample as usize;
-                if j >= sv.seq.samples.len() || group.shard >= h {
+                if group.shard >= h {
                     return Err(bad(format!(
                         "KV group (sample {}, shard {}) does not exist",
                         group.sample, group.shard
                     )));
                 }
-                if start >= end || end > sv.seq.samples[j] {
-                    return Err(bad(format!(
-                        "KV tokens [{start}, {end}) are empty or outside sample {j}"
-                    )));
+                // a span: the sender's tokens in it, per sample (each its own KV group)
+                let pieces = spans.pieces(t.src, group, start, end).map_err(bad)?;
+                let mut tokens = 0u64;
+                for sg in pieces {
+                    tokens += u64::from(sg.end - sg.start);
+                    let grp = KvGroup {
+                        sample: sg.sample,
+                        ..group
+                    };
+                    kv_in
+                        .entry((grp, t.dst))
+                        .or_default()
+                        .push((sg.start, sg.end, i));
                 }
-                let (s0, _) = sv.samples.span(j);
-                let (a, e) = (s0 + u64::from(start), s0 + u64::from(end));
-                if sv.holder(a, e) != Some(t.src) {
-                    return Err(bad(format!(
-                        "worker {} does not hold KV tokens [{start}, {end}) of sample {j}",
-                        t.src
-                    )));
-                }
-                kv_in
-                    .entry((group, t.dst))
-                    .or_default()
-                    .push((start, end, i));
-                kv_group_bytes(shape, h, group.shard, u64::from(end - start))
+                kv_group_bytes(shape, h, group.shard, tokens)
             }
         };
         if t.bytes != expected_bytes {

@@ -6,14 +6,15 @@
 //! with the worker each token range lives on (its *layout*), the attention [`WorkUnit`]s
 //! (sequence, sample segments, query range, head shard, KV groups referenced, causal
 //! pairs and FLOPs, Q-home and executing worker) and the [`Transfer`]s (source,
-//! destination, bytes, and what they carry: Q, a KV group's tokens, or an output).
+//! destination, bytes, and what they carry: Q, a KV span — the sender's tokens of one or
+//! more consecutive samples' KV groups, [`KvSpans`] — or an output).
 //!
 //! It may not touch files, the engine or any strategy: planners (balance/) build Plans,
 //! the schedule, the engine and the GPU validator read them. Bytes and FLOPs in a Plan
 //! are those of [`crate::cost::AttnShape`]; the checker recomputes them there.
 //!
 //! Units: positions are token indices inside a packed sequence (global positions);
-//! segments and KV ranges are sample-local token indices; `pairs` are exact causal
+//! segments and KV spans are sample-local token indices; `pairs` are exact causal
 //! query–key pairs per query head (Libra Eq. 8 without the constant); bytes and FLOPs
 //! are one attention layer's forward pass.
 
@@ -22,13 +23,21 @@ pub mod check;
 
 pub use check::{check, CheckSummary, Violation, ViolationKind};
 
+use std::collections::HashMap;
+
 use serde::{Deserialize, Serialize};
 
 use crate::cost::AttnShape;
 use crate::error::{invalid, parse_error, Result};
 
 /// The Plan format version this build writes and reads.
-pub const PLAN_VERSION: u32 = 1;
+///
+/// Version 2 (this one) lets a KV payload be a *span*: the tokens its sender holds among
+/// positions that may reach past its sample into the following ones ([`Payload::Kv`]), so
+/// one transfer carries a sender's share of an all-gather of many samples. Version 1 plans
+/// required a KV payload to be one contiguous range held entirely by its sender, inside
+/// one sample; they are rejected (re-create them with this build).
+pub const PLAN_VERSION: u32 = 2;
 
 /// A GPU's global index (`dp_replica * CP + cp_rank` for the planners here).
 pub type WorkerId = u32;
@@ -194,13 +203,19 @@ pub enum Payload {
         /// One past the last position.
         end: u64,
     },
-    /// K and V of sample-local tokens [start, end) of a KV group.
+    /// K and V, over the KV heads of `group.shard`, of the tokens the sender holds among
+    /// positions [p0 + start, p0 + end) of sequence `group.seq`, p0 the first position of
+    /// sample `group.sample` (a *span*, see [`KvSpans::pieces`]). The span may reach past
+    /// the sample's end into the following samples, and skips tokens the sender does not
+    /// hold; it starts and ends on tokens the sender holds. Each sample it touches is a KV
+    /// group (same sequence and shard) that the receiver must read. A span inside one
+    /// sample that the sender holds entirely is plain K and V of tokens [start, end).
     Kv {
-        /// The group.
+        /// The group of the span's first sample.
         group: KvGroup,
-        /// First sample-local token.
+        /// First token, local to `group.sample`.
         start: u32,
-        /// One past the last sample-local token.
+        /// One past the last token, local to `group.sample` (may exceed its length).
         end: u32,
     },
     /// The attention output of queries [start, end) of a unit, going back to their home.
@@ -234,6 +249,16 @@ impl Plan {
             .map_err(|e| parse_error(context, format!("not a JSON plan object: {e}")))?;
         match head.version.as_ref() {
             Some(serde_json::Value::Number(n)) if n.as_u64() == Some(u64::from(PLAN_VERSION)) => {}
+            Some(serde_json::Value::Number(n)) if n.as_u64() == Some(1) => {
+                return Err(invalid(
+                    format!("{context}: version"),
+                    1,
+                    format!(
+                        "this build reads only plan format version {PLAN_VERSION}; version 1 \
+                         (an older build's) has no KV spans — re-create the plan with this build"
+                    ),
+                ))
+            }
             Some(v) => {
                 return Err(invalid(
                     format!("{context}: version"),
@@ -342,6 +367,111 @@ impl SampleIndex {
     }
 }
 
+/// A group's sequences indexed for reading KV spans ([`Payload::Kv`]): sample starts and,
+/// per worker, the layout ranges it holds.
+#[derive(Clone, Debug)]
+pub struct KvSpans<'a> {
+    seqs: HashMap<u32, SpanSeq<'a>>,
+}
+
+#[derive(Clone, Debug)]
+struct SpanSeq<'a> {
+    seq: &'a PlanSeq,
+    samples: SampleIndex,
+    /// Per worker, the (start, end) positions it holds, in position order.
+    held: HashMap<WorkerId, Vec<(u64, u64)>>,
+}
+
+impl<'a> KvSpans<'a> {
+    /// Index `sequences` (a group's).
+    pub fn new(sequences: &'a [PlanSeq]) -> KvSpans<'a> {
+        let seqs = sequences
+            .iter()
+            .map(|seq| {
+                let mut held: HashMap<WorkerId, Vec<(u64, u64)>> = HashMap::new();
+                for r in &seq.layout {
+                    held.entry(r.worker).or_default().push((r.start, r.end));
+                }
+                let view = SpanSeq {
+                    seq,
+                    samples: SampleIndex::new(&seq.samples),
+                    held,
+                };
+                (seq.id, view)
+            })
+            .collect();
+        KvSpans { seqs }
+    }
+
+    /// What a KV payload sent by `src` carries: the tokens `src` holds among the span's
+    /// positions, cut at sample boundaries, as sample-local [`Segment`]s in position order.
+    /// `Err` says why the payload is malformed: an unknown sequence or sample, an empty
+    /// span, one past the sequence's tokens, or one that does not start and end on tokens
+    /// `src` holds.
+    pub fn pieces(
+        &self,
+        src: WorkerId,
+        group: KvGroup,
+        start: u32,
+        end: u32,
+    ) -> std::result::Result<Vec<Segment>, String> {
+        let Some(sv) = self.seqs.get(&group.seq) else {
+            return Err(format!("sequence {} is not in the group", group.seq));
+        };
+        let j = group.sample as usize;
+        if j >= sv.seq.samples.len() {
+            return Err(format!(
+                "KV group (sample {}, shard {}) does not exist",
+                group.sample, group.shard
+            ));
+        }
+        let (p0, _) = sv.samples.span(j);
+        let (a, e) = (p0 + u64::from(start), p0 + u64::from(end));
+        if start >= end || e > sv.samples.tokens() {
+            return Err(format!(
+                "KV span [{start}, {end}) of sample {j} is empty or reaches past the \
+                 sequence's {} tokens",
+                sv.samples.tokens()
+            ));
+        }
+        let held = sv.held.get(&src).map_or(&[][..], Vec::as_slice);
+        let i = held.partition_point(|r| r.1 <= a);
+        let inside: Vec<(u64, u64)> = held[i..]
+            .iter()
+            .take_while(|r| r.0 < e)
+            .map(|r| (a.max(r.0), e.min(r.1)))
+            .collect();
+        let ends_held = matches!(
+            (inside.first(), inside.last()),
+            (Some(f), Some(l)) if f.0 == a && l.1 == e
+        );
+        if !ends_held {
+            return Err(format!(
+                "worker {src} does not hold the first and last KV tokens of span \
+                 [{start}, {end}) of sample {j} (a span starts and ends on its sender's tokens)"
+            ));
+        }
+        Ok(inside
+            .into_iter()
+            .flat_map(|(x, y)| sv.samples.segments(x, y))
+            .collect())
+    }
+
+    /// Tokens a transfer carries: a Q or output range's length, or the tokens a KV span's
+    /// sender holds in it (0 for a malformed span; the checker rejects those).
+    pub fn tokens(&self, t: &Transfer) -> u64 {
+        match t.carries {
+            Payload::Q { start, end, .. } | Payload::Output { start, end, .. } => {
+                end.saturating_sub(start)
+            }
+            Payload::Kv { group, start, end } => self
+                .pieces(t.src, group, start, end)
+                .map(|v| v.iter().map(|s| u64::from(s.end - s.start)).sum())
+                .unwrap_or(0),
+        }
+    }
+}
+
 /// The segments of positions [start, end) of a sequence with sample lengths `samples`
 /// (see [`SampleIndex::segments`]).
 pub fn segments_of(samples: &[u32], start: u64, end: u64) -> Vec<Segment> {
@@ -407,13 +537,23 @@ mod tests {
 
     #[test]
     fn reader_rejects_other_versions() {
-        let err = Plan::from_json(r#"{"version": 2, "scheme": "x"}"#, "p.json").unwrap_err();
+        // version 1 (before KV spans): named, with the version this build reads
+        let err = Plan::from_json(r#"{"version": 1, "scheme": "x"}"#, "p.json").unwrap_err();
         let msg = err.to_string();
-        assert!(msg.contains("p.json: version"), "{msg}");
-        assert!(msg.contains("= 2"), "{msg}");
-        assert!(msg.contains(": 1, the only plan format version"), "{msg}");
+        assert!(msg.contains("p.json: version = 1"), "{msg}");
+        assert!(
+            msg.contains("reads only plan format version 2; version 1"),
+            "{msg}"
+        );
+        let err = Plan::from_json(r#"{"version": 3, "scheme": "x"}"#, "p.json").unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("p.json: version = 3"), "{msg}");
+        assert!(msg.contains(": 2, the only plan format version"), "{msg}");
         let err = Plan::from_json(r#"{"scheme": "x"}"#, "p.json").unwrap_err();
         assert!(err.to_string().contains("missing field `version`"));
         assert!(Plan::from_json("not json", "p.json").is_err());
+        // the current version gets past the version check to the fields
+        let err = Plan::from_json(r#"{"version": 2, "scheme": "x"}"#, "p.json").unwrap_err();
+        assert!(err.to_string().contains("missing field `step`"), "{err}");
     }
 }

@@ -1,5 +1,6 @@
 //! A small SVG chart writer: line and scatter series on linear or log axes, with ticks,
-//! tick labels, axis labels, a legend and a title. Returns the document as a `String`; the
+//! tick labels, axis labels, a legend and a title; [`Grid`] puts several charts side by
+//! side as small multiples under one title. Returns the document as a `String`; the
 //! caller writes it (the library does no I/O).
 //!
 //! # Example
@@ -397,8 +398,6 @@ impl Chart {
 
     /// The SVG document.
     pub fn render(&self) -> String {
-        let f = self.frame();
-        let (l, t, r, b) = f.plot;
         let mut o = String::new();
         let _ = writeln!(
             o,
@@ -406,6 +405,16 @@ impl Chart {
             w = self.total_width(),
             h = self.height
         );
+        self.body(&mut o, "plot");
+        o.push_str("</svg>\n");
+        o
+    }
+
+    /// The chart's elements (everything inside the `<svg>` element), its plot area clipped
+    /// by a clip path of id `clip` (unique in the document).
+    fn body(&self, o: &mut String, clip: &str) {
+        let f = self.frame();
+        let (l, t, r, b) = f.plot;
         let _ = writeln!(
             o,
             r#"<rect x="0" y="0" width="{}" height="{}" fill="white"/>"#,
@@ -477,7 +486,7 @@ impl Chart {
         // Series, clipped to the plot area.
         let _ = writeln!(
             o,
-            r#"<clipPath id="plot"><rect x="{l:.2}" y="{t:.2}" width="{:.2}" height="{:.2}"/></clipPath>"#,
+            r#"<clipPath id="{clip}"><rect x="{l:.2}" y="{t:.2}" width="{:.2}" height="{:.2}"/></clipPath>"#,
             r - l,
             b - t
         );
@@ -495,7 +504,7 @@ impl Chart {
             };
             let _ = writeln!(
                 o,
-                r#"<g clip-path="url(#plot)" data-series="{}">"#,
+                r#"<g clip-path="url(#{clip})" data-series="{}">"#,
                 escape(&s.name)
             );
             // Runs of consecutive drawable points become one polyline each.
@@ -566,6 +575,82 @@ impl Chart {
                 o,
                 "<!-- {hidden} point(s) not drawable on these axes (non-finite, or ≤ 0 on a log axis) -->"
             );
+        }
+    }
+}
+
+/// Small multiples: charts side by side in rows of `columns`, under one title, in one
+/// document (e.g. one panel per corpus and topology, the same series in each). Each panel
+/// keeps its own axes, labels and legend; every cell is as large as the largest panel.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Grid {
+    pub title: String,
+    pub columns: usize,
+    pub panels: Vec<Chart>,
+}
+
+/// Height of the band above the panels that holds the grid's title.
+const GRID_TITLE: f64 = 36.0;
+
+impl Grid {
+    pub fn new(title: impl Into<String>) -> Grid {
+        Grid {
+            title: title.into(),
+            columns: 2,
+            panels: Vec::new(),
+        }
+    }
+    /// Panels per row (at least 1).
+    pub fn columns(mut self, n: usize) -> Grid {
+        self.columns = n.max(1);
+        self
+    }
+    pub fn panel(mut self, c: Chart) -> Grid {
+        self.panels.push(c);
+        self
+    }
+
+    /// The (width, height) of one cell.
+    fn cell(&self) -> (f64, f64) {
+        self.panels.iter().fold((0.0f64, 0.0f64), |(w, h), c| {
+            (w.max(c.total_width()), h.max(c.height))
+        })
+    }
+
+    /// Where panel `i`'s top-left corner lands in the document.
+    pub fn origin(&self, i: usize) -> (f64, f64) {
+        let (w, h) = self.cell();
+        let cols = self.columns.max(1);
+        ((i % cols) as f64 * w, GRID_TITLE + (i / cols) as f64 * h)
+    }
+
+    /// The SVG document: the title, then each panel translated to its cell, its clip path
+    /// named `plot-{i}`.
+    pub fn render(&self) -> String {
+        let (w, h) = self.cell();
+        let cols = self.columns.max(1).min(self.panels.len().max(1));
+        let rows = self.panels.len().div_ceil(cols).max(1);
+        let (width, height) = (w * cols as f64, GRID_TITLE + h * rows as f64);
+        let mut o = String::new();
+        let _ = writeln!(
+            o,
+            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">"#
+        );
+        let _ = writeln!(
+            o,
+            r#"<rect x="0" y="0" width="{width}" height="{height}" fill="white"/>"#
+        );
+        let _ = writeln!(
+            o,
+            r#"<text x="{:.2}" y="24" text-anchor="middle" font-size="17">{}</text>"#,
+            width / 2.0,
+            escape(&self.title)
+        );
+        for (i, c) in self.panels.iter().enumerate() {
+            let (x, y) = self.origin(i);
+            let _ = writeln!(o, r#"<g transform="translate({x:.2} {y:.2})">"#);
+            c.body(&mut o, &format!("plot-{i}"));
+            let _ = writeln!(o, "</g>");
         }
         o.push_str("</svg>\n");
         o
@@ -756,5 +841,47 @@ mod tests {
         assert!(!svg.contains("<polyline"));
         // An empty chart still renders a valid document.
         well_formed(&Chart::new("empty").x("x", Scale::Log).render()).unwrap();
+    }
+
+    #[test]
+    fn grid_places_panels_with_their_own_clip_paths() {
+        let grid = Grid::new("two & two")
+            .columns(2)
+            .panel(sample())
+            .panel(Chart::new("b").series(Series::line("s", vec![(1.0, 1.0), (2.0, 2.0)])))
+            .panel(Chart::new("c"));
+        let svg = grid.render();
+        let names = well_formed(&svg).unwrap();
+        assert_eq!(names[0], "svg");
+        assert!(svg.contains(">two &amp; two</text>"));
+        // three panels, each clipped by its own path and referring to it
+        for i in 0..3 {
+            assert_eq!(svg.matches(&format!(r#"id="plot-{i}""#)).count(), 1);
+            assert!(svg.contains(&format!("url(#plot-{i})")) || i == 2);
+        }
+        assert!(!svg.contains(r#"id="plot""#));
+        // cells as large as the largest panel (the sample: 720 × 440), two per row, below
+        // a 36 px title band: panel 2 starts the second row
+        let (w, h) = (sample().total_width(), 440.0);
+        assert_eq!(grid.origin(1), (w, 36.0));
+        assert_eq!(grid.origin(2), (0.0, 36.0 + h));
+        assert!(svg.contains(&format!(r#"<g transform="translate({w:.2} 36.00)">"#)));
+        assert!(svg.starts_with(&format!(
+            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{}""#,
+            2.0 * w,
+            36.0 + 2.0 * h
+        )));
+        // a panel draws exactly what it draws alone, inside its group
+        let alone = sample().render();
+        let inner: String = alone
+            .lines()
+            .skip(1)
+            .filter(|l| *l != "</svg>")
+            .collect::<Vec<_>>()
+            .join("\n");
+        let inner = inner
+            .replace("url(#plot)", "url(#plot-0)")
+            .replace(r#"id="plot""#, r#"id="plot-0""#);
+        assert!(svg.contains(&inner));
     }
 }

@@ -1,6 +1,6 @@
-//! End-to-end checks of `skewsim topo` and the `runtime-variance` experiment: one
-//! data-driven table of invocations, each with its exit status and a piece of text it must
-//! print. Bad topology files must give a message naming file, field and allowed range and a
+//! End-to-end checks of `skewsim topo`, the cluster-model `skewsim bench` arms and the
+//! `runtime-variance` experiment: one data-driven table of invocations, each with its exit
+//! status and a piece of text it must print. Bad topology files must give a message naming file, field and allowed range and a
 //! non-zero exit, never a panic.
 
 use std::path::PathBuf;
@@ -108,4 +108,44 @@ fn topo_and_variance_commands() {
     );
     assert!(PathBuf::from(&out).join("test-small.svg").exists());
     assert!(PathBuf::from(&out).join("test-small.dot").exists());
+}
+
+/// The recomputation-scaling table `topo --bench` used to print is the `skewsim bench`
+/// arm `recompute-scaling`; the old flag says where it went.
+#[test]
+fn recompute_scaling_is_a_bench_arm() {
+    // all flows leave GPU 0: the 5 measured recomputations re-rate F+1 … F+5 flows,
+    // F+3 on average; the random flows' counts are the documented ones (BENCHMARKS.md)
+    check(
+        &["bench", "recompute-scaling"],
+        Expect::Ok("one component: 257 → "),
+    );
+    let out = crate::common::skewsim(&["bench", "recompute-scaling"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    for want in [
+        "(259 re-rated",
+        "65537 → ",
+        "(65539 re-rated",
+        "random: 257 → ",
+        "(2 re-rated",
+        "(36048 re-rated",
+    ] {
+        assert!(stdout.contains(want), "{want:?} not in {stdout}");
+    }
+    assert_eq!(stdout.matches(" re-rated, ").count(), 10, "{stdout}");
+    check(&["bench", "--list"], Expect::Ok("flow-a2a-4096-full"));
+    for old in [
+        vec!["topo", "topologies/dgx-h200-roce.toml", "--bench"],
+        vec![
+            "topo",
+            "topologies/dgx-h200-roce.toml",
+            "--bench-rounds",
+            "4095",
+        ],
+    ] {
+        check(
+            &old,
+            Expect::Err("run `skewsim bench topo-16k flow-a2a-4096 recompute-scaling`"),
+        );
+    }
 }

@@ -118,6 +118,50 @@ fn a_tampered_plan_fails_check_plan() {
     );
 }
 
+/// A WLB-LLM plan all-gathers KV as one span per (sender, receiver) run: with
+/// per-document sharding every rank holds two chunks of every long document, yet the KV
+/// transfers number far fewer than the documents. The same plan as format version 1 (an
+/// older build's) is refused, naming both versions.
+#[test]
+fn wlbllm_spans_and_old_format_version() {
+    let d = dir();
+    let file = d.join("wlb-spans.json").to_string_lossy().into_owned();
+    let mut args = vec!["plan", "--scheme", "wlbllm", "-o", &file];
+    args.extend(WORKLOAD);
+    args.extend(["--cp", "4", "--sharding", "per-document"]);
+    let out = skewsim(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(&file).unwrap();
+    let plan: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(plan["version"], 2);
+    for g in plan["groups"].as_array().unwrap() {
+        let docs = g["sequences"][0]["samples"].as_array().unwrap().len();
+        let kv = g["transfers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|t| t["carries"]["kind"] == "kv")
+            .count();
+        // one span per (sender, receiver): CP·(CP − 1) = 12 (these documents are all long
+        // enough to reach every rank); per piece it was 21 per document (7 layout pieces
+        // of a document, each sent to the 3 ranks that do not hold it)
+        assert!(kv <= 12 && kv > 0, "{kv} KV transfers, {docs} docs");
+    }
+    let old = d.join("wlb-v1.json");
+    std::fs::write(&old, text.replacen("\"version\": 2", "\"version\": 1", 1)).unwrap();
+    let out = skewsim(&["check-plan", old.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("version = 1") && stderr.contains("reads only plan format version 2"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn bad_scheme_settings_are_named() {
     let d = dir();

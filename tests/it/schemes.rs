@@ -49,6 +49,37 @@ fn four_way_reproduces_on_one_thread() {
     reproduces("four-way", Some("1"));
 }
 
+/// The committed four-way plot tells corpora and topologies apart: one panel per
+/// (topology, corpus), each with all four schemes (the baseline as its flat line at 1),
+/// titled, with axis labels that give units.
+#[test]
+fn four_way_plot_has_a_panel_per_corpus_and_topology() {
+    let svg = read(&root().join("experiments/results/four-way/plot.svg"));
+    let panels: Vec<&str> = svg.split("<g transform=\"translate(").skip(1).collect();
+    assert_eq!(panels.len(), 4);
+    let mut titles = Vec::new();
+    for p in &panels {
+        let t = p.split("font-size=\"15\">").nth(1).unwrap();
+        titles.push(t.split('<').next().unwrap().to_string());
+        for s in ["ulysses (baseline = 1)", "wlbllm", "distca", "libra"] {
+            assert!(p.contains(&format!("data-series=\"{s}\"")), "{s} missing");
+        }
+        assert!(p.contains(">GPUs (DP × CP 8; log scale)</text>"));
+        assert!(p.contains(">speedup over ulysses (tokens/s ratio, ×)</text>"));
+    }
+    titles.sort();
+    assert_eq!(
+        titles,
+        [
+            "corpus libra-256k · topology nvl72",
+            "corpus libra-256k · topology roce",
+            "corpus wlbllm · topology nvl72",
+            "corpus wlbllm · topology roce",
+        ]
+    );
+    assert!(svg.contains("four-way: speedup over ulysses in training tokens/s"));
+}
+
 #[test]
 fn attention_microbench_and_distca_4d_reproduce() {
     reproduces("attention-microbench", None);

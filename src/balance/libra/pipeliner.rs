@@ -18,7 +18,7 @@
 use serde::Serialize;
 
 use crate::error::{invalid, Result};
-use crate::plan::{kv_heads_of, Group, Payload, Plan, WorkerId};
+use crate::plan::{kv_heads_of, Group, KvSpans, Payload, Plan, WorkerId};
 
 /// One piece of a Plan transfer that a chunk needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -117,13 +117,12 @@ pub fn pipeline(plan: &Plan, group: &Group, m: u32) -> Result<Vec<WorkerPipeline
             c.flops = shape.fwd_flops(pairs[i], cw);
         }
     }
+    let spans = KvSpans::new(&group.sequences);
     for (ti, t) in group.transfers.iter().enumerate() {
         let (end, tokens, kv_shard, is_return) = match t.carries {
             Payload::Q { start, end, .. } => (t.dst, end - start, None, false),
             Payload::Output { start, end, .. } => (t.src, end - start, None, true),
-            Payload::Kv { group, start, end } => {
-                (t.dst, u64::from(end - start), Some(group.shard), false)
-            }
+            Payload::Kv { group: kv, .. } => (t.dst, spans.tokens(t), Some(kv.shard), false),
         };
         let Some(i) = slot(end) else {
             return Err(invalid(

@@ -11,8 +11,11 @@
 //! [`ShardingMode::Adaptive`], else the one asked for) gives each rank its pieces: the
 //! layout puts each piece's Q, K and V on its rank, and each maximal run of positions on one
 //! rank is one unit over all heads (H = 1) computed where it lives. K and V of every sample
-//! are all-gathered within the CP group: a rank receives the sample's tokens it does not
-//! hold ([`KvReach::WholeSample`]); Q and outputs never move.
+//! are all-gathered within the CP group: a rank receives the tokens it does not hold of
+//! every sample it reads, from each other rank as one KV span over that rank's pieces
+//! ([`KvReach::AllGather`]: under per-document sharding a rank holds two chunks of every
+//! document, so per-piece transfers would be O(documents · CP²) per micro-batch; spans
+//! are O(CP²)); Q and outputs never move.
 
 use serde::{Deserialize, Serialize};
 
@@ -189,7 +192,7 @@ pub fn to_plan<M: LatencyModel + ?Sized>(
             workers: &workers,
             shape: &p.shape,
             head_shards: 1,
-            kv: KvReach::WholeSample,
+            kv: KvReach::AllGather,
         };
         groups.push(build_group(&site, vec![seq], &units));
     }
@@ -261,7 +264,8 @@ mod tests {
         // One micro-batch holding one 16-token sample, CP 2, per-document: rank 0 holds
         // [0,4) and [12,16), rank 1 [4,12). Units: [0,4)@0, [4,12)@1, [12,16)@0. Rank 0
         // gathers [4,12) (8 tokens × K,V × 1 head = 16 B), rank 1 gathers [0,4) and
-        // [12,16) (8 B each): 32 B, and no Q or output moves.
+        // [12,16) as one span [0,16) over rank 0's 8 tokens (16 B): 32 B in 2 transfers,
+        // and no Q or output moves.
         let mut packer = WlbPacker::new(
             WlbConfig::new(1, 16, None).unwrap(),
             ConstantThroughput::h200_llama3_8b(),
@@ -274,7 +278,7 @@ mod tests {
         )
         .unwrap();
         let s = check(&w.plan).unwrap();
-        assert_eq!((s.units, s.transfers, s.bytes), (3, 3, 32));
+        assert_eq!((s.units, s.transfers, s.bytes), (3, 2, 32));
         let g = &w.plan.groups[0];
         let units: Vec<_> = g
             .units
@@ -282,10 +286,15 @@ mod tests {
             .map(|u| (u.q_start, u.q_end, u.worker))
             .collect();
         assert_eq!(units, vec![(0, 4, 0), (4, 12, 1), (12, 16, 0)]);
-        assert!(g
+        let kv: Vec<_> = g
             .transfers
             .iter()
-            .all(|t| matches!(t.carries, Payload::Kv { .. })));
+            .map(|t| match t.carries {
+                Payload::Kv { group, start, end } => (t.src, t.dst, group.sample, start, end),
+                _ => panic!("{t:?} is not KV"),
+            })
+            .collect();
+        assert_eq!(kv, vec![(1, 0, 0, 4, 12), (0, 1, 0, 0, 16)]);
         // rank loads: 10 + 58 = 68 and 68 (the parent module's hand numbers).
         let load = |wk| -> u64 {
             g.units
