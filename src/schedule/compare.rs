@@ -45,28 +45,20 @@ pub struct SchemeStep {
     pub plan_bytes: u64,
 }
 
-/// The parallelism `scheme` runs with when the others run `base` (DP × CP, GA): DistCA
-/// gets DP·CP servers of CP 1 and GA' = DP·GA / (DP·CP). Errors: GBS not a multiple of
-/// DP·CP for DistCA.
+/// The parallelism `scheme` runs with when the others run `base` (DP × PP × CP, GA): the
+/// same for every scheme. DistCA keeps the baseline's layout and GA for its linear layers
+/// (in-place attention servers) and pools the core attention of all DP·CP GPUs in its
+/// plan; so does Libra within its pools. Errors: DistCA on a layout with no GPU (DP·CP =
+/// 0: no attention server).
 pub fn scheme_parallelism(scheme: Scheme, base: Parallelism) -> Result<Parallelism> {
-    if scheme != Scheme::DistCa {
-        return Ok(base);
-    }
-    let servers = base.dp * base.cp;
-    let gbs = base.dp * base.ga;
-    if servers == 0 || gbs % servers != 0 {
+    if scheme == Scheme::DistCa && base.dp * base.cp == 0 {
         return Err(invalid(
-            "GBS for distca",
-            gbs,
-            format!("a multiple of its DP·CP = {servers} attention servers"),
+            "DP·CP for distca",
+            base.dp * base.cp,
+            "at least one attention server",
         ));
     }
-    Ok(Parallelism {
-        dp: servers,
-        cp: 1,
-        ga: gbs / servers,
-        ..base
-    })
+    Ok(base)
 }
 
 /// Pipeliner chunks for the generic lowering: Libra's M, 2 for DistCA with ping-pong
@@ -265,14 +257,14 @@ mod tests {
 
     #[test]
     fn distca_layout_and_chunks() {
-        let p = scheme_parallelism(Scheme::DistCa, par(4, 8, 16)).unwrap();
-        assert_eq!((p.dp, p.cp, p.ga), (32, 1, 2));
-        assert_eq!(
-            scheme_parallelism(Scheme::Libra, par(4, 8, 16)).unwrap(),
-            par(4, 8, 16)
-        );
-        let e = scheme_parallelism(Scheme::DistCa, par(4, 8, 4)).unwrap_err();
-        assert!(e.to_string().contains("32 attention servers"), "{e}");
+        // DistCA keeps the baseline's DP × PP × CP and GA (GA 4 < DP·CP = 32 is fine).
+        for sc in Scheme::ALL {
+            let mut base = par(4, 8, 4);
+            base.pp = 4;
+            assert_eq!(scheme_parallelism(sc, base).unwrap(), base, "{sc:?}");
+        }
+        let e = scheme_parallelism(Scheme::DistCa, par(0, 8, 4)).unwrap_err();
+        assert!(e.to_string().contains("attention server"), "{e}");
         let set = SchemeSettings {
             libra: LibraParams {
                 chunks: 4,
