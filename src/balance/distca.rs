@@ -77,9 +77,13 @@
 //! ([`schedule_ping_pong_cp`]): the engine overlaps nano-batch 0's attention transfers with
 //! nano-batch 1's compute and the other way round. The split is per rank, over the rank's
 //! own query ranges (whole ranges, never cut): longest first onto the half with fewer
-//! tokens (the first half on a tie), each half then in position order ([`nano_split`]).
-//! With CP = 1 this is a split of each micro-batch's whole samples by tokens. This module
-//! only describes the split.
+//! tokens (the first half on a tie), each half then in position order ([`nano_split`]);
+//! one constraint keeps it causal: ranks of a replica are split in order, and a range
+//! continuing a document whose piece on the previous rank is in nano-batch 1 goes to
+//! nano-batch 1 too ([`nano_splits`]), so a nano-batch-0 task never reads K/V of
+//! nano-batch-1 tokens. A rank whose only range is part of one long document cannot be
+//! split (its one range is a whole nano-batch). With CP = 1 this is a split of each
+//! micro-batch's whole samples by tokens. This module only describes the split.
 
 pub mod lower;
 pub mod pingpong;
@@ -828,10 +832,21 @@ pub fn schedule_ranges(
 /// half with fewer tokens (half 0 on a tie; ties in length by position), each half in
 /// position order.
 pub fn nano_split(ranges: &[HomeRange]) -> [Vec<HomeRange>; 2] {
-    let mut order: Vec<usize> = (0..ranges.len()).collect();
+    nano_split_after(ranges, false)
+}
+
+/// [`nano_split`], with the first range forced into half 1 when `first_in_one` (it
+/// continues a document whose piece on the previous rank is in nano-batch 1).
+pub fn nano_split_after(ranges: &[HomeRange], first_in_one: bool) -> [Vec<HomeRange>; 2] {
+    let forced = first_in_one && !ranges.is_empty();
+    let mut order: Vec<usize> = (usize::from(forced)..ranges.len()).collect();
     order.sort_by_key(|&i| (Reverse(ranges[i].tokens()), i));
     let mut halves: [Vec<usize>; 2] = [Vec::new(), Vec::new()];
     let mut tokens = [0u64; 2];
+    if forced {
+        tokens[1] += u64::from(ranges[0].tokens());
+        halves[1].push(0);
+    }
     for i in order {
         let h = usize::from(tokens[1] < tokens[0]);
         tokens[h] += u64::from(ranges[i].tokens());
@@ -841,6 +856,26 @@ pub fn nano_split(ranges: &[HomeRange]) -> [Vec<HomeRange>; 2] {
         h.sort_unstable();
         h.into_iter().map(|i| ranges[i]).collect()
     })
+}
+
+/// The nano-batch split of every server of `batch` on `cp` ranks (module doc): per rank
+/// [`nano_split_after`], ranks of a replica in order, a range that continues a document
+/// from the previous rank forced into nano-batch 1 when that piece is in nano-batch 1 — so
+/// along every document the nano-batch never decreases, and a nano-batch-0 task never
+/// reads keys of nano-batch-1 tokens.
+pub fn nano_splits(batch: &[PackedSeq], cp: u32) -> Vec<[Vec<HomeRange>; 2]> {
+    let hr = home_ranges(batch, cp);
+    let mut out: Vec<[Vec<HomeRange>; 2]> = Vec::with_capacity(hr.len());
+    for (s, ranges) in hr.iter().enumerate() {
+        let cont = ranges.first().is_some_and(|f| f.lo > 0);
+        let prev_in_one = cont
+            && s % cp.max(1) as usize != 0
+            && out.last().is_some_and(|p: &[Vec<HomeRange>; 2]| {
+                p[1].last().is_some_and(|l| l.sample == ranges[0].sample)
+            });
+        out.push(nano_split_after(ranges, prev_in_one));
+    }
+    out
 }
 
 /// One nano-batch: which home ranges of each server it holds, and its schedule.
@@ -868,10 +903,7 @@ pub fn schedule_ping_pong_cp(
     if cp == 0 {
         return Err(invalid("cp", cp, "at least 1 rank per replica"));
     }
-    let splits: Vec<[Vec<HomeRange>; 2]> = home_ranges(batch, cp)
-        .iter()
-        .map(|r| nano_split(r))
-        .collect();
+    let splits = nano_splits(batch, cp);
     let nano = |h: usize| -> Result<NanoBatch> {
         let ranges: Vec<Vec<HomeRange>> = splits.iter().map(|s| s[h].clone()).collect();
         Ok(NanoBatch {
@@ -1222,6 +1254,22 @@ mod tests {
             .map(|w| w.pairs)
             .sum();
         assert_eq!(total, batch[0].causal_pairs());
+        // Causality: capacity 8 on CP 2, samples 3, 3, 2. Rank 0: s0 [0,3) → 0, s1 [0,1) →
+        // 1. Rank 1: s1 [1,3) continues s1, whose piece is in nano-batch 1 → forced into 1
+        // (the plain split would put it, first of two 2-token ranges, into 0); s2 → 0.
+        let small = [seq(&[3, 3, 2], 0)];
+        let sp = nano_splits(&small, 2);
+        assert_eq!(
+            sp.iter()
+                .map(|[a, b]| (spans(a), spans(b)))
+                .collect::<Vec<_>>(),
+            vec![
+                (vec![(0, 0, 3)], vec![(1, 0, 1)]),
+                (vec![(2, 0, 2)], vec![(1, 1, 3)])
+            ]
+        );
+        let hr_small = home_ranges(&small, 2);
+        assert_eq!(spans(&nano_split(&hr_small[1])[0]), vec![(1, 1, 3)]);
         // a range outside its server's slice is refused
         let bad = vec![hr[1].clone(), hr[0].clone()];
         let e = schedule_ranges(&batch, 2, &bad, &c)
@@ -1381,8 +1429,19 @@ mod tests {
                 );
             }
             prop_assert_eq!(&s, &schedule_cp(&batch, cp, &c).unwrap());
-            // Ping-pong: both halves together cover every home range once.
+            // Ping-pong: causal (a piece in nano-batch 0 has every earlier piece of its
+            // document in nano-batch 0) and both halves together cover every home range once.
             let [a, b] = schedule_ping_pong_cp(&batch, cp, &c).unwrap();
+            for (s1, one) in b.ranges.iter().enumerate() {
+                for h in one {
+                    for zero in a.ranges.iter().skip(s1 + 1) {
+                        prop_assert!(
+                            !zero.iter().any(|z| z.sample == h.sample && z.lo >= h.hi),
+                            "nano 0 piece after nano 1 piece {h:?}"
+                        );
+                    }
+                }
+            }
             let hr = home_ranges(&batch, cp);
             for (i, want) in hr.iter().enumerate() {
                 let mut got = a.ranges[i].clone();
