@@ -78,10 +78,10 @@
 //! nano-batch 1's compute and the other way round. The split is per rank, over the rank's
 //! own query ranges (whole ranges, never cut): longest first onto the half with fewer
 //! tokens (the first half on a tie), each half then in position order ([`nano_split`]);
-//! one constraint keeps it causal: ranks of a replica are split in order, and a range
-//! continuing a document whose piece on the previous rank is in nano-batch 1 goes to
-//! nano-batch 1 too ([`nano_splits`]), so a nano-batch-0 task never reads K/V of
-//! nano-batch-1 tokens. A rank whose only range is part of one long document cannot be
+//! two pins keep it causal: ranks of a replica are split in order, a range continuing a
+//! document whose piece on the previous rank is in nano-batch 1 goes to nano-batch 1 too,
+//! and a range continuing onto the next rank goes to nano-batch 0 ([`nano_splits`]), so a
+//! nano-batch-0 task never reads K/V of nano-batch-1 tokens. A rank whose only range is part of one long document cannot be
 //! split (its one range is a whole nano-batch). With CP = 1 this is a split of each
 //! micro-batch's whole samples by tokens. This module only describes the split.
 
@@ -832,21 +832,33 @@ pub fn schedule_ranges(
 /// half with fewer tokens (half 0 on a tie; ties in length by position), each half in
 /// position order.
 pub fn nano_split(ranges: &[HomeRange]) -> [Vec<HomeRange>; 2] {
-    nano_split_after(ranges, false)
+    nano_split_pinned(ranges, false, false)
 }
 
-/// [`nano_split`], with the first range forced into half 1 when `first_in_one` (it
-/// continues a document whose piece on the previous rank is in nano-batch 1).
-pub fn nano_split_after(ranges: &[HomeRange], first_in_one: bool) -> [Vec<HomeRange>; 2] {
-    let forced = first_in_one && !ranges.is_empty();
-    let mut order: Vec<usize> = (usize::from(forced)..ranges.len()).collect();
-    order.sort_by_key(|&i| (Reverse(ranges[i].tokens()), i));
+/// [`nano_split`] with two pins placed before the rest: the first range into half 1 when
+/// `first_in_one` (it continues a document whose piece on the previous rank is in
+/// nano-batch 1), the last range (another one) into half 0 when `last_in_zero` (it
+/// continues onto the next rank, which then stays free).
+pub fn nano_split_pinned(
+    ranges: &[HomeRange],
+    first_in_one: bool,
+    last_in_zero: bool,
+) -> [Vec<HomeRange>; 2] {
+    let n = ranges.len();
+    let first = first_in_one && n > 0;
+    let last = last_in_zero && n > usize::from(first);
     let mut halves: [Vec<usize>; 2] = [Vec::new(), Vec::new()];
     let mut tokens = [0u64; 2];
-    if forced {
+    if first {
         tokens[1] += u64::from(ranges[0].tokens());
         halves[1].push(0);
     }
+    if last {
+        tokens[0] += u64::from(ranges[n - 1].tokens());
+        halves[0].push(n - 1);
+    }
+    let mut order: Vec<usize> = (usize::from(first)..n - usize::from(last)).collect();
+    order.sort_by_key(|&i| (Reverse(ranges[i].tokens()), i));
     for i in order {
         let h = usize::from(tokens[1] < tokens[0]);
         tokens[h] += u64::from(ranges[i].tokens());
@@ -859,21 +871,28 @@ pub fn nano_split_after(ranges: &[HomeRange], first_in_one: bool) -> [Vec<HomeRa
 }
 
 /// The nano-batch split of every server of `batch` on `cp` ranks (module doc): per rank
-/// [`nano_split_after`], ranks of a replica in order, a range that continues a document
-/// from the previous rank forced into nano-batch 1 when that piece is in nano-batch 1 — so
-/// along every document the nano-batch never decreases, and a nano-batch-0 task never
-/// reads keys of nano-batch-1 tokens.
+/// [`nano_split_pinned`], ranks of a replica in order; a range that continues a document
+/// from the previous rank goes to nano-batch 1 when that piece is in nano-batch 1, and a
+/// range that continues onto the next rank goes to nano-batch 0 — so along every document
+/// the nano-batch never decreases (a nano-batch-0 task never reads keys of nano-batch-1
+/// tokens), and a long document's pieces stay in nano-batch 0 instead of dragging the
+/// ranks after them into nano-batch 1.
 pub fn nano_splits(batch: &[PackedSeq], cp: u32) -> Vec<[Vec<HomeRange>; 2]> {
-    let hr = home_ranges(batch, cp);
+    let cp = cp.max(1) as usize;
+    let hr = home_ranges(batch, cp as u32);
     let mut out: Vec<[Vec<HomeRange>; 2]> = Vec::with_capacity(hr.len());
     for (s, ranges) in hr.iter().enumerate() {
         let cont = ranges.first().is_some_and(|f| f.lo > 0);
         let prev_in_one = cont
-            && s % cp.max(1) as usize != 0
+            && s % cp != 0
             && out.last().is_some_and(|p: &[Vec<HomeRange>; 2]| {
                 p[1].last().is_some_and(|l| l.sample == ranges[0].sample)
             });
-        out.push(nano_split_after(ranges, prev_in_one));
+        let continues = ranges.last().is_some_and(|l| {
+            let seq = &batch[l.sample.seq as usize];
+            l.hi < seq.samples[l.sample.index as usize].len
+        });
+        out.push(nano_split_pinned(ranges, prev_in_one, continues));
     }
     out
 }
@@ -1254,9 +1273,10 @@ mod tests {
             .map(|w| w.pairs)
             .sum();
         assert_eq!(total, batch[0].causal_pairs());
-        // Causality: capacity 8 on CP 2, samples 3, 3, 2. Rank 0: s0 [0,3) → 0, s1 [0,1) →
-        // 1. Rank 1: s1 [1,3) continues s1, whose piece is in nano-batch 1 → forced into 1
-        // (the plain split would put it, first of two 2-token ranges, into 0); s2 → 0.
+        // Causality: capacity 8 on CP 2, samples 3, 3, 2. Rank 0: s1 [0,1) continues onto
+        // rank 1 → pinned to 0, then s0 [0,3) → 1. Rank 1: s1 [1,3) continues a piece in
+        // nano-batch 0 → free: longest first, s1 [1,3) (first of two 2-token ranges) → 0,
+        // s2 → 1.
         let small = [seq(&[3, 3, 2], 0)];
         let sp = nano_splits(&small, 2);
         assert_eq!(
@@ -1264,12 +1284,17 @@ mod tests {
                 .map(|[a, b]| (spans(a), spans(b)))
                 .collect::<Vec<_>>(),
             vec![
-                (vec![(0, 0, 3)], vec![(1, 0, 1)]),
-                (vec![(2, 0, 2)], vec![(1, 1, 3)])
+                (vec![(1, 0, 1)], vec![(0, 0, 3)]),
+                (vec![(1, 1, 3)], vec![(2, 0, 2)])
             ]
         );
+        // The pins by hand: unpinned, rank 0 would put s1 [0,1) into 1, and then rank 1's
+        // s1 [1,3) must follow it into 1 (the first pin) although the plain split gives 0.
         let hr_small = home_ranges(&small, 2);
+        assert_eq!(spans(&nano_split(&hr_small[0])[1]), vec![(1, 0, 1)]);
         assert_eq!(spans(&nano_split(&hr_small[1])[0]), vec![(1, 1, 3)]);
+        let [z, o] = nano_split_pinned(&hr_small[1], true, false);
+        assert_eq!((spans(&z), spans(&o)), (vec![(2, 0, 2)], vec![(1, 1, 3)]));
         // a range outside its server's slice is refused
         let bad = vec![hr[1].clone(), hr[0].clone()];
         let e = schedule_ranges(&batch, 2, &bad, &c)
