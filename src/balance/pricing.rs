@@ -21,7 +21,7 @@
 
 use serde::Serialize;
 
-use super::distca::{schedule, DistcaConfig};
+use super::distca::{schedule_cp, DistcaConfig};
 use super::wlbllm::LatencyModel;
 use crate::cost::memory::{rank_memory, MemoryBreakdown, MemoryInputs};
 use crate::cost::{CostModel, LinearPart};
@@ -136,9 +136,14 @@ pub struct ToleranceRow {
 }
 
 /// DistCA's scheduler at each ε of `epsilons` over `batches` (each one GA index's DP
-/// micro-batches, one per server). Errors: an ε the scheduler rejects.
+/// micro-batches, one per replica, laid out over `cp` ranks: DP·CP servers). Bytes are
+/// every byte the schedule moves (moved tasks and the KV that tasks left in place read
+/// from earlier CP ranks); a server's buffer is what it receives (Q, K, V of moved tasks,
+/// K and V for its in-place tasks) plus the outputs it computes for others. Errors: an ε
+/// the scheduler rejects, CP of 0.
 pub fn distca_tolerance(
     batches: &[Vec<PackedSeq>],
+    cp: u32,
     cfg: &DistcaConfig,
     epsilons: &[f64],
 ) -> Result<Vec<ToleranceRow>> {
@@ -154,12 +159,20 @@ pub fn distca_tolerance(
                 moves: 0,
             };
             for b in batches {
-                let s = schedule(b, &c)?;
-                let mut buf = vec![0u64; b.len()];
+                let s = schedule_cp(b, cp, &c)?;
+                let mut buf = vec![0u64; s.servers.len()];
                 for t in &s.transfers {
                     if let Some(x) = buf.get_mut(t.dst as usize) {
                         *x += t.q_bytes + t.kv_bytes + t.out_bytes;
                     }
+                }
+                for (i, (x, w)) in buf.iter_mut().zip(&s.servers).enumerate() {
+                    *x += w
+                        .tasks
+                        .iter()
+                        .filter(|t| t.home as usize == i)
+                        .map(|t| t.kv_bytes)
+                        .sum::<u64>();
                 }
                 row.bytes += s.bytes();
                 row.moves += s.transfers.len();
@@ -241,10 +254,10 @@ mod tests {
         let gb = global_batch(&corpus, 65_536, 32, Packing::Sequential, 3, 0).unwrap();
         let batches: Vec<Vec<PackedSeq>> = gb.chunks(16).map(<[PackedSeq]>::to_vec).collect();
         let cfg = DistcaConfig::new(shape, 0.1, 128).unwrap();
-        let rows = distca_tolerance(&batches, &cfg, &[0.0, 0.1, 0.3]).unwrap();
+        let rows = distca_tolerance(&batches, 1, &cfg, &[0.0, 0.1, 0.3]).unwrap();
         assert!(rows[0].bytes >= rows[1].bytes && rows[1].bytes >= rows[2].bytes);
         assert!(rows[1].max_deviation <= 0.1 + 1e-9 || rows[1].moves > 0);
-        assert!(distca_tolerance(&batches, &cfg, &[-1.0]).is_err());
+        assert!(distca_tolerance(&batches, 1, &cfg, &[-1.0]).is_err());
         // hand case: one move of 12 B lands on server 1 → buffer 2 × 12.
         let s = |lens: &[u32], slack: u32| PackedSeq {
             samples: lens
@@ -265,7 +278,7 @@ mod tests {
             dtype_bytes: 1,
         };
         let c = DistcaConfig::new(unit, 0.15, 1).unwrap();
-        let r = distca_tolerance(&[vec![s(&[4, 2], 0), s(&[1], 3)]], &c, &[0.15]).unwrap();
+        let r = distca_tolerance(&[vec![s(&[4, 2], 0), s(&[1], 3)]], 1, &c, &[0.15]).unwrap();
         assert_eq!((r[0].bytes, r[0].max_buffer_bytes, r[0].moves), (12, 24, 1));
     }
 }

@@ -7,11 +7,11 @@
 //! `cost/` ([`CostLatency`]). Stateful only where the scheme is: WLB-LLM's packer carries
 //! samples (and outlier queues) from step to step, so steps must be planned in order.
 //!
-//! # One cluster, four layouts
-//! Ulysses, WLB-LLM and Libra run DP replicas × CP ranks (Libra pools P replicas). DistCA
-//! needs no context parallelism (paper: in-place attention servers; P = DP): the same
-//! DP·CP GPUs are DP·CP servers, each holding whole packed sequences, with
-//! GA' = GBS / (DP·CP) ([`SchemeSettings::layout`]).
+//! # One cluster, one layout
+//! Every scheme runs DP replicas × CP ranks with the same GA (Libra pools P replicas).
+//! DistCA keeps the baseline's contiguous CP layout for its linear layers (paper: in-place
+//! attention servers) and pools the core attention of all DP·CP GPUs
+//! ([`SchemeSettings::layout`]).
 //!
 //! May not touch the planners' algorithms or the engine; no I/O.
 
@@ -110,13 +110,11 @@ impl Default for SchemeSettings {
 }
 
 impl SchemeSettings {
-    /// (DP, CP) a scheme runs with on `dp` replicas × `self.cp` ranks: DistCA gets
-    /// (DP·CP, 1).
-    pub fn layout(&self, scheme: Scheme, dp: u32) -> (u32, u32) {
-        match scheme {
-            Scheme::DistCa => (dp * self.cp, 1),
-            _ => (dp, self.cp),
-        }
+    /// (DP, CP) a scheme runs with on `dp` replicas × `self.cp` ranks: the same for all
+    /// four (DistCA's attention pool spans all DP·CP GPUs, its linear layers keep the CP
+    /// layout).
+    pub fn layout(&self, _scheme: Scheme, dp: u32) -> (u32, u32) {
+        (dp, self.cp)
     }
 }
 
@@ -222,7 +220,7 @@ impl<'a> SchemePlanner<'a> {
             }
             Scheme::DistCa => {
                 let cfg = DistcaConfig::new(shape, s.epsilon, KERNEL_TILE)?;
-                let d = distca::lower::plan_step(step, batch, dp, &cfg, s.ping_pong)?;
+                let d = distca::lower::plan_step_cp(step, batch, dp, cp, &cfg, s.ping_pong)?;
                 SchemePlan {
                     plan: d.plan,
                     nano: Some(d.nano),
@@ -308,11 +306,11 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("libra"));
-        let e = SchemePlanner::new(Scheme::DistCa, set, &cost, 4, 8, 32_768);
+        let e = SchemePlanner::new(Scheme::DistCa, set, &cost, 4, 6, 32_768);
         assert!(e
             .err()
             .unwrap()
             .to_string()
-            .contains("multiple of its DP = 16"));
+            .contains("multiple of its DP = 4"));
     }
 }

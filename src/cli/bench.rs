@@ -56,6 +56,13 @@ pub const ARMS: &[Arm] = &[
         setup: super::bench_schemes::distca_512,
     },
     Arm {
+        name: "distca-512-cp8",
+        what: "DistCA scheduler, 64 replicas × CP 8 = 512 servers, GBS 512 × 128K (wlbllm), GA 8",
+        target_s: Some(0.1),
+        runs: 20,
+        setup: super::bench_schemes::distca_512_cp8,
+    },
+    Arm {
         name: "distca-512-256k",
         what: "DistCA scheduler, 512 servers × 256K tokens (libra-256k), ε = 0.10",
         target_s: None,

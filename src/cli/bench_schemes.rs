@@ -60,6 +60,47 @@ pub fn distca_512_256k() -> Result<Timed> {
     distca("libra-256k", 512, 262_144)
 }
 
+/// The DistCA scheduler over one global batch of `sequences` packed sequences of `seq_len`
+/// tokens on DP = `dp` replicas × CP = `cp` ranks (DP·CP in-place attention servers, the
+/// baseline's contiguous layout): GA = sequences / DP schedules, one per GA index.
+fn distca_cp(
+    corpus: &'static str,
+    sequences: usize,
+    seq_len: u32,
+    dp: usize,
+    cp: u32,
+) -> Result<Timed> {
+    let b = batch(corpus, sequences, seq_len)?;
+    let cfg = DistcaConfig::new(
+        ConstantThroughput::h200_llama3_8b().shape,
+        DEFAULT_EPSILON,
+        128,
+    )?;
+    Ok(Box::new(move || {
+        let (mut moves, mut bytes, mut in_place, mut dev, mut balanced) =
+            (0, 0u64, 0u64, 0.0f64, 0);
+        for ga in b.chunks(dp) {
+            let s = distca::schedule_cp(ga, cp, &cfg)?;
+            moves += s.transfers.len();
+            bytes += s.moved_bytes();
+            in_place += s.in_place_kv_bytes();
+            dev = dev.max(s.max_deviation());
+            balanced += usize::from(s.stop == distca::Stop::Balanced);
+        }
+        Ok(format!(
+            "{balanced}/{} GA indices Balanced, max deviation {:.1}%, {moves} transfers, {:.2} GB moved + {:.2} GB in-place KV per layer",
+            sequences / dp,
+            100.0 * dev,
+            bytes as f64 / 1e9,
+            in_place as f64 / 1e9
+        ))
+    }))
+}
+
+pub fn distca_512_cp8() -> Result<Timed> {
+    distca_cp("wlbllm", 512, 131_072, 64, 8)
+}
+
 /// One WLB-LLM step: variable-length packing of a global batch of 512 sequences of 128K
 /// tokens into 512 micro-batches under S_max = 2·L.
 pub fn wlbllm_step() -> Result<Timed> {

@@ -674,7 +674,7 @@ fn s_max_rows(f: &CompareFile, points: &[(String, Arc<CostModel>, u32, u32)]) ->
 }
 
 /// DistCA's ε trade-off rows for one point: the scheduler alone on step 0's global batch
-/// cut into micro-batches of DP·CP servers.
+/// cut into GA indices of DP replicas × CP ranks (DP·CP servers).
 fn tolerance_rows(
     f: &CompareFile,
     cost: &CostModel,
@@ -693,9 +693,14 @@ fn tolerance_rows(
         seed: f.workload.seed,
     };
     let global = wl.step_sequences(0, (dp * f.parallel.ga) as usize)?;
-    let batches: Vec<Vec<_>> = global.chunks(servers).map(<[_]>::to_vec).collect();
+    let batches: Vec<Vec<_>> = global.chunks(dp as usize).map(<[_]>::to_vec).collect();
     let cfg = DistcaConfig::new(cost.attn(), 0.0, skewsim::balance::wlbllm::KERNEL_TILE)?;
-    let rows = distca_tolerance(&batches, &cfg, &[0.0, 0.05, 0.10, 0.15, 0.20])?;
+    let rows = distca_tolerance(
+        &batches,
+        f.parallel.cp,
+        &cfg,
+        &[0.0, 0.05, 0.10, 0.15, 0.20],
+    )?;
     let (b0, m0) = (
         rows[0].bytes.max(1) as f64,
         rows[0].max_buffer_bytes.max(1) as f64,

@@ -458,18 +458,24 @@ pub fn build_scheme(
             wlbllm::lower::to_plan(&out, &p, &model)?.plan
         }
         "distca" => {
-            if let Some(cp) = cp_flag.filter(|&c| c != 1) {
-                bail!(
-                    "invalid cp = {cp} for scheme distca: DistCA's attention servers are                      whole GPUs holding their micro-batch (P = DP); use --cp 1 or leave it out"
-                );
-            }
-            r.params.cp = 1;
+            // DistCA's servers hold the baseline's CP layout when --cp is given (in-place
+            // attention servers over DP·CP GPUs); without it, one server per replica.
+            let cp = cp_flag.unwrap_or(1);
+            r.params.cp = cp;
             let epsilon = a.epsilon.unwrap_or(DEFAULT_EPSILON);
             let cfg = DistcaConfig::new(shape, epsilon, KERNEL_TILE)?;
             let steps = load_batches(r, step + 1, gbs_dp)?;
             set.epsilon = Some(epsilon);
             set.ping_pong = Some(!a.no_ping_pong);
-            distca::lower::plan_step(step, &steps[step as usize], r.dp, &cfg, !a.no_ping_pong)?.plan
+            distca::lower::plan_step_cp(
+                step,
+                &steps[step as usize],
+                r.dp,
+                cp,
+                &cfg,
+                !a.no_ping_pong,
+            )?
+            .plan
         }
         other => bail!("invalid scheme = {other}: {SCHEMES}"),
     };

@@ -3,8 +3,8 @@
 //! lowering (`plan_step::build_plan_step`, `plan_attn`) or Ulysses' own step builder turns
 //! it into ops, the engine times them, `report::step` measures them.
 //!
-//! Owns the per-scheme layout on the cluster (Ulysses, WLB-LLM, Libra: DP × CP; DistCA:
-//! DP·CP servers, CP 1, GA' = GBS / (DP·CP)), the overlap each scheme gets
+//! Owns the per-scheme layout on the cluster (all four: the base DP × PP × CP and GA;
+//! DistCA's attention pool spans every DP·CP GPU of a stage), the overlap each scheme gets
 //! ([`scheme_overlap`]) and the core-attention-layer measure [`attention_span`]. It may
 //! not plan, price or time anything itself.
 //!
@@ -46,28 +46,20 @@ pub struct SchemeStep {
     pub plan_bytes: u64,
 }
 
-/// The parallelism `scheme` runs with when the others run `base` (DP × CP, GA): DistCA
-/// gets DP·CP servers of CP 1 and GA' = DP·GA / (DP·CP). Errors: GBS not a multiple of
-/// DP·CP for DistCA.
+/// The parallelism `scheme` runs with when the others run `base` (DP × PP × CP, GA): the
+/// same for every scheme. DistCA keeps the baseline's layout and GA for its linear layers
+/// (in-place attention servers) and pools the core attention of all DP·CP GPUs in its
+/// plan; so does Libra within its pools. Errors: DistCA on a layout with no GPU (DP·CP =
+/// 0: no attention server).
 pub fn scheme_parallelism(scheme: Scheme, base: Parallelism) -> Result<Parallelism> {
-    if scheme != Scheme::DistCa {
-        return Ok(base);
-    }
-    let servers = base.dp * base.cp;
-    let gbs = base.dp * base.ga;
-    if servers == 0 || gbs % servers != 0 {
+    if scheme == Scheme::DistCa && base.dp * base.cp == 0 {
         return Err(invalid(
-            "GBS for distca",
-            gbs,
-            format!("a multiple of its DP·CP = {servers} attention servers"),
+            "DP·CP for distca",
+            base.dp * base.cp,
+            "at least one attention server",
         ));
     }
-    Ok(Parallelism {
-        dp: servers,
-        cp: 1,
-        ga: gbs / servers,
-        ..base
-    })
+    Ok(base)
 }
 
 /// The overlap the generic lowering gives `scheme`: Libra's M head chunks, DistCA's
@@ -270,14 +262,14 @@ mod tests {
 
     #[test]
     fn distca_layout_and_chunks() {
-        let p = scheme_parallelism(Scheme::DistCa, par(4, 8, 16)).unwrap();
-        assert_eq!((p.dp, p.cp, p.ga), (32, 1, 2));
-        assert_eq!(
-            scheme_parallelism(Scheme::Libra, par(4, 8, 16)).unwrap(),
-            par(4, 8, 16)
-        );
-        let e = scheme_parallelism(Scheme::DistCa, par(4, 8, 4)).unwrap_err();
-        assert!(e.to_string().contains("32 attention servers"), "{e}");
+        // DistCA keeps the baseline's DP × PP × CP and GA (GA 4 < DP·CP = 32 is fine).
+        for sc in Scheme::ALL {
+            let mut base = par(4, 8, 4);
+            base.pp = 4;
+            assert_eq!(scheme_parallelism(sc, base).unwrap(), base, "{sc:?}");
+        }
+        let e = scheme_parallelism(Scheme::DistCa, par(0, 8, 4)).unwrap_err();
+        assert!(e.to_string().contains("attention server"), "{e}");
         let set = SchemeSettings {
             libra: LibraParams {
                 chunks: 4,

@@ -5,23 +5,29 @@
 //! bytes and FLOPs `plan::build`'s (through [`crate::cost::AttnShape`]). No I/O.
 //!
 //! # Mapping
-//! GBS packed sequences, DP servers (one GPU each: P = DP, the whole cluster is one
-//! attention pool), GA = GBS/DP: batch index b runs at GA index b / DP on server b mod DP
-//! (worker id = server), where its Q, K and V live. Each GA index is one group, scheduled
-//! on its own ([`schedule`], or both nano-batches of [`schedule_ping_pong`], whose units all
+//! GBS packed sequences on DP replicas × CP ranks, the baseline's layout (paper: in-place
+//! attention servers keep the linear layers where they are): GA = GBS/DP, batch index b
+//! runs at GA index b / DP on replica b mod DP, laid out over its CP group (workers
+//! replica·CP … + CP − 1) in contiguous slices of ⌈L/CP⌉ tokens
+//! ([`contiguous_layout`], as Ulysses; a document may span ranks). All DP·CP workers are
+//! one attention pool: each GA index is one group over every worker, scheduled on its own
+//! ([`schedule_cp`], or both nano-batches of [`schedule_ping_pong_cp`], whose units all
 //! land in the same group: nano-batch 0's first). Every query range of every task is one
-//! unit over all heads (H = 1; a head+tail shard is two units) on the task's server. A
-//! moved range brings its Q from the home server and sends the output back; K and V move
-//! only as far as causality needs — keys [0, last query + 1), the scheduler's `kv_prefix`
-//! ([`KvReach::CausalPrefix`]) — once per (sample, destination), so the plan's KV bytes are
-//! at most the scheduler's (equal when no two tasks of a sample go to one server).
+//! unit over all heads (H = 1; a head+tail shard is two units) on the task's server; its
+//! queries lie on one rank (the task's home). A moved range brings its Q from the home
+//! and sends the output back; K and V move only as far as causality needs — keys
+//! [0, last query + 1), the scheduler's `kv_prefix` ([`KvReach::CausalPrefix`]) — from
+//! whichever ranks hold them, once per (sample, destination). A unit left in place on a
+//! later CP rank receives the prefix held by earlier ranks the same way. So the plan's
+//! Q and output bytes are the scheduler's and its KV bytes at most the scheduler's (moved
+//! and in-place; equal when no two tasks of a sample execute on one server).
 
 use super::pingpong::NanoTable;
-use super::{schedule, schedule_ping_pong, DistcaConfig, DistcaSchedule};
-use crate::balance::ulysses::{check_fits, ga_of};
-use crate::error::Result;
-use crate::plan::build::{build_group, GroupSite, KvReach, UnitSpec};
-use crate::plan::{Plan, PlanSeq, Resident, SampleIndex, WorkerId, PLAN_VERSION};
+use super::{schedule_cp, schedule_ping_pong_cp, DistcaConfig, DistcaSchedule};
+use crate::balance::ulysses::{check_fits, cp_group, ga_of};
+use crate::error::{invalid, Result};
+use crate::plan::build::{build_group, contiguous_layout, GroupSite, KvReach, UnitSpec};
+use crate::plan::{Plan, PlanSeq, SampleIndex, WorkerId, PLAN_VERSION};
 use crate::workload::PackedSeq;
 
 /// The plan of one step, and the schedules it lowered.
@@ -36,9 +42,7 @@ pub struct DistcaPlan {
     pub nano: NanoTable,
 }
 
-/// Plan one step of DistCA. `batch` is the step's global batch in loader order; `dp` the
-/// number of attention servers; `ping_pong` splits every micro-batch into two nano-batches
-/// scheduled apart. Errors: DP of 0, GBS not a multiple of DP, a sequence over its capacity.
+/// [`plan_step_cp`] with CP = 1: DP servers, each holding whole packed sequences.
 pub fn plan_step(
     step: u64,
     batch: &[PackedSeq],
@@ -46,46 +50,53 @@ pub fn plan_step(
     cfg: &DistcaConfig,
     ping_pong: bool,
 ) -> Result<DistcaPlan> {
+    plan_step_cp(step, batch, dp, 1, cfg, ping_pong)
+}
+
+/// Plan one step of DistCA. `batch` is the step's global batch in loader order; `dp`
+/// replicas of `cp` ranks, DP·CP attention servers; `ping_pong` splits every micro-batch
+/// into two nano-batches scheduled apart. Errors: DP or CP of 0, GBS not a multiple of DP,
+/// a sequence over its capacity.
+pub fn plan_step_cp(
+    step: u64,
+    batch: &[PackedSeq],
+    dp: u32,
+    cp: u32,
+    cfg: &DistcaConfig,
+    ping_pong: bool,
+) -> Result<DistcaPlan> {
     let cfg = DistcaConfig::new(cfg.shape, cfg.epsilon, cfg.tile)?;
-    let ga = ga_of(batch.len(), dp, 1)?;
+    if cp == 0 {
+        return Err(invalid("cp", cp, "at least 1 rank per replica"));
+    }
+    let ga = ga_of(batch.len(), dp, cp)?;
     check_fits(batch)?;
-    let workers: Vec<WorkerId> = (0..dp).collect();
+    let workers: Vec<WorkerId> = (0..dp * cp).collect();
     let mut groups = Vec::with_capacity(ga as usize);
     let mut schedules = Vec::with_capacity(ga as usize);
     let mut nano = Vec::with_capacity(ga as usize);
-    for (g, servers) in batch.chunks(dp as usize).enumerate() {
+    for (g, seqs) in batch.chunks(dp as usize).enumerate() {
         let g = g as u32;
         let scheds: Vec<DistcaSchedule> = if ping_pong {
-            schedule_ping_pong(servers, &cfg)?
+            schedule_ping_pong_cp(seqs, cp, &cfg)?
                 .into_iter()
                 .map(|n| n.schedule)
                 .collect()
         } else {
-            vec![schedule(servers, &cfg)?]
+            vec![schedule_cp(seqs, cp, &cfg)?]
         };
-        let index: Vec<SampleIndex> = servers
+        let index: Vec<SampleIndex> = seqs
             .iter()
             .map(|s| SampleIndex::new(&s.lengths().collect::<Vec<_>>()))
             .collect();
-        let sequences: Vec<PlanSeq> = servers
+        let sequences: Vec<PlanSeq> = seqs
             .iter()
             .enumerate()
-            .map(|(s, seq)| {
-                let tokens = seq.tokens();
-                PlanSeq {
-                    id: g * dp + s as u32,
-                    samples: seq.lengths().collect(),
-                    capacity: seq.capacity,
-                    layout: if tokens == 0 {
-                        Vec::new()
-                    } else {
-                        vec![Resident {
-                            start: 0,
-                            end: tokens,
-                            worker: s as u32,
-                        }]
-                    },
-                }
+            .map(|(r, seq)| PlanSeq {
+                id: g * dp + r as u32,
+                samples: seq.lengths().collect(),
+                capacity: seq.capacity,
+                layout: contiguous_layout(seq.tokens(), seq.capacity, &cp_group(r as u32, cp)),
             })
             .collect();
         let mut units = Vec::new();
@@ -94,11 +105,11 @@ pub fn plan_step(
             let before = units.len();
             for (dst, work) in sched.servers.iter().enumerate() {
                 for task in &work.tasks {
-                    let home = task.sample.server as usize;
-                    let (s0, _) = index[home].span(task.sample.index as usize);
+                    let r = task.sample.seq as usize;
+                    let (s0, _) = index[r].span(task.sample.index as usize);
                     for &(lo, hi) in &task.q_ranges {
                         units.push(UnitSpec {
-                            seq: home,
+                            seq: r,
                             q_start: s0 + u64::from(lo),
                             q_end: s0 + u64::from(hi),
                             shard: 0,
@@ -143,6 +154,7 @@ mod tests {
     use crate::plan::{check, Payload};
     use crate::workload::corpus::Corpus;
     use crate::workload::pack::{global_batch, Packing};
+    use crate::workload::PackedSeq;
     use proptest::prelude::*;
 
     /// 1 head, head_dim 1, 1 byte: Q = out = tokens bytes, KV = 2·tokens.
@@ -170,10 +182,13 @@ mod tests {
         (qo, kv)
     }
 
+    /// (Q + output bytes, KV bytes: moved tasks' and in-place) of the schedules.
     fn sched_bytes(d: &DistcaPlan) -> (u64, u64) {
-        let ts = d.schedules.iter().flatten().flat_map(|s| &s.transfers);
-        ts.fold((0, 0), |(qo, kv), t| {
-            (qo + t.q_bytes + t.out_bytes, kv + t.kv_bytes)
+        let ss = d.schedules.iter().flatten();
+        ss.fold((0, 0), |(qo, kv), s| {
+            let q: u64 = s.transfers.iter().map(|t| t.q_bytes + t.out_bytes).sum();
+            let k: u64 = s.transfers.iter().map(|t| t.kv_bytes).sum();
+            (qo + q, kv + k + s.in_place_kv_bytes())
         })
     }
 
@@ -211,6 +226,57 @@ mod tests {
         assert_eq!(kv, vec![(0, 0, 4)]);
         assert_eq!(d.plan.step, 7);
         assert_eq!(sched_bytes(&d), plan_bytes(&d.plan));
+    }
+
+    #[test]
+    fn document_spanning_two_cp_ranks_lowers_by_hand() {
+        // The scheduler's hand case (DP 2 × CP 2, one 8-token document on replica 0's
+        // ranks, ε = 0.5, tile 1): moves [4,5) 1 → 2, [0,1) 0 → 2, [5,6) 1 → 3; keeps
+        // [1,4) on 0 and [6,8) on 1. Plan: Q and output 1 B each per move (6 B); KV per
+        // (document, worker) once, keys [0, largest end): worker 1 (in place, [6,8)) keys
+        // [0,4) from worker 0 (8 B); worker 2 keys [0,5): [0,4) from 0 (8 B) and [4,5) from
+        // 1 (2 B) — its [0,1) task's keys are inside them; worker 3 keys [0,6): 8 B from 0,
+        // [4,6) 4 B from 1. Total 6 + 30 = 36 B; the scheduler counts 38 (the [0,1) task's
+        // 2 B of keys again).
+        let batch = [seq(&[8], 0, 0), seq(&[], 5, 8)];
+        let cfg = DistcaConfig::new(UNIT, 0.5, 1).unwrap();
+        let d = plan_step_cp(0, &batch, 2, 2, &cfg, false).unwrap();
+        let s = check(&d.plan).unwrap();
+        assert_eq!((s.groups, s.sequences, s.units, s.bytes), (1, 2, 5, 36));
+        let g = &d.plan.groups[0];
+        assert_eq!(g.workers, vec![0, 1, 2, 3]);
+        let lay: Vec<(u64, u64, u32)> = g.sequences[0]
+            .layout
+            .iter()
+            .map(|r| (r.start, r.end, r.worker))
+            .collect();
+        assert_eq!(lay, vec![(0, 4, 0), (4, 8, 1)]);
+        let mut kv: Vec<(u32, u32, u32, u32, u64)> = g
+            .transfers
+            .iter()
+            .filter_map(|t| match t.carries {
+                Payload::Kv { start, end, .. } => Some((t.src, t.dst, start, end, t.bytes)),
+                _ => None,
+            })
+            .collect();
+        kv.sort_unstable();
+        assert_eq!(
+            kv,
+            vec![
+                (0, 1, 0, 4, 8),
+                (0, 2, 0, 4, 8),
+                (0, 3, 0, 4, 8),
+                (1, 2, 4, 5, 2),
+                (1, 3, 4, 6, 4)
+            ]
+        );
+        assert_eq!(plan_bytes(&d.plan), (6, 30));
+        assert_eq!(sched_bytes(&d), (6, 32));
+        // Without the pool (ε large), only the in-place prefix moves: 8 B.
+        let cfg = DistcaConfig::new(UNIT, 10.0, 1).unwrap();
+        let d = plan_step_cp(0, &batch, 2, 2, &cfg, true).unwrap();
+        assert_eq!(check(&d.plan).unwrap().bytes, 8);
+        assert_eq!(plan_bytes(&d.plan), sched_bytes(&d));
     }
 
     #[test]
@@ -273,13 +339,16 @@ mod tests {
     }
 
     proptest! {
-        /// Random batches, DP, GA, ε, tile and ping-pong: the plan checks, its FLOPs are the
-        /// exact causal total, each group holds its GA index's sequences with their samples,
-        /// Q and output bytes are the scheduler's and KV bytes at most the scheduler's.
+        /// Random batches, DP, CP (documents spanning ranks), GA, ε, tile and ping-pong: the
+        /// plan checks, its FLOPs are the exact causal total, each group holds its GA
+        /// index's sequences with their samples on the contiguous CP layout of their
+        /// replica, Q and output bytes are the scheduler's and KV bytes at most the
+        /// scheduler's (moved and in place).
         #[test]
         fn random_steps_check(
             lens in proptest::collection::vec(proptest::collection::vec(1u32..600, 0..5), 1..7),
             dp in 1u32..5,
+            cp in 1u32..5,
             ga in 1u32..3,
             eps in 0.0f64..0.4,
             tile in prop_oneof![Just(1u32), Just(16), Just(128)],
@@ -291,7 +360,8 @@ mod tests {
             let batch: Vec<PackedSeq> =
                 (0..n).map(|i| seq(&lens[i % lens.len()], 100 * i as u64, i as u32 % 2)).collect();
             let cfg = DistcaConfig::new(shape, eps, tile).unwrap();
-            let d = plan_step(2, &batch, dp, &cfg, ping_pong).unwrap();
+            let d = plan_step_cp(2, &batch, dp, cp, &cfg, ping_pong).unwrap();
+            d.nano.validate(&d.plan).unwrap();
             let s = check(&d.plan);
             prop_assert!(s.is_ok(), "{:?}", s);
             let s = s.unwrap();
@@ -303,6 +373,11 @@ mod tests {
                     let b = &batch[sq.id as usize];
                     prop_assert_eq!(sq.id / dp, g.ga);
                     prop_assert_eq!(&sq.samples, &b.lengths().collect::<Vec<_>>());
+                    let replica = sq.id % dp;
+                    prop_assert_eq!(
+                        &sq.layout,
+                        &contiguous_layout(b.tokens(), b.capacity, &cp_group(replica, cp))
+                    );
                 }
             }
             let (pq, pkv) = plan_bytes(&d.plan);

@@ -254,7 +254,12 @@ mod tests {
         t.validate(&d.plan).unwrap();
         let g = &d.plan.groups[0];
         // nano-batch h's units cover exactly the queries of its samples.
-        let halves: Vec<[Vec<u32>; 2]> = batch.iter().map(super::super::nano_batches).collect();
+        let halves: Vec<[Vec<u32>; 2]> = super::super::home_ranges(&batch, 1)
+            .iter()
+            .map(|r| {
+                super::super::nano_split(r).map(|h| h.iter().map(|x| x.sample.index).collect())
+            })
+            .collect();
         for u in &g.units {
             let h = t.unit_nano(0, u.id) as usize;
             for s in &u.segments {
