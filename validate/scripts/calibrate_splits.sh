@@ -8,7 +8,7 @@ split() { # name, calibrate flags...
   local n=$1; shift
   echo "=== split $n: $*"
   $B calibrate --measurements $M "$@" -o $O/cal_$n.json > $O/split_$n.txt
-  $B --json calibrate --measurements $M "$@" -o $O/cal_$n.json > $O/split_$n.json
+  $B --json calibrate --measurements $M "$@" -o $O/cal_$n.json > ${JSON_DIR:-$O}/split_$n.json
   sed -n '/^after calibration/,/^copy/p' $O/split_$n.txt
 }
 split by-scheme-A --holdout-schemes wlbllm,distca      # fit Libra + Ulysses
