@@ -41,6 +41,10 @@ pub struct Args {
     /// Plans held out by name: every plan whose name contains one of these strings.
     #[arg(long, value_delimiter = ',')]
     pub holdout_plans: Option<Vec<String>>,
+    /// Plans left out altogether (neither fitted nor scored): every plan whose name contains
+    /// one of these strings.
+    #[arg(long, value_delimiter = ',')]
+    pub exclude_plans: Option<Vec<String>>,
     /// Start from this calibration instead of the built-in H200 table.
     #[arg(long)]
     pub calibration: Option<PathBuf>,
@@ -162,6 +166,9 @@ pub fn run(args: Args, out: Output) -> Result<()> {
             bail!("{name}: no causal FlashAttention forward kernels with shapes (profile with record_shapes=True)");
         }
         trace.extend(t);
+    }
+    if let Some(ex) = &args.exclude_plans {
+        rows.retain(|r| !ex.iter().any(|n| r.plan.contains(n.as_str())));
     }
     let seeds = distinct(&rows, |r| r.seed);
     let by_name = args.holdout_schemes.is_some() || args.holdout_plans.is_some();

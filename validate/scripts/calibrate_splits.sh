@@ -1,14 +1,14 @@
 #!/bin/bash
 # Issue 7, run 15: fit on some plans, score on the others, split by scheme, by corpus and by L
-# (no GPU). Usage: calibrate_splits.sh MEASUREMENTS.csv OUTDIR
+# (no GPU). Usage: calibrate_splits.sh MEASUREMENTS.csv OUTDIR [EXTRA calibrate flags, e.g. --exclude-plans p13_]
 set -eu
 B=${SKEWSIM:-target/release/skewsim}
-M=$1; O=$2; mkdir -p $O
+M=$1; O=$2; shift 2; EXTRA=("$@"); mkdir -p $O
 split() { # name, calibrate flags...
   local n=$1; shift
   echo "=== split $n: $*"
-  $B calibrate --measurements $M "$@" -o $O/cal_$n.json > $O/split_$n.txt
-  $B --json calibrate --measurements $M "$@" -o $O/cal_$n.json > ${JSON_DIR:-$O}/split_$n.json
+  $B calibrate --measurements $M "$@" ${EXTRA[@]+"${EXTRA[@]}"} -o $O/cal_$n.json > $O/split_$n.txt
+  $B --json calibrate --measurements $M "$@" ${EXTRA[@]+"${EXTRA[@]}"} -o $O/cal_$n.json > ${JSON_DIR:-$O}/split_$n.json
   sed -n '/^after calibration/,/^copy/p' $O/split_$n.txt
 }
 split by-scheme-A --holdout-schemes wlbllm,distca      # fit Libra + Ulysses
@@ -17,4 +17,4 @@ for s in libra ulysses wlbllm distca; do split loso-$s --holdout-schemes $s; don
 split by-corpus-wlb --holdout-plans _cwlb_             # fit libra-256k + libra-1m corpora
 split by-corpus-1m --holdout-plans _c1m_
 split by-L-256k --holdout-plans _L256k_                # fit L = 128K only
-split by-seed --holdout-seeds 2,4,6,8,10,12            # as before: every second plan
+split by-seed --holdout-seeds 2,4,6,8,10,12,14,16   # every second plan

@@ -25,3 +25,8 @@ plan 9  wlbllm  wlbllm      wlb  131072  4   2  4  2  1  2
 plan 10 wlbllm  libra-1m    1m   131072  2   2  4  2  1  1
 plan 11 distca  libra-256k  256k 131072  4   4  1  4  1  4
 plan 12 distca  wlbllm      wlb  131072  4   4  1  4  1  2
+# Run 15d: heads per call the other schemes lacked (WLB-LLM/DistCA at 2 and 4, Libra/Ulysses at 16).
+plan 13 wlbllm  wlbllm      wlb  131072  4   2  4  2  1  16
+plan 14 distca  libra-256k  256k 131072  4   4  1  4  1  8
+plan 15 libra   wlbllm      wlb  131072  4   2  4  2  2  1
+plan 16 ulysses libra-256k  256k 131072  4   2  2  2  2  1
