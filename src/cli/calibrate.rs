@@ -3,9 +3,11 @@
 //!
 //! Reads measurement CSVs (`skewsim validate`) and PyTorch-profiler Chrome traces
 //! (`--trace`, FlashAttention forward kernels joined to their shapes by
-//! `validate::trace`), splits the plans by seed into fit and held-out sets, fits with
-//! [`skewsim::cost::fit::fit`] and prints predicted vs measured on the held-out plans,
-//! before (the starting table) and after calibration. Writes the calibration JSON that
+//! `validate::trace`), splits the plans into fit and held-out sets — by seed, by scheme
+//! (`--holdout-schemes`) or by plan name (`--holdout-plans`, e.g. a corpus or L in the
+//! file names) — fits with [`skewsim::cost::fit::fit`] (forward, and backward when the
+//! CSVs have `pass` = bwd rows) and prints predicted vs measured on the held-out plans,
+//! before (the starting table) and after calibration, overall and per held-out scheme. Writes the calibration JSON that
 //! `--calibration` reads. The fitting itself lives in the library (no I/O there).
 
 use std::path::PathBuf;
@@ -13,8 +15,9 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
-use skewsim::cost::fit::{self, FitOptions, MeasureKind, Measurement, Pricing, SegCount, Summary};
-use skewsim::cost::EffTable;
+use skewsim::cost::fit::{
+    self, FitOptions, MeasureKind, Measurement, Pass, Pricing, SegCount, Summary,
+};
 
 use super::Output;
 
@@ -27,10 +30,21 @@ pub struct Args {
     /// calls; every such kernel becomes a fitting row (whole documents).
     #[arg(long, num_args = 1..)]
     pub trace: Vec<PathBuf>,
-    /// Seeds whose plans are held out for scoring [default: every second distinct seed,
-    /// the 2nd, 4th, ... in increasing order].
+    /// Seeds whose plans are held out for scoring [default, when no --holdout-* is given:
+    /// every second distinct seed, the 2nd, 4th, ... in increasing order].
     #[arg(long, value_delimiter = ',')]
     pub holdout_seeds: Option<Vec<u64>>,
+    /// Schemes whose plans are held out (the CSV's `scheme` column: libra, ulysses,
+    /// wlbllm, distca).
+    #[arg(long, value_delimiter = ',')]
+    pub holdout_schemes: Option<Vec<String>>,
+    /// Plans held out by name: every plan whose name contains one of these strings.
+    #[arg(long, value_delimiter = ',')]
+    pub holdout_plans: Option<Vec<String>>,
+    /// Plans left out altogether (neither fitted nor scored): every plan whose name contains
+    /// one of these strings.
+    #[arg(long, value_delimiter = ',')]
+    pub exclude_plans: Option<Vec<String>>,
     /// Start from this calibration instead of the built-in H200 table.
     #[arg(long)]
     pub calibration: Option<PathBuf>,
@@ -70,6 +84,7 @@ pub fn trace_rows(json: &str, name: &str) -> Result<Vec<Measurement>> {
         let ms = k.dur_us * 1e-3;
         rows.push(Measurement {
             kind: MeasureKind::Attn,
+            pass: Pass::Fwd,
             plan: format!("trace:{name}"),
             seed: u64::MAX,
             scheme: "trace".into(),
@@ -96,16 +111,38 @@ pub fn trace_rows(json: &str, name: &str) -> Result<Vec<Measurement>> {
     Ok(rows)
 }
 
+/// Held-out error of one scheme's plans.
+#[derive(Serialize)]
+struct SchemeErr {
+    scheme: String,
+    plans: Vec<String>,
+    before: Summary,
+    after: Summary,
+}
+
 #[derive(Serialize)]
 struct Report {
     fit_rows: usize,
+    fit_bwd_rows: usize,
     fit_copy_rows: usize,
     fit_rms_rel: f64,
+    fit_bwd_rms_rel: Option<f64>,
     fit_seeds: Vec<u64>,
+    fit_plans: Vec<String>,
     holdout_seeds: Vec<u64>,
+    holdout_plans: Vec<String>,
     holdout_before: Summary,
     holdout_after: Summary,
+    holdout_by_scheme: Vec<SchemeErr>,
     out: String,
+}
+
+/// Distinct values of `f` over `rows`, sorted.
+fn distinct<T: Ord + Clone>(rows: &[Measurement], f: impl Fn(&Measurement) -> T) -> Vec<T> {
+    let mut v: Vec<T> = rows.iter().map(f).collect();
+    v.sort();
+    v.dedup();
+    v
 }
 
 pub fn run(args: Args, out: Output) -> Result<()> {
@@ -130,18 +167,40 @@ pub fn run(args: Args, out: Output) -> Result<()> {
         }
         trace.extend(t);
     }
-    let mut seeds: Vec<u64> = rows.iter().map(|r| r.seed).collect();
-    seeds.sort_unstable();
-    seeds.dedup();
-    let holdout: Vec<u64> = match &args.holdout_seeds {
+    if let Some(ex) = &args.exclude_plans {
+        rows.retain(|r| !ex.iter().any(|n| r.plan.contains(n.as_str())));
+    }
+    let seeds = distinct(&rows, |r| r.seed);
+    let by_name = args.holdout_schemes.is_some() || args.holdout_plans.is_some();
+    let holdout_seeds: Vec<u64> = match &args.holdout_seeds {
         Some(h) => h.clone(),
+        None if by_name => Vec::new(),
         None => seeds.iter().skip(1).step_by(2).copied().collect(),
     };
+    let schemes = args.holdout_schemes.clone().unwrap_or_default();
+    let names = args.holdout_plans.clone().unwrap_or_default();
+    let held = |r: &Measurement| {
+        holdout_seeds.contains(&r.seed)
+            || schemes.contains(&r.scheme)
+            || names.iter().any(|n| r.plan.contains(n.as_str()))
+    };
     let (test, mut train): (Vec<Measurement>, Vec<Measurement>) =
-        rows.into_iter().partition(|r| holdout.contains(&r.seed));
+        rows.into_iter().partition(|r| held(r));
+    if test.is_empty() {
+        bail!(
+            "no plan is held out (seeds {holdout_seeds:?}, schemes {schemes:?}, plan names containing {names:?}): nothing to score"
+        );
+    }
+    let fit_seeds = distinct(&train, |r| r.seed);
+    let fit_plans = distinct(&train, |r| r.plan.clone());
     train.extend(trace);
-    if train.iter().all(|r| r.kind != MeasureKind::Attn) {
-        bail!("no attention rows left to fit after holding out seeds {holdout:?}");
+    if train
+        .iter()
+        .all(|r| !(r.kind == MeasureKind::Attn && r.pass == Pass::Fwd))
+    {
+        bail!(
+            "no forward attention rows left to fit after holding out seeds {holdout_seeds:?}, schemes {schemes:?}, plan names containing {names:?}"
+        );
     }
     let opts = FitOptions {
         lens: args.lens.clone().unwrap_or_default(),
@@ -149,51 +208,83 @@ pub fn run(args: Args, out: Output) -> Result<()> {
         ..FitOptions::default()
     };
     let f = fit::fit(&train, &start, &opts)?;
-    let fitted = Pricing {
-        eff: EffTable::from_points(&f.calibration.attn_fwd, "fit")?,
-        launch: f.calibration.launch.clone(),
-    };
+    let fitted = Pricing::from_calibration(&f.calibration, "fit")?;
     let json = serde_json::to_string_pretty(&f.calibration)?;
     std::fs::write(&args.out, json + "\n")
         .with_context(|| format!("writing {}", args.out.display()))?;
-    let fit_seeds: Vec<u64> = seeds
-        .iter()
-        .filter(|s| !holdout.contains(s))
-        .copied()
+    let holdout_by_scheme = distinct(&test, |r| r.scheme.clone())
+        .into_iter()
+        .map(|scheme| {
+            let part: Vec<Measurement> = test
+                .iter()
+                .filter(|r| r.scheme == scheme)
+                .cloned()
+                .collect();
+            SchemeErr {
+                plans: distinct(&part, |r| r.plan.clone()),
+                before: fit::summarize(&part, &start),
+                after: fit::summarize(&part, &fitted),
+                scheme,
+            }
+        })
         .collect();
     let report = Report {
         fit_rows: f.attn_rows,
+        fit_bwd_rows: f.bwd_rows,
         fit_copy_rows: f.copy_rows,
         fit_rms_rel: f.attn_rms_rel,
+        fit_bwd_rms_rel: f.bwd_rms_rel,
         fit_seeds,
-        holdout_seeds: holdout,
+        fit_plans,
+        holdout_seeds: distinct(&test, |r| r.seed),
+        holdout_plans: distinct(&test, |r| r.plan.clone()),
         holdout_before: fit::summarize(&test, &start),
         holdout_after: fit::summarize(&test, &fitted),
+        holdout_by_scheme,
         out: args.out.display().to_string(),
     };
     out.emit(&report, || {
         let l = &f.calibration.launch;
-        format!(
-            "fitted on seeds {:?} ({} attention launches, {} copies; rms relative residual {:.2} %)\n\
-             attention launch {:.2} µs, copy {:.2} µs + {:.3} TB/s, jitter σ {}\n\
-             wrote {}\n\nheld-out seeds {:?}, before calibration (starting table):\n{}\n\
-             held-out seeds {:?}, after calibration:\n{}",
+        let mut s = format!(
+            "fitted on {} plans, seeds {:?}: {} forward launches (rms relative residual {:.2} %), {} backward calls{}, {} copies\n\
+             attention launch {:.2} µs, backward call {:.2} µs, backward efficiency (scalar) {:.3}, copy {:.2} µs + {:.3} TB/s, jitter σ {}\n\
+             wrote {}\n\nheld out: {} plans {:?}\nbefore calibration (starting table):\n{}\n\
+             after calibration:\n{}",
+            report.fit_plans.len(),
             report.fit_seeds,
             report.fit_rows,
-            report.fit_copy_rows,
             100.0 * report.fit_rms_rel,
+            report.fit_bwd_rows,
+            report
+                .fit_bwd_rms_rel
+                .map(|r| format!(" (rms {:.2} %)", 100.0 * r))
+                .unwrap_or_default(),
+            report.fit_copy_rows,
             l.attn_launch_us,
+            l.attn_bwd_launch_us,
+            f.calibration.hardware.attn_bwd_efficiency,
             l.copy_launch_us,
             l.copy_bytes_per_s / 1e12,
             l.jitter_sigma
                 .map(|s| format!("{s:.4}"))
                 .unwrap_or_else(|| "-".into()),
             report.out,
-            report.holdout_seeds,
+            report.holdout_plans.len(),
+            report.holdout_plans,
             report.holdout_before.table(),
-            report.holdout_seeds,
             report.holdout_after.table(),
-        )
+        );
+        if report.holdout_by_scheme.len() > 1 {
+            for e in &report.holdout_by_scheme {
+                s.push_str(&format!(
+                    "\nheld-out {} plans {:?}, after calibration:\n{}",
+                    e.scheme,
+                    e.plans,
+                    e.after.table()
+                ));
+            }
+        }
+        s
     })
 }
 
@@ -236,7 +327,7 @@ mod tests {
             .iter()
             .map(|r| r.flops / (r.measured_ms * 1e9))
             .collect();
-        let eff = EffTable::from_points(&f.calibration.attn_fwd, "fit").unwrap();
+        let eff = skewsim::cost::EffTable::from_points(&f.calibration.attn_fwd, "fit").unwrap();
         let t = eff.tflops(32, 8192, 8192);
         let mean = measured.iter().sum::<f64>() / 3.0;
         assert!((t / mean - 1.0).abs() < 0.05, "{t} vs {measured:?}");

@@ -3,14 +3,17 @@
 //!
 //! Owns the edge between the Plan IR and the `validate` crate: a Plan group's per-worker
 //! work is cut by the TAP pipeliner (Libra §6.2–6.3, [`pipeliner::pipeline`]) into M head
-//! chunks, and each (worker, chunk) becomes one variable-length kernel launch of
+//! chunks, and each (worker, chunk) becomes one variable-length forward launch of
 //! `validate`'s own [`WorkUnit`]s (each Plan segment = the sample-local queries [a, e) with
-//! the sample's KV prefix [0, e)), timed with CUDA events. Each chunk's dispatch bytes
-//! (Q and KV arriving) and return bytes (outputs leaving) are moved for real: with one GPU
-//! as device-to-device copies of the planned bytes, which measure HBM, not a network;
-//! with `--gpus N` ≥ 2, worker w runs on GPU w mod N and each chunk's pieces go between
-//! the GPUs of their workers as one NCCL grouped send/recv ([`validate::nccl::Mesh`];
-//! compiled and written for any N, not yet run: only one GPU was lent).
+//! the sample's KV prefix [0, e)), timed with CUDA events, and one backward call of the same
+//! units (dQ, dK, dV: the `bwd-v1` kernels after a forward that writes O and the LSE),
+//! timed the same way (rows with `pass` = bwd). Each chunk's dispatch bytes (Q and KV
+//! arriving) and return bytes (outputs leaving) are moved for real: by default, with one
+//! GPU, as device-to-device copies of the planned bytes, which measure HBM, not a network;
+//! with `--gpus N` ≥ 2 or `--transport nccl`, worker w runs on GPU w mod N
+//! ([`gpu_moves`]) and each chunk's pieces go between the GPUs of their workers as one NCCL
+//! grouped send/recv ([`validate::nccl::Mesh`]; with one GPU, `--transport nccl` sends each
+//! GPU's pieces to itself through a one-rank communicator, so the NCCL path runs for real).
 //!
 //! Writes the measurement CSV ([`skewsim::cost::fit::Measurement`] rows) that
 //! `skewsim calibrate` reads, and prints predicted vs measured per worker and per step,
@@ -23,10 +26,10 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, bail, Context, Result};
 
 use skewsim::balance::libra::pipeliner;
-use skewsim::cost::fit::{self, MeasureKind, Measurement, Pricing, SegCount};
+use skewsim::cost::fit::{self, MeasureKind, Measurement, Pass, Pricing, SegCount};
 use skewsim::plan::Plan;
 use validate::gpu::{FwdVariant, Gpu};
-use validate::nccl::{Mesh, Move};
+use validate::nccl::{Local, Mesh, Move};
 use validate::units::{Batch, Heads, Layout, WorkUnit};
 
 use super::Output;
@@ -58,9 +61,23 @@ pub struct Args {
     pub device: usize,
     /// GPUs to spread workers over (devices 0..N; worker w runs on GPU w mod N). With
     /// N >= 2 each chunk's transfers go through NCCL grouped send/recv between the GPUs
-    /// of their workers; with 1, they are device-to-device copies on `--device`.
+    /// of their workers; with 1, they are device-to-device copies on `--device` unless
+    /// `--transport nccl`.
     #[arg(long, default_value_t = 1)]
     pub gpus: usize,
+    /// How transfers move: `auto` (copies on one GPU, NCCL on several), `copy` (one GPU
+    /// only) or `nccl` (NCCL even on one GPU: each GPU's pieces to itself as NCCL
+    /// send/recv to its own rank).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "copy", "nccl"])]
+    pub transport: String,
+    /// Skip the backward pass (forward rows and copies only).
+    #[arg(long)]
+    pub no_bwd: bool,
+    /// Cut the plans into launches and print, per plan, the launches and the predicted GPU
+    /// time of the whole measurement (warm-up + timed repetitions, both passes), without a
+    /// GPU.
+    #[arg(long)]
+    pub dry_run: bool,
     /// Measurement CSV to write.
     #[arg(short, long, default_value = "measurements.csv")]
     pub out: PathBuf,
@@ -192,16 +209,20 @@ pub fn launches(plan: &Plan, m: u32) -> Result<Vec<LaunchSpec>> {
     Ok(out)
 }
 
-/// Pieces between workers (src, dst, bytes) as moves between their GPUs (worker w on GPU
-/// w mod `gpus`), merged per GPU pair, in (src, dst) order.
+/// The GPU (index into the opened GPUs) worker `w` runs on: w mod `gpus`.
+pub fn gpu_of(worker: u32, gpus: usize) -> usize {
+    worker as usize % gpus.max(1)
+}
+
+/// Pieces between workers (src, dst, bytes) as moves between their GPUs ([`gpu_of`]),
+/// merged per GPU pair, in (src, dst) order.
 pub fn gpu_moves(pieces: &[(u32, u32, u64)], gpus: usize) -> Result<Vec<Move>> {
     if gpus == 0 {
         bail!("invalid GPU count 0: allowed 1 or more");
     }
     let mut m: std::collections::BTreeMap<(usize, usize), usize> = Default::default();
     for &(src, dst, b) in pieces {
-        *m.entry((src as usize % gpus, dst as usize % gpus))
-            .or_insert(0) += usize::try_from(b)?;
+        *m.entry((gpu_of(src, gpus), gpu_of(dst, gpus))).or_insert(0) += usize::try_from(b)?;
     }
     Ok(m.into_iter()
         .map(|((src, dst), bytes)| Move { src, dst, bytes })
@@ -218,11 +239,13 @@ fn rows_of(
     plan: &Plan,
     tiles: usize,
     attn: (f64, f64, f64),
+    bwd: Option<(f64, f64, f64)>,
     dispatch: (f64, f64, f64),
     ret: (f64, f64, f64),
 ) -> Vec<Measurement> {
     let base = Measurement {
         kind: MeasureKind::Attn,
+        pass: Pass::Fwd,
         plan: plan_name.to_string(),
         seed,
         scheme: plan.scheme.clone(),
@@ -260,11 +283,21 @@ fn rows_of(
         segs: Vec::new(),
         ..base.clone()
     };
-    vec![
+    let mut rows = vec![
         copy(MeasureKind::Dispatch, spec.dispatch_bytes, dispatch),
         base.clone(),
         copy(MeasureKind::Return, spec.return_bytes, ret),
-    ]
+    ];
+    if let Some(b) = bwd {
+        rows.push(Measurement {
+            pass: Pass::Bwd,
+            measured_ms: b.0,
+            p10_ms: b.1,
+            p90_ms: b.2,
+            ..base
+        });
+    }
+    rows
 }
 
 fn quantiles(ms: &[f64]) -> Result<(f64, f64, f64)> {
@@ -272,7 +305,15 @@ fn quantiles(ms: &[f64]) -> Result<(f64, f64, f64)> {
     Ok((q(0.5)?, q(0.1)?, q(0.9)?))
 }
 
-/// Run every launch of one plan on `gpu`; rows in launch order.
+/// Elements of `v` (bf16 words) that are NaN.
+fn nan_bf16(v: &[u16]) -> usize {
+    v.iter()
+        .filter(|&&x| validate::bf16::to_f32(x).is_nan())
+        .count()
+}
+
+/// Run every launch of one plan on `gpus`; rows in launch order (per launch: dispatch,
+/// forward, return, then backward unless `--no-bwd`).
 fn measure_plan(
     gpus: &mut [Gpu],
     mesh: Option<&Mesh>,
@@ -283,6 +324,8 @@ fn measure_plan(
     let m = args.chunks.unwrap_or_else(|| default_chunks(plan));
     let specs = launches(plan, m)?;
     let var = FwdVariant::parse(&args.variant, plan.shape.head_dim)?;
+    // The backward kernels take 64-row query tiles; this forward writes their O and LSE.
+    let var64 = FwdVariant::v1(plan.shape.head_dim, 4);
     let (max_q, max_kv, heads, heads_kv) = specs.iter().fold((1, 1, 1, 1), |acc, s| {
         let q: u32 = s.batch.units.iter().map(|u| u.e - u.a).sum();
         let kv: u32 = s.batch.sample_lens.iter().sum();
@@ -296,55 +339,79 @@ fn measure_plan(
     let heads_max = Heads::new(heads, heads_kv, plan.shape.head_dim)
         .with_context(|| format!("{plan_name}: heads {heads}/{heads_kv}"))?;
     let mut bufs = Vec::with_capacity(gpus.len());
+    let mut gbufs = Vec::with_capacity(gpus.len());
     for gpu in gpus.iter() {
-        bufs.push(validate::harness::upload_random_rows(
-            gpu,
-            heads_max,
-            max_q,
-            max_kv.max(max_q),
-            7,
-        )?);
+        let b = validate::harness::upload_random_rows(gpu, heads_max, max_q, max_kv.max(max_q), 7)?;
+        if !args.no_bwd {
+            gbufs.push(gpu.alloc_bwd_within(&b, plan.shape.head_dim)?);
+        }
+        bufs.push(b);
     }
     let n = gpus.len();
     let moves = |pieces: &[(u32, u32, u64)]| gpu_moves(pieces, n);
     let scale = 1.0 / (plan.shape.head_dim as f32).sqrt();
-    let mut rows = Vec::with_capacity(3 * specs.len());
+    let mut rows = Vec::with_capacity(4 * specs.len());
     for spec in &specs {
-        let g = spec.worker as usize % n;
+        let g = gpu_of(spec.worker, n);
         let (gpu, buf) = (&mut gpus[g], &mut bufs[g]);
         let h = Heads::new(spec.heads, spec.heads_kv, plan.shape.head_dim)?;
         let layout = Layout::new(&spec.batch, var.block_m())?;
+        // Every chunk of a worker runs the same units: poison and check the outputs once per
+        // worker (chunk 0), and only the elements the layout writes.
+        let check = spec.chunk == 0;
         let (attn, tiles) = if layout.tiles.is_empty() {
             ((0.0, 0.0, 0.0), 0)
         } else {
             gpu.set_layout_within(buf, &layout, h, false)?;
-            // Every chunk of a worker runs the same units: poison and check the output once
-            // per worker (chunk 0); moving the whole output over PCIe per launch dominated
-            // the wall time of run 13 (40–60 s per plan for ~5 s of GPU work).
-            let check = spec.chunk == 0;
             if check {
                 gpu.poison(buf)?;
             }
             let ms = gpu.time_fwd(var, h, buf, scale, args.warmup, args.reps)?;
-            let o = if check {
-                gpu.download(buf)?.0
-            } else {
-                Vec::new()
-            };
-            let used = layout.q_rows * h.h_q as usize * h.head_dim as usize;
-            let bad = o
-                .iter()
-                .take(used)
-                .filter(|&&x| validate::bf16::to_f32(x).is_nan())
-                .count();
-            if bad > 0 {
-                bail!(
-                    "{plan_name}: worker {} chunk {}: {bad} output elements unwritten or NaN",
-                    spec.worker,
-                    spec.chunk
-                );
+            if check {
+                let used = layout.q_rows * h.h_q as usize * h.head_dim as usize;
+                let bad = nan_bf16(&gpu.download_o_prefix(buf, used)?);
+                if bad > 0 {
+                    bail!(
+                        "{plan_name}: worker {} chunk {}: {bad} output elements unwritten or NaN",
+                        spec.worker,
+                        spec.chunk
+                    );
+                }
             }
             (quantiles(&ms)?, layout.tiles.len())
+        };
+        let bwd = if args.no_bwd || layout.tiles.is_empty() {
+            None
+        } else {
+            let gb = &mut gbufs[g];
+            let l64 = Layout::new(&spec.batch, 64)?;
+            let key_tiles = l64.key_tiles(&spec.batch, 64)?;
+            gpu.set_layout_within(buf, &l64, h, false)?;
+            gpu.set_bwd_layout(gb, &l64, &key_tiles, h)?;
+            if check {
+                gpu.poison(buf)?;
+                gpu.poison_dq(gb)?;
+            }
+            gpu.launch_fwd(var64, h, buf, scale)?;
+            let ms = gpu.time_bwd(h, buf, gb, scale, args.warmup, args.reps)?;
+            if check {
+                let gr = gpu.download_bwd_used(gb)?;
+                let bad = gr
+                    .dq
+                    .iter()
+                    .chain(&gr.dk)
+                    .chain(&gr.dv)
+                    .filter(|x| !x.is_finite())
+                    .count();
+                if bad > 0 {
+                    bail!(
+                        "{plan_name}: worker {} chunk {}: {bad} gradient elements unwritten or not finite",
+                        spec.worker,
+                        spec.chunk
+                    );
+                }
+            }
+            Some(quantiles(&ms)?)
         };
         let (d, r) = match mesh {
             Some(mesh) => (
@@ -372,7 +439,9 @@ fn measure_plan(
                 )?)?,
             ),
         };
-        rows.extend(rows_of(spec, plan_name, args.seed, plan, tiles, attn, d, r));
+        rows.extend(rows_of(
+            spec, plan_name, args.seed, plan, tiles, attn, bwd, d, r,
+        ));
     }
     Ok(rows)
 }
@@ -405,6 +474,49 @@ pub fn run(args: Args, out: Output) -> Result<()> {
     if args.gpus == 0 {
         bail!("invalid --gpus = 0: allowed 1 or more");
     }
+    if args.dry_run {
+        let mut text = String::from(
+            "plan                          launches  heads/call  max q rows  fwd FLOPs  predicted GPU s\n",
+        );
+        for (name, plan) in &plans {
+            let m = args.chunks.unwrap_or_else(|| default_chunks(plan));
+            let specs = launches(plan, m)?;
+            let mut rows = Vec::new();
+            for s in &specs {
+                let tiles = s.batch.units.len();
+                rows.extend(rows_of(
+                    s,
+                    name,
+                    args.seed,
+                    plan,
+                    tiles,
+                    (0.0, 0.0, 0.0),
+                    (!args.no_bwd).then_some((0.0, 0.0, 0.0)),
+                    (0.0, 0.0, 0.0),
+                    (0.0, 0.0, 0.0),
+                ));
+            }
+            let once: f64 = rows.iter().map(|r| pricing.predict_ms(r)).sum::<f64>() * 1e-3;
+            let max_q = specs
+                .iter()
+                .map(|s| s.batch.units.iter().map(|u| u.e - u.a).sum::<u32>())
+                .max()
+                .unwrap_or(0);
+            let mut heads: Vec<u32> = specs.iter().map(|s| s.heads).collect();
+            heads.sort_unstable();
+            heads.dedup();
+            text.push_str(&format!(
+                "{name:<30}{:>8}{:>12}{:>12}{:>11.3e}{:>17.1}\n",
+                specs.len(),
+                format!("{heads:?}"),
+                max_q,
+                specs.iter().map(|s| s.flops).sum::<f64>(),
+                once * (args.warmup + args.reps) as f64,
+            ));
+        }
+        print!("{text}");
+        return Ok(());
+    }
     let open = |ordinal: usize| {
         Gpu::open(ordinal).map_err(|e| match e {
             validate::Error::NoDriver => anyhow!(
@@ -422,8 +534,35 @@ pub fn run(args: Args, out: Output) -> Result<()> {
     for &o in &ordinals {
         gpus.push(open(o)?);
     }
-    let mesh = if gpus.len() >= 2 {
-        Some(Mesh::new(gpus.iter().map(|g| g.stream.clone()).collect())?)
+    let nccl = match args.transport.as_str() {
+        "nccl" => true,
+        "copy" if gpus.len() >= 2 => bail!(
+            "invalid --transport copy with --gpus {}: allowed auto or nccl (transfers between GPUs go through NCCL)",
+            gpus.len()
+        ),
+        "copy" => false,
+        _ => gpus.len() >= 2,
+    };
+    let mesh = if nccl {
+        let local = if gpus.len() == 1 {
+            Local::Nccl
+        } else {
+            Local::Copy
+        };
+        let m = Mesh::new(gpus.iter().map(|g| g.stream.clone()).collect(), local)?;
+        eprintln!(
+            "NCCL {}: {} rank(s), a GPU's pieces to itself {}",
+            Mesh::nccl_version()
+                .map(|v| v.to_string())
+                .unwrap_or_else(|e| e.to_string()),
+            m.len(),
+            if local == Local::Nccl {
+                "as NCCL send/recv to its own rank"
+            } else {
+                "as device-to-device copies"
+            }
+        );
+        Some(m)
     } else {
         None
     };
@@ -436,7 +575,7 @@ pub fn run(args: Args, out: Output) -> Result<()> {
         gpu.sm_count,
         gpu.driver_version,
         if mesh.is_some() {
-            "through NCCL grouped send/recv (worker w on GPU w mod N)"
+            "through NCCL grouped send/recv (worker w on GPU w mod N; one GPU: to itself, measuring NCCL's local path, not a network)"
         } else {
             "as device-to-device copies (HBM, not a network)"
         }
@@ -538,6 +677,59 @@ mod tests {
             }]
         );
         assert!(gpu_moves(&pieces, 0).is_err());
+    }
+
+    #[test]
+    fn workers_map_to_any_gpu_count_and_every_byte_travels_once() {
+        let plan = small_plan();
+        let specs = launches(&plan, default_chunks(&plan)).unwrap();
+        let workers: Vec<u32> = {
+            let mut w: Vec<u32> = specs.iter().map(|s| s.worker).collect();
+            w.sort_unstable();
+            w.dedup();
+            w
+        };
+        assert_eq!(workers, vec![0, 1, 2, 3]);
+        for n in 1..=8usize {
+            // Round robin: GPU g holds workers g, g + n, ...; none is left out.
+            for &w in &workers {
+                assert_eq!(gpu_of(w, n), w as usize % n);
+                assert!(gpu_of(w, n) < n);
+            }
+            for local in [Local::Copy, Local::Nccl] {
+                for s in &specs {
+                    for pieces in [&s.dispatch_moves, &s.return_moves] {
+                        let moves = gpu_moves(pieces, n).unwrap();
+                        let total: u64 = pieces.iter().map(|p| p.2).sum();
+                        let moved: usize = moves.iter().map(|m| m.bytes).sum();
+                        assert_eq!(moved as u64, total);
+                        let ops = validate::nccl::exchange_ops(&moves, n, local).unwrap();
+                        let sent: usize = ops
+                            .sends
+                            .iter()
+                            .flatten()
+                            .map(|&(_, i)| moves[i].bytes)
+                            .sum();
+                        let copied: usize = ops.copies.iter().map(|&i| moves[i].bytes).sum();
+                        assert_eq!((sent + copied) as u64, total);
+                        // With one GPU and NCCL, everything is a send to itself.
+                        if n == 1 && local == Local::Nccl {
+                            assert!(ops.copies.is_empty());
+                            assert!(ops.sends[0].iter().all(|&(peer, _)| peer == 0));
+                        }
+                        // With as many GPUs as workers, a piece between two workers is
+                        // one NCCL send from the source worker's GPU.
+                        if n == 4 {
+                            for &(src, dst, b) in pieces.iter().filter(|p| p.0 != p.1 && p.2 > 0) {
+                                assert!(moves.iter().any(|m| m.src == src as usize
+                                    && m.dst == dst as usize
+                                    && m.bytes as u64 >= b));
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -12,16 +12,32 @@
 //! `EffTable::tflops(heads, q, kv)` (the engine's formula, Libra Eq. 8 FLOPs at the
 //! measured rate); a copy costs `copy_launch_us` + bytes / `copy_bytes_per_s`.
 //!
+//! Backward rows ([`Pass::Bwd`]: the dQ, dK, dV launches of the same units) price through
+//! the same formula with the backward table ([`super::attn_bwd_segment_ps_f`]:
+//! `attn_bwd_flop_factor` × forward FLOPs at the backward table's rate, or at the forward
+//! rate × `attn_bwd_efficiency` while no backward table is known) plus the backward call's
+//! overhead `attn_bwd_launch_us`.
+//!
 //! Fitting: copies by weighted least squares on relative residuals (closed form, 2
-//! unknowns); attention by Levenberg–Marquardt on relative residuals over ln(TFLOP/s) at
-//! the grid's nodes and the launch overhead, pricing every candidate through
-//! [`EffTable::from_points`] + [`EffTable::tflops`], so the fitted table is exactly the one
-//! the engine will interpolate. Nodes no measurement reaches keep their starting value
-//! (the built-in H200 table's).
+//! unknowns); attention, forward and backward alike, by Levenberg–Marquardt on relative
+//! residuals over ln(TFLOP/s) at the grid's nodes and the launch overhead, pricing every
+//! candidate through [`EffTable::from_points`] + [`EffTable::tflops`], so the fitted table
+//! is exactly the one the engine will interpolate. Nodes no measurement reaches keep their
+//! starting value (forward: the built-in H200 table's; backward: the fitted forward table
+//! × `attn_bwd_efficiency`). The scalar `attn_bwd_efficiency` is refitted too (median
+//! ratio of the forward-table backward price to the measured backward), for consumers that
+//! price the backward as forward × factor / efficiency.
+//!
+//! CSV format: a first line `#skewsim-measurements,v2`, then the header. Version 1 (no
+//! version line, no `pass` column: forward rows only) and any other version are refused
+//! with an error naming the file and the versions allowed.
 
 use serde::{Deserialize, Serialize};
 
-use super::{attn_segment_ps_f, AttnShape, Calibration, EffPoint, EffTable, Hardware, LaunchCosts};
+use super::{
+    attn_bwd_segment_ps_f, attn_segment_ps_f, AttnShape, Calibration, EffPoint, EffTable, Hardware,
+    LaunchCosts,
+};
 use crate::error::{invalid, parse_error, Result};
 
 /// `n` segments of `q` queries ending at sample-local position `kv` (keys [0, kv)).
@@ -57,10 +73,32 @@ impl MeasureKind {
     }
 }
 
+/// Which pass of attention an attention row timed (copy rows are `Fwd`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Pass {
+    /// The forward launch (O and LSE).
+    Fwd,
+    /// The backward launches of the same units (dQ, dK, dV: one call of three kernels plus
+    /// the zeroing of the atomically accumulated dK/dV).
+    Bwd,
+}
+
+impl Pass {
+    fn name(self) -> &'static str {
+        match self {
+            Pass::Fwd => "fwd",
+            Pass::Bwd => "bwd",
+        }
+    }
+}
+
 /// One measured launch or copy.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Measurement {
     pub kind: MeasureKind,
+    /// Forward or backward (attention rows; copies are forward).
+    pub pass: Pass,
     /// The plan (file stem) or trace it came from.
     pub plan: String,
     /// The seed label the plan was made with (held-out split).
@@ -97,8 +135,12 @@ pub struct Measurement {
     pub segs: Vec<SegCount>,
 }
 
-const HEADER: [&str; 22] = [
+/// The first line of a measurement CSV: the format and its version.
+pub const CSV_VERSION_LINE: &str = "#skewsim-measurements,v2";
+
+const HEADER: [&str; 23] = [
     "kind",
+    "pass",
     "plan",
     "seed",
     "scheme",
@@ -160,6 +202,7 @@ fn parse_segs(text: &str, ctx: &str) -> Result<Vec<SegCount>> {
 
 /// Measurement rows as CSV text (header first).
 pub fn measurements_to_csv(rows: &[Measurement]) -> Result<String> {
+    let mut out = format!("{CSV_VERSION_LINE}\n").into_bytes();
     let mut w = csv::Writer::from_writer(Vec::new());
     let err = |e: csv::Error| parse_error("measurement csv", e.to_string());
     w.write_record(HEADER).map_err(err)?;
@@ -167,6 +210,7 @@ pub fn measurements_to_csv(rows: &[Measurement]) -> Result<String> {
     for r in rows {
         w.write_record([
             r.kind.name().to_string(),
+            r.pass.name().to_string(),
             r.plan.clone(),
             r.seed.to_string(),
             r.scheme.clone(),
@@ -194,17 +238,49 @@ pub fn measurements_to_csv(rows: &[Measurement]) -> Result<String> {
     let bytes = w
         .into_inner()
         .map_err(|e| parse_error("measurement csv", e.to_string()))?;
-    String::from_utf8(bytes).map_err(|e| parse_error("measurement csv", e.to_string()))
+    out.extend(bytes);
+    String::from_utf8(out).map_err(|e| parse_error("measurement csv", e.to_string()))
+}
+
+/// The text after the version line, or an error naming the version found.
+fn strip_version_line<'a>(text: &'a str, context: &str) -> Result<&'a str> {
+    let (first, rest) = text.split_once('\n').unwrap_or((text, ""));
+    let first = first.trim_end_matches('\r');
+    if first == CSV_VERSION_LINE {
+        return Ok(rest);
+    }
+    let allowed =
+        format!("`{CSV_VERSION_LINE}` (version 2: forward and backward rows, a `pass` column)");
+    if first.starts_with("kind,plan,") {
+        return Err(invalid(
+            format!("{context}: measurement CSV format"),
+            "version 1 (no version line, no `pass` column; forward rows only, written before backward timing)",
+            format!("{allowed}; re-run `skewsim validate` to measure both passes"),
+        ));
+    }
+    if let Some(v) = first.strip_prefix("#skewsim-measurements,") {
+        return Err(invalid(
+            format!("{context}: measurement CSV format"),
+            format!("version `{v}`"),
+            allowed,
+        ));
+    }
+    Err(invalid(
+        format!("{context}: first line"),
+        first,
+        format!("{allowed}: is this a `skewsim validate` measurement CSV?"),
+    ))
 }
 
 /// Parse measurement CSV text; `context` names the file in errors.
 pub fn measurements_from_csv(text: &str, context: &str) -> Result<Vec<Measurement>> {
+    let text = strip_version_line(text, context)?;
     let mut rdr = csv::Reader::from_reader(text.as_bytes());
     let headers = rdr
         .headers()
         .map_err(|e| parse_error(context, e.to_string()))?
         .clone();
-    let mut col = [0usize; 22];
+    let mut col = [0usize; HEADER.len()];
     for (i, name) in HEADER.iter().enumerate() {
         col[i] = headers
             .iter()
@@ -214,7 +290,7 @@ pub fn measurements_from_csv(text: &str, context: &str) -> Result<Vec<Measuremen
     let mut out = Vec::new();
     for (i, rec) in rdr.records().enumerate() {
         let rec = rec.map_err(|e| parse_error(context, e.to_string()))?;
-        let line = i + 2;
+        let line = i + 3;
         let ctx = format!("{context}: line {line}");
         let f = |k: usize| rec.get(col[k]).unwrap_or("");
         fn num<T: std::str::FromStr>(s: &str, ctx: &str, name: &str) -> Result<T> {
@@ -244,71 +320,105 @@ pub fn measurements_from_csv(text: &str, context: &str) -> Result<Vec<Measuremen
             }
             Ok(v)
         };
+        let pass = match f(1) {
+            "fwd" => Pass::Fwd,
+            "bwd" => Pass::Bwd,
+            other => return Err(invalid(format!("{ctx}: pass"), other, "fwd or bwd")),
+        };
+        if pass == Pass::Bwd && kind != MeasureKind::Attn {
+            return Err(invalid(
+                format!("{ctx}: pass"),
+                "bwd",
+                "fwd for dispatch and return rows (only attention rows have a backward)",
+            ));
+        }
         out.push(Measurement {
             kind,
-            plan: f(1).to_string(),
-            seed: num(f(2), &ctx, "seed")?,
-            scheme: f(3).to_string(),
-            step: num(f(4), &ctx, "step")?,
-            ga: num(f(5), &ctx, "ga")?,
-            pool: num(f(6), &ctx, "pool")?,
-            worker: num(f(7), &ctx, "worker")?,
-            chunk: num(f(8), &ctx, "chunk")?,
-            units: num(f(9), &ctx, "units")?,
-            segments: num(f(10), &ctx, "segments")?,
-            tiles: num(f(11), &ctx, "tiles")?,
-            heads: num(f(12), &ctx, "heads")?,
-            head_dim: num(f(13), &ctx, "head_dim")?,
-            q_tokens: num(f(14), &ctx, "q_tokens")?,
-            flops: num(f(15), &ctx, "flops")?,
-            bytes: num(f(16), &ctx, "bytes")?,
-            predicted_ms: match f(17) {
+            pass,
+            plan: f(2).to_string(),
+            seed: num(f(3), &ctx, "seed")?,
+            scheme: f(4).to_string(),
+            step: num(f(5), &ctx, "step")?,
+            ga: num(f(6), &ctx, "ga")?,
+            pool: num(f(7), &ctx, "pool")?,
+            worker: num(f(8), &ctx, "worker")?,
+            chunk: num(f(9), &ctx, "chunk")?,
+            units: num(f(10), &ctx, "units")?,
+            segments: num(f(11), &ctx, "segments")?,
+            tiles: num(f(12), &ctx, "tiles")?,
+            heads: num(f(13), &ctx, "heads")?,
+            head_dim: num(f(14), &ctx, "head_dim")?,
+            q_tokens: num(f(15), &ctx, "q_tokens")?,
+            flops: num(f(16), &ctx, "flops")?,
+            bytes: num(f(17), &ctx, "bytes")?,
+            predicted_ms: match f(18) {
                 "" => None,
                 s => Some(num(s, &ctx, "predicted_ms")?),
             },
-            measured_ms: time(18, "measured_ms")?,
-            p10_ms: time(19, "p10_ms")?,
-            p90_ms: time(20, "p90_ms")?,
-            segs: parse_segs(f(21), &ctx)?,
+            measured_ms: time(19, "measured_ms")?,
+            p10_ms: time(20, "p10_ms")?,
+            p90_ms: time(21, "p90_ms")?,
+            segs: parse_segs(f(22), &ctx)?,
         });
     }
     Ok(out)
 }
 
-/// Prices measured launches and copies through the cost model's table and launch terms.
+/// Prices measured launches and copies through the cost model's tables and launch terms.
 #[derive(Clone, Debug)]
 pub struct Pricing {
+    /// Forward efficiency table.
     pub eff: EffTable,
+    /// Measured backward efficiency table, if any (else forward × efficiency).
+    pub bwd: Option<EffTable>,
+    /// Backward FLOP factor and efficiency.
+    pub hw: Hardware,
     pub launch: LaunchCosts,
 }
 
 impl Pricing {
-    /// The built-in H200 table with default launch terms.
+    /// The built-in H200 table with default launch terms and backward assumptions.
     pub fn h200_default() -> Result<Self> {
         Ok(Pricing {
             eff: EffTable::h200_default()?,
+            bwd: None,
+            hw: Hardware::default(),
             launch: LaunchCosts::default(),
+        })
+    }
+
+    /// The pricing of a calibration.
+    pub fn from_calibration(c: &Calibration, context: &str) -> Result<Self> {
+        Ok(Pricing {
+            eff: EffTable::from_points(&c.attn_fwd, context)?,
+            bwd: c
+                .attn_bwd
+                .as_deref()
+                .map(|b| EffTable::from_points(b, &format!("{context}: attn_bwd")))
+                .transpose()?,
+            hw: c.hardware,
+            launch: c.launch.clone(),
         })
     }
 
     /// From a calibration file's text.
     pub fn from_calibration_json(text: &str, context: &str) -> Result<Self> {
-        let c = Calibration::from_json_str(text, context)?;
-        Ok(Pricing {
-            eff: EffTable::from_points(&c.attn_fwd, context)?,
-            launch: c.launch,
-        })
+        Self::from_calibration(&Calibration::from_json_str(text, context)?, context)
+    }
+
+    fn shape(heads: u32, head_dim: u32) -> AttnShape {
+        AttnShape {
+            heads_q: heads,
+            heads_kv: 1,
+            head_dim,
+            dtype_bytes: 2,
+        }
     }
 
     /// Attention time of a launch's segments at `heads` per call, ms, without the launch
     /// overhead.
     pub fn attn_compute_ms(eff: &EffTable, heads: u32, head_dim: u32, segs: &[SegCount]) -> f64 {
-        let shape = AttnShape {
-            heads_q: heads,
-            heads_kv: 1,
-            head_dim,
-            dtype_bytes: 2,
-        };
+        let shape = Self::shape(heads, head_dim);
         segs.iter()
             .map(|s| {
                 let (start, end) = (u64::from(s.kv - s.q), u64::from(s.kv));
@@ -318,13 +428,55 @@ impl Pricing {
             .sum()
     }
 
+    /// Backward time of a launch's segments, ms, without the call overhead: through
+    /// [`attn_bwd_segment_ps_f`] with `bwd` (or the forward table × efficiency).
+    pub fn attn_bwd_compute_ms(
+        eff: &EffTable,
+        bwd: Option<&EffTable>,
+        hw: &Hardware,
+        heads: u32,
+        head_dim: u32,
+        segs: &[SegCount],
+    ) -> f64 {
+        let shape = Self::shape(heads, head_dim);
+        segs.iter()
+            .map(|s| {
+                let (start, end) = (u64::from(s.kv - s.q), u64::from(s.kv));
+                attn_bwd_segment_ps_f(eff, bwd, hw, &shape, heads, start, end)
+                    * f64::from(s.n)
+                    * 1e-9
+            })
+            .sum()
+    }
+
+    /// Fixed time of one backward call, µs: the measured one with a backward table, else
+    /// the forward launch's (as [`super::CostModel::attn_bwd_ps`] prices it).
+    pub fn bwd_launch_us(&self) -> f64 {
+        if self.bwd.is_some() {
+            self.launch.attn_bwd_launch_us
+        } else {
+            self.launch.attn_launch_us
+        }
+    }
+
     /// Predicted milliseconds of one measurement row.
     pub fn predict_ms(&self, m: &Measurement) -> f64 {
-        match m.kind {
-            MeasureKind::Attn if m.segs.is_empty() => 0.0,
-            MeasureKind::Attn => {
+        match (m.kind, m.pass) {
+            (MeasureKind::Attn, _) if m.segs.is_empty() => 0.0,
+            (MeasureKind::Attn, Pass::Fwd) => {
                 self.launch.attn_launch_us * 1e-3
                     + Self::attn_compute_ms(&self.eff, m.heads, m.head_dim, &m.segs)
+            }
+            (MeasureKind::Attn, Pass::Bwd) => {
+                self.bwd_launch_us() * 1e-3
+                    + Self::attn_bwd_compute_ms(
+                        &self.eff,
+                        self.bwd.as_ref(),
+                        &self.hw,
+                        m.heads,
+                        m.head_dim,
+                        &m.segs,
+                    )
             }
             _ if m.bytes == 0 => 0.0,
             _ => {
@@ -373,50 +525,71 @@ impl ErrStats {
     }
 }
 
-/// One worker's attention time in one (plan, GA index, pool): Σ of its chunks.
+/// One worker's attention time of one pass in one (plan, GA index, pool): Σ of its chunks.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct WorkerTime {
     pub plan: String,
     pub ga: u32,
     pub pool: u32,
     pub worker: u32,
+    pub pass: Pass,
     pub predicted_ms: f64,
     pub measured_ms: f64,
 }
 
-/// Predicted vs measured: per worker (attention), per step (slowest worker), copies.
+/// Predicted vs measured: per worker (attention), per step (slowest worker), copies; for
+/// the forward, the backward and the two together.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Summary {
     pub workers: Vec<WorkerTime>,
-    /// APE of per-worker attention time.
+    /// APE of per-worker forward attention time.
     pub worker_err: ErrStats,
-    /// APE of the slowest worker's time per (plan, GA index): the straggler.
+    /// APE of the slowest worker's forward time per (plan, GA index): the straggler.
     pub max_worker_err: ErrStats,
-    /// APE of single launches.
+    /// APE of single forward launches.
     pub launch_err: ErrStats,
+    /// The same three for the backward (n = 0 without backward rows).
+    pub bwd_worker_err: ErrStats,
+    pub bwd_max_worker_err: ErrStats,
+    pub bwd_launch_err: ErrStats,
+    /// Forward + backward per worker (workers with both passes) and its slowest worker.
+    pub fb_worker_err: ErrStats,
+    pub fb_max_worker_err: ErrStats,
     /// APE of copies (dispatch and return, bytes > 0).
     pub copy_err: ErrStats,
+}
+
+/// Slowest worker per (plan, GA index): (predicted max, measured max).
+fn step_maxima<'a>(workers: impl Iterator<Item = (&'a str, u32, f64, f64)>) -> Vec<(f64, f64)> {
+    let mut steps: std::collections::BTreeMap<(&str, u32), (f64, f64)> = Default::default();
+    for (plan, ga, p, m) in workers {
+        let e = steps.entry((plan, ga)).or_insert((0.0, 0.0));
+        e.0 = e.0.max(p);
+        e.1 = e.1.max(m);
+    }
+    steps.into_values().collect()
 }
 
 /// Summarise `rows` priced by `pricing`.
 pub fn summarize(rows: &[Measurement], pricing: &Pricing) -> Summary {
     let mut workers: Vec<WorkerTime> = Vec::new();
-    let mut launches = Vec::new();
+    let mut launches: [Vec<(f64, f64)>; 2] = [Vec::new(), Vec::new()];
     let mut copies = Vec::new();
-    let mut index: std::collections::BTreeMap<(String, u32, u32, u32), usize> =
+    let mut index: std::collections::BTreeMap<(String, u32, u32, u32, Pass), usize> =
         std::collections::BTreeMap::new();
     for r in rows {
         let p = pricing.predict_ms(r);
         match r.kind {
             MeasureKind::Attn => {
-                launches.push((p, r.measured_ms));
-                let key = (r.plan.clone(), r.ga, r.pool, r.worker);
+                launches[usize::from(r.pass == Pass::Bwd)].push((p, r.measured_ms));
+                let key = (r.plan.clone(), r.ga, r.pool, r.worker, r.pass);
                 let i = *index.entry(key).or_insert_with(|| {
                     workers.push(WorkerTime {
                         plan: r.plan.clone(),
                         ga: r.ga,
                         pool: r.pool,
                         worker: r.worker,
+                        pass: r.pass,
                         predicted_ms: 0.0,
                         measured_ms: 0.0,
                     });
@@ -429,40 +602,71 @@ pub fn summarize(rows: &[Measurement], pricing: &Pricing) -> Summary {
             _ => {}
         }
     }
-    let mut steps: std::collections::BTreeMap<(String, u32), (f64, f64)> =
-        std::collections::BTreeMap::new();
-    for w in &workers {
-        let e = steps.entry((w.plan.clone(), w.ga)).or_insert((0.0, 0.0));
-        e.0 = e.0.max(w.predicted_ms);
-        e.1 = e.1.max(w.measured_ms);
+    let of_pass = |pass: Pass| {
+        let w: Vec<&WorkerTime> = workers.iter().filter(|w| w.pass == pass).collect();
+        let pairs: Vec<(f64, f64)> = w.iter().map(|w| (w.predicted_ms, w.measured_ms)).collect();
+        let steps = step_maxima(
+            w.iter()
+                .map(|w| (w.plan.as_str(), w.ga, w.predicted_ms, w.measured_ms)),
+        );
+        (ErrStats::of(&pairs), ErrStats::of(&steps))
+    };
+    let (fw, fs) = of_pass(Pass::Fwd);
+    let (bw, bs) = of_pass(Pass::Bwd);
+    // Forward + backward of the workers that have both.
+    let mut both: Vec<(&str, u32, f64, f64)> = Vec::new();
+    for w in workers.iter().filter(|w| w.pass == Pass::Fwd) {
+        let key = (w.plan.clone(), w.ga, w.pool, w.worker, Pass::Bwd);
+        if let Some(&j) = index.get(&key) {
+            let b = &workers[j];
+            both.push((
+                w.plan.as_str(),
+                w.ga,
+                w.predicted_ms + b.predicted_ms,
+                w.measured_ms + b.measured_ms,
+            ));
+        }
     }
-    let wp: Vec<(f64, f64)> = workers
-        .iter()
-        .map(|w| (w.predicted_ms, w.measured_ms))
-        .collect();
-    let sp: Vec<(f64, f64)> = steps.values().copied().collect();
+    let fb: Vec<(f64, f64)> = both.iter().map(|x| (x.2, x.3)).collect();
+    let fb_steps = step_maxima(both.iter().copied());
     Summary {
-        worker_err: ErrStats::of(&wp),
-        max_worker_err: ErrStats::of(&sp),
-        launch_err: ErrStats::of(&launches),
+        worker_err: fw,
+        max_worker_err: fs,
+        launch_err: ErrStats::of(&launches[0]),
+        bwd_worker_err: bw,
+        bwd_max_worker_err: bs,
+        bwd_launch_err: ErrStats::of(&launches[1]),
+        fb_worker_err: ErrStats::of(&fb),
+        fb_max_worker_err: ErrStats::of(&fb_steps),
         copy_err: ErrStats::of(&copies),
         workers,
     }
 }
 
 impl Summary {
-    /// Text table: the error statistics, then per plan and GA index the slowest worker.
+    /// Text table: the error statistics (backward lines only when there are backward rows).
     pub fn table(&self) -> String {
-        let mut s =
-            String::from("quantity                       n  median APE %  p90 APE %  max APE %\n");
-        for (name, e) in [
-            ("per-worker attention time", &self.worker_err),
-            ("slowest worker per step", &self.max_worker_err),
-            ("single launch", &self.launch_err),
-            ("copy (HBM d2d)", &self.copy_err),
-        ] {
+        let mut s = String::from(
+            "quantity                          n  median APE %  p90 APE %  max APE %\n",
+        );
+        let mut lines = vec![
+            ("fwd per-worker attention time", &self.worker_err),
+            ("fwd slowest worker per step", &self.max_worker_err),
+            ("fwd single launch", &self.launch_err),
+        ];
+        if self.bwd_launch_err.n > 0 {
+            lines.extend([
+                ("bwd per-worker attention time", &self.bwd_worker_err),
+                ("bwd slowest worker per step", &self.bwd_max_worker_err),
+                ("bwd single call", &self.bwd_launch_err),
+                ("fwd+bwd per-worker time", &self.fb_worker_err),
+                ("fwd+bwd slowest worker", &self.fb_max_worker_err),
+            ]);
+        }
+        lines.push(("copy (HBM d2d)", &self.copy_err));
+        for (name, e) in lines {
             s.push_str(&format!(
-                "{name:<27}{:>5}{:>14.2}{:>11.2}{:>11.2}\n",
+                "{name:<30}{:>5}{:>14.2}{:>11.2}{:>11.2}\n",
                 e.n, e.median_ape, e.p90_ape, e.max_ape
             ));
         }
@@ -498,10 +702,14 @@ impl Default for FitOptions {
 #[derive(Clone, Debug)]
 pub struct FitResult {
     pub calibration: Calibration,
-    /// Root mean square relative residual of the attention launches (fraction).
+    /// Root mean square relative residual of the forward attention launches (fraction).
     pub attn_rms_rel: f64,
-    /// Attention launches and copies used.
+    /// Forward attention launches used.
     pub attn_rows: usize,
+    /// The same for backward calls (`None` without backward rows).
+    pub bwd_rms_rel: Option<f64>,
+    pub bwd_rows: usize,
+    /// Copies used.
     pub copy_rows: usize,
 }
 
@@ -580,30 +788,15 @@ fn fit_jitter(rows: &[&Measurement]) -> Option<f64> {
     (!s.is_empty()).then(|| quantile(&s, 0.5))
 }
 
-/// Fit the efficiency table (heads per call × length), the attention launch overhead, copy
-/// terms and jitter to `rows`. The table starts from `start` at every node.
-pub fn fit(rows: &[Measurement], start: &Pricing, opts: &FitOptions) -> Result<FitResult> {
-    let attn: Vec<&Measurement> = rows
-        .iter()
-        .filter(|r| r.kind == MeasureKind::Attn && !r.segs.is_empty() && r.measured_ms > 0.0)
-        .collect();
-    let copies: Vec<&Measurement> = rows
-        .iter()
-        .filter(|r| r.kind != MeasureKind::Attn)
-        .collect();
-    if attn.is_empty() {
-        return Err(invalid(
-            "measurements",
-            "no attention rows with segments and a positive time",
-            "at least one measured attention launch",
-        ));
-    }
-    let mut heads: Vec<u32> = attn.iter().map(|r| r.heads).collect();
+/// Grid nodes (heads × lengths) spanning `rows`: their heads per call and powers of 2
+/// spanning their segments' √(q·kv) (or `opts.lens`).
+fn grid_nodes(rows: &[&Measurement], opts: &FitOptions) -> Result<Vec<(u32, u32)>> {
+    let mut heads: Vec<u32> = rows.iter().map(|r| r.heads).collect();
     heads.sort_unstable();
     heads.dedup();
     let lens: Vec<u32> = if opts.lens.is_empty() {
         let (mut lo, mut hi) = (f64::INFINITY, 0f64);
-        for r in &attn {
+        for r in rows {
             for s in &r.segs {
                 let l = (f64::from(s.q) * f64::from(s.kv)).sqrt();
                 lo = lo.min(l);
@@ -629,18 +822,35 @@ pub fn fit(rows: &[Measurement], start: &Pricing, opts: &FitOptions) -> Result<F
             "positive token counts",
         ));
     }
-    let nodes: Vec<(u32, u32)> = heads
+    Ok(heads
         .iter()
         .flat_map(|&h| lens.iter().map(move |&l| (h, l)))
-        .collect();
-    let np = nodes.len() + 1; // + launch overhead (µs, ≥ 0, fitted as is)
-    let mut theta: Vec<f64> = nodes
-        .iter()
-        .map(|&(h, l)| start.eff.tflops(h, u64::from(l), u64::from(l)).ln())
-        .collect();
-    theta.push(start.launch.attn_launch_us.max(0.0));
-    let table = |th: &[f64]| -> Result<EffTable> {
-        let pts: Vec<EffPoint> = nodes
+        .collect())
+}
+
+/// A fitted table and call overhead.
+struct TableFit {
+    points: Vec<EffPoint>,
+    launch_us: f64,
+    rms_rel: f64,
+}
+
+/// Levenberg–Marquardt over ln(TFLOP/s) at `nodes` and one call overhead (µs, ≥ 0):
+/// minimise Σ ((overhead + compute(table, row) − measured)/measured)² plus the prior's
+/// pull towards the start (`start_tflops`, `start_us`).
+fn fit_table(
+    rows: &[&Measurement],
+    nodes: &[(u32, u32)],
+    start_tflops: &[f64],
+    start_us: f64,
+    opts: &FitOptions,
+    compute_ms: &dyn Fn(&EffTable, &Measurement) -> f64,
+) -> Result<TableFit> {
+    let np = nodes.len() + 1; // + call overhead (µs, ≥ 0, fitted as is)
+    let mut theta: Vec<f64> = start_tflops.iter().map(|t| t.ln()).collect();
+    theta.push(start_us.max(0.0));
+    let points = |th: &[f64]| -> Vec<EffPoint> {
+        nodes
             .iter()
             .zip(th)
             .map(|(&(heads, len), &t)| EffPoint {
@@ -649,18 +859,17 @@ pub fn fit(rows: &[Measurement], start: &Pricing, opts: &FitOptions) -> Result<F
                 // ln TFLOP/s kept inside [ln 0.01, ln 1e5]: a step never leaves the physical range.
                 tflops: t.clamp(-4.6, 11.5).exp(),
             })
-            .collect();
-        EffTable::from_points(&pts, "fit")
+            .collect()
     };
     let theta0 = theta.clone();
     let w = opts.prior_weight.max(0.0);
     let residuals = |th: &[f64]| -> Result<Vec<f64>> {
-        let eff = table(th)?;
+        let eff = EffTable::from_points(&points(th), "fit")?;
         let us = th[np - 1].max(0.0);
-        let mut r: Vec<f64> = attn
+        let mut r: Vec<f64> = rows
             .iter()
             .map(|r| {
-                let p = us * 1e-3 + Pricing::attn_compute_ms(&eff, r.heads, r.head_dim, &r.segs);
+                let p = us * 1e-3 + compute_ms(&eff, r);
                 (p - r.measured_ms) / r.measured_ms
             })
             .collect();
@@ -730,27 +939,120 @@ pub fn fit(rows: &[Measurement], start: &Pricing, opts: &FitOptions) -> Result<F
             break;
         }
     }
-    let eff_points: Vec<EffPoint> = nodes
+    Ok(TableFit {
+        points: points(&theta),
+        launch_us: theta[np - 1],
+        rms_rel: (r[..rows.len()].iter().map(|x| x * x).sum::<f64>() / rows.len() as f64).sqrt(),
+    })
+}
+
+/// Fit the forward efficiency table (heads per call × length) and launch overhead, the
+/// backward table and call overhead when there are backward rows, the scalar backward
+/// efficiency, copy terms and jitter to `rows`. Tables start from `start` at every node
+/// (the backward one, when `start` has none, from the fitted forward table ×
+/// `attn_bwd_efficiency`).
+pub fn fit(rows: &[Measurement], start: &Pricing, opts: &FitOptions) -> Result<FitResult> {
+    let attn_of = |pass: Pass| -> Vec<&Measurement> {
+        rows.iter()
+            .filter(|r| {
+                r.kind == MeasureKind::Attn
+                    && r.pass == pass
+                    && !r.segs.is_empty()
+                    && r.measured_ms > 0.0
+            })
+            .collect()
+    };
+    let (attn, attn_bwd) = (attn_of(Pass::Fwd), attn_of(Pass::Bwd));
+    let copies: Vec<&Measurement> = rows
         .iter()
-        .zip(&theta)
-        .map(|(&(heads, len), &t)| EffPoint {
-            heads,
-            len,
-            tflops: t.clamp(-4.6, 11.5).exp(),
-        })
+        .filter(|r| r.kind != MeasureKind::Attn)
         .collect();
+    if attn.is_empty() {
+        return Err(invalid(
+            "measurements",
+            "no forward attention rows with segments and a positive time",
+            "at least one measured attention launch",
+        ));
+    }
+    let nodes = grid_nodes(&attn, opts)?;
+    let start_t: Vec<f64> = nodes
+        .iter()
+        .map(|&(h, l)| start.eff.tflops(h, u64::from(l), u64::from(l)))
+        .collect();
+    let fwd = fit_table(
+        &attn,
+        &nodes,
+        &start_t,
+        start.launch.attn_launch_us,
+        opts,
+        &|eff, r| Pricing::attn_compute_ms(eff, r.heads, r.head_dim, &r.segs),
+    )?;
+    let fwd_eff = EffTable::from_points(&fwd.points, "fit")?;
+    let hw = start.hw;
     let mut launch = fit_copies(&copies, &start.launch);
-    launch.attn_launch_us = theta[np - 1];
+    launch.attn_launch_us = fwd.launch_us;
     launch.jitter_sigma = fit_jitter(&attn).or(start.launch.jitter_sigma);
+    let mut hardware = hw;
+    // Without backward rows there is no backward table (the scalar efficiency of `start`
+    // stays); with them, the table, the call overhead and the scalar are fitted.
+    let (attn_bwd_points, bwd_rms) = if attn_bwd.is_empty() {
+        (None, None)
+    } else {
+        let factor = hw.attn_bwd_flop_factor;
+        // The scalar for forward × factor / efficiency pricing: the median over backward
+        // calls of (forward-table price × factor) / (measured − call overhead).
+        let ratio = |launch_us: f64| -> Option<f64> {
+            let mut v: Vec<f64> = attn_bwd
+                .iter()
+                .filter_map(|r| {
+                    let t = r.measured_ms - launch_us * 1e-3;
+                    let f =
+                        Pricing::attn_compute_ms(&fwd_eff, r.heads, r.head_dim, &r.segs) * factor;
+                    (t > 0.0 && f > 0.0).then_some(f / t)
+                })
+                .collect();
+            v.sort_by(f64::total_cmp);
+            (!v.is_empty()).then(|| quantile(&v, 0.5).clamp(1e-3, 1.0))
+        };
+        // Nodes the backward rows do not reach start from the fitted forward table × this
+        // measured ratio (not the assumed `attn_bwd_efficiency`).
+        let e0 = ratio(0.0).unwrap_or(hw.attn_bwd_efficiency);
+        let bnodes = grid_nodes(&attn_bwd, opts)?;
+        let bstart: Vec<f64> = bnodes
+            .iter()
+            .map(|&(h, l)| {
+                let l = u64::from(l);
+                match &start.bwd {
+                    Some(b) => b.tflops(h, l, l),
+                    None => fwd_eff.tflops(h, l, l) * e0,
+                }
+            })
+            .collect();
+        let b = fit_table(
+            &attn_bwd,
+            &bnodes,
+            &bstart,
+            start.bwd_launch_us(),
+            opts,
+            &|eff, r| factor * Pricing::attn_compute_ms(eff, r.heads, r.head_dim, &r.segs),
+        )?;
+        launch.attn_bwd_launch_us = b.launch_us;
+        if let Some(e) = ratio(b.launch_us) {
+            hardware.attn_bwd_efficiency = e;
+        }
+        (Some(b.points), Some(b.rms_rel))
+    };
     Ok(FitResult {
         calibration: Calibration {
-            attn_fwd: eff_points,
-            hardware: Hardware::default(),
+            attn_fwd: fwd.points,
+            attn_bwd: attn_bwd_points,
+            hardware,
             launch,
         },
-        attn_rms_rel: (r[..attn.len()].iter().map(|x| x * x).sum::<f64>() / attn.len() as f64)
-            .sqrt(),
+        attn_rms_rel: fwd.rms_rel,
         attn_rows: attn.len(),
+        bwd_rms_rel: bwd_rms,
+        bwd_rows: attn_bwd.len(),
         copy_rows: copies.iter().filter(|r| r.bytes > 0).count(),
     })
 }
@@ -762,6 +1064,7 @@ mod tests {
     fn row(kind: MeasureKind, heads: u32, segs: Vec<SegCount>, bytes: u64, ms: f64) -> Measurement {
         Measurement {
             kind,
+            pass: Pass::Fwd,
             plan: "p".into(),
             seed: 1,
             scheme: "libra".into(),
@@ -813,7 +1116,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("m.csv: line 2: segs") && e.contains("400:300*2"),
+            e.contains("m.csv: line 3: segs") && e.contains("400:300*2"),
             "{e}"
         );
         let bad = text.replace("dispatch", "teleport");
@@ -821,13 +1124,78 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("line 3: kind") && e.contains("attn, dispatch or return"),
+            e.contains("line 4: kind") && e.contains("attn, dispatch or return"),
             "{e}"
         );
-        let e = measurements_from_csv("kind,plan\n", "m.csv")
+        let e = measurements_from_csv(&format!("{CSV_VERSION_LINE}\nkind,plan\n"), "m.csv")
             .unwrap_err()
             .to_string();
-        assert!(e.contains("missing column `seed`"), "{e}");
+        assert!(e.contains("missing column `pass`"), "{e}");
+        // Backward rows round-trip; a backward copy row is refused.
+        let mut b = rows[0].clone();
+        b.pass = Pass::Bwd;
+        let text = measurements_to_csv(&[rows[0].clone(), b.clone()]).unwrap();
+        assert!(
+            text.starts_with("#skewsim-measurements,v2\nkind,pass,plan,"),
+            "{text}"
+        );
+        let back = measurements_from_csv(&text, "m.csv").unwrap();
+        assert_eq!(back[1], b);
+        assert_eq!(back[0].pass, Pass::Fwd);
+        let bad = text.replacen("attn,fwd", "dispatch,bwd", 1);
+        let e = measurements_from_csv(&bad, "m.csv")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("m.csv: line 3: pass") && e.contains("only attention rows"),
+            "{e}"
+        );
+        let bad = text.replacen("attn,fwd", "attn,sideways", 1);
+        let e = measurements_from_csv(&bad, "m.csv")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("fwd or bwd"), "{e}");
+    }
+
+    #[test]
+    fn old_and_other_csv_versions_are_refused_by_name() {
+        // Version 1: the header first, no `pass` column (what runs 13 and 14 wrote).
+        let v1 = "kind,plan,seed,scheme,step,ga,pool,worker,chunk,units,segments,tiles,heads,head_dim,q_tokens,flops,bytes,predicted_ms,measured_ms,p10_ms,p90_ms,segs\n\
+                  attn,p,1,libra,0,0,0,0,0,1,1,1,2,128,64,1e9,0,,1.0,1.0,1.0,64:64*1\n";
+        let e = measurements_from_csv(v1, "old.csv")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("old.csv: measurement CSV format")
+                && e.contains("version 1")
+                && e.contains("#skewsim-measurements,v2")
+                && e.contains("re-run `skewsim validate`"),
+            "{e}"
+        );
+        let v3 = v1.replacen("kind,plan", "#skewsim-measurements,v3\nkind,plan", 1);
+        let e = measurements_from_csv(&v3, "new.csv")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("new.csv: measurement CSV format") && e.contains("version `v3`"),
+            "{e}"
+        );
+        let e = measurements_from_csv("a,b,c\n1,2,3\n", "x.csv")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("x.csv: first line") && e.contains("a,b,c"),
+            "{e}"
+        );
+        let e = measurements_from_csv("", "empty.csv")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("empty.csv: first line"), "{e}");
+        // The committed run-13 record converted to version 2 reads back whole.
+        let v2 = include_str!("../../validate/results/plans_run13/measurements_v2.csv");
+        let rows = measurements_from_csv(v2, "measurements_v2.csv").unwrap();
+        assert_eq!(rows.len(), 1104);
+        assert!(rows.iter().all(|r| r.pass == Pass::Fwd));
     }
 
     #[test]
@@ -859,6 +1227,55 @@ mod tests {
         p.launch.copy_launch_us = 5.0;
         let c = row(MeasureKind::Return, 2, vec![], 1_000_000, 1.0);
         assert!((p.predict_ms(&c) - (5e-3 + 1e6 / 2e12 * 1e3)).abs() < 1e-15);
+        // Backward without a table: forward compute × 2.5 / 0.8 + the forward launch.
+        let mut b = r.clone();
+        b.pass = Pass::Bwd;
+        let want_b = 3e-3 + flops / 177.7e12 * 1e3 * 2.5 / 0.8;
+        assert!(
+            (p.predict_ms(&b) - want_b).abs() < 1e-12,
+            "{}",
+            p.predict_ms(&b)
+        );
+        // With a backward table (one node, 90 TFLOP/s of 2.5× the forward FLOPs) and a
+        // 40 µs backward call.
+        p.bwd = Some(
+            EffTable::from_points(
+                &[EffPoint {
+                    heads: 2,
+                    len: 1024,
+                    tflops: 90.0,
+                }],
+                "b",
+            )
+            .unwrap(),
+        );
+        p.launch.attn_bwd_launch_us = 40.0;
+        let want_b = 40e-3 + 2.5 * flops / 90e12 * 1e3;
+        assert!(
+            (p.predict_ms(&b) - want_b).abs() < 1e-12,
+            "{}",
+            p.predict_ms(&b)
+        );
+        // The cost model prices the same backward through the same formula.
+        let cal = Calibration {
+            attn_fwd: vec![EffPoint {
+                heads: 2,
+                len: 1024,
+                tflops: 177.7,
+            }],
+            attn_bwd: Some(vec![EffPoint {
+                heads: 2,
+                len: 1024,
+                tflops: 90.0,
+            }]),
+            hardware: Hardware::default(),
+            launch: p.launch.clone(),
+        };
+        let mut model = crate::cost::ModelConfig::builtin("qwen3-30b-a3b").unwrap();
+        model.head_dim = 128;
+        let cm = crate::cost::CostModel::calibrated(model, &cal, "cal").unwrap();
+        let ps = cm.attn_bwd_ps([1024], 2) as f64;
+        assert!((ps * 1e-9 - want_b).abs() < 1e-8, "{ps}");
     }
 
     #[test]
@@ -910,11 +1327,13 @@ mod tests {
             .collect();
         let truth = Pricing {
             eff: EffTable::from_points(&pts, "truth").unwrap(),
+            bwd: None,
+            hw: Hardware::default(),
             launch: LaunchCosts {
                 attn_launch_us: 6.0,
                 copy_launch_us: 4.0,
                 copy_bytes_per_s: 2.1e12,
-                jitter_sigma: None,
+                ..LaunchCosts::default()
             },
         };
         // Launches: mixes of whole documents and chunks at deterministic lengths.
@@ -988,14 +1407,130 @@ mod tests {
         let js = c.launch.jitter_sigma.unwrap();
         assert!((js - 0.02).abs() < 1e-9, "{js}");
         // The fitted pricing reproduces the launches.
-        let fitted = Pricing {
-            eff: EffTable::from_points(&c.attn_fwd, "fit").unwrap(),
-            launch: c.launch.clone(),
-        };
+        let fitted = Pricing::from_calibration(c, "fit").unwrap();
         let s = summarize(&rows, &fitted);
         assert!(s.worker_err.max_ape < 0.1, "{:?}", s.worker_err);
         // No attention rows: a clear error.
         let e = fit(&rows[60..], &start, &opts).unwrap_err().to_string();
         assert!(e.contains("at least one measured attention launch"), "{e}");
+    }
+
+    /// Backward rows from a known backward table, call overhead and scalar efficiency: the
+    /// fit recovers them beside the forward.
+    #[test]
+    fn fit_recovers_known_backward_parameters() {
+        let lens = [512u32, 2048, 8192];
+        let fwd_eff =
+            |h: u32, l: u32| if h == 4 { 150.0 } else { 250.0 } * (f64::from(l) / 512.0).powf(0.15);
+        // Backward at 0.6 × the forward rate at short lengths rising to 0.7 at long ones.
+        let bwd_eff =
+            |h: u32, l: u32| fwd_eff(h, l) * (0.6 + 0.05 * (f64::from(l) / 512.0).log2() / 2.0);
+        let grid = |f: &dyn Fn(u32, u32) -> f64| -> Vec<EffPoint> {
+            [4u32, 16]
+                .iter()
+                .flat_map(|&h| lens.iter().map(move |&l| (h, l)))
+                .map(|(heads, len)| EffPoint {
+                    heads,
+                    len,
+                    tflops: f(heads, len),
+                })
+                .collect()
+        };
+        let truth = Pricing {
+            eff: EffTable::from_points(&grid(&fwd_eff), "f").unwrap(),
+            bwd: Some(EffTable::from_points(&grid(&bwd_eff), "b").unwrap()),
+            hw: Hardware::default(),
+            launch: LaunchCosts {
+                attn_launch_us: 5.0,
+                attn_bwd_launch_us: 25.0,
+                ..LaunchCosts::default()
+            },
+        };
+        let mut rows = Vec::new();
+        let mut x: u64 = 777;
+        let mut next = |m: u64| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (x >> 33) % m
+        };
+        for i in 0..48 {
+            let heads = if i % 2 == 0 { 4 } else { 16 };
+            let mut segs = Vec::new();
+            for _ in 0..(1 + next(3)) {
+                let kv = 512 + next(7700) as u32;
+                let q = if next(2) == 0 { kv } else { (kv / 3).max(1) };
+                segs.push(SegCount {
+                    q,
+                    kv,
+                    n: 1 + next(2) as u32,
+                });
+            }
+            if i % 6 == 0 {
+                segs = vec![SegCount {
+                    q: 512,
+                    kv: 512,
+                    n: 1,
+                }];
+            }
+            for pass in [Pass::Fwd, Pass::Bwd] {
+                let mut r = row(MeasureKind::Attn, heads, segs.clone(), 0, 0.0);
+                r.pass = pass;
+                r.measured_ms = truth.predict_ms(&r);
+                r.p10_ms = r.measured_ms;
+                r.p90_ms = r.measured_ms;
+                rows.push(r);
+            }
+        }
+        let start = Pricing::h200_default().unwrap();
+        let opts = FitOptions {
+            lens: lens.to_vec(),
+            iterations: 60,
+            prior_weight: 1e-5,
+        };
+        let f = fit(&rows, &start, &opts).unwrap();
+        assert_eq!((f.attn_rows, f.bwd_rows), (48, 48));
+        assert!(f.bwd_rms_rel.unwrap() < 1e-4, "{:?}", f.bwd_rms_rel);
+        let c = &f.calibration;
+        let b = c.attn_bwd.as_ref().unwrap();
+        assert_eq!(b.len(), 6);
+        for p in b {
+            let t = bwd_eff(p.heads, p.len);
+            assert!((p.tflops - t).abs() / t < 0.02, "{p:?} vs {t}");
+        }
+        assert!(
+            (c.launch.attn_bwd_launch_us - 25.0).abs() < 1.0,
+            "{:?}",
+            c.launch
+        );
+        assert!(
+            (c.launch.attn_launch_us - 5.0).abs() < 0.5,
+            "{:?}",
+            c.launch
+        );
+        // The scalar lies inside the truth's range of backward/forward ratios (0.6 … 0.7).
+        let e = c.hardware.attn_bwd_efficiency;
+        assert!((0.6..=0.7).contains(&e), "{e}");
+        // The fitted calibration reproduces both passes, through JSON and back.
+        let text = serde_json::to_string(c).unwrap();
+        let p = Pricing::from_calibration_json(&text, "cal.json").unwrap();
+        let s = summarize(&rows, &p);
+        assert!(s.bwd_worker_err.max_ape < 0.1, "{:?}", s.bwd_worker_err);
+        assert!(s.worker_err.max_ape < 0.1, "{:?}", s.worker_err);
+        assert!(
+            s.fb_worker_err.n == 1 && s.fb_worker_err.max_ape < 0.1,
+            "{:?}",
+            s.fb_worker_err
+        );
+        // Without backward rows: no backward table, the start's scalar kept.
+        let fwd_only: Vec<Measurement> = rows
+            .iter()
+            .filter(|r| r.pass == Pass::Fwd)
+            .cloned()
+            .collect();
+        let f2 = fit(&fwd_only, &start, &opts).unwrap();
+        assert!(f2.calibration.attn_bwd.is_none());
+        assert_eq!(f2.calibration.hardware.attn_bwd_efficiency, 0.8);
+        assert_eq!(f2.bwd_rows, 0);
     }
 }

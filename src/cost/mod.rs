@@ -14,7 +14,9 @@
 //!   (Libra Eq. 8 with causal pairs), priced document by document at the kernel
 //!   efficiency the table gives for that document length and the heads per call;
 //!   backward = `attn_bwd_flop_factor` × forward FLOPs (2.5 for FlashAttention-2: five
-//!   GEMMs against two) at `attn_bwd_efficiency` × the forward efficiency.
+//!   GEMMs against two) at `attn_bwd_efficiency` × the forward efficiency — or, when a
+//!   calibration file carries a measured backward table (`attn_bwd`), at that table's
+//!   rate for the same (heads, query length, KV length) ([`attn_bwd_segment_ps_f`]).
 //!
 //! Architecture invariant: planners (balance/), the schedule and the GPU validator price
 //! work through this module only, so the planner's estimate, the engine's duration and the
@@ -153,6 +155,12 @@ impl Hardware {
 pub struct Calibration {
     /// Forward attention efficiency points (a full heads × len grid).
     pub attn_fwd: Vec<EffPoint>,
+    /// Backward attention efficiency points (a full heads × len grid; TFLOP/s counting
+    /// `attn_bwd_flop_factor` × the forward FLOPs), measured by `skewsim calibrate`. When
+    /// present it replaces `attn_bwd_efficiency` wherever the backward is priced per
+    /// segment ([`attn_bwd_segment_ps_f`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attn_bwd: Option<Vec<EffPoint>>,
     /// Hardware figures; the ones left out keep the defaults.
     #[serde(default)]
     pub hardware: Hardware,
@@ -171,6 +179,9 @@ pub struct Calibration {
 pub struct LaunchCosts {
     /// Fixed time of one attention kernel launch, µs.
     pub attn_launch_us: f64,
+    /// Fixed time of one attention backward call (its launches and the zeroing of dK/dV),
+    /// µs; used with a backward table (`Calibration::attn_bwd`), else `attn_launch_us`.
+    pub attn_bwd_launch_us: f64,
     /// Fixed time of one copy, µs.
     pub copy_launch_us: f64,
     /// Bytes copied per second (device-to-device on one GPU).
@@ -183,6 +194,7 @@ impl Default for LaunchCosts {
     fn default() -> Self {
         Self {
             attn_launch_us: 0.0,
+            attn_bwd_launch_us: 0.0,
             copy_launch_us: 0.0,
             copy_bytes_per_s: Hardware::default().hbm_bytes_per_s / 2.0,
             jitter_sigma: None,
@@ -194,6 +206,7 @@ impl LaunchCosts {
     fn validate(&self, ctx: &str) -> Result<()> {
         for (f, v) in [
             ("attn_launch_us", self.attn_launch_us),
+            ("attn_bwd_launch_us", self.attn_bwd_launch_us),
             ("copy_launch_us", self.copy_launch_us),
             ("jitter_sigma", self.jitter_sigma.unwrap_or(0.0)),
         ] {
@@ -224,6 +237,9 @@ impl Calibration {
         c.hardware.validate(context)?;
         c.launch.validate(context)?;
         EffTable::from_points(&c.attn_fwd, context)?;
+        if let Some(b) = &c.attn_bwd {
+            EffTable::from_points(b, &format!("{context}: attn_bwd"))?;
+        }
         Ok(c)
     }
 }
@@ -245,6 +261,27 @@ pub fn attn_segment_ps_f(
         return 0.0;
     }
     shape.fwd_flops(pairs, heads) / eff.tflops(heads, end - start, end)
+}
+
+/// Backward time, in ps (unrounded), of the same segment as [`attn_segment_ps_f`]:
+/// `attn_bwd_flop_factor` × its forward FLOPs at the backward table's rate when there is
+/// one (a calibration measured it), else the forward time × factor / `attn_bwd_efficiency`.
+pub fn attn_bwd_segment_ps_f(
+    fwd: &EffTable,
+    bwd: Option<&EffTable>,
+    hw: &Hardware,
+    shape: &AttnShape,
+    heads: u32,
+    start: u64,
+    end: u64,
+) -> f64 {
+    match bwd {
+        Some(b) => attn_segment_ps_f(b, shape, heads, start, end) * hw.attn_bwd_flop_factor,
+        None => {
+            attn_segment_ps_f(fwd, shape, heads, start, end) * hw.attn_bwd_flop_factor
+                / hw.attn_bwd_efficiency
+        }
+    }
 }
 
 /// How the heads of one layer are divided across a CP group.
@@ -322,6 +359,9 @@ pub struct CostModel {
     pub hw: Hardware,
     /// Forward attention kernel efficiency.
     pub attn_eff: EffTable,
+    /// Measured backward efficiency (a calibration's `attn_bwd`), else `None`: the backward
+    /// is then the forward × `attn_bwd_flop_factor` / `attn_bwd_efficiency`.
+    pub attn_bwd_eff: Option<EffTable>,
     /// Fixed per-launch costs (zero unless a calibration file measured them).
     pub launch: LaunchCosts,
 }
@@ -333,6 +373,7 @@ impl CostModel {
             model,
             hw: Hardware::default(),
             attn_eff: EffTable::h200_default()?,
+            attn_bwd_eff: None,
             launch: LaunchCosts::default(),
         })
     }
@@ -344,6 +385,11 @@ impl CostModel {
             model,
             hw: cal.hardware,
             attn_eff: EffTable::from_points(&cal.attn_fwd, context)?,
+            attn_bwd_eff: cal
+                .attn_bwd
+                .as_deref()
+                .map(|b| EffTable::from_points(b, &format!("{context}: attn_bwd")))
+                .transpose()?,
             launch: cal.launch.clone(),
         })
     }
@@ -441,13 +487,44 @@ impl CostModel {
         self.launch.attn_launch_us * 1e6
     }
 
+    /// One backward call's fixed cost, ps: the measured backward overhead with a backward
+    /// table, else the forward call's (the backward is then priced from the forward).
+    pub fn attn_bwd_launch_ps(&self) -> f64 {
+        if self.attn_bwd_eff.is_some() {
+            self.launch.attn_bwd_launch_us * 1e6
+        } else {
+            self.attn_launch_ps()
+        }
+    }
+
     /// Backward time of core attention over the same documents: the forward compute ×
-    /// the backward FLOP factor / its efficiency, plus one launch.
+    /// the backward FLOP factor / its efficiency, plus one launch; with a measured backward
+    /// table, each document at that table's rate plus the backward call's overhead.
     pub fn attn_bwd_ps(&self, doc_lens: impl IntoIterator<Item = u32>, heads: u32) -> Ps {
-        (self.attn_kernel_ps_f(doc_lens, heads) * self.hw.attn_bwd_flop_factor
-            / self.hw.attn_bwd_efficiency
-            + self.attn_launch_ps())
-        .round() as Ps
+        match &self.attn_bwd_eff {
+            None => (self.attn_kernel_ps_f(doc_lens, heads) * self.hw.attn_bwd_flop_factor
+                / self.hw.attn_bwd_efficiency
+                + self.attn_bwd_launch_ps())
+            .round() as Ps,
+            Some(b) => {
+                let a = self.attn();
+                let t: f64 = doc_lens
+                    .into_iter()
+                    .map(|l| {
+                        attn_bwd_segment_ps_f(
+                            &self.attn_eff,
+                            Some(b),
+                            &self.hw,
+                            &a,
+                            heads,
+                            0,
+                            u64::from(l),
+                        )
+                    })
+                    .sum();
+                (t + self.attn_bwd_launch_ps()).round() as Ps
+            }
+        }
     }
 
     /// Model FLOPs (forward + backward, no recomputation) of one step's worth of documents:

@@ -50,7 +50,7 @@ use super::stage::{AttentionStage, AttnCall, StepEnv};
 use super::RankMap;
 use crate::balance::distca::pingpong::NanoTable;
 use crate::balance::libra::pipeliner::{overlap_stages, pipeline, Stage};
-use crate::cost::{attn_segment_ps_f, CostModel};
+use crate::cost::{attn_bwd_segment_ps_f, attn_segment_ps_f, CostModel};
 use crate::engine::{GraphBuilder, OpClass, OpId, OpKind, OpLabel, StreamKind, Xfer};
 use crate::error::{invalid, Result};
 use crate::net::{GpuId, Ps};
@@ -66,6 +66,27 @@ pub fn unit_fwd_ps_f(cost: &CostModel, unit: &WorkUnit, heads: u32) -> f64 {
         .map(|s| {
             attn_segment_ps_f(
                 &cost.attn_eff,
+                &a,
+                heads,
+                u64::from(s.start),
+                u64::from(s.end),
+            )
+        })
+        .sum()
+}
+
+/// Backward time of one unit (unrounded ps), as [`unit_fwd_ps_f`] prices the forward:
+/// through `cost::attn_bwd_segment_ps_f` (a calibration's backward table when there is one,
+/// else the forward × factor / efficiency).
+pub fn unit_bwd_ps_f(cost: &CostModel, unit: &WorkUnit, heads: u32) -> f64 {
+    let a = cost.attn();
+    unit.segments
+        .iter()
+        .map(|s| {
+            attn_bwd_segment_ps_f(
+                &cost.attn_eff,
+                cost.attn_bwd_eff.as_ref(),
+                &cost.hw,
                 &a,
                 heads,
                 u64::from(s.start),
@@ -139,6 +160,8 @@ pub struct PlanAttention {
 /// per slot: dispatch and return pieces (src, dst, bytes) in plan worker ids.
 struct SlotWork {
     t: Vec<Vec<f64>>,
+    /// Backward time, as `t`.
+    tb: Vec<Vec<f64>>,
     calls: Vec<Vec<f64>>,
     disp: Vec<Vec<(WorkerId, WorkerId, u64)>>,
     ret: Vec<Vec<(WorkerId, WorkerId, u64)>>,
@@ -170,11 +193,13 @@ fn head_chunk_work(
     let pipes = pipeline(plan, g, chunks)?;
     let n = g.workers.len();
     let mut t = vec![0.0f64; n];
+    let mut tb = vec![0.0f64; n];
     // A worker with units makes one kernel call per chunk (one launch overhead).
     let mut calls = vec![0.0f64; n];
     for u in &g.units {
         let i = worker_index(g, gi, u)?;
         t[i] += unit_fwd_ps_f(cost, u, heads);
+        tb[i] += unit_bwd_ps_f(cost, u, heads);
         calls[i] = 1.0;
     }
     let piece = |c: &crate::balance::libra::pipeliner::ChunkTransfer| (c.src, c.dst, c.bytes);
@@ -188,6 +213,7 @@ fn head_chunk_work(
     }
     Ok(SlotWork {
         t: vec![t; chunks as usize],
+        tb: vec![tb; chunks as usize],
         calls: vec![calls; chunks as usize],
         disp,
         ret,
@@ -206,11 +232,13 @@ fn nano_work(
     let heads = plan.heads_per_shard();
     let n = g.workers.len();
     let mut t = vec![vec![0.0f64; n]; 2];
+    let mut tb = vec![vec![0.0f64; n]; 2];
     let mut calls = vec![vec![0.0f64; n]; 2];
     for u in &g.units {
         let i = worker_index(g, gi, u)?;
         let k = usize::from(table.unit_nano(gi, u.id));
         t[k][i] += unit_fwd_ps_f(cost, u, heads);
+        tb[k][i] += unit_bwd_ps_f(cost, u, heads);
         calls[k][i] = 1.0;
     }
     let mut disp = vec![Vec::new(); 2];
@@ -224,6 +252,7 @@ fn nano_work(
     }
     Ok(SlotWork {
         t,
+        tb,
         calls,
         disp,
         ret,
@@ -289,9 +318,8 @@ impl PlanAttention {
             }
         };
         let nworkers = par.dp * par.cp;
-        // Backward as `CostModel::attn_bwd_ps` rounds it: fwd × factor / efficiency.
-        let (bf, be) = (cost.hw.attn_bwd_flop_factor, cost.hw.attn_bwd_efficiency);
-        let launch = cost.attn_launch_ps();
+        // Per call: the forward's and the backward's fixed cost (as `CostModel` prices them).
+        let (launch, bwd_launch) = (cost.attn_launch_ps(), cost.attn_bwd_launch_ps());
         // Scheme-level (stage-independent) part: per group, per slot and worker, times and
         // the worker-level transfer pieces.
         struct Pre {
@@ -313,13 +341,13 @@ impl PlanAttention {
                 Overlap::HeadChunks(m) => head_chunk_work(cost, plan, g, gi, m)?,
                 Overlap::NanoBatches(table) => nano_work(cost, plan, g, gi, table)?,
             };
-            let times = |scale: f64| -> Vec<Vec<Ps>> {
-                sw.t.iter()
+            let times = |t: &[Vec<f64>], launch: f64| -> Vec<Vec<Ps>> {
+                t.iter()
                     .zip(&sw.calls)
                     .map(|(t, c)| {
                         t.iter()
                             .zip(c)
-                            .map(|(&x, &n)| (x * scale + n * launch).round() as Ps)
+                            .map(|(&x, &n)| (x + n * launch).round() as Ps)
                             .collect()
                     })
                     .collect()
@@ -327,8 +355,8 @@ impl PlanAttention {
             pre.push(Pre {
                 ga: g.ga,
                 workers: g.workers.clone(),
-                fwd: times(1.0),
-                bwd: times(bf / be),
+                fwd: times(&sw.t, launch),
+                bwd: times(&sw.tb, bwd_launch),
                 disp: sw.disp,
                 ret: sw.ret,
             });

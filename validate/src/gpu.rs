@@ -9,7 +9,8 @@ use std::sync::Arc;
 
 use cudarc::driver::sys::{CUevent_flags, CUfunction_attribute};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DriverError, LaunchConfig, PushKernelArg,
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtrMut, DriverError, LaunchConfig,
+    PushKernelArg,
 };
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions, Ptx};
 
@@ -205,6 +206,12 @@ pub struct BwdBuffers {
     pub dv: CudaSlice<f32>,
     pub key_tiles: CudaSlice<i32>,
     pub n_key_tiles: u32,
+    /// Rows × query heads of the current layout (the Dv launch's extent).
+    pub rows_heads: usize,
+    /// Elements of dQ the current layout writes.
+    pub q_len: usize,
+    /// Elements of dK (and dV) the current layout accumulates (zeroed before each pass).
+    pub kv_len: usize,
 }
 
 /// Dynamic shared memory of the backward kernels: two 64-row tiles + two double-buffered ones,
@@ -380,7 +387,132 @@ impl Gpu {
             key_tiles: s.clone_htod(&kt).map_err(cuda("cuMemcpyHtoD(key tiles)"))?,
             n_key_tiles: u32::try_from(key_tiles.len())
                 .map_err(|_| invalid("key tiles", key_tiles.len(), "< 2^32"))?,
+            rows_heads: layout.q_rows * heads.h_q as usize,
+            q_len: fwd.q.len(),
+            kv_len: fwd.k.len(),
         })
+    }
+
+    /// Backward buffers as large as `fwd`'s tensors, for many layouts over their first rows
+    /// ([`Gpu::set_bwd_layout`]); dO is a device copy of Q (random values already there).
+    pub fn alloc_bwd_within(&self, fwd: &FwdBuffers, head_dim: u32) -> Result<BwdBuffers, Error> {
+        let s = &self.stream;
+        let mut dout = s
+            .alloc_zeros::<u16>(fwd.q.len())
+            .map_err(cuda("cuMemAlloc(dout)"))?;
+        s.memcpy_dtod(&fwd.q, &mut dout)
+            .map_err(cuda("cuMemcpyDtoDAsync(dout)"))?;
+        Ok(BwdBuffers {
+            dout,
+            dvec: s
+                .alloc_zeros::<f32>((fwd.q.len() / head_dim.max(1) as usize).max(1))
+                .map_err(cuda("cuMemAlloc(Dv)"))?,
+            dq: s
+                .alloc_zeros::<f32>(fwd.q.len())
+                .map_err(cuda("cuMemAlloc(dq)"))?,
+            dk: s
+                .alloc_zeros::<f32>(fwd.k.len())
+                .map_err(cuda("cuMemAlloc(dk)"))?,
+            dv: s
+                .alloc_zeros::<f32>(fwd.v.len())
+                .map_err(cuda("cuMemAlloc(dv)"))?,
+            key_tiles: s
+                .alloc_zeros::<i32>(2)
+                .map_err(cuda("cuMemAlloc(key tiles)"))?,
+            n_key_tiles: 0,
+            rows_heads: 0,
+            q_len: 0,
+            kv_len: 0,
+        })
+    }
+
+    /// Points `g` at `layout` (64-row query tiles, `key_tiles` of 64 keys) over the first rows
+    /// of its buffers; the forward buffers must hold the same layout ([`Gpu::set_layout_within`]).
+    pub fn set_bwd_layout(
+        &self,
+        g: &mut BwdBuffers,
+        layout: &Layout,
+        key_tiles: &[crate::units::Tile],
+        heads: Heads,
+    ) -> Result<(), Error> {
+        if layout.block_m != 64 {
+            return Err(invalid(
+                "layout block_m",
+                layout.block_m,
+                "64 for the backward kernels",
+            ));
+        }
+        let d = heads.head_dim as usize;
+        let (q_len, kv_len) = (
+            layout.q_rows * heads.h_q as usize * d,
+            layout.kv_rows * heads.h_kv as usize * d,
+        );
+        let rows_heads = layout.q_rows * heads.h_q as usize;
+        if q_len > g.dq.len() || kv_len > g.dk.len() || rows_heads > g.dvec.len() {
+            return Err(invalid(
+                "backward layout rows",
+                format!("q {} / kv {}", layout.q_rows, layout.kv_rows),
+                "at most the rows of the allocated backward buffers",
+            ));
+        }
+        let kt: Vec<i32> = key_tiles
+            .iter()
+            .flat_map(|t| [t.unit as i32, t.m_block as i32])
+            .collect();
+        if !kt.is_empty() {
+            g.key_tiles = self
+                .stream
+                .clone_htod(&kt)
+                .map_err(cuda("cuMemcpyHtoD(key tiles)"))?;
+        }
+        g.n_key_tiles = u32::try_from(key_tiles.len())
+            .map_err(|_| invalid("key tiles", key_tiles.len(), "< 2^32"))?;
+        (g.rows_heads, g.q_len, g.kv_len) = (rows_heads, q_len, kv_len);
+        Ok(())
+    }
+
+    /// Fills the current layout's dQ with NaN (0xFF bytes), so unwritten elements show.
+    pub fn poison_dq(&self, g: &mut BwdBuffers) -> Result<(), Error> {
+        let n = g.q_len;
+        let mut view = g.dq.slice_mut(0..n);
+        let (ptr, _rec) = view.device_ptr_mut(&self.stream);
+        // SAFETY: `ptr` addresses `n` f32 of `g.dq` allocated on this stream; all-ones bytes
+        // are a valid (NaN) f32 pattern.
+        unsafe {
+            cudarc::driver::result::memset_d8_async(
+                ptr,
+                0xFF,
+                n * std::mem::size_of::<f32>(),
+                self.stream.cu_stream(),
+            )
+        }
+        .map_err(cuda("cuMemsetD8Async(poison dq)"))
+    }
+
+    /// Copies the current layout's dQ, dK and dV back (only the elements it uses).
+    pub fn download_bwd_used(&self, g: &BwdBuffers) -> Result<GpuGrads, Error> {
+        let s = &self.stream;
+        let get = |src: &CudaSlice<f32>, n: usize, call| -> Result<Vec<f32>, Error> {
+            let mut h = vec![0f32; n];
+            s.memcpy_dtoh(&src.slice(0..n), &mut h)
+                .map_err(cuda(call))?;
+            Ok(h)
+        };
+        Ok(GpuGrads {
+            dq: get(&g.dq, g.q_len, "cuMemcpyDtoH(dq)")?,
+            dk: get(&g.dk, g.kv_len, "cuMemcpyDtoH(dk)")?,
+            dv: get(&g.dv, g.kv_len, "cuMemcpyDtoH(dv)")?,
+        })
+    }
+
+    /// Copies the first `n` elements of O back.
+    pub fn download_o_prefix(&self, b: &FwdBuffers, n: usize) -> Result<Vec<u16>, Error> {
+        let n = n.min(b.o.len());
+        let mut h = vec![0u16; n];
+        self.stream
+            .memcpy_dtoh(&b.o.slice(0..n), &mut h)
+            .map_err(cuda("cuMemcpyDtoH(o prefix)"))?;
+        Ok(h)
     }
 
     /// Enqueues one backward pass: zeroes dK/dV (they are accumulated atomically), then the
@@ -394,9 +526,12 @@ impl Gpu {
     ) -> Result<(), Error> {
         let [fdot, fdq, fdkdv] = self.bwd_kernels(heads.head_dim)?;
         let s = self.stream.clone();
-        s.memset_zeros(&mut g.dk).map_err(cuda("cuMemsetD8(dk)"))?;
-        s.memset_zeros(&mut g.dv).map_err(cuda("cuMemsetD8(dv)"))?;
-        let rows_heads = g.dvec.len() as i64;
+        let kv = g.kv_len.min(g.dk.len());
+        s.memset_zeros(&mut g.dk.slice_mut(0..kv))
+            .map_err(cuda("cuMemsetD8(dk)"))?;
+        s.memset_zeros(&mut g.dv.slice_mut(0..kv))
+            .map_err(cuda("cuMemsetD8(dv)"))?;
+        let rows_heads = g.rows_heads.min(g.dvec.len()) as i64;
         let (hq, hkv) = (heads.h_q as i32, heads.h_kv as i32);
         let blocks = u32::try_from((rows_heads + 7) / 8)
             .map_err(|_| invalid("rows x heads", rows_heads, "< 2^35"))?;

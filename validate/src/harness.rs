@@ -170,6 +170,73 @@ pub fn check_bwd_case(gpu: &mut Gpu, case: &CheckCase, seed: u64) -> Result<BwdC
     })
 }
 
+/// As [`check_bwd_case`], through the reusable plan-scale buffers that `skewsim validate`
+/// uses: one upload of a larger batch (a single document of more rows than the case needs,
+/// the case's Q, K, V as its first rows), [`Gpu::alloc_bwd_within`] (dO = Q), a backward on
+/// that whole document first, then the case's layout over the first rows
+/// ([`Gpu::set_layout_within`], [`Gpu::set_bwd_layout`]) with dQ poisoned, compared with the
+/// f64 reference (dO = Q).
+pub fn check_bwd_within_case(
+    gpu: &mut Gpu,
+    case: &CheckCase,
+    seed: u64,
+) -> Result<BwdCheckResult, Error> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let var = FwdVariant::v1(case.heads.head_dim, 4);
+    let layout = Layout::new(&case.batch, 64)?;
+    let key_tiles = layout.key_tiles(&case.batch, 64)?;
+    let d = case.heads.head_dim as usize;
+    let rows = u32::try_from(layout.q_rows.max(layout.kv_rows) + 77)
+        .map_err(|_| crate::error::invalid("rows", layout.q_rows, "< 2^32"))?;
+    let big = Batch::documents(&[rows]);
+    let big_layout = Layout::new(&big, 64)?;
+    let big_keys = big_layout.key_tiles(&big, 64)?;
+    let n_q = rows as usize * case.heads.h_q as usize * d;
+    let n_kv = rows as usize * case.heads.h_kv as usize * d;
+    let q = random_bf16(n_q, &mut rng);
+    let k = random_bf16(n_kv, &mut rng);
+    let v = random_bf16(n_kv, &mut rng);
+    let scale = 1.0 / (d as f64).sqrt();
+    let mut buf = gpu.upload(&big_layout, case.heads, &q, &k, &v)?;
+    let mut g = gpu.alloc_bwd_within(&buf, case.heads.head_dim)?;
+    // The whole document first: leaves non-zero dK/dV and key tiles behind.
+    gpu.set_bwd_layout(&mut g, &big_layout, &big_keys, case.heads)?;
+    gpu.launch_fwd(var, case.heads, &mut buf, scale as f32)?;
+    gpu.launch_bwd(case.heads, &buf, &mut g, scale as f32)?;
+    gpu.sync()?;
+    // Then the case over the first rows.
+    gpu.set_layout_within(&mut buf, &layout, case.heads, false)?;
+    gpu.set_bwd_layout(&mut g, &layout, &key_tiles, case.heads)?;
+    gpu.poison(&mut buf)?;
+    gpu.poison_dq(&mut g)?;
+    gpu.launch_fwd(var, case.heads, &mut buf, scale as f32)?;
+    gpu.launch_bwd(case.heads, &buf, &mut g, scale as f32)?;
+    gpu.sync()?;
+    let got = gpu.download_bwd_used(&g)?;
+    let (nq, nkv) = (
+        layout.q_rows * case.heads.h_q as usize * d,
+        layout.kv_rows * case.heads.h_kv as usize * d,
+    );
+    let want = crate::reference::attention_bwd(
+        &case.batch,
+        &layout,
+        case.heads,
+        &q[..nq],
+        &k[..nkv],
+        &v[..nkv],
+        &q[..nq],
+        scale,
+    )?;
+    let f = |x: &[f32]| -> Vec<f64> { x.iter().map(|&y| f64::from(y)).collect() };
+    Ok(BwdCheckResult {
+        case: format!("{} (within)", case.name),
+        rel_l2_dq: rel_l2(&f(&got.dq), &want.dq),
+        rel_l2_dk: rel_l2(&f(&got.dk), &want.dk),
+        rel_l2_dv: rel_l2(&f(&got.dv), &want.dv),
+        unwritten_dq: got.dq.iter().filter(|x| x.is_nan()).count(),
+    })
+}
+
 /// One benchmark row.
 #[derive(Clone, Debug)]
 pub struct BenchRow {

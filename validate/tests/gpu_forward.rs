@@ -5,7 +5,7 @@
 use std::io::Write;
 
 use validate::gpu::{FwdVariant, Gpu};
-use validate::harness::{check_bwd_case, check_case, check_cases};
+use validate::harness::{check_bwd_case, check_bwd_within_case, check_case, check_cases};
 use validate::Error;
 
 #[test]
@@ -31,6 +31,10 @@ fn forward_matches_f64_reference_on_gpu_or_skips() {
     }
     for (i, case) in cases.iter().enumerate() {
         let r = check_bwd_case(&mut gpu, case, 2000 + i as u64).expect("bwd check runs");
+        assert!(r.passed(), "{r:?}");
+        // The reusable buffers of `skewsim validate`, after a larger layout ran in them.
+        let r = check_bwd_within_case(&mut gpu, case, 3000 + i as u64).expect("bwd check runs");
+        println!("{r:?}");
         assert!(r.passed(), "{r:?}");
     }
 }

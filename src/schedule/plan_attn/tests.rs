@@ -298,3 +298,36 @@ fn bad_chunks_and_foreign_workers_are_named() {
     let e = PlanAttention::new(&c, &plan2, map(1, 8), Overlap::HeadChunks(1)).unwrap_err();
     assert!(e.to_string().contains("worker"), "{e}");
 }
+
+#[test]
+fn a_calibrated_backward_table_prices_plan_units_like_the_cost_model() {
+    // A backward table at a flat 100 TFLOP/s and a 20 µs backward call: a whole-document
+    // unit's backward kernel is exactly `CostModel::attn_bwd_ps` of that document, and not
+    // the forward × factor / efficiency any more.
+    use crate::cost::kernel::{EffPoint, EffTable};
+    let mut c = qwen();
+    let pts: Vec<EffPoint> = [1u32, 64]
+        .iter()
+        .flat_map(|&heads| {
+            [128u32, 1 << 20].map(|len| EffPoint {
+                heads,
+                len,
+                tflops: 100.0,
+            })
+        })
+        .collect();
+    c.attn_bwd_eff = Some(EffTable::from_points(&pts, "test").unwrap());
+    c.launch.attn_bwd_launch_us = 20.0;
+    let plan = one_unit_plan(&c, 8192, 0, 1);
+    let pa = PlanAttention::new(&c, &plan, map(1, 8), Overlap::HeadChunks(1)).unwrap();
+    let bwd = pa.ops[0][0][0].chunks[0].bwd[0];
+    assert_eq!(bwd, c.attn_bwd_ps([8192], c.model.heads_q));
+    let flops = c
+        .attn()
+        .fwd_flops(crate::plan::segment_pairs(0, 8192), c.model.heads_q);
+    let want = flops * c.hw.attn_bwd_flop_factor / 100e12 * 1e12 + 20e6;
+    assert_eq!(bwd, want.round() as Ps);
+    c.attn_bwd_eff = None;
+    let pa = PlanAttention::new(&c, &plan, map(1, 8), Overlap::HeadChunks(1)).unwrap();
+    assert_ne!(pa.ops[0][0][0].chunks[0].bwd[0], bwd);
+}
