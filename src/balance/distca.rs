@@ -87,6 +87,7 @@
 
 pub mod lower;
 pub mod pingpong;
+pub mod ticks;
 
 use std::cmp::Reverse;
 use std::collections::BTreeSet;

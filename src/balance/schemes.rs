@@ -185,6 +185,27 @@ impl<'a> SchemePlanner<'a> {
         self.scheme
     }
 
+    /// DistCA's plan of `step` under `pp` pipeline stages: one group per tick over every
+    /// GPU ([`distca::ticks::plan_ticks`]). Errors for the other schemes.
+    pub fn plan_ticks(&mut self, step: u64, batch: &[PackedSeq], pp: u32) -> Result<SchemePlan> {
+        if self.scheme != Scheme::DistCa {
+            return Err(invalid(
+                "pipeline for ".to_string() + self.scheme.name(),
+                "ticks",
+                "gpipe or 1f1b (ticks are DistCA's)",
+            ));
+        }
+        let s = &self.set;
+        let (dp, cp) = s.layout(self.scheme, self.dp);
+        let cfg = DistcaConfig::new(self.cost.attn(), s.epsilon, KERNEL_TILE)?;
+        let d = distca::ticks::plan_ticks(step, batch, dp, cp, pp, &cfg, s.ping_pong)?;
+        Ok(SchemePlan {
+            plan: d.plan,
+            nano: Some(d.nano),
+            trained: batch.to_vec(),
+        })
+    }
+
     /// The plan of `step` for its global batch (steps in order for WLB-LLM).
     pub fn plan(&mut self, step: u64, batch: &[PackedSeq]) -> Result<SchemePlan> {
         let shape = self.cost.attn();

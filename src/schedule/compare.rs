@@ -17,12 +17,13 @@
 //! and nano-batch 1's return under nano-batch 0's next linear block
 //! (`plan_attn::Overlap::NanoBatches`). What actually hides is the engine's measurement.
 
-use super::plan_attn::Overlap;
+use super::plan_attn::{Overlap, PlanAttention};
 use super::plan_step::build_plan_step;
 use super::train::split_replicas;
-use super::ulysses::{build_step, StepGraph};
-use super::{Parallelism, Placement, RankMap, RuntimeVariance};
+use super::ulysses::{build_step, build_step_with, StepGraph};
+use super::{Parallelism, PipelineKind, Placement, RankMap, RuntimeVariance};
 use crate::balance::distca::pingpong::NanoTable;
+use crate::balance::distca::pingpong::{pp_ticks, Phase};
 use crate::balance::schemes::{Scheme, SchemePlanner, SchemeSettings};
 use crate::cost::CostModel;
 use crate::engine::{run, OpClass, Timeline};
@@ -59,6 +60,13 @@ pub fn scheme_parallelism(scheme: Scheme, base: Parallelism) -> Result<Paralleli
             "at least one attention server",
         ));
     }
+    if scheme == Scheme::DistCa && base.pp > 1 {
+        // DistCA pipelines in ticks: all stages in one phase, attention pooled across them.
+        return Ok(Parallelism {
+            pipeline: PipelineKind::Ticks,
+            ..base
+        });
+    }
     Ok(base)
 }
 
@@ -82,6 +90,18 @@ pub fn scheme_overlap<'a>(
 /// a slow peer's data waits inside its span, so this is the straggler's latency of one
 /// attention layer for the step's global batch.
 pub fn attention_span(sg: &StepGraph, t: &Timeline) -> Ps {
+    span_of(sg, t, None)
+}
+
+/// [`attention_span`] of a step run in DistCA's ticks: pooled attention ops carry the tick
+/// as their micro-batch and layer j of every stage as layer j, so the span is Σ over the
+/// forward ticks (`fwd_ticks[k]`) of the straggler's layer-0 pooled attention — every
+/// stage's first layer at once.
+pub fn attention_span_ticks(sg: &StepGraph, t: &Timeline, fwd_ticks: &[bool]) -> Ps {
+    span_of(sg, t, Some(fwd_ticks))
+}
+
+fn span_of(sg: &StepGraph, t: &Timeline, fwd_ticks: Option<&[bool]>) -> Ps {
     use std::collections::BTreeMap;
     let gpu_of = |op: &crate::engine::Op| {
         sg.graph
@@ -93,7 +113,7 @@ pub fn attention_span(sg: &StepGraph, t: &Timeline) -> Ps {
     // those that start before the GPU's first backward linear op of that micro-batch.
     let mut bwd_start: BTreeMap<(u16, u32), Ps> = BTreeMap::new();
     for (i, op) in sg.graph.ops.iter().enumerate() {
-        if matches!(op.label.class, OpClass::LinearBwd | OpClass::HeadBwd) {
+        if fwd_ticks.is_none() && matches!(op.label.class, OpClass::LinearBwd | OpClass::HeadBwd) {
             let v = bwd_start
                 .entry((op.label.mb, gpu_of(op)))
                 .or_insert(Ps::MAX);
@@ -105,6 +125,11 @@ pub fn attention_span(sg: &StepGraph, t: &Timeline) -> Ps {
         let l = op.label;
         if l.layer != 0 || !matches!(l.class, OpClass::AttnFwd | OpClass::A2aIn | OpClass::A2aOut) {
             continue;
+        }
+        if let Some(f) = fwd_ticks {
+            if !f.get(usize::from(l.mb)).copied().unwrap_or(false) {
+                continue;
+            }
         }
         let key = (l.mb, gpu_of(op));
         let (s, e) = (t.start[i], t.end[i]);
@@ -162,18 +187,39 @@ pub fn simulate_scheme_step_with(
     let scheme = planner.scheme();
     let par = scheme_parallelism(scheme, base)?;
     let map = RankMap::new(par, place, scheme.name())?;
+    let ticks = par.pipeline == PipelineKind::Ticks;
+    // Under ticks: which ticks run forward (the attention span and bytes count those).
+    let fwd_ticks: Vec<bool> = if ticks {
+        pp_ticks(par.pp, par.ga)?
+            .iter()
+            .map(|t| t.phase == Phase::Forward)
+            .collect()
+    } else {
+        Vec::new()
+    };
     let (sg, plan_bytes) = if scheme == Scheme::Ulysses {
         let batch = split_replicas(global.to_vec(), par.dp, par.ga);
         (build_step(cost, map, &batch, step, var)?, 0)
     } else {
-        let mut sp = planner.plan(step, global)?;
-        let bytes = sp
-            .plan
-            .groups
-            .iter()
-            .flat_map(|g| &g.transfers)
-            .map(|t| t.bytes)
-            .sum();
+        let mut sp = if ticks {
+            planner.plan_ticks(step, global, par.pp)?
+        } else {
+            planner.plan(step, global)?
+        };
+        let fwd_bytes =
+            |g: &crate::plan::Group| -> u64 { g.transfers.iter().map(|t| t.bytes).sum() };
+        let bytes = if ticks {
+            // Forward ticks move layer j of every stage at once: per model layer, / PP.
+            sp.plan
+                .groups
+                .iter()
+                .filter(|g| fwd_ticks.get(g.ga as usize).copied().unwrap_or(false))
+                .map(fwd_bytes)
+                .sum::<u64>()
+                / u64::from(par.pp)
+        } else {
+            sp.plan.groups.iter().map(fwd_bytes).sum()
+        };
         if signal {
             // The lowering prices a transfer by its payload's tokens: one token each.
             for t in sp.plan.groups.iter_mut().flat_map(|g| &mut g.transfers) {
@@ -187,16 +233,31 @@ pub fn simulate_scheme_step_with(
             }
         }
         let overlap = scheme_overlap(scheme, set, sp.nano.as_ref());
-        (
-            build_plan_step(cost, map, &sp.plan, &sp.trained, overlap, var)?,
-            bytes,
-        )
+        let sg = if ticks {
+            // Replica r's micro-batch m is global[m · DP + r], as the tick plan reads it.
+            let batch: Vec<Vec<PackedSeq>> = (0..par.dp)
+                .map(|r| {
+                    (0..par.ga)
+                        .map(|m| global[(m * par.dp + r) as usize].clone())
+                        .collect()
+                })
+                .collect();
+            let mut attn = PlanAttention::pooled(cost, &sp.plan, map, overlap)?;
+            build_step_with(cost, map, &batch, step, var, Some(&mut attn))?
+        } else {
+            build_plan_step(cost, map, &sp.plan, &sp.trained, overlap, var)?
+        };
+        (sg, bytes)
     };
     let t = run(&sg.graph, net)?;
     Ok(SchemeStep {
         scheme,
         report: step_report(&sg, &t, cost, step),
-        attn_span: attention_span(&sg, &t),
+        attn_span: if ticks {
+            attention_span_ticks(&sg, &t, &fwd_ticks)
+        } else {
+            attention_span(&sg, &t)
+        },
         plan_bytes,
     })
 }
@@ -262,11 +323,21 @@ mod tests {
 
     #[test]
     fn distca_layout_and_chunks() {
-        // DistCA keeps the baseline's DP × PP × CP and GA (GA 4 < DP·CP = 32 is fine).
+        // DistCA keeps the baseline's DP × PP × CP and GA (GA 4 < DP·CP = 32 is fine) and
+        // pipelines in ticks.
         for sc in Scheme::ALL {
             let mut base = par(4, 8, 4);
-            base.pp = 4;
             assert_eq!(scheme_parallelism(sc, base).unwrap(), base, "{sc:?}");
+            base.pp = 4;
+            let want = if sc == Scheme::DistCa {
+                Parallelism {
+                    pipeline: PipelineKind::Ticks,
+                    ..base
+                }
+            } else {
+                base
+            };
+            assert_eq!(scheme_parallelism(sc, base).unwrap(), want, "{sc:?}");
         }
         let e = scheme_parallelism(Scheme::DistCa, par(0, 8, 4)).unwrap_err();
         assert!(e.to_string().contains("attention server"), "{e}");
@@ -354,5 +425,63 @@ mod tests {
             assert!(sig.report.iteration <= real.report.iteration, "{sc:?}");
             assert_eq!(sig.plan_bytes, real.plan_bytes);
         }
+    }
+
+    #[test]
+    fn distca_under_pp_runs_ticks_with_idle_stages_serving() {
+        let mut model = ModelConfig::builtin("llama3-8b").unwrap();
+        model.layers = 4;
+        let cost = CostModel::h200(model).unwrap();
+        let corpus = Corpus::from_spec("wlbllm").unwrap();
+        let batch = global_batch(&corpus, 16_384, 8, Packing::Sequential, 3, 0).unwrap();
+        let set = SchemeSettings {
+            cp: 2,
+            ..SchemeSettings::default()
+        };
+        let mut base = par(2, 2, 4);
+        base.pp = 2;
+        let place = Placement {
+            gpus_per_node: 8,
+            nodes: 1,
+        };
+        let mut planner =
+            SchemePlanner::new(Scheme::DistCa, set.clone(), &cost, 2, 8, 16_384).unwrap();
+        let st = simulate_scheme_step(
+            &cost,
+            &mut planner,
+            &set,
+            base,
+            place,
+            0,
+            &batch,
+            &mut StubNet::dgx_h200(),
+            &NoVariance,
+        )
+        .unwrap();
+        let tokens: u64 = batch.iter().map(PackedSeq::tokens).sum();
+        assert_eq!(st.report.tokens, tokens);
+        assert!(st.attn_span > 0 && st.attn_span < st.report.iteration);
+        // The graph itself: in tick 0 only stage 0 (GPUs 0–3) runs linear layers, yet stage
+        // 1's GPUs (4–7) compute attention — the idle warm-up stage serves.
+        let par = scheme_parallelism(Scheme::DistCa, base).unwrap();
+        let map = RankMap::new(par, place, "distca").unwrap();
+        let sp = planner.plan_ticks(0, &batch, 2).unwrap();
+        let overlap = scheme_overlap(Scheme::DistCa, &set, sp.nano.as_ref());
+        let mut attn = PlanAttention::pooled(&cost, &sp.plan, map, overlap).unwrap();
+        let reps: Vec<Vec<PackedSeq>> = (0..2)
+            .map(|r| (0..4).map(|m| batch[m * 2 + r].clone()).collect())
+            .collect();
+        let sg = build_step_with(&cost, map, &reps, 0, &NoVariance, Some(&mut attn)).unwrap();
+        let gpu = |o: &crate::engine::Op| sg.graph.streams[o.stream as usize].gpu;
+        let tick0_attn: Vec<u32> = sg
+            .graph
+            .ops
+            .iter()
+            .filter(|o| o.label.class == OpClass::AttnFwd && o.label.mb == 0)
+            .map(gpu)
+            .collect();
+        assert!(tick0_attn.iter().any(|&g| g >= 4), "{tick0_attn:?}");
+        let t = run(&sg.graph, &mut StubNet::dgx_h200()).unwrap();
+        assert_eq!(t.makespan, st.report.iteration);
     }
 }
