@@ -89,7 +89,7 @@ pub mod lower;
 pub mod pingpong;
 
 use std::cmp::Reverse;
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
 use serde::{Deserialize, Serialize};
 
@@ -385,6 +385,13 @@ impl Item {
     fn pairs(&self) -> u64 {
         range_pairs(self.lo, self.hi)
     }
+
+    fn sample_ref(&self) -> SampleRef {
+        SampleRef {
+            seq: self.seq,
+            index: self.index,
+        }
+    }
 }
 
 /// What part of an item `[lo, hi)` a move takes.
@@ -420,8 +427,20 @@ struct State<'a> {
     /// Candidates on source servers: (whole-move ratio bound, descending; item).
     candidates: BTreeSet<(Reverse<u64>, usize)>,
     keys: Vec<Option<u64>>,
-    /// Phase 2: every surplus server is a source (phase 1: only those out of tolerance).
-    all_sources: bool,
+    /// 0: coarse items of out-of-tolerance sources only (as far as their fine items cannot
+    /// cover the surplus); 1: any item of an out-of-tolerance source; 2: any surplus server.
+    phase: u8,
+    /// ⌊ε·F̄⌋ in pairs.
+    slack: u64,
+    /// Per server, Σ exportable pairs of its items ([`State::exportable`]).
+    fine: Vec<u64>,
+    /// Per (target, sample): keys `[0, d)` of the sample already delivered to the target by
+    /// earlier moves of this schedule (it then holds them, as the lowering ships them once).
+    delivered: HashMap<(u32, SampleRef), u32>,
+    /// Per sample, the largest such `d` over all targets (for the ratio bound).
+    delivered_max: HashMap<SampleRef, u32>,
+    /// Per sample, its items.
+    doc_items: HashMap<SampleRef, Vec<usize>>,
 }
 
 impl State<'_> {
@@ -461,6 +480,62 @@ impl State<'_> {
         self.layouts[it.seq as usize].held(s % self.cp, it.s0, x)
     }
 
+    /// Keys `[0, d)` of item `it`'s sample delivered to server `s` by earlier moves.
+    fn delivered(&self, s: usize, it: &Item) -> u32 {
+        let key = (s as u32, it.sample_ref());
+        self.delivered.get(&key).copied().unwrap_or(0)
+    }
+
+    /// Keys of `[0, x)` of item `it`'s sample that server `s` lacks: neither held (its own
+    /// block) nor delivered by an earlier move (`[0, d)`).
+    fn missing(&self, s: usize, it: &Item, x: u32) -> u32 {
+        let d = self.delivered(s, it).min(x);
+        // held blocks are contiguous: the part inside [d, x) is held(x) − held(d)
+        let held_above = self.held(s, it, x) - self.held(s, it, d);
+        x - d - held_above
+    }
+
+    /// The pairs of item `it` that can leave in moves of at most ⌊ε·F̄⌋ pairs each (what
+    /// any target with room can still take): all of it if it is that small, else its
+    /// leading whole tiles `[lo, lo + m·tile)` whose one-tile head move each costs ≤ ε·F̄
+    /// (tile·q + tile(tile+1)/2 for a tile starting at q). Any move of the item lowers this
+    /// by at most the pairs it moves, so a source whose surplus exceeds it by ≤ ε·F̄ can
+    /// always get back within tolerance.
+    fn exportable(&self, it: &Item) -> u64 {
+        let pairs = it.pairs();
+        if pairs <= self.slack {
+            return pairs;
+        }
+        let t = u64::from(self.cfg.tile);
+        let lo = u64::from(it.lo);
+        let Some(room) = self.slack.checked_sub(t * (t + 1) / 2) else {
+            return 0;
+        };
+        let qmax = room / t;
+        if lo > qmax {
+            return 0;
+        }
+        let m = ((qmax - lo) / t + 1).min(u64::from(it.hi - it.lo) / t);
+        range_pairs(it.lo, it.lo + (m * t) as u32)
+    }
+
+    /// Whether item `it` is *coarse*: none of it can leave in moves of ≤ ε·F̄ (its smallest
+    /// move, one tile of head or the whole item, costs more than a nearly full target can
+    /// still take).
+    fn coarse(&self, it: &Item) -> bool {
+        it.lo < it.hi && self.exportable(it) == 0
+    }
+
+    /// Re-counts server `s`'s fine pairs (exportable in moves of ≤ ε·F̄).
+    fn refine(&mut self, s: usize) {
+        self.fine[s] = self.by_server[s]
+            .iter()
+            .map(|&id| self.items[id])
+            .filter(|it| it.lo < it.hi)
+            .map(|it| self.exportable(&it))
+            .sum();
+    }
+
     /// (Q, KV, output) bytes of `q_tokens` queries and `kv_tokens` keys.
     fn bytes(&self, q_tokens: u64, kv_tokens: u32) -> (u64, u64, u64) {
         let sh = &self.cfg.shape;
@@ -475,18 +550,48 @@ impl State<'_> {
     }
 
     /// The ratio of the whole item's move to the most favourable target: an upper bound
-    /// of every move of the item (module doc).
+    /// of every move of the item (module doc). No target can have more than A = max_held +
+    /// (the most keys of the sample delivered to any target) of the prefix; when A ≤ lo the
+    /// whole move's ratio with hi − A keys bounds every shard's, else the ratio without KV
+    /// (every shard's pairs per query are ≤ (lo + hi + 1)/2, the whole item's).
     fn bound(&self, it: &Item) -> f64 {
-        self.ratio(
-            it.pairs(),
-            u64::from(it.hi - it.lo),
-            it.hi - it.max_held.min(it.hi),
-        )
+        let dmax = self
+            .delivered_max
+            .get(&it.sample_ref())
+            .copied()
+            .unwrap_or(0);
+        let avail = it.max_held.saturating_add(dmax);
+        let n = u64::from(it.hi - it.lo);
+        if avail > it.lo {
+            self.ratio(it.pairs(), n, 0)
+        } else {
+            self.ratio(it.pairs(), n, it.hi - avail)
+        }
     }
 
-    /// Whether server `s`'s items are candidates in the current phase.
+    /// Whether server `s`'s items are candidates in the current phase (phase 0 adds the
+    /// item's own condition, [`State::eligible`]).
     fn is_source(&self, s: usize) -> bool {
-        self.surplus(s) > 0 && (self.all_sources || !self.within(s))
+        self.surplus(s) > 0 && (self.phase == 2 || !self.within(s))
+    }
+
+    /// The pairs a source may give in the current phase: its surplus; in phase 0 only the
+    /// part its fine items cannot cover.
+    fn give(&self, s: usize) -> u64 {
+        let sur = self.surplus(s);
+        if self.phase == 0 {
+            sur.saturating_sub(self.fine[s])
+        } else {
+            sur
+        }
+    }
+
+    /// Whether item `it` is a candidate in the current phase.
+    fn eligible(&self, it: &Item) -> bool {
+        let s = it.home as usize;
+        it.lo < it.hi
+            && self.is_source(s)
+            && (self.phase > 0 || (self.coarse(it) && self.give(s) > 0))
     }
 
     fn set_key(&mut self, id: usize) {
@@ -494,7 +599,7 @@ impl State<'_> {
             self.candidates.remove(&(Reverse(k), id));
         }
         let it = self.items[id];
-        if it.lo < it.hi && self.is_source(it.home as usize) {
+        if self.eligible(&it) {
             let k = self.bound(&it).to_bits();
             self.candidates.insert((Reverse(k), id));
             self.keys[id] = Some(k);
@@ -508,8 +613,8 @@ impl State<'_> {
         if f == 0 || cap == 0 {
             return None;
         }
-        // keys [0, x) the target does not hold
-        let kv = |x: u32| x - self.held(target, it, x);
+        // keys [0, x) the target neither holds nor has received
+        let kv = |x: u32| self.missing(target, it, x);
         if f <= cap {
             let ratio = self.ratio(f, u64::from(it.hi - it.lo), kv(it.hi));
             return Some(Move {
@@ -572,7 +677,7 @@ impl State<'_> {
             if best.is_some_and(|b| f64::from_bits(ub) <= b.ratio) {
                 break;
             }
-            let cap = deficit.min(self.surplus(self.items[id].home as usize));
+            let cap = deficit.min(self.give(self.items[id].home as usize));
             if let Some(m) = self.evaluate(id, cap, target) {
                 if Self::better(&best, &m) {
                     best = Some(m);
@@ -582,16 +687,21 @@ impl State<'_> {
         best
     }
 
-    /// ⌊ε·F̄⌋ in pairs: how far above F̄ a server stays within tolerance.
-    fn slack(&self) -> u64 {
-        (self.cfg.epsilon * self.total as f64 / self.servers as f64).floor() as u64
-    }
-
     /// Re-keys every item (after a phase change).
     fn rekey_all(&mut self) {
         for id in 0..self.items.len() {
             self.set_key(id);
         }
+    }
+
+    /// Next phase: re-keys every item; false when already in the last.
+    fn next_phase(&mut self) -> bool {
+        if self.phase >= 2 {
+            return false;
+        }
+        self.phase += 1;
+        self.rekey_all();
+        true
     }
 }
 
@@ -677,6 +787,10 @@ pub fn schedule_ranges(
     }
     let total: u128 = load.iter().map(|&l| u128::from(l)).sum();
     let n_items = items.len();
+    let mut doc_items: HashMap<SampleRef, Vec<usize>> = HashMap::new();
+    for (id, it) in items.iter().enumerate() {
+        doc_items.entry(it.sample_ref()).or_default().push(id);
+    }
     let mut st = State {
         cfg,
         cp,
@@ -688,9 +802,20 @@ pub fn schedule_ranges(
         servers: p as u128,
         candidates: BTreeSet::new(),
         keys: vec![None; n_items],
-        all_sources: false,
+        phase: 0,
+        slack: (cfg.epsilon * total as f64 / p as f64).floor() as u64,
+        fine: vec![0; p],
+        delivered: HashMap::new(),
+        delivered_max: HashMap::new(),
+        doc_items,
     };
+    for s in 0..p {
+        st.refine(s);
+    }
     st.rekey_all();
+    while st.phase < 2 && st.candidates.is_empty() {
+        st.next_phase();
+    }
     let mut received: Vec<Vec<(AttnTask, Transfer)>> = vec![Vec::new(); p];
     let mut stuck = vec![false; p];
     let stop = loop {
@@ -702,22 +827,29 @@ pub fn schedule_ranges(
             .filter(|&s| !stuck[s] && st.deficit(s) > 0)
             .max_by_key(|&s| (st.deficit(s), Reverse(s)));
         let Some(target) = target else {
-            if st.all_sources {
+            // The current sources cannot help any target any more: widen them (phase 1:
+            // every item of an out-of-tolerance source; phase 2: every surplus server).
+            if !st.next_phase() {
                 break Stop::NoMoveHelps;
             }
-            // Phase 2: the out-of-tolerance sources cannot help any target any more; let
-            // every surplus server give.
-            st.all_sources = true;
-            st.rekey_all();
             stuck.fill(false);
             continue;
         };
         // Fallback (skewsim's extension): when no shard fits the deficit, the target may
         // take one that leaves it within tolerance above F̄.
-        let m = st.best_move(target, 0).or_else(|| match st.slack() {
-            0 => None,
-            over => st.best_move(target, over),
-        });
+        let m = st
+            .best_move(target, 0)
+            .or_else(|| match st.slack {
+                0 => None,
+                over => st.best_move(target, over),
+            })
+            .or_else(|| match (st.phase, st.fine[target]) {
+                // Phase 0, room making (skewsim's extension): a coarse shard may also
+                // take the room of the target's own fine items, which it then gives away
+                // in phase 1 as an out-of-tolerance source.
+                (0, f) if f > 0 => st.best_move(target, st.slack + f),
+                _ => None,
+            });
         let Some(m) = m else {
             stuck[target] = true;
             continue;
@@ -743,20 +875,29 @@ pub fn schedule_ranges(
         let q_tokens: u64 = q_ranges.iter().map(|&(a, b)| u64::from(b - a)).sum();
         st.load[home] -= m.pairs;
         st.load[target] += m.pairs;
-        if st.is_source(home) {
-            st.set_key(m.item);
-        } else {
-            for id in st.by_server[home].clone() {
-                st.set_key(id);
+        // KV charged once per (target, sample): only the part of the prefix still missing.
+        let kv_tokens = st.missing(target, &it, kv_prefix);
+        let doc = it.sample_ref();
+        let d = st.delivered.entry((target as u32, doc)).or_insert(0);
+        *d = (*d).max(kv_prefix);
+        let dmax = st.delivered_max.entry(doc).or_insert(0);
+        if kv_prefix > *dmax {
+            *dmax = kv_prefix;
+            if let Some(ids) = st.doc_items.get(&doc).cloned() {
+                for id in ids {
+                    st.set_key(id);
+                }
             }
         }
-        if !st.all_sources && st.candidates.is_empty() {
-            // No out-of-tolerance source left: phase 2 (see the loop's head).
-            st.all_sources = true;
-            st.rekey_all();
+        st.refine(home);
+        for id in st.by_server[home].clone() {
+            st.set_key(id);
+        }
+        while st.phase < 2 && st.candidates.is_empty() {
+            // No candidate left in this phase: the next (see the loop's head).
+            st.next_phase();
             stuck.fill(false);
         }
-        let kv_tokens = kv_prefix - st.held(target, &it, kv_prefix);
         let (q_bytes, kv_bytes, out_bytes) = st.bytes(q_tokens, kv_tokens);
         let task = AttnTask {
             sample: SampleRef {
@@ -848,20 +989,21 @@ pub fn nano_split_pinned(
     let first = first_in_one && n > 0;
     let last = last_in_zero && n > usize::from(first);
     let mut halves: [Vec<usize>; 2] = [Vec::new(), Vec::new()];
-    let mut tokens = [0u64; 2];
+    let mut load = [0u64; 2];
+    let pairs = |i: usize| range_pairs(ranges[i].lo, ranges[i].hi);
     if first {
-        tokens[1] += u64::from(ranges[0].tokens());
+        load[1] += pairs(0);
         halves[1].push(0);
     }
     if last {
-        tokens[0] += u64::from(ranges[n - 1].tokens());
+        load[0] += pairs(n - 1);
         halves[0].push(n - 1);
     }
     let mut order: Vec<usize> = (usize::from(first)..n - usize::from(last)).collect();
-    order.sort_by_key(|&i| (Reverse(ranges[i].tokens()), i));
+    order.sort_by_key(|&i| (Reverse(pairs(i)), i));
     for i in order {
-        let h = usize::from(tokens[1] < tokens[0]);
-        tokens[h] += u64::from(ranges[i].tokens());
+        let h = usize::from(load[1] < load[0]);
+        load[h] += pairs(i);
         halves[h].push(i);
     }
     halves.map(|mut h| {
@@ -976,7 +1118,7 @@ mod tests {
 
     /// Every query token of every sample attended exactly once, task pairs exact, KV prefix
     /// = the last query + 1, queries held by the task's home, KV bytes = the prefix the
-    /// executing server does not hold, loads and the FLOP total exact; transfers match
+    /// executing server does not hold (for moved tasks: once per (server, sample)), loads and the FLOP total exact; transfers match
     /// moved tasks.
     fn check_conservation(batch: &[PackedSeq], cp: u32, s: &DistcaSchedule, shape: &AttnShape) {
         assert_eq!(s.servers.len(), batch.len() * cp as usize);
@@ -988,6 +1130,8 @@ mod tests {
         let mut total = 0u64;
         for (dst, w) in s.servers.iter().enumerate() {
             let mut load = 0;
+            let mut moved_kv: std::collections::BTreeMap<(usize, usize), (u32, u64)> =
+                Default::default();
             for t in &w.tasks {
                 let (r, j) = (t.sample.seq as usize, t.sample.index as usize);
                 let mut pairs = 0;
@@ -1008,8 +1152,27 @@ mod tests {
                 assert_eq!(t.of, batch[r].samples[j]);
                 let remote =
                     u64::from(t.kv_prefix) - held_by(batch, cp, r, j, t.kv_prefix, dst as u32);
-                assert_eq!(t.kv_bytes, shape.kv_bytes(remote, shape.heads_kv), "{t:?}");
+                let full = shape.kv_bytes(remote, shape.heads_kv);
+                if t.home as usize == dst {
+                    assert_eq!(t.kv_bytes, full, "{t:?}");
+                } else {
+                    // charged once per (server, sample): at most the task's own missing keys
+                    assert!(t.kv_bytes <= full, "{t:?}");
+                    let e = moved_kv.entry((r, j)).or_insert((0, 0));
+                    e.0 = e.0.max(t.kv_prefix);
+                    e.1 += t.kv_bytes;
+                }
                 load += t.pairs;
+            }
+            // Moved tasks of one sample on one server pay, together, exactly the keys of the
+            // longest prefix among them that the server does not hold.
+            for (&(r, j), &(prefix, bytes)) in &moved_kv {
+                let remote = u64::from(prefix) - held_by(batch, cp, r, j, prefix, dst as u32);
+                assert_eq!(
+                    bytes,
+                    shape.kv_bytes(remote, shape.heads_kv),
+                    "{dst} {r} {j}"
+                );
             }
             assert_eq!(w.pairs, load);
             total += load;
@@ -1214,22 +1377,23 @@ mod tests {
     }
 
     #[test]
-    fn ping_pong_splits_by_tokens_and_conserves() {
-        let b = seq(&[100, 60, 50, 30, 20], 0);
-        // longest first onto the lighter half: 100→0, 60→1, 50→1 (110), 30→0 (130),
-        // 20→1 (130).
+    fn ping_pong_splits_by_pairs_and_conserves() {
+        let b = seq(&[100, 60, 50, 30, 20, 70], 0);
+        // pairs 5050, 1830, 1275, 465, 210, 2485; heaviest first onto the lighter half:
+        // 100→0, 70→1, 60→1 (4315), 50→1 (5590), 30→0 (5515), 20→0 (5725).
+        // (By tokens it would be 100→0, 70→1, 60→1, 50→0, 30→1, 20→0.)
         let hr = &home_ranges(std::slice::from_ref(&b), 1)[0];
         let [h0, h1] = nano_split(hr);
-        assert_eq!((idx(&h0), idx(&h1)), (vec![0, 3], vec![1, 2, 4]));
+        assert_eq!((idx(&h0), idx(&h1)), (vec![0, 3, 4], vec![1, 2, 5]));
         let batch = [b, seq(&[300, 10], 9)];
         let [ping, pong] = schedule_ping_pong(&batch, &cfg(0.1, 16)).unwrap();
         assert_eq!(
             ping.ranges.iter().map(|r| idx(r)).collect::<Vec<_>>(),
-            vec![vec![0, 3], vec![0]]
+            vec![vec![0, 3, 4], vec![0]]
         );
         assert_eq!(
             pong.ranges.iter().map(|r| idx(r)).collect::<Vec<_>>(),
-            vec![vec![1, 2, 4], vec![1]]
+            vec![vec![1, 2, 5], vec![1]]
         );
         let total: u64 = ping
             .schedule
@@ -1251,8 +1415,8 @@ mod tests {
     fn ping_pong_splits_each_ranks_own_ranges() {
         // One replica, CP 2, capacity 400 (200 per rank), samples 250, 100, 50: rank 0 holds
         // [0, 200) of sample 0; rank 1 its [200, 250), sample 1 and sample 2.
-        // Rank 0: one range → all in half 0. Rank 1: 100 (s1) → 0, 50 (s0 tail, first on
-        // the length tie) → 1, 50 (s2) → 1 (50 < 100).
+        // Rank 0: one range → all in half 0. Rank 1 by pairs: s0 tail [200,250) 11275 → 0,
+        // s1 5050 → 1, s2 1275 → 1 (6325 < 11275).
         let batch = [seq(&[250, 100, 50], 0)];
         let hr = home_ranges(&batch, 2);
         let spans = |r: &[HomeRange]| -> Vec<(u32, u32, u32)> {
@@ -1261,8 +1425,8 @@ mod tests {
         assert_eq!(spans(&hr[0]), vec![(0, 0, 200)]);
         assert_eq!(spans(&hr[1]), vec![(0, 200, 250), (1, 0, 100), (2, 0, 50)]);
         let [a, b] = nano_split(&hr[1]);
-        assert_eq!(spans(&a), vec![(1, 0, 100)]);
-        assert_eq!(spans(&b), vec![(0, 200, 250), (2, 0, 50)]);
+        assert_eq!(spans(&a), vec![(0, 200, 250)]);
+        assert_eq!(spans(&b), vec![(1, 0, 100), (2, 0, 50)]);
         let c = cfg(0.1, 16);
         let [ping, pong] = schedule_ping_pong_cp(&batch, 2, &c).unwrap();
         assert_eq!(ping.ranges, vec![hr[0].clone(), a]);
@@ -1324,7 +1488,8 @@ mod tests {
         assert!(loose.transfers.is_empty());
         assert_eq!(loose.in_place_kv_bytes(), 8);
         assert_eq!(loose.servers[1].tasks[0].kv_bytes, 8);
-        // Phase 1 (only server 1 is out of tolerance):
+        // Phase 0 (coarse items of out-of-tolerance sources: server 1's [4,8), whose
+        // one-query head costs 5 > ⌊ε·F̄⌋ = 4; server 0's [0,4) leaves in pieces ≤ 4):
         // 1. target 2 (deficit 9, lowest index), cap 9: [4,8) costs 26, no pair (a = 13);
         //    head 4k + k(k+1)/2 ≤ 9 → k = 1: [4,5), 5 pairs; Q 1 + keys [0,5) 10 + out 1 =
         //    12 B. Loads 10 21 5 0.
@@ -1332,9 +1497,11 @@ mod tests {
         //    [5,6), 6 pairs, 1 + 12 + 1 = 14 B. Loads 10 15 5 6.
         // 3. targets 2 (deficit 4) and 3 (3): [6,8) has no shard under 4, nor under the
         //    fallback's caps min(deficit + ⌊ε·F̄⌋ = 4, surplus 6) = 6 (its head [6,7)
-        //    costs 7) → both stuck.
+        //    costs 7), and neither has fine items to make room with → both stuck.
+        // Phase 1 (any item of server 1): the same → stuck.
         // Phase 2 (server 0, surplus 1, may give): target 2, cap 1: head [0,1) of [0,4),
-        //    1 pair, 1 + 2 + 1 = 4 B. Loads 9 15 6 6; server 1 is 6 > 4.5 over F̄ but
+        //    1 pair, Q 1 + out 1 = 2 B: its keys [0,1) already reached server 2 with the
+        //    [4,5) move (KV charged once per (server, sample)). Loads 9 15 6 6; server 1 is 6 > 4.5 over F̄ but
         //    [6,8) has no shard under the deficits of 3 (nor 6 with the fallback)
         //    → NoMoveHelps.
         let s = schedule_cp(&batch, 2, &cfg(0.5, 1)).unwrap();
@@ -1355,7 +1522,7 @@ mod tests {
             moves,
             vec![
                 (1, 2, vec![(4, 5)], 12),
-                (0, 2, vec![(0, 1)], 4),
+                (0, 2, vec![(0, 1)], 2),
                 (1, 3, vec![(5, 6)], 14),
             ]
         );
@@ -1368,7 +1535,7 @@ mod tests {
         assert_eq!(kept, vec![(vec![(1, 4)], 0), (vec![(6, 8)], 8)]);
         assert_eq!(
             (s.moved_bytes(), s.in_place_kv_bytes(), s.bytes()),
-            (30, 8, 38)
+            (28, 8, 36)
         );
     }
 
