@@ -1470,6 +1470,78 @@ mod tests {
     }
 
     #[test]
+    fn two_shards_of_one_document_on_one_target_pay_its_keys_once() {
+        // Server 0: one 10-token sample (55 pairs); server 1 empty. ε = 0, tile 1 (so
+        // ⌊ε·F̄⌋ = 0 and every item is coarse: phase 0). Deficit ⌊55/2⌋ = 27:
+        // 1. a = 11, k = ⌊27/11⌋ = 2: [0,2)+[8,10), 22 pairs, Q 4 + keys [0,10) 20 + out 4
+        //    = 28 B. Loads 33 / 22: surplus ⌊(2·33 − 55)/2⌋ = 5, deficit 5.
+        // 2. [2,8): a = 11 > 5, head 2k + k(k+1)/2 ≤ 5 → k = 1: [2,3), 3 pairs → server 1
+        //    again; its keys [0,3) are already there: Q 1 + out 1 = 2 B (6 B more before the
+        //    KV was charged once per (target, sample)). Loads 30 / 25, deficit 2.
+        // 3. [3,8): head [3,4) costs 4 > 2 → NoMoveHelps.
+        let batch = [seq(&[10], 0), seq(&[], 5)];
+        let s = schedule(&batch, &cfg(0.0, 1)).unwrap();
+        check_conservation(&batch, 1, &s, &unit());
+        assert_eq!(s.stop, Stop::NoMoveHelps);
+        assert_eq!((s.servers[0].pairs, s.servers[1].pairs), (30, 25));
+        let moves: Vec<(Vec<(u32, u32)>, u64, u64)> = s
+            .transfers
+            .iter()
+            .map(|t| {
+                let task = &s.servers[t.dst as usize].tasks[t.task];
+                (task.q_ranges.clone(), t.kv_bytes, t.bytes())
+            })
+            .collect();
+        assert_eq!(
+            moves,
+            vec![(vec![(0, 2), (8, 10)], 20, 28), (vec![(2, 3)], 0, 2)]
+        );
+        // The lowering ships keys [0,10) to worker 1 once: the plan's bytes are the
+        // scheduler's, 6 of Q and output + 20 of K and V.
+        let d = lower::plan_step(0, &batch, 2, &cfg(0.0, 1), false).unwrap();
+        assert_eq!(crate::plan::check(&d.plan).unwrap().bytes, s.bytes());
+        assert_eq!(s.bytes(), 30);
+    }
+
+    #[test]
+    fn ping_pong_balances_both_nano_batches_on_a_corpus_batch() {
+        // One GA index of the wlbllm corpus at L = 128K on DP 64 × CP 8 (512 servers):
+        // long documents span ranks, and their end pieces land in nano-batch 1. Measured
+        // before the coarse-first phase and the pair-balanced split: nano-batch 1 stopped
+        // at max deviation 12.3 (one rank at 13 F̄: its smallest shard, one tile over a
+        // 65K-token prefix, exceeded every deficit left). Now both stay within 0.5 and
+        // every server's two nano-batches together within 15% of the mean.
+        let corpus = Corpus::from_spec("wlbllm").unwrap();
+        let batch = global_batch(&corpus, 131_072, 64, Packing::Sequential, 1, 0).unwrap();
+        let shape = AttnShape {
+            heads_q: 32,
+            heads_kv: 8,
+            head_dim: 128,
+            dtype_bytes: 2,
+        };
+        let c = DistcaConfig::new(shape, DEFAULT_EPSILON, 128).unwrap();
+        let [a, b] = schedule_ping_pong_cp(&batch, 8, &c).unwrap();
+        for n in [&a, &b] {
+            assert!(
+                n.schedule.max_deviation() < 0.5,
+                "{}",
+                n.schedule.max_deviation()
+            );
+        }
+        let per: Vec<u64> = (0..512)
+            .map(|i| a.schedule.servers[i].pairs + b.schedule.servers[i].pairs)
+            .collect();
+        let total: u64 = per.iter().sum();
+        assert_eq!(
+            total,
+            batch.iter().map(PackedSeq::causal_pairs).sum::<u64>()
+        );
+        let mean = total as f64 / 512.0;
+        let max = *per.iter().max().unwrap() as f64;
+        assert!(max / mean < 1.15, "{}", max / mean);
+    }
+
+    #[test]
     fn document_spanning_two_cp_ranks_by_hand() {
         // DP 2 × CP 2, capacity 8 (4 tokens per rank). Replica 0: one 8-token document,
         // [0,4) on server 0 (10 pairs), [4,8) on server 1 (26 pairs); replica 1 empty
