@@ -30,7 +30,15 @@
 //! 2. candidate items are those still on a *source*: in phase 1 a surplus server out of
 //!    tolerance (so moves drain the servers that break the stopping rule, and none drains
 //!    a server that is already fine); in phase 2 — once no such server is left, or none of
-//!    them can help any target — any surplus server;
+//!    them can help any target — any surplus server. Phase 0 comes first (skewsim's
+//!    extension): only *coarse* items of out-of-tolerance sources, as far as the source's
+//!    *exportable* pairs cannot cover its surplus. An item's exportable pairs are those
+//!    that can leave in moves of ≤ ⌊ε·F̄⌋ each (all of it if that small, else its leading
+//!    tiles whose one-tile head costs ≤ ⌊ε·F̄⌋); a coarse item has none: its smallest
+//!    move, one tile over a long prefix, exceeds what a nearly full target can take. With
+//!    ping-pong a nano-batch's F̄ is small and the end of a long document is such an item;
+//!    when cheap items filled the deficits first it could no longer move and its rank
+//!    stayed at 10–30× F̄, so coarse items go first, while the deficits are large;
 //! 3. for each candidate ΔF_max = min(F_item, surplus of its server, deficit of the target);
 //!    the item moves *whole* if F_item ≤ ΔF_max, else a *head+tail shard* moves: the
 //!    first `k` and last `k` queries of the item's range `[lo, hi)`, `k` the largest
@@ -45,27 +53,41 @@
 //!    (`q_bytes`, from and back to the item's home) + K and V of the key prefix they
 //!    attend to, `[0, last query + 1)`, *less the keys the target already holds* (a target
 //!    on an earlier CP rank of the same replica holds part of the prefix; any other holds
-//!    none), sent by whichever ranks hold them (`kv_bytes`);
+//!    none) *or has already received* — an earlier move of this schedule that sent it keys
+//!    `[0, d)` of the same sample makes those free, as the lowering ships K and V once per
+//!    (sample, destination) — sent by whichever ranks hold them (`kv_bytes`). So a second
+//!    shard of a document on the same target costs only its Q, output and the keys beyond
+//!    `d`, and consolidating a document's shards is as cheap as it is in the plan;
 //! 5. when no candidate gives a move, the target may take one that leaves it *within
 //!    tolerance above* F̄: steps 3–4 again with ΔF_max = min(F_item, surplus, deficit +
 //!    ⌊ε·F̄⌋) (skewsim's extension, like the head-only shard: with CP > 1 a rank holding
 //!    the end of a long document carries many F̄ of work whose smallest shard — one tile
 //!    over a prefix of 100K keys — exceeds the small deficits left once cheaper items have
-//!    filled the pool; without it such a rank stays at 10× F̄);
+//!    filled the pool; without it such a rank stays at 10× F̄). In phase 0 a target with
+//!    no such move may also take a coarse shard into the room of its own exportable pairs
+//!    (ΔF_max = min(F_item, give, deficit + ⌊ε·F̄⌋ + exportable)): it becomes an
+//!    out-of-tolerance source and gives them away in phase 1; its surplus exceeds its
+//!    exportable pairs by ≤ ⌊ε·F̄⌋, any move lowers both alike (by at most the pairs moved
+//!    for the exportable), and every deficit server can take one ≤ ⌊ε·F̄⌋ piece, so it ends
+//!    within tolerance;
 //! 6. a target with no candidate giving a move even so is *stuck* for the phase (moves only
 //!    shrink every ΔF_max and the set of sources); the scheduler stops when all servers are
 //!    within tolerance ([`Stop::Balanced`]) or every deficit server is stuck in phase 2
 //!    ([`Stop::NoMoveHelps`]).
 //!
 //! Surplus servers only lose work down to F̄ and deficit servers only gain up to F̄ (F̄ +
-//! ε·F̄ through step 5); received tasks are never moved again. Each move lowers
+//! ε·F̄ through step 5, then back to there); received tasks are never moved again. Each move lowers
 //! Σ_s |F_s − F̄| by at least 2·min(moved, deficit) > 0, so the scheduler ends. Items are
 //! keyed by the ratio of their whole move
 //! to the most favourable target (one holding the largest block of the prefix any other
-//! rank holds, m ≤ lo): k·A / (4k·q + kv) grows with k, and so does a head shard's ratio
-//! (pairs convex in k from 0 over bytes affine in k with a non-negative intercept, as the
-//! keys not held, lo + k − held, are ≥ k), which equals the whole move's at k = hi − lo.
-//! So the key bounds every move of the item to every target and the search stops early.
+//! rank holds, m ≤ lo, plus the most keys of the sample delivered to any target, d_max):
+//! while A = m + d_max ≤ lo, k·(lo + hi + 1) / (4k·q + kv) grows with k, and so does a
+//! head shard's ratio (pairs convex in k from 0 over bytes affine in k with a
+//! non-negative intercept, as the keys missing, lo + k − A, are ≥ k), which equals the
+//! whole move's at k = hi − lo; once A > lo the key is the ratio without any KV (a
+//! shard's pairs per query are at most the whole item's (lo + hi + 1)/2), and the items
+//! of a sample are re-keyed when d_max grows. So the key bounds every move of the item to
+//! every target and the search stops early.
 //!
 //! A task left in place still reads the part of its key prefix held by earlier CP ranks of
 //! its replica (as CP's KV exchange does): [`AttnTask::kv_bytes`], counted in
@@ -76,14 +98,18 @@
 //! Each micro-batch is split into two nano-batches and each is scheduled on its own
 //! ([`schedule_ping_pong_cp`]): the engine overlaps nano-batch 0's attention transfers with
 //! nano-batch 1's compute and the other way round. The split is per rank, over the rank's
-//! own query ranges (whole ranges, never cut): longest first onto the half with fewer
-//! tokens (the first half on a tie), each half then in position order ([`nano_split`]);
+//! own query ranges (whole ranges, never cut): heaviest (causal pairs) first onto the half
+//! with fewer pairs (the first half on a tie), each half then in position order
+//! ([`nano_split`]; by pairs, not tokens, since the pairs are what each nano-batch's
+//! scheduler must balance: by tokens a 6K-token end of an 88K-token document and a 6K
+//! token short document weigh the same);
 //! two pins keep it causal: ranks of a replica are split in order, a range continuing a
 //! document whose piece on the previous rank is in nano-batch 1 goes to nano-batch 1 too,
 //! and a range continuing onto the next rank goes to nano-batch 0 ([`nano_splits`]), so a
-//! nano-batch-0 task never reads K/V of nano-batch-1 tokens. A rank whose only range is part of one long document cannot be
-//! split (its one range is a whole nano-batch). With CP = 1 this is a split of each
-//! micro-batch's whole samples by tokens. This module only describes the split.
+//! nano-batch-0 task never reads K/V of nano-batch-1 tokens. A rank whose only range is
+//! part of one long document cannot be split (its one range is a whole nano-batch). With
+//! CP = 1 this is a split of each micro-batch's whole samples by pairs. This module only
+//! describes the split.
 
 pub mod lower;
 pub mod pingpong;
@@ -168,7 +194,10 @@ pub struct AttnTask {
     /// The keys needed: `[0, kv_prefix)` of the sample (= the last query + 1).
     pub kv_prefix: u32,
     /// Bytes of K and V of that prefix the executing server does not hold (received from
-    /// the ranks holding them; for a task left in place, the earlier CP ranks' part).
+    /// the ranks holding them; for a task left in place, the earlier CP ranks' part). A
+    /// moved task is charged only keys no earlier move of the schedule brought to the
+    /// server: together the moved tasks of one sample on one server pay the longest
+    /// prefix among them once.
     pub kv_bytes: u64,
     /// Exact causal pairs.
     pub pairs: u64,
@@ -189,7 +218,8 @@ pub struct Transfer {
     pub task: usize,
     /// Bytes of Q, src → dst.
     pub q_bytes: u64,
-    /// Bytes of K and V of the prefix the executing server does not hold, holders → dst.
+    /// Bytes of K and V of the prefix the executing server does not hold and has not
+    /// received with an earlier move of the schedule, holders → dst.
     pub kv_bytes: u64,
     /// Bytes of the attention output, dst → src.
     pub out_bytes: u64,
@@ -969,9 +999,9 @@ pub fn schedule_ranges(
     })
 }
 
-/// The two nano-batches of one server's home ranges (module doc): longest first onto the
-/// half with fewer tokens (half 0 on a tie; ties in length by position), each half in
-/// position order.
+/// The two nano-batches of one server's home ranges (module doc): heaviest (causal pairs)
+/// first onto the half with fewer pairs (half 0 on a tie; ties in pairs by position), each
+/// half in position order.
 pub fn nano_split(ranges: &[HomeRange]) -> [Vec<HomeRange>; 2] {
     nano_split_pinned(ranges, false, false)
 }

@@ -20,7 +20,10 @@
 //! whichever ranks hold them, once per (sample, destination). A unit left in place on a
 //! later CP rank receives the prefix held by earlier ranks the same way. So the plan's
 //! Q and output bytes are the scheduler's and its KV bytes at most the scheduler's (moved
-//! and in-place; equal when no two tasks of a sample execute on one server).
+//! and in-place; the scheduler charges the moved tasks of one sample on one server their
+//! longest prefix once, as here, so they differ only where a server both keeps a piece of
+//! a sample in place and receives another, or with ping-pong, where both nano-batches'
+//! tasks of a sample on one server share one KV transfer).
 
 use super::pingpong::NanoTable;
 use super::{schedule_cp, schedule_ping_pong_cp, DistcaConfig, DistcaSchedule};
