@@ -1514,7 +1514,8 @@ mod tests {
         check_conservation(&batch, 1, &s, &unit());
         assert_eq!(s.stop, Stop::NoMoveHelps);
         assert_eq!((s.servers[0].pairs, s.servers[1].pairs), (30, 25));
-        let moves: Vec<(Vec<(u32, u32)>, u64, u64)> = s
+        type Moved = (Vec<(u32, u32)>, u64, u64);
+        let moves: Vec<Moved> = s
             .transfers
             .iter()
             .map(|t| {
