@@ -84,9 +84,10 @@
 //! while A = m + d_max ≤ lo, k·(lo + hi + 1) / (4k·q + kv) grows with k, and so does a
 //! head shard's ratio (pairs convex in k from 0 over bytes affine in k with a
 //! non-negative intercept, as the keys missing, lo + k − A, are ≥ k), which equals the
-//! whole move's at k = hi − lo; once A > lo the key is the ratio without any KV (a
-//! shard's pairs per query are at most the whole item's (lo + hi + 1)/2), and the items
-//! of a sample are re-keyed when d_max grows. So the key bounds every move of the item to
+//! whole move's at k = hi − lo; once A > lo the key is the larger of the whole move's
+//! ratio (with hi − A keys) and the KV-free head `[lo, A)`'s: a head shard's ratio is a
+//! convex function of k over a positive affine one, so on k ≥ A − lo it peaks at an end,
+//! and below A − lo it grows with k; the items of a sample are re-keyed when d_max grows. So the key bounds every move of the item to
 //! every target and the search stops early.
 //!
 //! A task left in place still reads the part of its key prefix held by earlier CP ranks of
@@ -582,20 +583,25 @@ impl State<'_> {
     /// The ratio of the whole item's move to the most favourable target: an upper bound
     /// of every move of the item (module doc). No target can have more than A = max_held +
     /// (the most keys of the sample delivered to any target) of the prefix; when A ≤ lo the
-    /// whole move's ratio with hi − A keys bounds every shard's, else the ratio without KV
-    /// (every shard's pairs per query are ≤ (lo + hi + 1)/2, the whole item's).
+    /// whole move's ratio with hi − A keys bounds every shard's, else the larger of that
+    /// and the ratio of the head `[lo, A)` without KV.
     fn bound(&self, it: &Item) -> f64 {
         let dmax = self
             .delivered_max
             .get(&it.sample_ref())
             .copied()
             .unwrap_or(0);
-        let avail = it.max_held.saturating_add(dmax);
+        let avail = it.max_held.saturating_add(dmax).min(it.hi);
         let n = u64::from(it.hi - it.lo);
+        let whole = self.ratio(it.pairs(), n, it.hi - avail);
         if avail > it.lo {
-            self.ratio(it.pairs(), n, 0)
+            // the KV-free head [lo, A) and the whole item bound the head shards (ratio of
+            // a convex over a positive affine function of k: largest at an end), the
+            // whole item bounds the head+tail shards
+            let head = self.ratio(range_pairs(it.lo, avail), u64::from(avail - it.lo), 0);
+            head.max(whole)
         } else {
-            self.ratio(it.pairs(), n, it.hi - avail)
+            whole
         }
     }
 
