@@ -858,10 +858,21 @@ pub fn schedule_ranges(
         if (0..p).all(|s| st.within(s)) {
             break Stop::Balanced;
         }
-        // Largest deficit first, lowest index on a tie.
-        let target = (0..p)
-            .filter(|&s| !stuck[s] && st.deficit(s) > 0)
-            .max_by_key(|&s| (st.deficit(s), Reverse(s)));
+        // Largest deficit first, lowest index on a tie. deficit = ⌊−excess / P⌋ is monotone
+        // in −excess: find the largest −excess, then the lowest index whose −excess reaches
+        // that deficit's floor (one division instead of two per server).
+        let shortfall = |s: usize| -st.excess(s);
+        let top = (0..p)
+            .filter(|&s| !stuck[s])
+            .map(shortfall)
+            .max()
+            .unwrap_or(0);
+        let floor = (top.max(0) as u128 / st.servers * st.servers) as i128;
+        let target = if top >= st.servers as i128 {
+            (0..p).find(|&s| !stuck[s] && shortfall(s) >= floor)
+        } else {
+            None
+        };
         let Some(target) = target else {
             // The current sources cannot help any target any more: widen them (phase 1:
             // every item of an out-of-tolerance source; phase 2: every surplus server).
