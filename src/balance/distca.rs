@@ -30,7 +30,15 @@
 //! 2. candidate items are those still on a *source*: in phase 1 a surplus server out of
 //!    tolerance (so moves drain the servers that break the stopping rule, and none drains
 //!    a server that is already fine); in phase 2 — once no such server is left, or none of
-//!    them can help any target — any surplus server;
+//!    them can help any target — any surplus server. Phase 0 comes first (skewsim's
+//!    extension): only *coarse* items of out-of-tolerance sources, as far as the source's
+//!    *exportable* pairs cannot cover its surplus. An item's exportable pairs are those
+//!    that can leave in moves of ≤ ⌊ε·F̄⌋ each (all of it if that small, else its leading
+//!    tiles whose one-tile head costs ≤ ⌊ε·F̄⌋); a coarse item has none: its smallest
+//!    move, one tile over a long prefix, exceeds what a nearly full target can take. With
+//!    ping-pong a nano-batch's F̄ is small and the end of a long document is such an item;
+//!    when cheap items filled the deficits first it could no longer move and its rank
+//!    stayed at 10–30× F̄, so coarse items go first, while the deficits are large;
 //! 3. for each candidate ΔF_max = min(F_item, surplus of its server, deficit of the target);
 //!    the item moves *whole* if F_item ≤ ΔF_max, else a *head+tail shard* moves: the
 //!    first `k` and last `k` queries of the item's range `[lo, hi)`, `k` the largest
@@ -45,27 +53,42 @@
 //!    (`q_bytes`, from and back to the item's home) + K and V of the key prefix they
 //!    attend to, `[0, last query + 1)`, *less the keys the target already holds* (a target
 //!    on an earlier CP rank of the same replica holds part of the prefix; any other holds
-//!    none), sent by whichever ranks hold them (`kv_bytes`);
+//!    none) *or has already received* — an earlier move of this schedule that sent it keys
+//!    `[0, d)` of the same sample makes those free, as the lowering ships K and V once per
+//!    (sample, destination) — sent by whichever ranks hold them (`kv_bytes`). So a second
+//!    shard of a document on the same target costs only its Q, output and the keys beyond
+//!    `d`, and consolidating a document's shards is as cheap as it is in the plan;
 //! 5. when no candidate gives a move, the target may take one that leaves it *within
 //!    tolerance above* F̄: steps 3–4 again with ΔF_max = min(F_item, surplus, deficit +
 //!    ⌊ε·F̄⌋) (skewsim's extension, like the head-only shard: with CP > 1 a rank holding
 //!    the end of a long document carries many F̄ of work whose smallest shard — one tile
 //!    over a prefix of 100K keys — exceeds the small deficits left once cheaper items have
-//!    filled the pool; without it such a rank stays at 10× F̄);
+//!    filled the pool; without it such a rank stays at 10× F̄). In phase 0 a target with
+//!    no such move may also take a coarse shard into the room of its own exportable pairs
+//!    (ΔF_max = min(F_item, give, deficit + ⌊ε·F̄⌋ + exportable)): it becomes an
+//!    out-of-tolerance source and gives them away in phase 1; its surplus exceeds its
+//!    exportable pairs by ≤ ⌊ε·F̄⌋, any move lowers both alike (by at most the pairs moved
+//!    for the exportable), and every deficit server can take one ≤ ⌊ε·F̄⌋ piece, so it ends
+//!    within tolerance;
 //! 6. a target with no candidate giving a move even so is *stuck* for the phase (moves only
 //!    shrink every ΔF_max and the set of sources); the scheduler stops when all servers are
 //!    within tolerance ([`Stop::Balanced`]) or every deficit server is stuck in phase 2
 //!    ([`Stop::NoMoveHelps`]).
 //!
 //! Surplus servers only lose work down to F̄ and deficit servers only gain up to F̄ (F̄ +
-//! ε·F̄ through step 5); received tasks are never moved again. Each move lowers
+//! ε·F̄ through step 5, then back to there); received tasks are never moved again. Each move lowers
 //! Σ_s |F_s − F̄| by at least 2·min(moved, deficit) > 0, so the scheduler ends. Items are
 //! keyed by the ratio of their whole move
 //! to the most favourable target (one holding the largest block of the prefix any other
-//! rank holds, m ≤ lo): k·A / (4k·q + kv) grows with k, and so does a head shard's ratio
-//! (pairs convex in k from 0 over bytes affine in k with a non-negative intercept, as the
-//! keys not held, lo + k − held, are ≥ k), which equals the whole move's at k = hi − lo.
-//! So the key bounds every move of the item to every target and the search stops early.
+//! rank holds, m ≤ lo, plus the most keys of the sample delivered to any target, d_max):
+//! while A = m + d_max ≤ lo, k·(lo + hi + 1) / (4k·q + kv) grows with k, and so does a
+//! head shard's ratio (pairs convex in k from 0 over bytes affine in k with a
+//! non-negative intercept, as the keys missing, lo + k − A, are ≥ k), which equals the
+//! whole move's at k = hi − lo; once A > lo the key is the larger of the whole move's
+//! ratio (with hi − A keys) and the KV-free head `[lo, A)`'s: a head shard's ratio is a
+//! convex function of k over a positive affine one, so on k ≥ A − lo it peaks at an end,
+//! and below A − lo it grows with k; the items of a sample are re-keyed when d_max grows. So the key bounds every move of the item to
+//! every target and the search stops early.
 //!
 //! A task left in place still reads the part of its key prefix held by earlier CP ranks of
 //! its replica (as CP's KV exchange does): [`AttnTask::kv_bytes`], counted in
@@ -76,21 +99,25 @@
 //! Each micro-batch is split into two nano-batches and each is scheduled on its own
 //! ([`schedule_ping_pong_cp`]): the engine overlaps nano-batch 0's attention transfers with
 //! nano-batch 1's compute and the other way round. The split is per rank, over the rank's
-//! own query ranges (whole ranges, never cut): longest first onto the half with fewer
-//! tokens (the first half on a tie), each half then in position order ([`nano_split`]);
+//! own query ranges (whole ranges, never cut): heaviest (causal pairs) first onto the half
+//! with fewer pairs (the first half on a tie), each half then in position order
+//! ([`nano_split`]; by pairs, not tokens, since the pairs are what each nano-batch's
+//! scheduler must balance: by tokens a 6K-token end of an 88K-token document and a 6K
+//! token short document weigh the same);
 //! two pins keep it causal: ranks of a replica are split in order, a range continuing a
 //! document whose piece on the previous rank is in nano-batch 1 goes to nano-batch 1 too,
 //! and a range continuing onto the next rank goes to nano-batch 0 ([`nano_splits`]), so a
-//! nano-batch-0 task never reads K/V of nano-batch-1 tokens. A rank whose only range is part of one long document cannot be
-//! split (its one range is a whole nano-batch). With CP = 1 this is a split of each
-//! micro-batch's whole samples by tokens. This module only describes the split.
+//! nano-batch-0 task never reads K/V of nano-batch-1 tokens. A rank whose only range is
+//! part of one long document cannot be split (its one range is a whole nano-batch). With
+//! CP = 1 this is a split of each micro-batch's whole samples by pairs. This module only
+//! describes the split.
 
 pub mod lower;
 pub mod pingpong;
 pub mod ticks;
 
 use std::cmp::Reverse;
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
 use serde::{Deserialize, Serialize};
 
@@ -169,7 +196,10 @@ pub struct AttnTask {
     /// The keys needed: `[0, kv_prefix)` of the sample (= the last query + 1).
     pub kv_prefix: u32,
     /// Bytes of K and V of that prefix the executing server does not hold (received from
-    /// the ranks holding them; for a task left in place, the earlier CP ranks' part).
+    /// the ranks holding them; for a task left in place, the earlier CP ranks' part). A
+    /// moved task is charged only keys no earlier move of the schedule brought to the
+    /// server: together the moved tasks of one sample on one server pay the longest
+    /// prefix among them once.
     pub kv_bytes: u64,
     /// Exact causal pairs.
     pub pairs: u64,
@@ -190,7 +220,8 @@ pub struct Transfer {
     pub task: usize,
     /// Bytes of Q, src → dst.
     pub q_bytes: u64,
-    /// Bytes of K and V of the prefix the executing server does not hold, holders → dst.
+    /// Bytes of K and V of the prefix the executing server does not hold and has not
+    /// received with an earlier move of the schedule, holders → dst.
     pub kv_bytes: u64,
     /// Bytes of the attention output, dst → src.
     pub out_bytes: u64,
@@ -386,6 +417,13 @@ impl Item {
     fn pairs(&self) -> u64 {
         range_pairs(self.lo, self.hi)
     }
+
+    fn sample_ref(&self) -> SampleRef {
+        SampleRef {
+            seq: self.seq,
+            index: self.index,
+        }
+    }
 }
 
 /// What part of an item `[lo, hi)` a move takes.
@@ -421,8 +459,20 @@ struct State<'a> {
     /// Candidates on source servers: (whole-move ratio bound, descending; item).
     candidates: BTreeSet<(Reverse<u64>, usize)>,
     keys: Vec<Option<u64>>,
-    /// Phase 2: every surplus server is a source (phase 1: only those out of tolerance).
-    all_sources: bool,
+    /// 0: coarse items of out-of-tolerance sources only (as far as their fine items cannot
+    /// cover the surplus); 1: any item of an out-of-tolerance source; 2: any surplus server.
+    phase: u8,
+    /// ⌊ε·F̄⌋ in pairs.
+    slack: u64,
+    /// Per server, Σ exportable pairs of its items ([`State::exportable`]).
+    fine: Vec<u64>,
+    /// Per (target, sample): keys `[0, d)` of the sample already delivered to the target by
+    /// earlier moves of this schedule (it then holds them, as the lowering ships them once).
+    delivered: HashMap<(u32, SampleRef), u32>,
+    /// Per sample, the largest such `d` over all targets (for the ratio bound).
+    delivered_max: HashMap<SampleRef, u32>,
+    /// Per sample, its items.
+    doc_items: HashMap<SampleRef, Vec<usize>>,
 }
 
 impl State<'_> {
@@ -462,6 +512,62 @@ impl State<'_> {
         self.layouts[it.seq as usize].held(s % self.cp, it.s0, x)
     }
 
+    /// Keys `[0, d)` of item `it`'s sample delivered to server `s` by earlier moves.
+    fn delivered(&self, s: usize, it: &Item) -> u32 {
+        let key = (s as u32, it.sample_ref());
+        self.delivered.get(&key).copied().unwrap_or(0)
+    }
+
+    /// Keys of `[0, x)` of item `it`'s sample that server `s` lacks: neither held (its own
+    /// block) nor delivered by an earlier move (`[0, d)`).
+    fn missing(&self, s: usize, it: &Item, x: u32) -> u32 {
+        let d = self.delivered(s, it).min(x);
+        // held blocks are contiguous: the part inside [d, x) is held(x) − held(d)
+        let held_above = self.held(s, it, x) - self.held(s, it, d);
+        x - d - held_above
+    }
+
+    /// The pairs of item `it` that can leave in moves of at most ⌊ε·F̄⌋ pairs each (what
+    /// any target with room can still take): all of it if it is that small, else its
+    /// leading whole tiles `[lo, lo + m·tile)` whose one-tile head move each costs ≤ ε·F̄
+    /// (tile·q + tile(tile+1)/2 for a tile starting at q). Any move of the item lowers this
+    /// by at most the pairs it moves, so a source whose surplus exceeds it by ≤ ε·F̄ can
+    /// always get back within tolerance.
+    fn exportable(&self, it: &Item) -> u64 {
+        let pairs = it.pairs();
+        if pairs <= self.slack {
+            return pairs;
+        }
+        let t = u64::from(self.cfg.tile);
+        let lo = u64::from(it.lo);
+        let Some(room) = self.slack.checked_sub(t * (t + 1) / 2) else {
+            return 0;
+        };
+        let qmax = room / t;
+        if lo > qmax {
+            return 0;
+        }
+        let m = ((qmax - lo) / t + 1).min(u64::from(it.hi - it.lo) / t);
+        range_pairs(it.lo, it.lo + (m * t) as u32)
+    }
+
+    /// Whether item `it` is *coarse*: none of it can leave in moves of ≤ ε·F̄ (its smallest
+    /// move, one tile of head or the whole item, costs more than a nearly full target can
+    /// still take).
+    fn coarse(&self, it: &Item) -> bool {
+        it.lo < it.hi && self.exportable(it) == 0
+    }
+
+    /// Re-counts server `s`'s fine pairs (exportable in moves of ≤ ε·F̄).
+    fn refine(&mut self, s: usize) {
+        self.fine[s] = self.by_server[s]
+            .iter()
+            .map(|&id| self.items[id])
+            .filter(|it| it.lo < it.hi)
+            .map(|it| self.exportable(&it))
+            .sum();
+    }
+
     /// (Q, KV, output) bytes of `q_tokens` queries and `kv_tokens` keys.
     fn bytes(&self, q_tokens: u64, kv_tokens: u32) -> (u64, u64, u64) {
         let sh = &self.cfg.shape;
@@ -476,18 +582,53 @@ impl State<'_> {
     }
 
     /// The ratio of the whole item's move to the most favourable target: an upper bound
-    /// of every move of the item (module doc).
+    /// of every move of the item (module doc). No target can have more than A = max_held +
+    /// (the most keys of the sample delivered to any target) of the prefix; when A ≤ lo the
+    /// whole move's ratio with hi − A keys bounds every shard's, else the larger of that
+    /// and the ratio of the head `[lo, A)` without KV.
     fn bound(&self, it: &Item) -> f64 {
-        self.ratio(
-            it.pairs(),
-            u64::from(it.hi - it.lo),
-            it.hi - it.max_held.min(it.hi),
-        )
+        let dmax = self
+            .delivered_max
+            .get(&it.sample_ref())
+            .copied()
+            .unwrap_or(0);
+        let avail = it.max_held.saturating_add(dmax).min(it.hi);
+        let n = u64::from(it.hi - it.lo);
+        let whole = self.ratio(it.pairs(), n, it.hi - avail);
+        if avail > it.lo {
+            // the KV-free head [lo, A) and the whole item bound the head shards (ratio of
+            // a convex over a positive affine function of k: largest at an end), the
+            // whole item bounds the head+tail shards
+            let head = self.ratio(range_pairs(it.lo, avail), u64::from(avail - it.lo), 0);
+            head.max(whole)
+        } else {
+            whole
+        }
     }
 
-    /// Whether server `s`'s items are candidates in the current phase.
+    /// Whether server `s`'s items are candidates in the current phase (phase 0 adds the
+    /// item's own condition, [`State::eligible`]).
     fn is_source(&self, s: usize) -> bool {
-        self.surplus(s) > 0 && (self.all_sources || !self.within(s))
+        self.surplus(s) > 0 && (self.phase == 2 || !self.within(s))
+    }
+
+    /// The pairs a source may give in the current phase: its surplus; in phase 0 only the
+    /// part its fine items cannot cover.
+    fn give(&self, s: usize) -> u64 {
+        let sur = self.surplus(s);
+        if self.phase == 0 {
+            sur.saturating_sub(self.fine[s])
+        } else {
+            sur
+        }
+    }
+
+    /// Whether item `it` is a candidate in the current phase.
+    fn eligible(&self, it: &Item) -> bool {
+        let s = it.home as usize;
+        it.lo < it.hi
+            && self.is_source(s)
+            && (self.phase > 0 || (self.coarse(it) && self.give(s) > 0))
     }
 
     fn set_key(&mut self, id: usize) {
@@ -495,7 +636,7 @@ impl State<'_> {
             self.candidates.remove(&(Reverse(k), id));
         }
         let it = self.items[id];
-        if it.lo < it.hi && self.is_source(it.home as usize) {
+        if self.eligible(&it) {
             let k = self.bound(&it).to_bits();
             self.candidates.insert((Reverse(k), id));
             self.keys[id] = Some(k);
@@ -509,8 +650,8 @@ impl State<'_> {
         if f == 0 || cap == 0 {
             return None;
         }
-        // keys [0, x) the target does not hold
-        let kv = |x: u32| x - self.held(target, it, x);
+        // keys [0, x) the target neither holds nor has received
+        let kv = |x: u32| self.missing(target, it, x);
         if f <= cap {
             let ratio = self.ratio(f, u64::from(it.hi - it.lo), kv(it.hi));
             return Some(Move {
@@ -573,7 +714,7 @@ impl State<'_> {
             if best.is_some_and(|b| f64::from_bits(ub) <= b.ratio) {
                 break;
             }
-            let cap = deficit.min(self.surplus(self.items[id].home as usize));
+            let cap = deficit.min(self.give(self.items[id].home as usize));
             if let Some(m) = self.evaluate(id, cap, target) {
                 if Self::better(&best, &m) {
                     best = Some(m);
@@ -583,16 +724,21 @@ impl State<'_> {
         best
     }
 
-    /// ⌊ε·F̄⌋ in pairs: how far above F̄ a server stays within tolerance.
-    fn slack(&self) -> u64 {
-        (self.cfg.epsilon * self.total as f64 / self.servers as f64).floor() as u64
-    }
-
     /// Re-keys every item (after a phase change).
     fn rekey_all(&mut self) {
         for id in 0..self.items.len() {
             self.set_key(id);
         }
+    }
+
+    /// Next phase: re-keys every item; false when already in the last.
+    fn next_phase(&mut self) -> bool {
+        if self.phase >= 2 {
+            return false;
+        }
+        self.phase += 1;
+        self.rekey_all();
+        true
     }
 }
 
@@ -678,6 +824,10 @@ pub fn schedule_ranges(
     }
     let total: u128 = load.iter().map(|&l| u128::from(l)).sum();
     let n_items = items.len();
+    let mut doc_items: HashMap<SampleRef, Vec<usize>> = HashMap::new();
+    for (id, it) in items.iter().enumerate() {
+        doc_items.entry(it.sample_ref()).or_default().push(id);
+    }
     let mut st = State {
         cfg,
         cp,
@@ -689,36 +839,65 @@ pub fn schedule_ranges(
         servers: p as u128,
         candidates: BTreeSet::new(),
         keys: vec![None; n_items],
-        all_sources: false,
+        phase: 0,
+        slack: (cfg.epsilon * total as f64 / p as f64).floor() as u64,
+        fine: vec![0; p],
+        delivered: HashMap::new(),
+        delivered_max: HashMap::new(),
+        doc_items,
     };
+    for s in 0..p {
+        st.refine(s);
+    }
     st.rekey_all();
+    while st.phase < 2 && st.candidates.is_empty() {
+        st.next_phase();
+    }
     let mut received: Vec<Vec<(AttnTask, Transfer)>> = vec![Vec::new(); p];
     let mut stuck = vec![false; p];
     let stop = loop {
         if (0..p).all(|s| st.within(s)) {
             break Stop::Balanced;
         }
-        // Largest deficit first, lowest index on a tie.
-        let target = (0..p)
-            .filter(|&s| !stuck[s] && st.deficit(s) > 0)
-            .max_by_key(|&s| (st.deficit(s), Reverse(s)));
+        // Largest deficit first, lowest index on a tie. deficit = ⌊−excess / P⌋ is monotone
+        // in −excess: find the largest −excess, then the lowest index whose −excess reaches
+        // that deficit's floor (one division instead of two per server).
+        let shortfall = |s: usize| -st.excess(s);
+        let top = (0..p)
+            .filter(|&s| !stuck[s])
+            .map(shortfall)
+            .max()
+            .unwrap_or(0);
+        let floor = (top.max(0) as u128 / st.servers * st.servers) as i128;
+        let target = if top >= st.servers as i128 {
+            (0..p).find(|&s| !stuck[s] && shortfall(s) >= floor)
+        } else {
+            None
+        };
         let Some(target) = target else {
-            if st.all_sources {
+            // The current sources cannot help any target any more: widen them (phase 1:
+            // every item of an out-of-tolerance source; phase 2: every surplus server).
+            if !st.next_phase() {
                 break Stop::NoMoveHelps;
             }
-            // Phase 2: the out-of-tolerance sources cannot help any target any more; let
-            // every surplus server give.
-            st.all_sources = true;
-            st.rekey_all();
             stuck.fill(false);
             continue;
         };
         // Fallback (skewsim's extension): when no shard fits the deficit, the target may
         // take one that leaves it within tolerance above F̄.
-        let m = st.best_move(target, 0).or_else(|| match st.slack() {
-            0 => None,
-            over => st.best_move(target, over),
-        });
+        let m = st
+            .best_move(target, 0)
+            .or_else(|| match st.slack {
+                0 => None,
+                over => st.best_move(target, over),
+            })
+            .or_else(|| match (st.phase, st.fine[target]) {
+                // Phase 0, room making (skewsim's extension): a coarse shard may also
+                // take the room of the target's own fine items, which it then gives away
+                // in phase 1 as an out-of-tolerance source.
+                (0, f) if f > 0 => st.best_move(target, st.slack + f),
+                _ => None,
+            });
         let Some(m) = m else {
             stuck[target] = true;
             continue;
@@ -744,20 +923,29 @@ pub fn schedule_ranges(
         let q_tokens: u64 = q_ranges.iter().map(|&(a, b)| u64::from(b - a)).sum();
         st.load[home] -= m.pairs;
         st.load[target] += m.pairs;
-        if st.is_source(home) {
-            st.set_key(m.item);
-        } else {
-            for id in st.by_server[home].clone() {
-                st.set_key(id);
+        // KV charged once per (target, sample): only the part of the prefix still missing.
+        let kv_tokens = st.missing(target, &it, kv_prefix);
+        let doc = it.sample_ref();
+        let d = st.delivered.entry((target as u32, doc)).or_insert(0);
+        *d = (*d).max(kv_prefix);
+        let dmax = st.delivered_max.entry(doc).or_insert(0);
+        if kv_prefix > *dmax {
+            *dmax = kv_prefix;
+            if let Some(ids) = st.doc_items.get(&doc).cloned() {
+                for id in ids {
+                    st.set_key(id);
+                }
             }
         }
-        if !st.all_sources && st.candidates.is_empty() {
-            // No out-of-tolerance source left: phase 2 (see the loop's head).
-            st.all_sources = true;
-            st.rekey_all();
+        st.refine(home);
+        for id in st.by_server[home].clone() {
+            st.set_key(id);
+        }
+        while st.phase < 2 && st.candidates.is_empty() {
+            // No candidate left in this phase: the next (see the loop's head).
+            st.next_phase();
             stuck.fill(false);
         }
-        let kv_tokens = kv_prefix - st.held(target, &it, kv_prefix);
         let (q_bytes, kv_bytes, out_bytes) = st.bytes(q_tokens, kv_tokens);
         let task = AttnTask {
             sample: SampleRef {
@@ -829,9 +1017,9 @@ pub fn schedule_ranges(
     })
 }
 
-/// The two nano-batches of one server's home ranges (module doc): longest first onto the
-/// half with fewer tokens (half 0 on a tie; ties in length by position), each half in
-/// position order.
+/// The two nano-batches of one server's home ranges (module doc): heaviest (causal pairs)
+/// first onto the half with fewer pairs (half 0 on a tie; ties in pairs by position), each
+/// half in position order.
 pub fn nano_split(ranges: &[HomeRange]) -> [Vec<HomeRange>; 2] {
     nano_split_pinned(ranges, false, false)
 }
@@ -849,20 +1037,21 @@ pub fn nano_split_pinned(
     let first = first_in_one && n > 0;
     let last = last_in_zero && n > usize::from(first);
     let mut halves: [Vec<usize>; 2] = [Vec::new(), Vec::new()];
-    let mut tokens = [0u64; 2];
+    let mut load = [0u64; 2];
+    let pairs = |i: usize| range_pairs(ranges[i].lo, ranges[i].hi);
     if first {
-        tokens[1] += u64::from(ranges[0].tokens());
+        load[1] += pairs(0);
         halves[1].push(0);
     }
     if last {
-        tokens[0] += u64::from(ranges[n - 1].tokens());
+        load[0] += pairs(n - 1);
         halves[0].push(n - 1);
     }
     let mut order: Vec<usize> = (usize::from(first)..n - usize::from(last)).collect();
-    order.sort_by_key(|&i| (Reverse(ranges[i].tokens()), i));
+    order.sort_by_key(|&i| (Reverse(pairs(i)), i));
     for i in order {
-        let h = usize::from(tokens[1] < tokens[0]);
-        tokens[h] += u64::from(ranges[i].tokens());
+        let h = usize::from(load[1] < load[0]);
+        load[h] += pairs(i);
         halves[h].push(i);
     }
     halves.map(|mut h| {
@@ -977,7 +1166,7 @@ mod tests {
 
     /// Every query token of every sample attended exactly once, task pairs exact, KV prefix
     /// = the last query + 1, queries held by the task's home, KV bytes = the prefix the
-    /// executing server does not hold, loads and the FLOP total exact; transfers match
+    /// executing server does not hold (for moved tasks: once per (server, sample)), loads and the FLOP total exact; transfers match
     /// moved tasks.
     fn check_conservation(batch: &[PackedSeq], cp: u32, s: &DistcaSchedule, shape: &AttnShape) {
         assert_eq!(s.servers.len(), batch.len() * cp as usize);
@@ -989,6 +1178,8 @@ mod tests {
         let mut total = 0u64;
         for (dst, w) in s.servers.iter().enumerate() {
             let mut load = 0;
+            let mut moved_kv: std::collections::BTreeMap<(usize, usize), (u32, u64)> =
+                Default::default();
             for t in &w.tasks {
                 let (r, j) = (t.sample.seq as usize, t.sample.index as usize);
                 let mut pairs = 0;
@@ -1009,8 +1200,27 @@ mod tests {
                 assert_eq!(t.of, batch[r].samples[j]);
                 let remote =
                     u64::from(t.kv_prefix) - held_by(batch, cp, r, j, t.kv_prefix, dst as u32);
-                assert_eq!(t.kv_bytes, shape.kv_bytes(remote, shape.heads_kv), "{t:?}");
+                let full = shape.kv_bytes(remote, shape.heads_kv);
+                if t.home as usize == dst {
+                    assert_eq!(t.kv_bytes, full, "{t:?}");
+                } else {
+                    // charged once per (server, sample): at most the task's own missing keys
+                    assert!(t.kv_bytes <= full, "{t:?}");
+                    let e = moved_kv.entry((r, j)).or_insert((0, 0));
+                    e.0 = e.0.max(t.kv_prefix);
+                    e.1 += t.kv_bytes;
+                }
                 load += t.pairs;
+            }
+            // Moved tasks of one sample on one server pay, together, exactly the keys of the
+            // longest prefix among them that the server does not hold.
+            for (&(r, j), &(prefix, bytes)) in &moved_kv {
+                let remote = u64::from(prefix) - held_by(batch, cp, r, j, prefix, dst as u32);
+                assert_eq!(
+                    bytes,
+                    shape.kv_bytes(remote, shape.heads_kv),
+                    "{dst} {r} {j}"
+                );
             }
             assert_eq!(w.pairs, load);
             total += load;
@@ -1215,22 +1425,23 @@ mod tests {
     }
 
     #[test]
-    fn ping_pong_splits_by_tokens_and_conserves() {
-        let b = seq(&[100, 60, 50, 30, 20], 0);
-        // longest first onto the lighter half: 100→0, 60→1, 50→1 (110), 30→0 (130),
-        // 20→1 (130).
+    fn ping_pong_splits_by_pairs_and_conserves() {
+        let b = seq(&[100, 60, 50, 30, 20, 70], 0);
+        // pairs 5050, 1830, 1275, 465, 210, 2485; heaviest first onto the lighter half:
+        // 100→0, 70→1, 60→1 (4315), 50→1 (5590), 30→0 (5515), 20→0 (5725).
+        // (By tokens it would be 100→0, 70→1, 60→1, 50→0, 30→1, 20→0.)
         let hr = &home_ranges(std::slice::from_ref(&b), 1)[0];
         let [h0, h1] = nano_split(hr);
-        assert_eq!((idx(&h0), idx(&h1)), (vec![0, 3], vec![1, 2, 4]));
+        assert_eq!((idx(&h0), idx(&h1)), (vec![0, 3, 4], vec![1, 2, 5]));
         let batch = [b, seq(&[300, 10], 9)];
         let [ping, pong] = schedule_ping_pong(&batch, &cfg(0.1, 16)).unwrap();
         assert_eq!(
             ping.ranges.iter().map(|r| idx(r)).collect::<Vec<_>>(),
-            vec![vec![0, 3], vec![0]]
+            vec![vec![0, 3, 4], vec![0]]
         );
         assert_eq!(
             pong.ranges.iter().map(|r| idx(r)).collect::<Vec<_>>(),
-            vec![vec![1, 2, 4], vec![1]]
+            vec![vec![1, 2, 5], vec![1]]
         );
         let total: u64 = ping
             .schedule
@@ -1252,8 +1463,8 @@ mod tests {
     fn ping_pong_splits_each_ranks_own_ranges() {
         // One replica, CP 2, capacity 400 (200 per rank), samples 250, 100, 50: rank 0 holds
         // [0, 200) of sample 0; rank 1 its [200, 250), sample 1 and sample 2.
-        // Rank 0: one range → all in half 0. Rank 1: 100 (s1) → 0, 50 (s0 tail, first on
-        // the length tie) → 1, 50 (s2) → 1 (50 < 100).
+        // Rank 0: one range → all in half 0. Rank 1 by pairs: s0 tail [200,250) 11275 → 0,
+        // s1 5050 → 1, s2 1275 → 1 (6325 < 11275).
         let batch = [seq(&[250, 100, 50], 0)];
         let hr = home_ranges(&batch, 2);
         let spans = |r: &[HomeRange]| -> Vec<(u32, u32, u32)> {
@@ -1262,8 +1473,8 @@ mod tests {
         assert_eq!(spans(&hr[0]), vec![(0, 0, 200)]);
         assert_eq!(spans(&hr[1]), vec![(0, 200, 250), (1, 0, 100), (2, 0, 50)]);
         let [a, b] = nano_split(&hr[1]);
-        assert_eq!(spans(&a), vec![(1, 0, 100)]);
-        assert_eq!(spans(&b), vec![(0, 200, 250), (2, 0, 50)]);
+        assert_eq!(spans(&a), vec![(0, 200, 250)]);
+        assert_eq!(spans(&b), vec![(1, 0, 100), (2, 0, 50)]);
         let c = cfg(0.1, 16);
         let [ping, pong] = schedule_ping_pong_cp(&batch, 2, &c).unwrap();
         assert_eq!(ping.ranges, vec![hr[0].clone(), a]);
@@ -1307,6 +1518,79 @@ mod tests {
     }
 
     #[test]
+    fn two_shards_of_one_document_on_one_target_pay_its_keys_once() {
+        // Server 0: one 10-token sample (55 pairs); server 1 empty. ε = 0, tile 1 (so
+        // ⌊ε·F̄⌋ = 0 and every item is coarse: phase 0). Deficit ⌊55/2⌋ = 27:
+        // 1. a = 11, k = ⌊27/11⌋ = 2: [0,2)+[8,10), 22 pairs, Q 4 + keys [0,10) 20 + out 4
+        //    = 28 B. Loads 33 / 22: surplus ⌊(2·33 − 55)/2⌋ = 5, deficit 5.
+        // 2. [2,8): a = 11 > 5, head 2k + k(k+1)/2 ≤ 5 → k = 1: [2,3), 3 pairs → server 1
+        //    again; its keys [0,3) are already there: Q 1 + out 1 = 2 B (6 B more before the
+        //    KV was charged once per (target, sample)). Loads 30 / 25, deficit 2.
+        // 3. [3,8): head [3,4) costs 4 > 2 → NoMoveHelps.
+        let batch = [seq(&[10], 0), seq(&[], 5)];
+        let s = schedule(&batch, &cfg(0.0, 1)).unwrap();
+        check_conservation(&batch, 1, &s, &unit());
+        assert_eq!(s.stop, Stop::NoMoveHelps);
+        assert_eq!((s.servers[0].pairs, s.servers[1].pairs), (30, 25));
+        type Moved = (Vec<(u32, u32)>, u64, u64);
+        let moves: Vec<Moved> = s
+            .transfers
+            .iter()
+            .map(|t| {
+                let task = &s.servers[t.dst as usize].tasks[t.task];
+                (task.q_ranges.clone(), t.kv_bytes, t.bytes())
+            })
+            .collect();
+        assert_eq!(
+            moves,
+            vec![(vec![(0, 2), (8, 10)], 20, 28), (vec![(2, 3)], 0, 2)]
+        );
+        // The lowering ships keys [0,10) to worker 1 once: the plan's bytes are the
+        // scheduler's, 6 of Q and output + 20 of K and V.
+        let d = lower::plan_step(0, &batch, 2, &cfg(0.0, 1), false).unwrap();
+        assert_eq!(crate::plan::check(&d.plan).unwrap().bytes, s.bytes());
+        assert_eq!(s.bytes(), 30);
+    }
+
+    #[test]
+    fn ping_pong_balances_both_nano_batches_on_a_corpus_batch() {
+        // One GA index of the wlbllm corpus at L = 128K on DP 64 × CP 8 (512 servers):
+        // long documents span ranks, and their end pieces land in nano-batch 1. Measured
+        // before the coarse-first phase and the pair-balanced split: nano-batch 1 stopped
+        // at max deviation 12.3 (one rank at 13 F̄: its smallest shard, one tile over a
+        // 65K-token prefix, exceeded every deficit left). Now both stay within 0.5 and
+        // every server's two nano-batches together within 15% of the mean.
+        let corpus = Corpus::from_spec("wlbllm").unwrap();
+        let batch = global_batch(&corpus, 131_072, 64, Packing::Sequential, 1, 0).unwrap();
+        let shape = AttnShape {
+            heads_q: 32,
+            heads_kv: 8,
+            head_dim: 128,
+            dtype_bytes: 2,
+        };
+        let c = DistcaConfig::new(shape, DEFAULT_EPSILON, 128).unwrap();
+        let [a, b] = schedule_ping_pong_cp(&batch, 8, &c).unwrap();
+        for n in [&a, &b] {
+            assert!(
+                n.schedule.max_deviation() < 0.5,
+                "{}",
+                n.schedule.max_deviation()
+            );
+        }
+        let per: Vec<u64> = (0..512)
+            .map(|i| a.schedule.servers[i].pairs + b.schedule.servers[i].pairs)
+            .collect();
+        let total: u64 = per.iter().sum();
+        assert_eq!(
+            total,
+            batch.iter().map(PackedSeq::causal_pairs).sum::<u64>()
+        );
+        let mean = total as f64 / 512.0;
+        let max = *per.iter().max().unwrap() as f64;
+        assert!(max / mean < 1.15, "{}", max / mean);
+    }
+
+    #[test]
     fn document_spanning_two_cp_ranks_by_hand() {
         // DP 2 × CP 2, capacity 8 (4 tokens per rank). Replica 0: one 8-token document,
         // [0,4) on server 0 (10 pairs), [4,8) on server 1 (26 pairs); replica 1 empty
@@ -1325,7 +1609,8 @@ mod tests {
         assert!(loose.transfers.is_empty());
         assert_eq!(loose.in_place_kv_bytes(), 8);
         assert_eq!(loose.servers[1].tasks[0].kv_bytes, 8);
-        // Phase 1 (only server 1 is out of tolerance):
+        // Phase 0 (coarse items of out-of-tolerance sources: server 1's [4,8), whose
+        // one-query head costs 5 > ⌊ε·F̄⌋ = 4; server 0's [0,4) leaves in pieces ≤ 4):
         // 1. target 2 (deficit 9, lowest index), cap 9: [4,8) costs 26, no pair (a = 13);
         //    head 4k + k(k+1)/2 ≤ 9 → k = 1: [4,5), 5 pairs; Q 1 + keys [0,5) 10 + out 1 =
         //    12 B. Loads 10 21 5 0.
@@ -1333,9 +1618,11 @@ mod tests {
         //    [5,6), 6 pairs, 1 + 12 + 1 = 14 B. Loads 10 15 5 6.
         // 3. targets 2 (deficit 4) and 3 (3): [6,8) has no shard under 4, nor under the
         //    fallback's caps min(deficit + ⌊ε·F̄⌋ = 4, surplus 6) = 6 (its head [6,7)
-        //    costs 7) → both stuck.
+        //    costs 7), and neither has fine items to make room with → both stuck.
+        // Phase 1 (any item of server 1): the same → stuck.
         // Phase 2 (server 0, surplus 1, may give): target 2, cap 1: head [0,1) of [0,4),
-        //    1 pair, 1 + 2 + 1 = 4 B. Loads 9 15 6 6; server 1 is 6 > 4.5 over F̄ but
+        //    1 pair, Q 1 + out 1 = 2 B: its keys [0,1) already reached server 2 with the
+        //    [4,5) move (KV charged once per (server, sample)). Loads 9 15 6 6; server 1 is 6 > 4.5 over F̄ but
         //    [6,8) has no shard under the deficits of 3 (nor 6 with the fallback)
         //    → NoMoveHelps.
         let s = schedule_cp(&batch, 2, &cfg(0.5, 1)).unwrap();
@@ -1356,7 +1643,7 @@ mod tests {
             moves,
             vec![
                 (1, 2, vec![(4, 5)], 12),
-                (0, 2, vec![(0, 1)], 4),
+                (0, 2, vec![(0, 1)], 2),
                 (1, 3, vec![(5, 6)], 14),
             ]
         );
@@ -1369,7 +1656,7 @@ mod tests {
         assert_eq!(kept, vec![(vec![(1, 4)], 0), (vec![(6, 8)], 8)]);
         assert_eq!(
             (s.moved_bytes(), s.in_place_kv_bytes(), s.bytes()),
-            (30, 8, 38)
+            (28, 8, 36)
         );
     }
 

@@ -20,7 +20,10 @@
 //! whichever ranks hold them, once per (sample, destination). A unit left in place on a
 //! later CP rank receives the prefix held by earlier ranks the same way. So the plan's
 //! Q and output bytes are the scheduler's and its KV bytes at most the scheduler's (moved
-//! and in-place; equal when no two tasks of a sample execute on one server).
+//! and in-place; the scheduler charges the moved tasks of one sample on one server their
+//! longest prefix once, as here, so they differ only where a server both keeps a piece of
+//! a sample in place and receives another, or with ping-pong, where both nano-batches'
+//! tasks of a sample on one server share one KV transfer).
 
 use super::pingpong::NanoTable;
 use super::{schedule_cp, schedule_ping_pong_cp, DistcaConfig, DistcaSchedule};
@@ -236,8 +239,8 @@ mod tests {
         // (document, worker) once, keys [0, largest end): worker 1 (in place, [6,8)) keys
         // [0,4) from worker 0 (8 B); worker 2 keys [0,5): [0,4) from 0 (8 B) and [4,5) from
         // 1 (2 B) — its [0,1) task's keys are inside them; worker 3 keys [0,6): 8 B from 0,
-        // [4,6) 4 B from 1. Total 6 + 30 = 36 B; the scheduler counts 38 (the [0,1) task's
-        // 2 B of keys again).
+        // [4,6) 4 B from 1. Total 6 + 30 = 36 B, the scheduler's 36 (it charges the [0,1)
+        // task no keys: they reached worker 2 with the [4,5) move).
         let batch = [seq(&[8], 0, 0), seq(&[], 5, 8)];
         let cfg = DistcaConfig::new(UNIT, 0.5, 1).unwrap();
         let d = plan_step_cp(0, &batch, 2, 2, &cfg, false).unwrap();
@@ -271,7 +274,7 @@ mod tests {
             ]
         );
         assert_eq!(plan_bytes(&d.plan), (6, 30));
-        assert_eq!(sched_bytes(&d), (6, 32));
+        assert_eq!(sched_bytes(&d), (6, 30));
         // Without the pool (ε large), only the in-place prefix moves: 8 B.
         let cfg = DistcaConfig::new(UNIT, 10.0, 1).unwrap();
         let d = plan_step_cp(0, &batch, 2, 2, &cfg, true).unwrap();
