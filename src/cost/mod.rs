@@ -27,6 +27,7 @@ pub mod fit;
 pub mod kernel;
 pub mod memory;
 pub mod model;
+pub mod waves;
 
 use serde::{Deserialize, Serialize};
 
@@ -34,6 +35,7 @@ use crate::error::{invalid, parse_error, Result};
 use crate::net::Ps;
 pub use kernel::{EffPoint, EffTable};
 pub use model::{Ffn, ModelConfig};
+pub use waves::WaveModel;
 
 /// The shape of one attention layer, as far as counting FLOPs and bytes needs it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -168,6 +170,10 @@ pub struct Calibration {
     /// left out.
     #[serde(default)]
     pub launch: LaunchCosts,
+    /// The forward launch's wave term ([`waves`]: blocks list-scheduled onto the SMs at a
+    /// fitted per-SM rate), fitted by `skewsim calibrate`; absent: none (the table alone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attn_waves: Option<WaveModel>,
 }
 
 /// Fixed costs a measured GPU adds to the table's compute time (issue 7): the attention
@@ -239,6 +245,9 @@ impl Calibration {
         EffTable::from_points(&c.attn_fwd, context)?;
         if let Some(b) = &c.attn_bwd {
             EffTable::from_points(b, &format!("{context}: attn_bwd"))?;
+        }
+        if let Some(w) = &c.attn_waves {
+            w.validate(context)?;
         }
         Ok(c)
     }
@@ -364,6 +373,8 @@ pub struct CostModel {
     pub attn_bwd_eff: Option<EffTable>,
     /// Fixed per-launch costs (zero unless a calibration file measured them).
     pub launch: LaunchCosts,
+    /// The forward launch's wave term (a calibration's `attn_waves`), else `None`.
+    pub attn_waves: Option<WaveModel>,
 }
 
 impl CostModel {
@@ -375,12 +386,16 @@ impl CostModel {
             attn_eff: EffTable::h200_default()?,
             attn_bwd_eff: None,
             launch: LaunchCosts::default(),
+            attn_waves: None,
         })
     }
 
     /// The model priced with a calibration file's table and hardware figures.
     pub fn calibrated(model: ModelConfig, cal: &Calibration, context: &str) -> Result<Self> {
         cal.hardware.validate(context)?;
+        if let Some(w) = &cal.attn_waves {
+            w.validate(context)?;
+        }
         Ok(Self {
             model,
             hw: cal.hardware,
@@ -391,6 +406,7 @@ impl CostModel {
                 .map(|b| EffTable::from_points(b, &format!("{context}: attn_bwd")))
                 .transpose()?,
             launch: cal.launch.clone(),
+            attn_waves: cal.attn_waves,
         })
     }
 
@@ -468,9 +484,19 @@ impl CostModel {
     }
 
     /// [`CostModel::attn_fwd_ps`] unrounded: one kernel call (its launch overhead once)
-    /// over every document.
+    /// over every document, bounded below by the launch's waves when a calibration fitted
+    /// them ([`waves::launch_fwd_ps_f`]).
     pub fn attn_fwd_ps_f(&self, doc_lens: impl IntoIterator<Item = u32>, heads: u32) -> f64 {
-        self.attn_launch_ps() + self.attn_kernel_ps_f(doc_lens, heads)
+        match &self.attn_waves {
+            None => self.attn_launch_ps() + self.attn_kernel_ps_f(doc_lens, heads),
+            Some(w) => {
+                let docs: Vec<u32> = doc_lens.into_iter().collect();
+                let table = self.attn_kernel_ps_f(docs.iter().copied(), heads);
+                let segs = docs.iter().map(|&l| (0, u64::from(l), 1));
+                self.attn_launch_ps()
+                    + waves::launch_fwd_ps_f(table, Some(w), &self.attn(), heads, segs)
+            }
+        }
     }
 
     /// The table's compute time of whole documents, without the launch overhead.
