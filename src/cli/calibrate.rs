@@ -63,6 +63,9 @@ pub struct Args {
     /// SMs of the forward launch's wave term (`cost::waves`; 132 on an H200).
     #[arg(long, default_value_t = skewsim::cost::waves::H200_SMS)]
     pub wave_sms: u32,
+    /// Resident blocks per SM of the wave term (2 for the forward kernel v3-w4).
+    #[arg(long, default_value_t = skewsim::cost::waves::FWD_BLOCKS_PER_SM)]
+    pub wave_blocks_per_sm: u32,
     /// Where to write the calibration JSON.
     #[arg(short, long, default_value = "calibration.json")]
     pub out: PathBuf,
@@ -215,12 +218,17 @@ pub fn run(args: Args, out: Output) -> Result<()> {
         prior_weight: args.prior_weight,
         waves: (!args.no_waves).then_some(WaveModel {
             sms: args.wave_sms,
+            blocks_per_sm: args.wave_blocks_per_sm,
             ..WaveModel::h200(1.0)
         }),
         ..FitOptions::default()
     };
-    if args.wave_sms == 0 {
-        bail!("--wave-sms 0: the wave term needs at least 1 SM");
+    if args.wave_sms == 0 || args.wave_blocks_per_sm == 0 {
+        bail!(
+            "--wave-sms {} --wave-blocks-per-sm {}: the wave term needs at least 1 SM and 1 block per SM",
+            args.wave_sms,
+            args.wave_blocks_per_sm
+        );
     }
     let f = fit::fit(&train, &start, &opts)?;
     let fitted = Pricing::from_calibration(&f.calibration, "fit")?;
@@ -278,7 +286,10 @@ pub fn run(args: Args, out: Output) -> Result<()> {
             l.attn_launch_us,
             f.calibration
                 .attn_waves
-                .map(|w| format!("waves {:.3} TFLOP/s per SM × {} SMs", w.sm_tflops, w.sms))
+                .map(|w| format!(
+                    "waves {:.3} TFLOP/s per block × {} SMs × {} blocks",
+                    w.block_tflops, w.sms, w.blocks_per_sm
+                ))
                 .unwrap_or_else(|| "no wave term".into()),
             l.attn_bwd_launch_us,
             f.calibration.hardware.attn_bwd_efficiency,

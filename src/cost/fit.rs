@@ -729,8 +729,8 @@ pub struct FitOptions {
     /// the launches' relative errors. Keeps nodes and overhead that the data cannot tell
     /// apart (all launches long, few lengths) at the start instead of trading off wildly.
     pub prior_weight: f64,
-    /// Fit the forward launch's wave term ([`WaveModel`]) with these SMs and rows per
-    /// block (its `sm_tflops` is ignored: the start is the starting pricing's rate, else
+    /// Fit the forward launch's wave term ([`WaveModel`]) with these SMs, resident blocks
+    /// per SM and rows per block (its `block_tflops` is ignored: the start is the starting pricing's rate, else
     /// derived from the data); `None`: no wave term (the calibration has none).
     pub waves: Option<WaveModel>,
 }
@@ -880,12 +880,12 @@ fn grid_nodes(rows: &[&Measurement], opts: &FitOptions) -> Result<Vec<(u32, u32)
 struct TableFit {
     points: Vec<EffPoint>,
     launch_us: f64,
-    sm_tflops: Option<f64>,
+    block_tflops: Option<f64>,
     rms_rel: f64,
 }
 
 /// The wave term of a table fit: the model (SMs, rows per block), its starting per-SM
-/// rate in `model.sm_tflops`, and per row its shape and busiest SM's causal pairs
+/// rate in `model.block_tflops`, and per row its shape and busiest slot's causal pairs
 /// ([`waves::launch_makespan_pairs`], independent of the rate, so computed once).
 struct WaveFit {
     model: WaveModel,
@@ -932,7 +932,7 @@ fn fit_table(
     let np = nodes.len() + nw + 1;
     let mut theta: Vec<f64> = start_tflops.iter().map(|t| t.ln()).collect();
     if let Some(w) = wave {
-        theta.push(w.model.sm_tflops.ln());
+        theta.push(w.model.block_tflops.ln());
     }
     theta.push(start_us.max(0.0));
     let points = |th: &[f64]| -> Vec<EffPoint> {
@@ -953,7 +953,7 @@ fn fit_table(
         let eff = EffTable::from_points(&points(th), "fit")?;
         let us = th[np - 1].max(0.0);
         let wm = wave.map(|w| WaveModel {
-            sm_tflops: th[nodes.len()].clamp(-9.2, 9.2).exp(),
+            block_tflops: th[nodes.len()].clamp(-9.2, 9.2).exp(),
             ..w.model
         });
         let mut r: Vec<f64> = rows
@@ -1047,7 +1047,7 @@ fn fit_table(
     Ok(TableFit {
         points: points(&theta),
         launch_us: theta[np - 1],
-        sm_tflops: wave.map(|_| theta[nodes.len()].clamp(-9.2, 9.2).exp()),
+        block_tflops: wave.map(|_| theta[nodes.len()].clamp(-9.2, 9.2).exp()),
         rms_rel: (r[..rows.len()].iter().map(|x| x * x).sum::<f64>() / rows.len() as f64).sqrt(),
     })
 }
@@ -1086,12 +1086,12 @@ pub fn fit(rows: &[Measurement], start: &Pricing, opts: &FitOptions) -> Result<F
         .map(|&(h, l)| start.eff.tflops(h, u64::from(l), u64::from(l)))
         .collect();
     // The wave term starts from the starting pricing's per-SM rate, else from the data:
-    // the 90th percentile over launches of (busiest SM's FLOPs / measured time), the rate
+    // the 90th percentile over launches of (busiest slot's FLOPs / measured time), the rate
     // at which the slowest-tailed launches would be wholly wave-bound.
     let mut wave = opts.waves.map(|template| {
         let mut wf = WaveFit::new(template, &attn);
-        wf.model.sm_tflops = match start.waves {
-            Some(w) => w.sm_tflops,
+        wf.model.block_tflops = match start.waves {
+            Some(w) => w.block_tflops,
             None => {
                 let mut v: Vec<f64> = attn
                     .iter()
@@ -1136,7 +1136,7 @@ pub fn fit(rows: &[Measurement], start: &Pricing, opts: &FitOptions) -> Result<F
                 let f = fit_table(&attn, &nodes, &t0, us0, opts, &compute, Some(&wf))?;
                 t0 = f.points.iter().map(|p| p.tflops).collect();
                 us0 = f.launch_us;
-                wf.model.sm_tflops = f.sm_tflops.unwrap_or(wf.model.sm_tflops);
+                wf.model.block_tflops = f.block_tflops.unwrap_or(wf.model.block_tflops);
                 last = Some(f);
             }
             wave = Some(wf);
@@ -1223,9 +1223,9 @@ pub fn fit(rows: &[Measurement], start: &Pricing, opts: &FitOptions) -> Result<F
             attn_bwd: attn_bwd_points,
             hardware,
             launch,
-            attn_waves: match (&wave, fwd.sm_tflops) {
+            attn_waves: match (&wave, fwd.block_tflops) {
                 (Some(w), Some(r)) => Some(WaveModel {
-                    sm_tflops: r,
+                    block_tflops: r,
                     ..w.model
                 }),
                 _ => None,
@@ -1721,12 +1721,12 @@ mod tests {
         assert_eq!(f2.bwd_rows, 0);
     }
 
-    /// Launches priced by a known table and a known wave term (2.4 TFLOP/s per SM on 132
-    /// SMs): the fit recovers the per-SM rate, and the fitted calibration carries it.
+    /// Launches priced by a known table and a known wave term (1.2 TFLOP/s per block on 132
+    /// SMs × 2 resident blocks): the fit recovers the per-SM rate, and the fitted calibration carries it.
     #[test]
     fn fit_recovers_a_known_per_sm_rate() {
         let lens = [1024u32, 4096, 16384, 65536];
-        // Table rates well below 132 × 2.4 = 317 TFLOP/s: a launch of many blocks is
+        // Table rates well below 264 slots × 1.2 = 317 TFLOP/s: a launch of many blocks is
         // table-bound, one of few long blocks wave-bound.
         let eff = |h: u32, l: u32| if h == 2 { 180.0 } else { 230.0 } * (f64::from(l) / 1024.0).powf(0.05);
         let pts: Vec<EffPoint> = [2u32, 8]
@@ -1747,7 +1747,7 @@ mod tests {
                 attn_launch_us: 5.0,
                 ..LaunchCosts::default()
             },
-            waves: Some(WaveModel::h200(2.4)),
+            waves: Some(WaveModel::h200(1.2)),
         };
         let mut rows = Vec::new();
         let mut x: u64 = 4242;
@@ -1802,8 +1802,8 @@ mod tests {
         };
         let f = fit(&rows, &start, &opts).unwrap();
         let w = f.calibration.attn_waves.unwrap();
-        assert!((w.sm_tflops - 2.4).abs() / 2.4 < 0.01, "{w:?}");
-        assert_eq!((w.sms, w.block_m), (132, 128));
+        assert!((w.block_tflops - 1.2).abs() / 1.2 < 0.01, "{w:?}");
+        assert_eq!((w.sms, w.blocks_per_sm, w.block_m), (132, 2, 128));
         assert!(f.attn_rms_rel < 1e-2, "rms {}", f.attn_rms_rel);
         // Through JSON and back, the fitted pricing reproduces the launches; without the
         // wave term the same table misses the wave-bound ones.

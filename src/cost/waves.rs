@@ -6,7 +6,9 @@
 //! kernel tiles them (`validate/kernels/attn_fwd_v3.cu`: one block per (query tile of
 //! `block_m` rows of one unit, query head); tiles heaviest — most keys — first, the grid's
 //! x = tile fastest, y = head), each block's work its exact causal FLOPs (its rows over
-//! their KV prefix), list-scheduled in launch order onto `sms` SMs at `sm_tflops` each.
+//! their KV prefix), list-scheduled in launch order onto the `sms` × `blocks_per_sm`
+//! resident-block slots (v3-w4: 96 KiB of shared memory and 128 threads per block, so two
+//! blocks share an SM) at `block_tflops` each.
 //! The launch then takes
 //!
 //!   time = max(Σ segments at the efficiency table's rate, list-schedule makespan)
@@ -35,6 +37,9 @@ use crate::error::{invalid, Result};
 pub const H200_SMS: u32 = 132;
 /// Query rows per block of the forward kernel v3-w4 (16 rows × 2 MMA tiles × 4 warps).
 pub const FWD_BLOCK_M: u32 = 128;
+/// Resident blocks per SM of v3-w4: 96 KiB shared memory each (Q tile 32 KiB, double-buffered
+/// K and V tiles 64 KiB) of the H200's 228 KiB, 128 threads.
+pub const FWD_BLOCKS_PER_SM: u32 = 2;
 
 fn default_sms() -> u32 {
     H200_SMS
@@ -44,42 +49,63 @@ fn default_block_m() -> u32 {
     FWD_BLOCK_M
 }
 
+fn default_blocks_per_sm() -> u32 {
+    FWD_BLOCKS_PER_SM
+}
+
 /// The launch-level wave term of the forward attention time (a calibration's
 /// `attn_waves`).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WaveModel {
-    /// Forward TFLOP/s one SM reaches on its blocks (fitted by `skewsim calibrate`).
-    pub sm_tflops: f64,
+    /// Forward TFLOP/s of one resident block (fitted by `skewsim calibrate`).
+    pub block_tflops: f64,
     /// SMs the blocks are scheduled onto.
     #[serde(default = "default_sms")]
     pub sms: u32,
+    /// Blocks resident on one SM at a time.
+    #[serde(default = "default_blocks_per_sm")]
+    pub blocks_per_sm: u32,
     /// Query rows per thread block.
     #[serde(default = "default_block_m")]
     pub block_m: u32,
 }
 
 impl WaveModel {
-    /// A wave model of the H200 forward kernel (132 SMs, 128-row tiles) at `sm_tflops`.
-    pub fn h200(sm_tflops: f64) -> Self {
+    /// A wave model of the H200 forward kernel v3-w4 (132 SMs × 2 resident blocks, 128-row
+    /// tiles) at `block_tflops`.
+    pub fn h200(block_tflops: f64) -> Self {
         Self {
-            sm_tflops,
+            block_tflops,
             sms: H200_SMS,
+            blocks_per_sm: FWD_BLOCKS_PER_SM,
             block_m: FWD_BLOCK_M,
         }
     }
 
+    /// Blocks running at once: SMs × resident blocks per SM.
+    pub fn slots(&self) -> u32 {
+        self.sms.saturating_mul(self.blocks_per_sm)
+    }
+
     /// Check the fields; `ctx` names the file.
     pub fn validate(&self, ctx: &str) -> Result<()> {
-        if !(self.sm_tflops.is_finite() && self.sm_tflops > 0.0) {
+        if !(self.block_tflops.is_finite() && self.block_tflops > 0.0) {
             return Err(invalid(
-                format!("{ctx}: attn_waves.sm_tflops"),
-                self.sm_tflops,
+                format!("{ctx}: attn_waves.block_tflops"),
+                self.block_tflops,
                 "a finite rate > 0 TFLOP/s",
             ));
         }
         if self.sms == 0 {
             return Err(invalid(format!("{ctx}: attn_waves.sms"), 0, "at least 1"));
+        }
+        if self.blocks_per_sm == 0 {
+            return Err(invalid(
+                format!("{ctx}: attn_waves.blocks_per_sm"),
+                0,
+                "at least 1",
+            ));
         }
         if self.block_m == 0 {
             return Err(invalid(
@@ -92,11 +118,11 @@ impl WaveModel {
     }
 
     /// The launch's time in ps given its table price `table_ps` and the causal pairs of
-    /// its busiest SM (`makespan_pairs`, from [`launch_makespan_pairs`]):
-    /// max(table, FLOPs of the busiest SM / `sm_tflops`).
+    /// its busiest slot (`makespan_pairs`, from [`launch_makespan_pairs`]):
+    /// max(table, FLOPs of the busiest slot / `block_tflops`).
     pub fn bound_ps_f(&self, table_ps: f64, shape: &AttnShape, makespan_pairs: u64) -> f64 {
         // ps = FLOPs / TFLOP/s.
-        let wave = makespan_pairs as f64 * shape.fwd_flops_per_pair_head() / self.sm_tflops;
+        let wave = makespan_pairs as f64 * shape.fwd_flops_per_pair_head() / self.block_tflops;
         table_ps.max(wave)
     }
 }
@@ -123,9 +149,9 @@ pub fn launch_blocks(
     blocks
 }
 
-/// Causal pairs of the busiest SM when `heads` copies of `blocks` (head-major, as the
-/// grid launches them) are list-scheduled in order onto `sms` SMs: each block goes to the
-/// SM that frees first (ties: lowest SM index).
+/// Causal pairs of the busiest slot when `heads` copies of `blocks` (head-major, as the
+/// grid launches them) are list-scheduled in order onto `sms` slots: each block goes to
+/// the slot that frees first (ties: lowest slot index).
 pub fn makespan_pairs(blocks: &[(u64, u64)], heads: u32, sms: u32) -> u64 {
     let total = blocks.len() * heads as usize;
     if total == 0 {
@@ -145,13 +171,13 @@ pub fn makespan_pairs(blocks: &[(u64, u64)], heads: u32, sms: u32) -> u64 {
     heap.into_iter().map(|Reverse((l, _))| l).max().unwrap_or(0)
 }
 
-/// The busiest SM's causal pairs for a launch of `segs` at `heads` per call.
+/// The busiest slot's causal pairs for a launch of `segs` at `heads` per call.
 pub fn launch_makespan_pairs(
     w: &WaveModel,
     heads: u32,
     segs: impl IntoIterator<Item = (u64, u64, u32)>,
 ) -> u64 {
-    makespan_pairs(&launch_blocks(segs, w.block_m), heads, w.sms)
+    makespan_pairs(&launch_blocks(segs, w.block_m), heads, w.slots())
 }
 
 /// The forward time in ps of one launch whose segments the table prices at `table_ps`:
@@ -207,7 +233,7 @@ mod tests {
     fn two_long_blocks_are_latency_bound_and_2x132_equal_blocks_throughput_bound() {
         let a = shape();
         let w = WaveModel::h200(2.0);
-        // Two 128-row tiles at the end of a 32K-token sample, 1 head: each on its own SM,
+        // Two 128-row tiles at the end of a 32K-token sample, 1 head: each in its own slot,
         // the makespan is the longer block.
         let segs = [(32768 - 256, 32768, 1u32)];
         let blocks = launch_blocks(segs, 128);
@@ -220,18 +246,34 @@ mod tests {
         let t = launch_fwd_ps_f(table, Some(&w), &a, 1, segs);
         assert_eq!(t, wave_ps);
         assert!(t > table);
-        // 264 equal whole 128-token documents, 1 head: exactly two waves of 132.
-        let docs = [(0u64, 128u64, 264u32)];
+        // 2 × 132 equal blocks fill the 264 slots of 132 SMs × 2 resident blocks once.
+        assert_eq!(w.slots(), 264);
         let one = 128 * 129 / 2;
+        let docs = [(0u64, 128u64, 264u32)];
+        assert_eq!(makespan_pairs(&launch_blocks(docs, 128), 1, w.slots()), one);
+        // Throughput-bound: the table at 200 TFLOP/s is slower than 264 slots at 1 TFLOP/s
+        // (264 TFLOP/s in all), so the table's price stands.
+        let w1 = WaveModel::h200(1.0);
+        let table = 264.0 * one as f64 * 512.0 / 200.0;
+        assert!(table > one as f64 * 512.0 / 1.0);
+        assert_eq!(launch_fwd_ps_f(table, Some(&w1), &a, 1, docs), table);
+        // One block more: a second wave of one block, now wave-bound.
+        let docs2 = [(0u64, 128u64, 265u32)];
+        assert_eq!(
+            makespan_pairs(&launch_blocks(docs2, 128), 1, w1.slots()),
+            2 * one
+        );
+        let table2 = 265.0 * one as f64 * 512.0 / 200.0;
+        assert_eq!(
+            launch_fwd_ps_f(table2, Some(&w1), &a, 1, docs2),
+            2.0 * one as f64 * 512.0
+        );
+        // On 132 slots (one block per SM):
+        // 264 equal whole 128-token documents, 1 head: exactly two waves of 132.
         assert_eq!(makespan_pairs(&launch_blocks(docs, 128), 1, 132), 2 * one);
         // The same work as 132 docs × 2 heads: head-major, still two waves.
         let half = [(0u64, 128u64, 132u32)];
         assert_eq!(makespan_pairs(&launch_blocks(half, 128), 2, 132), 2 * one);
-        // Throughput-bound: the table at 200 TFLOP/s is slower than 132 SMs at 2 TFLOP/s
-        // (264 TFLOP/s in all, two full waves), so the table's price stands.
-        let table = 264.0 * one as f64 * 512.0 / 200.0;
-        assert!(table > 2.0 * one as f64 * 512.0 / 2.0);
-        assert_eq!(launch_fwd_ps_f(table, Some(&w), &a, 1, docs), table);
         // 265 documents: a third wave of one block.
         let docs3 = [(0u64, 128u64, 265u32)];
         assert_eq!(makespan_pairs(&launch_blocks(docs3, 128), 1, 132), 3 * one);
@@ -262,15 +304,15 @@ mod tests {
             .validate("cal.json")
             .unwrap_err()
             .to_string()
-            .contains("cal.json: attn_waves.sm_tflops"));
-        w.sm_tflops = 2.0;
+            .contains("cal.json: attn_waves.block_tflops"));
+        w.block_tflops = 2.0;
         w.sms = 0;
         assert!(w
             .validate("cal.json")
             .unwrap_err()
             .to_string()
             .contains("attn_waves.sms"));
-        let j: WaveModel = serde_json::from_str(r#"{"sm_tflops": 2.5}"#).unwrap();
+        let j: WaveModel = serde_json::from_str(r#"{"block_tflops": 2.5}"#).unwrap();
         assert_eq!(j, WaveModel::h200(2.5));
     }
 }
