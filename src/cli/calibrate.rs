@@ -287,8 +287,8 @@ pub fn run(args: Args, out: Output) -> Result<()> {
             f.calibration
                 .attn_waves
                 .map(|w| format!(
-                    "waves {:.3} TFLOP/s per block × {} SMs × {} blocks",
-                    w.block_tflops, w.sms, w.blocks_per_sm
+                    "waves {:.3} TFLOP/s per SM × {} SMs, {} resident blocks",
+                    w.sm_tflops, w.sms, w.blocks_per_sm
                 ))
                 .unwrap_or_else(|| "no wave term".into()),
             l.attn_bwd_launch_us,

@@ -730,7 +730,7 @@ pub struct FitOptions {
     /// apart (all launches long, few lengths) at the start instead of trading off wildly.
     pub prior_weight: f64,
     /// Fit the forward launch's wave term ([`WaveModel`]) with these SMs, resident blocks
-    /// per SM and rows per block (its `block_tflops` is ignored: the start is the starting pricing's rate, else
+    /// per SM and rows per block (its `sm_tflops` is ignored: the start is the starting pricing's rate, else
     /// derived from the data); `None`: no wave term (the calibration has none).
     pub waves: Option<WaveModel>,
 }
@@ -880,16 +880,16 @@ fn grid_nodes(rows: &[&Measurement], opts: &FitOptions) -> Result<Vec<(u32, u32)
 struct TableFit {
     points: Vec<EffPoint>,
     launch_us: f64,
-    block_tflops: Option<f64>,
+    sm_tflops: Option<f64>,
     rms_rel: f64,
 }
 
 /// The wave term of a table fit: the model (SMs, rows per block), its starting per-SM
-/// rate in `model.block_tflops`, and per row its shape and busiest slot's causal pairs
+/// rate in `model.sm_tflops`, and per row its shape and makespan in causal pairs at one SM's rate
 /// ([`waves::launch_makespan_pairs`], independent of the rate, so computed once).
 struct WaveFit {
     model: WaveModel,
-    rows: Vec<(AttnShape, u64)>,
+    rows: Vec<(AttnShape, f64)>,
     /// Fit against the k-norm (t^k + w^k)^(1/k) of table and wave time instead of their
     /// max (a continuation stage; `None`: the max the pricing uses).
     smooth: Option<f64>,
@@ -932,7 +932,7 @@ fn fit_table(
     let np = nodes.len() + nw + 1;
     let mut theta: Vec<f64> = start_tflops.iter().map(|t| t.ln()).collect();
     if let Some(w) = wave {
-        theta.push(w.model.block_tflops.ln());
+        theta.push(w.model.sm_tflops.ln());
     }
     theta.push(start_us.max(0.0));
     let points = |th: &[f64]| -> Vec<EffPoint> {
@@ -953,7 +953,7 @@ fn fit_table(
         let eff = EffTable::from_points(&points(th), "fit")?;
         let us = th[np - 1].max(0.0);
         let wm = wave.map(|w| WaveModel {
-            block_tflops: th[nodes.len()].clamp(-9.2, 9.2).exp(),
+            sm_tflops: th[nodes.len()].clamp(-9.2, 9.2).exp(),
             ..w.model
         });
         let mut r: Vec<f64> = rows
@@ -1047,7 +1047,7 @@ fn fit_table(
     Ok(TableFit {
         points: points(&theta),
         launch_us: theta[np - 1],
-        block_tflops: wave.map(|_| theta[nodes.len()].clamp(-9.2, 9.2).exp()),
+        sm_tflops: wave.map(|_| theta[nodes.len()].clamp(-9.2, 9.2).exp()),
         rms_rel: (r[..rows.len()].iter().map(|x| x * x).sum::<f64>() / rows.len() as f64).sqrt(),
     })
 }
@@ -1086,18 +1086,18 @@ pub fn fit(rows: &[Measurement], start: &Pricing, opts: &FitOptions) -> Result<F
         .map(|&(h, l)| start.eff.tflops(h, u64::from(l), u64::from(l)))
         .collect();
     // The wave term starts from the starting pricing's per-SM rate, else from the data:
-    // the 90th percentile over launches of (busiest slot's FLOPs / measured time), the rate
+    // the 90th percentile over launches of (makespan FLOPs / measured time), the rate
     // at which the slowest-tailed launches would be wholly wave-bound.
     let mut wave = opts.waves.map(|template| {
         let mut wf = WaveFit::new(template, &attn);
-        wf.model.block_tflops = match start.waves {
-            Some(w) => w.block_tflops,
+        wf.model.sm_tflops = match start.waves {
+            Some(w) => w.sm_tflops,
             None => {
                 let mut v: Vec<f64> = attn
                     .iter()
                     .zip(&wf.rows)
                     .map(|(r, (shape, mp))| {
-                        *mp as f64 * shape.fwd_flops_per_pair_head() / (r.measured_ms * 1e9)
+                        *mp * shape.fwd_flops_per_pair_head() / (r.measured_ms * 1e9)
                     })
                     .filter(|x| x.is_finite() && *x > 0.0)
                     .collect();
@@ -1136,7 +1136,7 @@ pub fn fit(rows: &[Measurement], start: &Pricing, opts: &FitOptions) -> Result<F
                 let f = fit_table(&attn, &nodes, &t0, us0, opts, &compute, Some(&wf))?;
                 t0 = f.points.iter().map(|p| p.tflops).collect();
                 us0 = f.launch_us;
-                wf.model.block_tflops = f.block_tflops.unwrap_or(wf.model.block_tflops);
+                wf.model.sm_tflops = f.sm_tflops.unwrap_or(wf.model.sm_tflops);
                 last = Some(f);
             }
             wave = Some(wf);
@@ -1223,9 +1223,9 @@ pub fn fit(rows: &[Measurement], start: &Pricing, opts: &FitOptions) -> Result<F
             attn_bwd: attn_bwd_points,
             hardware,
             launch,
-            attn_waves: match (&wave, fwd.block_tflops) {
+            attn_waves: match (&wave, fwd.sm_tflops) {
                 (Some(w), Some(r)) => Some(WaveModel {
-                    block_tflops: r,
+                    sm_tflops: r,
                     ..w.model
                 }),
                 _ => None,
@@ -1721,12 +1721,12 @@ mod tests {
         assert_eq!(f2.bwd_rows, 0);
     }
 
-    /// Launches priced by a known table and a known wave term (1.2 TFLOP/s per block on 132
-    /// SMs × 2 resident blocks): the fit recovers the per-SM rate, and the fitted calibration carries it.
+    /// Launches priced by a known table and a known wave term (2.4 TFLOP/s per SM on 132
+    /// SMs, 2 resident blocks sharing one): the fit recovers the per-SM rate, and the fitted calibration carries it.
     #[test]
     fn fit_recovers_a_known_per_sm_rate() {
         let lens = [1024u32, 4096, 16384, 65536];
-        // Table rates well below 264 slots × 1.2 = 317 TFLOP/s: a launch of many blocks is
+        // Table rates well below 132 SMs × 2.4 = 317 TFLOP/s: a launch of many blocks is
         // table-bound, one of few long blocks wave-bound.
         let eff = |h: u32, l: u32| if h == 2 { 180.0 } else { 230.0 } * (f64::from(l) / 1024.0).powf(0.05);
         let pts: Vec<EffPoint> = [2u32, 8]
@@ -1747,7 +1747,7 @@ mod tests {
                 attn_launch_us: 5.0,
                 ..LaunchCosts::default()
             },
-            waves: Some(WaveModel::h200(1.2)),
+            waves: Some(WaveModel::h200(2.4)),
         };
         let mut rows = Vec::new();
         let mut x: u64 = 4242;
@@ -1802,7 +1802,7 @@ mod tests {
         };
         let f = fit(&rows, &start, &opts).unwrap();
         let w = f.calibration.attn_waves.unwrap();
-        assert!((w.block_tflops - 1.2).abs() / 1.2 < 0.01, "{w:?}");
+        assert!((w.sm_tflops - 2.4).abs() / 2.4 < 0.01, "{w:?}");
         assert_eq!((w.sms, w.blocks_per_sm, w.block_m), (132, 2, 128));
         assert!(f.attn_rms_rel < 1e-2, "rms {}", f.attn_rms_rel);
         // Through JSON and back, the fitted pricing reproduces the launches; without the

@@ -6,12 +6,13 @@
 //! kernel tiles them (`validate/kernels/attn_fwd_v3.cu`: one block per (query tile of
 //! `block_m` rows of one unit, query head); tiles heaviest — most keys — first, the grid's
 //! x = tile fastest, y = head), each block's work its exact causal FLOPs (its rows over
-//! their KV prefix), list-scheduled in launch order onto the `sms` × `blocks_per_sm`
-//! resident-block slots (v3-w4: 96 KiB of shared memory and 128 threads per block, so two
-//! blocks share an SM) at `block_tflops` each.
+//! their KV prefix), run in launch order on `sms` SMs of `sm_tflops` each, up to
+//! `blocks_per_sm` resident at once sharing their SM's rate (v3-w4: 96 KiB of shared
+//! memory and 128 threads per block, so two blocks share an SM), each freed slot taking the
+//! next block ([`makespan_pairs`]).
 //! The launch then takes
 //!
-//!   time = max(Σ segments at the efficiency table's rate, list-schedule makespan)
+//!   time = max(Σ segments at the efficiency table's rate, the blocks' makespan)
 //!
 //! (+ the call overhead, priced by the caller): a launch of many blocks is
 //! throughput-bound (the table), one of few long blocks is bound by its last wave, which
@@ -58,8 +59,9 @@ fn default_blocks_per_sm() -> u32 {
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WaveModel {
-    /// Forward TFLOP/s of one resident block (fitted by `skewsim calibrate`).
-    pub block_tflops: f64,
+    /// Forward TFLOP/s of one SM, shared by its resident blocks (fitted by `skewsim
+    /// calibrate`).
+    pub sm_tflops: f64,
     /// SMs the blocks are scheduled onto.
     #[serde(default = "default_sms")]
     pub sms: u32,
@@ -73,27 +75,22 @@ pub struct WaveModel {
 
 impl WaveModel {
     /// A wave model of the H200 forward kernel v3-w4 (132 SMs × 2 resident blocks, 128-row
-    /// tiles) at `block_tflops`.
-    pub fn h200(block_tflops: f64) -> Self {
+    /// tiles) at `sm_tflops`.
+    pub fn h200(sm_tflops: f64) -> Self {
         Self {
-            block_tflops,
+            sm_tflops,
             sms: H200_SMS,
             blocks_per_sm: FWD_BLOCKS_PER_SM,
             block_m: FWD_BLOCK_M,
         }
     }
 
-    /// Blocks running at once: SMs × resident blocks per SM.
-    pub fn slots(&self) -> u32 {
-        self.sms.saturating_mul(self.blocks_per_sm)
-    }
-
     /// Check the fields; `ctx` names the file.
     pub fn validate(&self, ctx: &str) -> Result<()> {
-        if !(self.block_tflops.is_finite() && self.block_tflops > 0.0) {
+        if !(self.sm_tflops.is_finite() && self.sm_tflops > 0.0) {
             return Err(invalid(
-                format!("{ctx}: attn_waves.block_tflops"),
-                self.block_tflops,
+                format!("{ctx}: attn_waves.sm_tflops"),
+                self.sm_tflops,
                 "a finite rate > 0 TFLOP/s",
             ));
         }
@@ -117,12 +114,12 @@ impl WaveModel {
         Ok(())
     }
 
-    /// The launch's time in ps given its table price `table_ps` and the causal pairs of
-    /// its busiest slot (`makespan_pairs`, from [`launch_makespan_pairs`]):
-    /// max(table, FLOPs of the busiest slot / `block_tflops`).
-    pub fn bound_ps_f(&self, table_ps: f64, shape: &AttnShape, makespan_pairs: u64) -> f64 {
+    /// The launch's time in ps given its table price `table_ps` and its makespan in causal
+    /// pairs at one SM's rate (`makespan_pairs`, from [`launch_makespan_pairs`]):
+    /// max(table, makespan × FLOPs per pair / `sm_tflops`).
+    pub fn bound_ps_f(&self, table_ps: f64, shape: &AttnShape, makespan_pairs: f64) -> f64 {
         // ps = FLOPs / TFLOP/s.
-        let wave = makespan_pairs as f64 * shape.fwd_flops_per_pair_head() / self.block_tflops;
+        let wave = makespan_pairs * shape.fwd_flops_per_pair_head() / self.sm_tflops;
         table_ps.max(wave)
     }
 }
@@ -149,35 +146,91 @@ pub fn launch_blocks(
     blocks
 }
 
-/// Causal pairs of the busiest slot when `heads` copies of `blocks` (head-major, as the
-/// grid launches them) are list-scheduled in order onto `sms` slots: each block goes to
-/// the slot that frees first (ties: lowest slot index).
-pub fn makespan_pairs(blocks: &[(u64, u64)], heads: u32, sms: u32) -> u64 {
+/// Makespan, in causal pairs at one SM's rate, of `heads` copies of `blocks` (head-major,
+/// as the grid launches them) run in launch order on `sms` SMs holding up to `per_sm`
+/// blocks each, the blocks resident on one SM sharing its rate equally (processor
+/// sharing: a block alone runs at the full rate, two at half each). Blocks fill the first
+/// slot of every SM, then the second, …; afterwards each freed slot takes the next block.
+/// Ties: the lowest SM first. Every time scales with 1 / rate, so this is computed once
+/// per launch and divided by the rate.
+pub fn makespan_pairs(blocks: &[(u64, u64)], heads: u32, sms: u32, per_sm: u32) -> f64 {
     let total = blocks.len() * heads as usize;
-    if total == 0 {
-        return 0;
+    if total == 0 || sms == 0 {
+        return 0.0;
     }
     if total <= sms as usize {
-        return blocks.iter().map(|b| b.1).max().unwrap_or(0);
+        return blocks.iter().map(|b| b.1).max().unwrap_or(0) as f64;
     }
-    let mut heap: BinaryHeap<Reverse<(u64, u32)>> = (0..sms).map(|s| Reverse((0, s))).collect();
-    for _ in 0..heads {
-        for b in blocks {
-            if let Some(Reverse((load, s))) = heap.pop() {
-                heap.push(Reverse((load + b.1, s)));
+    let per_sm = per_sm.max(1) as usize;
+    let mut next = (0..heads).flat_map(|_| blocks.iter().map(|b| b.1 as f64));
+    // Per SM: remaining work of its resident blocks, time of its last update, version.
+    let mut rem: Vec<Vec<f64>> = vec![Vec::with_capacity(per_sm); sms as usize];
+    let mut last = vec![0.0f64; sms as usize];
+    let mut ver = vec![0u64; sms as usize];
+    for _ in 0..per_sm {
+        for r in rem.iter_mut() {
+            if let Some(w) = next.next() {
+                r.push(w);
             }
         }
     }
-    heap.into_iter().map(|Reverse((l, _))| l).max().unwrap_or(0)
+    // Events (completion time bits — times are ≥ 0, so the bits order as the times —, SM,
+    // version); a stale version is skipped.
+    let mut heap: BinaryHeap<Reverse<(u64, u32, u64)>> = BinaryHeap::new();
+    let finish = |r: &[f64], t0: f64| {
+        let k = r.len() as f64;
+        t0 + r.iter().copied().fold(f64::INFINITY, f64::min) * k
+    };
+    for (s, r) in rem.iter().enumerate() {
+        if !r.is_empty() {
+            heap.push(Reverse((finish(r, 0.0).to_bits(), s as u32, 0)));
+        }
+    }
+    let mut end = 0.0f64;
+    while let Some(Reverse((tb, s, v))) = heap.pop() {
+        let s = s as usize;
+        if v != ver[s] {
+            continue;
+        }
+        let t = f64::from_bits(tb);
+        let r = &mut rem[s];
+        let k = r.len() as f64;
+        let done = (t - last[s]) / k;
+        let min = r.iter().copied().fold(f64::INFINITY, f64::min);
+        // The block(s) that end now leave; the others advance by the same work.
+        let tol = min * 1e-12;
+        r.retain(|&w| w - min > tol);
+        for w in r.iter_mut() {
+            *w -= done;
+        }
+        while r.len() < per_sm {
+            match next.next() {
+                Some(w) => r.push(w),
+                None => break,
+            }
+        }
+        last[s] = t;
+        ver[s] += 1;
+        end = end.max(t);
+        if !r.is_empty() {
+            heap.push(Reverse((finish(r, t).to_bits(), s as u32, ver[s])));
+        }
+    }
+    end
 }
 
-/// The busiest slot's causal pairs for a launch of `segs` at `heads` per call.
+/// The makespan ([`makespan_pairs`]) of a launch of `segs` at `heads` per call.
 pub fn launch_makespan_pairs(
     w: &WaveModel,
     heads: u32,
     segs: impl IntoIterator<Item = (u64, u64, u32)>,
-) -> u64 {
-    makespan_pairs(&launch_blocks(segs, w.block_m), heads, w.slots())
+) -> f64 {
+    makespan_pairs(
+        &launch_blocks(segs, w.block_m),
+        heads,
+        w.sms,
+        w.blocks_per_sm,
+    )
 }
 
 /// The forward time in ps of one launch whose segments the table prices at `table_ps`:
@@ -233,59 +286,68 @@ mod tests {
     fn two_long_blocks_are_latency_bound_and_2x132_equal_blocks_throughput_bound() {
         let a = shape();
         let w = WaveModel::h200(2.0);
-        // Two 128-row tiles at the end of a 32K-token sample, 1 head: each in its own slot,
-        // the makespan is the longer block.
+        // Two 128-row tiles at the end of a 32K-token sample, 1 head: each alone on its
+        // SM, the makespan is the longer block at the full SM rate.
         let segs = [(32768 - 256, 32768, 1u32)];
         let blocks = launch_blocks(segs, 128);
         assert_eq!(blocks.len(), 2);
         let longest = (32768 * 32769 - 32640 * 32641) / 2;
-        assert_eq!(makespan_pairs(&blocks, 1, 132), longest);
+        assert_eq!(makespan_pairs(&blocks, 1, 132, 2), longest as f64);
         let wave_ps = longest as f64 * 512.0 / 2.0;
         // A table price far below the wave bound (the per-segment sum at 300 TFLOP/s).
         let table = (longest + blocks[1].1) as f64 * 512.0 / 300.0;
         let t = launch_fwd_ps_f(table, Some(&w), &a, 1, segs);
         assert_eq!(t, wave_ps);
         assert!(t > table);
-        // 2 × 132 equal blocks fill the 264 slots of 132 SMs × 2 resident blocks once.
-        assert_eq!(w.slots(), 264);
-        let one = 128 * 129 / 2;
+        // 2 × 132 equal blocks: two per SM sharing it, all done at 2 blocks' work: the
+        // whole launch at 132 × the SM rate.
+        let one = f64::from(128 * 129 / 2);
         let docs = [(0u64, 128u64, 264u32)];
-        assert_eq!(makespan_pairs(&launch_blocks(docs, 128), 1, w.slots()), one);
-        // Throughput-bound: the table at 200 TFLOP/s is slower than 264 slots at 1 TFLOP/s
+        assert_eq!(
+            makespan_pairs(&launch_blocks(docs, 128), 1, 132, 2),
+            2.0 * one
+        );
+        // Throughput-bound: the table at 200 TFLOP/s is slower than 132 SMs at 2 TFLOP/s
         // (264 TFLOP/s in all), so the table's price stands.
-        let w1 = WaveModel::h200(1.0);
-        let table = 264.0 * one as f64 * 512.0 / 200.0;
-        assert!(table > one as f64 * 512.0 / 1.0);
-        assert_eq!(launch_fwd_ps_f(table, Some(&w1), &a, 1, docs), table);
-        // One block more: a second wave of one block, now wave-bound.
+        let table = 264.0 * one * 512.0 / 200.0;
+        assert!(table > 2.0 * one * 512.0 / 2.0);
+        assert_eq!(launch_fwd_ps_f(table, Some(&w), &a, 1, docs), table);
+        // One block more: SM 0 takes it once its two are done, a third block's time alone.
         let docs2 = [(0u64, 128u64, 265u32)];
         assert_eq!(
-            makespan_pairs(&launch_blocks(docs2, 128), 1, w1.slots()),
-            2 * one
+            makespan_pairs(&launch_blocks(docs2, 128), 1, 132, 2),
+            3.0 * one
         );
-        let table2 = 265.0 * one as f64 * 512.0 / 200.0;
+        let table2 = 265.0 * one * 512.0 / 200.0;
         assert_eq!(
-            launch_fwd_ps_f(table2, Some(&w1), &a, 1, docs2),
-            2.0 * one as f64 * 512.0
+            launch_fwd_ps_f(table2, Some(&w), &a, 1, docs2),
+            3.0 * one * 512.0 / 2.0
         );
-        // On 132 slots (one block per SM):
-        // 264 equal whole 128-token documents, 1 head: exactly two waves of 132.
-        assert_eq!(makespan_pairs(&launch_blocks(docs, 128), 1, 132), 2 * one);
-        // The same work as 132 docs × 2 heads: head-major, still two waves.
+        // The same work as 132 docs × 2 heads, head-major: the same two shared blocks.
         let half = [(0u64, 128u64, 132u32)];
-        assert_eq!(makespan_pairs(&launch_blocks(half, 128), 2, 132), 2 * one);
-        // 265 documents: a third wave of one block.
-        let docs3 = [(0u64, 128u64, 265u32)];
-        assert_eq!(makespan_pairs(&launch_blocks(docs3, 128), 1, 132), 3 * one);
+        assert_eq!(
+            makespan_pairs(&launch_blocks(half, 128), 2, 132, 2),
+            2.0 * one
+        );
     }
 
     #[test]
-    fn list_scheduling_fills_the_sm_that_frees_first() {
-        // Loads 10, 6, 5, 4, 3 on 2 SMs, in order: SM0 10; SM1 6; SM1 11; SM0 14; SM1 14.
+    fn resident_blocks_share_their_sm() {
+        // One SM, blocks of 4 and 2 (two resident): both at half rate until the 2 ends at
+        // t = 4, then the 4's remaining 2 alone: 6 — the SM's work, as it is never idle.
+        assert_eq!(makespan_pairs(&[(2, 4), (1, 2)], 1, 1, 2), 6.0);
+        // Two SMs, blocks 4, 1, 1: SM0 takes 4, SM1 1, then SM0's second slot the last 1.
+        // SM0 shares until t = 2 (the 1 ends, the 4 has 3 left), then alone: 5; SM1 ends
+        // at 1. One block per SM (a plain list schedule) would end at 4.
+        let b = [(3, 4), (2, 1), (1, 1)];
+        assert_eq!(makespan_pairs(&b, 1, 2, 2), 5.0);
+        assert_eq!(makespan_pairs(&b, 1, 2, 1), 4.0);
+        // One per SM: loads 10, 6, 5, 4, 3 in order on 2 SMs: SM0 10; SM1 6; SM1 11;
+        // SM0 14; SM1 14.
         let blocks = [(5, 10), (4, 6), (3, 5), (2, 4), (1, 3)];
-        assert_eq!(makespan_pairs(&blocks, 1, 2), 14);
-        assert_eq!(makespan_pairs(&blocks, 0, 2), 0);
-        assert_eq!(makespan_pairs(&[], 4, 2), 0);
+        assert_eq!(makespan_pairs(&blocks, 1, 2, 1), 14.0);
+        assert_eq!(makespan_pairs(&blocks, 0, 2, 2), 0.0);
+        assert_eq!(makespan_pairs(&[], 4, 2, 2), 0.0);
     }
 
     #[test]
@@ -304,15 +366,15 @@ mod tests {
             .validate("cal.json")
             .unwrap_err()
             .to_string()
-            .contains("cal.json: attn_waves.block_tflops"));
-        w.block_tflops = 2.0;
+            .contains("cal.json: attn_waves.sm_tflops"));
+        w.sm_tflops = 2.0;
         w.sms = 0;
         assert!(w
             .validate("cal.json")
             .unwrap_err()
             .to_string()
             .contains("attn_waves.sms"));
-        let j: WaveModel = serde_json::from_str(r#"{"block_tflops": 2.5}"#).unwrap();
+        let j: WaveModel = serde_json::from_str(r#"{"sm_tflops": 2.5}"#).unwrap();
         assert_eq!(j, WaveModel::h200(2.5));
     }
 }

@@ -338,14 +338,14 @@ fn a_calibrated_wave_term_bounds_a_workers_launch() {
     let plan = one_unit_plan(&plain, 16_384, 0, 1);
     let mut net = StubNet::dgx_h200();
     let (t0, _) = layer_time(&plain, &plan, map(1, 8), 1, true, &mut net);
-    // Slow blocks (0.3 TFLOP/s each, 264 slots = 79 TFLOP/s in all): the launch's 128 tiles
-    // × 32 heads are wave-bound, and the engine's time is the cost model's launch price.
+    // Slow SMs (0.6 TFLOP/s each, 132 = 79 TFLOP/s in all): the launch's 128 tiles × 32
+    // heads are wave-bound, and the engine's time is the cost model's launch price.
     let mut slow = qwen();
-    slow.attn_waves = Some(crate::cost::WaveModel::h200(0.3));
+    slow.attn_waves = Some(crate::cost::WaveModel::h200(0.6));
     let (t, _) = layer_time(&slow, &plan, map(1, 8), 1, true, &mut net);
     assert_eq!(t, slow.attn_fwd_ps([16_384], 32));
     // At least the total work spread evenly over the slots at that rate.
-    let even = 16384.0 * 16385.0 / 2.0 * 32.0 * 512.0 / (264.0 * 0.3);
+    let even = 16384.0 * 16385.0 / 2.0 * 32.0 * 512.0 / (132.0 * 0.6);
     assert!(t as f64 >= even && t > t0, "{t} {even} {t0}");
     // Fast blocks: the table binds and the price is the plain one, to the picosecond.
     let mut fast = qwen();
