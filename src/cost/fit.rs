@@ -10,7 +10,9 @@
 //! It may not read files or touch a device (the CLI does), and it never prices work by a
 //! formula of its own: a launch of segments costs `attn_launch_us` + Σ segments FLOPs /
 //! `EffTable::tflops(heads, q, kv)` (the engine's formula, Libra Eq. 8 FLOPs at the
-//! measured rate); a copy costs `copy_launch_us` + bytes / `copy_bytes_per_s`.
+//! measured rate), bounded below by the launch's waves when the pricing has a wave model
+//! ([`waves::launch_fwd_ps_f`], forward only); a copy costs `copy_launch_us` + bytes /
+//! `copy_bytes_per_s`.
 //!
 //! Backward rows ([`Pass::Bwd`]: the dQ, dK, dV launches of the same units) price through
 //! the same formula with the backward table ([`super::attn_bwd_segment_ps_f`]:
@@ -20,7 +22,11 @@
 //!
 //! Fitting: copies by weighted least squares on relative residuals (closed form, 2
 //! unknowns); attention, forward and backward alike, by Levenberg–Marquardt on relative
-//! residuals over ln(TFLOP/s) at the grid's nodes and the launch overhead, pricing every
+//! residuals over ln(TFLOP/s) at the grid's nodes and the launch overhead (forward, with
+//! [`FitOptions::waves`]: and ln of the wave term's per-SM rate, fitted through k-norms of
+//! (table, wave) of rising k before the max itself, since the max gives the side that does
+//! not bind no gradient; the backward table then starts from a forward table fitted without
+//! the wave term), pricing every
 //! candidate through [`EffTable::from_points`] + [`EffTable::tflops`], so the fitted table
 //! is exactly the one the engine will interpolate. Nodes no measurement reaches keep their
 //! starting value (forward: the built-in H200 table's; backward: the fitted forward table

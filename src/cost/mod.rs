@@ -17,6 +17,9 @@
 //!   GEMMs against two) at `attn_bwd_efficiency` × the forward efficiency — or, when a
 //!   calibration file carries a measured backward table (`attn_bwd`), at that table's
 //!   rate for the same (heads, query length, KV length) ([`attn_bwd_segment_ps_f`]).
+//! - one forward kernel launch: the sum of its segments' prices, bounded below by the
+//!   makespan of its thread blocks on the SMs when a calibration fitted a wave term
+//!   (`attn_waves`, [`waves`]); without one, the sum alone.
 //!
 //! Architecture invariant: planners (balance/), the schedule and the GPU validator price
 //! work through this module only, so the planner's estimate, the engine's duration and the
@@ -651,5 +654,18 @@ mod tests {
         let e = Calibration::from_json_str(bad, "cal.json").unwrap_err();
         assert!(e.to_string().contains("gemm_efficiency"), "{e}");
         assert!(Calibration::from_json_str("{}", "cal.json").is_err());
+        // The wave term: optional (above), read when present, checked by field name.
+        let w = r#"{"attn_fwd": [{"heads": 32, "len": 128, "tflops": 100.0}], "attn_waves": {"sm_tflops": 2.5}}"#;
+        let cal = Calibration::from_json_str(w, "cal.json").unwrap();
+        assert_eq!(cal.attn_waves, Some(WaveModel::h200(2.5)));
+        let c = CostModel::calibrated(ModelConfig::builtin("llama3-8b").unwrap(), &cal, "cal.json")
+            .unwrap();
+        assert_eq!(c.attn_waves, Some(WaveModel::h200(2.5)));
+        let bad = r#"{"attn_fwd": [{"heads": 32, "len": 128, "tflops": 100.0}], "attn_waves": {"sm_tflops": -1.0}}"#;
+        let e = Calibration::from_json_str(bad, "cal.json").unwrap_err();
+        assert!(
+            e.to_string().contains("cal.json: attn_waves.sm_tflops"),
+            "{e}"
+        );
     }
 }
