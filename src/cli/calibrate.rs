@@ -19,6 +19,8 @@ use skewsim::cost::fit::{
     self, FitOptions, MeasureKind, Measurement, Pass, Pricing, SegCount, Summary,
 };
 
+use skewsim::cost::WaveModel;
+
 use super::Output;
 
 #[derive(clap::Args)]
@@ -55,6 +57,17 @@ pub struct Args {
     /// Pull of the fit towards the starting table (see `FitOptions::prior_weight`).
     #[arg(long, default_value_t = 0.03)]
     pub prior_weight: f64,
+    /// Also fit the forward launch's wave term (`cost::waves`: blocks list-scheduled onto
+    /// the SMs at a fitted per-SM rate). Off by default: on run 15's held-out splits it helped
+    /// some and hurt others (BENCHMARKS.md, run 17).
+    #[arg(long)]
+    pub waves: bool,
+    /// SMs of the forward launch's wave term (`cost::waves`; 132 on an H200).
+    #[arg(long, default_value_t = skewsim::cost::waves::H200_SMS)]
+    pub wave_sms: u32,
+    /// Resident blocks per SM of the wave term (2 for the forward kernel v3-w4).
+    #[arg(long, default_value_t = skewsim::cost::waves::FWD_BLOCKS_PER_SM)]
+    pub wave_blocks_per_sm: u32,
     /// Where to write the calibration JSON.
     #[arg(short, long, default_value = "calibration.json")]
     pub out: PathBuf,
@@ -205,8 +218,20 @@ pub fn run(args: Args, out: Output) -> Result<()> {
     let opts = FitOptions {
         lens: args.lens.clone().unwrap_or_default(),
         prior_weight: args.prior_weight,
+        waves: args.waves.then_some(WaveModel {
+            sms: args.wave_sms,
+            blocks_per_sm: args.wave_blocks_per_sm,
+            ..WaveModel::h200(1.0)
+        }),
         ..FitOptions::default()
     };
+    if args.wave_sms == 0 || args.wave_blocks_per_sm == 0 {
+        bail!(
+            "--wave-sms {} --wave-blocks-per-sm {}: the wave term needs at least 1 SM and 1 block per SM",
+            args.wave_sms,
+            args.wave_blocks_per_sm
+        );
+    }
     let f = fit::fit(&train, &start, &opts)?;
     let fitted = Pricing::from_calibration(&f.calibration, "fit")?;
     let json = serde_json::to_string_pretty(&f.calibration)?;
@@ -247,7 +272,7 @@ pub fn run(args: Args, out: Output) -> Result<()> {
         let l = &f.calibration.launch;
         let mut s = format!(
             "fitted on {} plans, seeds {:?}: {} forward launches (rms relative residual {:.2} %), {} backward calls{}, {} copies\n\
-             attention launch {:.2} µs, backward call {:.2} µs, backward efficiency (scalar) {:.3}, copy {:.2} µs + {:.3} TB/s, jitter σ {}\n\
+             attention launch {:.2} µs, {}, backward call {:.2} µs, backward efficiency (scalar) {:.3}, copy {:.2} µs + {:.3} TB/s, jitter σ {}\n\
              wrote {}\n\nheld out: {} plans {:?}\nbefore calibration (starting table):\n{}\n\
              after calibration:\n{}",
             report.fit_plans.len(),
@@ -261,6 +286,13 @@ pub fn run(args: Args, out: Output) -> Result<()> {
                 .unwrap_or_default(),
             report.fit_copy_rows,
             l.attn_launch_us,
+            f.calibration
+                .attn_waves
+                .map(|w| format!(
+                    "waves {:.3} TFLOP/s per SM × {} SMs, {} resident blocks",
+                    w.sm_tflops, w.sms, w.blocks_per_sm
+                ))
+                .unwrap_or_else(|| "no wave term".into()),
             l.attn_bwd_launch_us,
             f.calibration.hardware.attn_bwd_efficiency,
             l.copy_launch_us,
@@ -316,6 +348,7 @@ mod tests {
                 lens: vec![512, 4096, 8192],
                 iterations: 40,
                 prior_weight: 1e-5,
+                waves: None,
             },
         )
         .unwrap();

@@ -10,7 +10,9 @@
 //! It may not read files or touch a device (the CLI does), and it never prices work by a
 //! formula of its own: a launch of segments costs `attn_launch_us` + Σ segments FLOPs /
 //! `EffTable::tflops(heads, q, kv)` (the engine's formula, Libra Eq. 8 FLOPs at the
-//! measured rate); a copy costs `copy_launch_us` + bytes / `copy_bytes_per_s`.
+//! measured rate), bounded below by the launch's waves when the pricing has a wave model
+//! ([`waves::launch_fwd_ps_f`], forward only); a copy costs `copy_launch_us` + bytes /
+//! `copy_bytes_per_s`.
 //!
 //! Backward rows ([`Pass::Bwd`]: the dQ, dK, dV launches of the same units) price through
 //! the same formula with the backward table ([`super::attn_bwd_segment_ps_f`]:
@@ -20,7 +22,11 @@
 //!
 //! Fitting: copies by weighted least squares on relative residuals (closed form, 2
 //! unknowns); attention, forward and backward alike, by Levenberg–Marquardt on relative
-//! residuals over ln(TFLOP/s) at the grid's nodes and the launch overhead, pricing every
+//! residuals over ln(TFLOP/s) at the grid's nodes and the launch overhead (forward, with
+//! [`FitOptions::waves`]: and ln of the wave term's per-SM rate, fitted through k-norms of
+//! (table, wave) of rising k before the max itself, since the max gives the side that does
+//! not bind no gradient; the backward table then starts from a forward table fitted without
+//! the wave term), pricing every
 //! candidate through [`EffTable::from_points`] + [`EffTable::tflops`], so the fitted table
 //! is exactly the one the engine will interpolate. Nodes no measurement reaches keep their
 //! starting value (forward: the built-in H200 table's; backward: the fitted forward table
@@ -34,6 +40,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::waves::{self, WaveModel};
 use super::{
     attn_bwd_segment_ps_f, attn_segment_ps_f, AttnShape, Calibration, EffPoint, EffTable, Hardware,
     LaunchCosts,
@@ -374,6 +381,8 @@ pub struct Pricing {
     /// Backward FLOP factor and efficiency.
     pub hw: Hardware,
     pub launch: LaunchCosts,
+    /// The forward launch's wave term, if a calibration fitted one.
+    pub waves: Option<WaveModel>,
 }
 
 impl Pricing {
@@ -384,6 +393,7 @@ impl Pricing {
             bwd: None,
             hw: Hardware::default(),
             launch: LaunchCosts::default(),
+            waves: None,
         })
     }
 
@@ -398,6 +408,7 @@ impl Pricing {
                 .transpose()?,
             hw: c.hardware,
             launch: c.launch.clone(),
+            waves: c.attn_waves,
         })
     }
 
@@ -415,8 +426,40 @@ impl Pricing {
         }
     }
 
-    /// Attention time of a launch's segments at `heads` per call, ms, without the launch
-    /// overhead.
+    /// A launch's segments as (start, end, count) in sample-local positions.
+    fn seg_ranges(segs: &[SegCount]) -> impl Iterator<Item = (u64, u64, u32)> + '_ {
+        segs.iter()
+            .map(|s| (u64::from(s.kv - s.q), u64::from(s.kv), s.n))
+    }
+
+    /// Forward time of a launch's segments, ms, without the launch overhead: the table's
+    /// price, bounded below by the launch's waves with a wave model
+    /// ([`waves::launch_fwd_ps_f`]).
+    pub fn attn_fwd_launch_ms(
+        eff: &EffTable,
+        waves: Option<&WaveModel>,
+        heads: u32,
+        head_dim: u32,
+        segs: &[SegCount],
+    ) -> f64 {
+        let table_ms = Self::attn_compute_ms(eff, heads, head_dim, segs);
+        match waves {
+            None => table_ms,
+            Some(w) => {
+                let shape = Self::shape(heads, head_dim);
+                waves::launch_fwd_ps_f(
+                    table_ms * 1e9,
+                    Some(w),
+                    &shape,
+                    heads,
+                    Self::seg_ranges(segs),
+                ) * 1e-9
+            }
+        }
+    }
+
+    /// Attention time of a launch's segments at `heads` per call by the table alone, ms,
+    /// without the launch overhead.
     pub fn attn_compute_ms(eff: &EffTable, heads: u32, head_dim: u32, segs: &[SegCount]) -> f64 {
         let shape = Self::shape(heads, head_dim);
         segs.iter()
@@ -465,7 +508,13 @@ impl Pricing {
             (MeasureKind::Attn, _) if m.segs.is_empty() => 0.0,
             (MeasureKind::Attn, Pass::Fwd) => {
                 self.launch.attn_launch_us * 1e-3
-                    + Self::attn_compute_ms(&self.eff, m.heads, m.head_dim, &m.segs)
+                    + Self::attn_fwd_launch_ms(
+                        &self.eff,
+                        self.waves.as_ref(),
+                        m.heads,
+                        m.head_dim,
+                        &m.segs,
+                    )
             }
             (MeasureKind::Attn, Pass::Bwd) => {
                 self.bwd_launch_us() * 1e-3
@@ -686,6 +735,10 @@ pub struct FitOptions {
     /// the launches' relative errors. Keeps nodes and overhead that the data cannot tell
     /// apart (all launches long, few lengths) at the start instead of trading off wildly.
     pub prior_weight: f64,
+    /// Fit the forward launch's wave term ([`WaveModel`]) with these SMs, resident blocks
+    /// per SM and rows per block (its `sm_tflops` is ignored: the start is the starting pricing's rate, else
+    /// derived from the data); `None`: no wave term (the calibration has none).
+    pub waves: Option<WaveModel>,
 }
 
 impl Default for FitOptions {
@@ -694,6 +747,7 @@ impl Default for FitOptions {
             lens: Vec::new(),
             iterations: 30,
             prior_weight: 0.03,
+            waves: None,
         }
     }
 }
@@ -828,11 +882,42 @@ fn grid_nodes(rows: &[&Measurement], opts: &FitOptions) -> Result<Vec<(u32, u32)
         .collect())
 }
 
-/// A fitted table and call overhead.
+/// A fitted table and call overhead (and the per-SM rate of the wave term, when fitted).
 struct TableFit {
     points: Vec<EffPoint>,
     launch_us: f64,
+    sm_tflops: Option<f64>,
     rms_rel: f64,
+}
+
+/// The wave term of a table fit: the model (SMs, rows per block), its starting per-SM
+/// rate in `model.sm_tflops`, and per row its shape and makespan in causal pairs at one SM's rate
+/// ([`waves::launch_makespan_pairs`], independent of the rate, so computed once).
+struct WaveFit {
+    model: WaveModel,
+    rows: Vec<(AttnShape, f64)>,
+    /// Fit against the k-norm (t^k + w^k)^(1/k) of table and wave time instead of their
+    /// max (a continuation stage; `None`: the max the pricing uses).
+    smooth: Option<f64>,
+}
+
+impl WaveFit {
+    fn new(model: WaveModel, rows: &[&Measurement]) -> Self {
+        let rows = rows
+            .iter()
+            .map(|r| {
+                (
+                    Pricing::shape(r.heads, r.head_dim),
+                    waves::launch_makespan_pairs(&model, r.heads, Pricing::seg_ranges(&r.segs)),
+                )
+            })
+            .collect();
+        WaveFit {
+            model,
+            rows,
+            smooth: None,
+        }
+    }
 }
 
 /// Levenberg–Marquardt over ln(TFLOP/s) at `nodes` and one call overhead (µs, ≥ 0):
@@ -845,9 +930,16 @@ fn fit_table(
     start_us: f64,
     opts: &FitOptions,
     compute_ms: &dyn Fn(&EffTable, &Measurement) -> f64,
+    wave: Option<&WaveFit>,
 ) -> Result<TableFit> {
-    let np = nodes.len() + 1; // + call overhead (µs, ≥ 0, fitted as is)
+    // Nodes' ln TFLOP/s, [ln per-SM TFLOP/s of the wave term], call overhead (µs, ≥ 0,
+    // fitted as is).
+    let nw = usize::from(wave.is_some());
+    let np = nodes.len() + nw + 1;
     let mut theta: Vec<f64> = start_tflops.iter().map(|t| t.ln()).collect();
+    if let Some(w) = wave {
+        theta.push(w.model.sm_tflops.ln());
+    }
     theta.push(start_us.max(0.0));
     let points = |th: &[f64]| -> Vec<EffPoint> {
         nodes
@@ -866,10 +958,29 @@ fn fit_table(
     let residuals = |th: &[f64]| -> Result<Vec<f64>> {
         let eff = EffTable::from_points(&points(th), "fit")?;
         let us = th[np - 1].max(0.0);
+        let wm = wave.map(|w| WaveModel {
+            sm_tflops: th[nodes.len()].clamp(-9.2, 9.2).exp(),
+            ..w.model
+        });
         let mut r: Vec<f64> = rows
             .iter()
-            .map(|r| {
-                let p = us * 1e-3 + compute_ms(&eff, r);
+            .enumerate()
+            .map(|(i, r)| {
+                let mut t = compute_ms(&eff, r);
+                if let (Some(m), Some(w)) = (&wm, wave) {
+                    let (shape, mp) = &w.rows[i];
+                    t = match w.smooth {
+                        // The pricing's max (the one formula).
+                        None => m.bound_ps_f(t * 1e9, shape, *mp) * 1e-9,
+                        // A continuation stage: the k-norm of (table, wave), which keeps a
+                        // gradient on both sides of the max.
+                        Some(k) => {
+                            let wave = m.bound_ps_f(0.0, shape, *mp) * 1e-9;
+                            (t.powf(k) + wave.powf(k)).powf(1.0 / k)
+                        }
+                    };
+                }
+                let p = us * 1e-3 + t;
                 (p - r.measured_ms) / r.measured_ms
             })
             .collect();
@@ -942,6 +1053,7 @@ fn fit_table(
     Ok(TableFit {
         points: points(&theta),
         launch_us: theta[np - 1],
+        sm_tflops: wave.map(|_| theta[nodes.len()].clamp(-9.2, 9.2).exp()),
         rms_rel: (r[..rows.len()].iter().map(|x| x * x).sum::<f64>() / rows.len() as f64).sqrt(),
     })
 }
@@ -979,15 +1091,83 @@ pub fn fit(rows: &[Measurement], start: &Pricing, opts: &FitOptions) -> Result<F
         .iter()
         .map(|&(h, l)| start.eff.tflops(h, u64::from(l), u64::from(l)))
         .collect();
-    let fwd = fit_table(
-        &attn,
-        &nodes,
-        &start_t,
-        start.launch.attn_launch_us,
-        opts,
-        &|eff, r| Pricing::attn_compute_ms(eff, r.heads, r.head_dim, &r.segs),
-    )?;
-    let fwd_eff = EffTable::from_points(&fwd.points, "fit")?;
+    // The wave term starts from the starting pricing's per-SM rate, else from the data:
+    // the 90th percentile over launches of (makespan FLOPs / measured time), the rate
+    // at which the slowest-tailed launches would be wholly wave-bound.
+    let mut wave = opts.waves.map(|template| {
+        let mut wf = WaveFit::new(template, &attn);
+        wf.model.sm_tflops = match start.waves {
+            Some(w) => w.sm_tflops,
+            None => {
+                let mut v: Vec<f64> = attn
+                    .iter()
+                    .zip(&wf.rows)
+                    .map(|(r, (shape, mp))| {
+                        *mp * shape.fwd_flops_per_pair_head() / (r.measured_ms * 1e9)
+                    })
+                    .filter(|x| x.is_finite() && *x > 0.0)
+                    .collect();
+                v.sort_by(f64::total_cmp);
+                if v.is_empty() {
+                    1.0
+                } else {
+                    quantile(&v, 0.9)
+                }
+            }
+        };
+        wf
+    });
+    let compute = |eff: &EffTable, r: &Measurement| {
+        Pricing::attn_compute_ms(eff, r.heads, r.head_dim, &r.segs)
+    };
+    let fwd = match wave {
+        None => fit_table(
+            &attn,
+            &nodes,
+            &start_t,
+            start.launch.attn_launch_us,
+            opts,
+            &compute,
+            None,
+        )?,
+        // The max in the pricing leaves no gradient to whichever side is not binding, so a
+        // start where a launch is on the wrong side stays stuck there: fit through k-norms
+        // of rising k first (continuation), each stage starting from the last, and end on
+        // the max itself.
+        Some(mut wf) => {
+            let (mut t0, mut us0) = (start_t.clone(), start.launch.attn_launch_us);
+            let mut last = None;
+            for k in [Some(4.0), Some(16.0), Some(64.0), None] {
+                wf.smooth = k;
+                let f = fit_table(&attn, &nodes, &t0, us0, opts, &compute, Some(&wf))?;
+                t0 = f.points.iter().map(|p| p.tflops).collect();
+                us0 = f.launch_us;
+                wf.model.sm_tflops = f.sm_tflops.unwrap_or(wf.model.sm_tflops);
+                last = Some(f);
+            }
+            wave = Some(wf);
+            last.ok_or_else(|| invalid("fit stages", 0, "at least one"))?
+        }
+    };
+    // The backward is priced per segment (no wave term): its starting table and the scalar
+    // efficiency come from the per-segment forward table, fitted without the wave term
+    // when the forward has one (the forward's own table is then faster where launches
+    // were wave-bound, and would start the backward too fast there).
+    let fwd_eff = match (&wave, attn_bwd.is_empty()) {
+        (Some(_), false) => {
+            let seg = fit_table(
+                &attn,
+                &nodes,
+                &start_t,
+                start.launch.attn_launch_us,
+                opts,
+                &compute,
+                None,
+            )?;
+            EffTable::from_points(&seg.points, "fit")?
+        }
+        _ => EffTable::from_points(&fwd.points, "fit")?,
+    };
     let hw = start.hw;
     let mut launch = fit_copies(&copies, &start.launch);
     launch.attn_launch_us = fwd.launch_us;
@@ -1035,6 +1215,7 @@ pub fn fit(rows: &[Measurement], start: &Pricing, opts: &FitOptions) -> Result<F
             start.bwd_launch_us(),
             opts,
             &|eff, r| factor * Pricing::attn_compute_ms(eff, r.heads, r.head_dim, &r.segs),
+            None,
         )?;
         launch.attn_bwd_launch_us = b.launch_us;
         if let Some(e) = ratio(b.launch_us) {
@@ -1048,6 +1229,13 @@ pub fn fit(rows: &[Measurement], start: &Pricing, opts: &FitOptions) -> Result<F
             attn_bwd: attn_bwd_points,
             hardware,
             launch,
+            attn_waves: match (&wave, fwd.sm_tflops) {
+                (Some(w), Some(r)) => Some(WaveModel {
+                    sm_tflops: r,
+                    ..w.model
+                }),
+                _ => None,
+            },
         },
         attn_rms_rel: fwd.rms_rel,
         attn_rows: attn.len(),
@@ -1270,6 +1458,7 @@ mod tests {
             }]),
             hardware: Hardware::default(),
             launch: p.launch.clone(),
+            attn_waves: None,
         };
         let mut model = crate::cost::ModelConfig::builtin("qwen3-30b-a3b").unwrap();
         model.head_dim = 128;
@@ -1335,6 +1524,7 @@ mod tests {
                 copy_bytes_per_s: 2.1e12,
                 ..LaunchCosts::default()
             },
+            waves: None,
         };
         // Launches: mixes of whole documents and chunks at deterministic lengths.
         let mut rows = Vec::new();
@@ -1381,6 +1571,7 @@ mod tests {
             lens: lens.to_vec(),
             iterations: 40,
             prior_weight: 1e-5,
+            waves: None,
         };
         let f = fit(&rows, &start, &opts).unwrap();
         let c = &f.calibration;
@@ -1445,6 +1636,7 @@ mod tests {
                 attn_bwd_launch_us: 25.0,
                 ..LaunchCosts::default()
             },
+            waves: None,
         };
         let mut rows = Vec::new();
         let mut x: u64 = 777;
@@ -1487,6 +1679,7 @@ mod tests {
             lens: lens.to_vec(),
             iterations: 60,
             prior_weight: 1e-5,
+            waves: None,
         };
         let f = fit(&rows, &start, &opts).unwrap();
         assert_eq!((f.attn_rows, f.bwd_rows), (48, 48));
@@ -1532,5 +1725,117 @@ mod tests {
         assert!(f2.calibration.attn_bwd.is_none());
         assert_eq!(f2.calibration.hardware.attn_bwd_efficiency, 0.8);
         assert_eq!(f2.bwd_rows, 0);
+    }
+
+    /// Launches priced by a known table and a known wave term (2.4 TFLOP/s per SM on 132
+    /// SMs, 2 resident blocks sharing one): the fit recovers the per-SM rate, and the fitted calibration carries it.
+    #[test]
+    fn fit_recovers_a_known_per_sm_rate() {
+        let lens = [1024u32, 4096, 16384, 65536];
+        // Table rates well below 132 SMs × 2.4 = 317 TFLOP/s: a launch of many blocks is
+        // table-bound, one of few long blocks wave-bound.
+        let eff = |h: u32, l: u32| if h == 2 { 180.0 } else { 230.0 } * (f64::from(l) / 1024.0).powf(0.05);
+        let pts: Vec<EffPoint> = [2u32, 8]
+            .iter()
+            .flat_map(|&h| {
+                lens.iter().map(move |&l| EffPoint {
+                    heads: h,
+                    len: l,
+                    tflops: eff(h, l),
+                })
+            })
+            .collect();
+        let truth = Pricing {
+            eff: EffTable::from_points(&pts, "truth").unwrap(),
+            bwd: None,
+            hw: Hardware::default(),
+            launch: LaunchCosts {
+                attn_launch_us: 5.0,
+                ..LaunchCosts::default()
+            },
+            waves: Some(WaveModel::h200(2.4)),
+        };
+        let mut rows = Vec::new();
+        let mut x: u64 = 4242;
+        let mut next = |m: u64| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (x >> 33) % m
+        };
+        let mut wave_bound = 0;
+        for i in 0..60 {
+            let heads = if i % 2 == 0 { 2 } else { 8 };
+            // Few long-KV query chunks (few blocks: wave-bound) or many documents
+            // (throughput-bound).
+            let segs = if i % 3 == 0 {
+                let kv = 16384 + next(40000) as u32;
+                vec![SegCount {
+                    q: 1024 + 128 * next(16) as u32,
+                    kv,
+                    n: 1,
+                }]
+            } else {
+                (0..(2 + next(4)))
+                    .map(|_| {
+                        let kv = 1024 + next(15000) as u32;
+                        SegCount {
+                            q: kv,
+                            kv,
+                            n: 1 + next(4) as u32,
+                        }
+                    })
+                    .collect()
+            };
+            let mut r = row(MeasureKind::Attn, heads, segs, 0, 0.0);
+            r.measured_ms = truth.predict_ms(&r);
+            let table = 5e-3 + Pricing::attn_compute_ms(&truth.eff, heads, 128, &r.segs);
+            if r.measured_ms > table * 1.05 {
+                wave_bound += 1;
+            }
+            rows.push(r);
+        }
+        assert!(
+            (10..50).contains(&wave_bound),
+            "{wave_bound} wave-bound launches"
+        );
+        let start = Pricing::h200_default().unwrap();
+        let opts = FitOptions {
+            lens: lens.to_vec(),
+            iterations: 60,
+            prior_weight: 1e-5,
+            waves: Some(WaveModel::h200(0.0)),
+        };
+        let f = fit(&rows, &start, &opts).unwrap();
+        let w = f.calibration.attn_waves.unwrap();
+        assert!((w.sm_tflops - 2.4).abs() / 2.4 < 0.01, "{w:?}");
+        assert_eq!((w.sms, w.blocks_per_sm, w.block_m), (132, 2, 128));
+        assert!(f.attn_rms_rel < 1e-2, "rms {}", f.attn_rms_rel);
+        // Through JSON and back, the fitted pricing reproduces the launches; without the
+        // wave term the same table misses the wave-bound ones.
+        let text = serde_json::to_string(&f.calibration).unwrap();
+        assert!(text.contains("\"attn_waves\""), "{text}");
+        let mut p = Pricing::from_calibration_json(&text, "cal.json").unwrap();
+        let s = summarize(&rows, &p);
+        assert!(
+            s.launch_err.max_ape < 0.5,
+            "{:?} {:?} {:?}",
+            s.launch_err,
+            f.calibration.launch.attn_launch_us,
+            f.calibration.attn_fwd
+        );
+        p.waves = None;
+        assert!(summarize(&rows, &p).launch_err.max_ape > 20.0);
+        // Without `waves` in the options: no wave term in the calibration.
+        let f2 = fit(
+            &rows,
+            &start,
+            &FitOptions {
+                waves: None,
+                ..opts
+            },
+        )
+        .unwrap();
+        assert!(f2.calibration.attn_waves.is_none());
     }
 }

@@ -17,6 +17,9 @@
 //!   GEMMs against two) at `attn_bwd_efficiency` × the forward efficiency — or, when a
 //!   calibration file carries a measured backward table (`attn_bwd`), at that table's
 //!   rate for the same (heads, query length, KV length) ([`attn_bwd_segment_ps_f`]).
+//! - one forward kernel launch: the sum of its segments' prices, bounded below by the
+//!   makespan of its thread blocks on the SMs when a calibration fitted a wave term
+//!   (`attn_waves`, [`waves`]); without one, the sum alone.
 //!
 //! Architecture invariant: planners (balance/), the schedule and the GPU validator price
 //! work through this module only, so the planner's estimate, the engine's duration and the
@@ -27,6 +30,7 @@ pub mod fit;
 pub mod kernel;
 pub mod memory;
 pub mod model;
+pub mod waves;
 
 use serde::{Deserialize, Serialize};
 
@@ -34,6 +38,7 @@ use crate::error::{invalid, parse_error, Result};
 use crate::net::Ps;
 pub use kernel::{EffPoint, EffTable};
 pub use model::{Ffn, ModelConfig};
+pub use waves::WaveModel;
 
 /// The shape of one attention layer, as far as counting FLOPs and bytes needs it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -168,6 +173,10 @@ pub struct Calibration {
     /// left out.
     #[serde(default)]
     pub launch: LaunchCosts,
+    /// The forward launch's wave term ([`waves`]: blocks list-scheduled onto the SMs at a
+    /// fitted per-SM rate), fitted by `skewsim calibrate`; absent: none (the table alone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attn_waves: Option<WaveModel>,
 }
 
 /// Fixed costs a measured GPU adds to the table's compute time (issue 7): the attention
@@ -239,6 +248,9 @@ impl Calibration {
         EffTable::from_points(&c.attn_fwd, context)?;
         if let Some(b) = &c.attn_bwd {
             EffTable::from_points(b, &format!("{context}: attn_bwd"))?;
+        }
+        if let Some(w) = &c.attn_waves {
+            w.validate(context)?;
         }
         Ok(c)
     }
@@ -364,6 +376,8 @@ pub struct CostModel {
     pub attn_bwd_eff: Option<EffTable>,
     /// Fixed per-launch costs (zero unless a calibration file measured them).
     pub launch: LaunchCosts,
+    /// The forward launch's wave term (a calibration's `attn_waves`), else `None`.
+    pub attn_waves: Option<WaveModel>,
 }
 
 impl CostModel {
@@ -375,12 +389,16 @@ impl CostModel {
             attn_eff: EffTable::h200_default()?,
             attn_bwd_eff: None,
             launch: LaunchCosts::default(),
+            attn_waves: None,
         })
     }
 
     /// The model priced with a calibration file's table and hardware figures.
     pub fn calibrated(model: ModelConfig, cal: &Calibration, context: &str) -> Result<Self> {
         cal.hardware.validate(context)?;
+        if let Some(w) = &cal.attn_waves {
+            w.validate(context)?;
+        }
         Ok(Self {
             model,
             hw: cal.hardware,
@@ -391,6 +409,7 @@ impl CostModel {
                 .map(|b| EffTable::from_points(b, &format!("{context}: attn_bwd")))
                 .transpose()?,
             launch: cal.launch.clone(),
+            attn_waves: cal.attn_waves,
         })
     }
 
@@ -468,9 +487,19 @@ impl CostModel {
     }
 
     /// [`CostModel::attn_fwd_ps`] unrounded: one kernel call (its launch overhead once)
-    /// over every document.
+    /// over every document, bounded below by the launch's waves when a calibration fitted
+    /// them ([`waves::launch_fwd_ps_f`]).
     pub fn attn_fwd_ps_f(&self, doc_lens: impl IntoIterator<Item = u32>, heads: u32) -> f64 {
-        self.attn_launch_ps() + self.attn_kernel_ps_f(doc_lens, heads)
+        match &self.attn_waves {
+            None => self.attn_launch_ps() + self.attn_kernel_ps_f(doc_lens, heads),
+            Some(w) => {
+                let docs: Vec<u32> = doc_lens.into_iter().collect();
+                let table = self.attn_kernel_ps_f(docs.iter().copied(), heads);
+                let segs = docs.iter().map(|&l| (0, u64::from(l), 1));
+                self.attn_launch_ps()
+                    + waves::launch_fwd_ps_f(table, Some(w), &self.attn(), heads, segs)
+            }
+        }
     }
 
     /// The table's compute time of whole documents, without the launch overhead.
@@ -625,5 +654,18 @@ mod tests {
         let e = Calibration::from_json_str(bad, "cal.json").unwrap_err();
         assert!(e.to_string().contains("gemm_efficiency"), "{e}");
         assert!(Calibration::from_json_str("{}", "cal.json").is_err());
+        // The wave term: optional (above), read when present, checked by field name.
+        let w = r#"{"attn_fwd": [{"heads": 32, "len": 128, "tflops": 100.0}], "attn_waves": {"sm_tflops": 2.5}}"#;
+        let cal = Calibration::from_json_str(w, "cal.json").unwrap();
+        assert_eq!(cal.attn_waves, Some(WaveModel::h200(2.5)));
+        let c = CostModel::calibrated(ModelConfig::builtin("llama3-8b").unwrap(), &cal, "cal.json")
+            .unwrap();
+        assert_eq!(c.attn_waves, Some(WaveModel::h200(2.5)));
+        let bad = r#"{"attn_fwd": [{"heads": 32, "len": 128, "tflops": 100.0}], "attn_waves": {"sm_tflops": -1.0}}"#;
+        let e = Calibration::from_json_str(bad, "cal.json").unwrap_err();
+        assert!(
+            e.to_string().contains("cal.json: attn_waves.sm_tflops"),
+            "{e}"
+        );
     }
 }

@@ -50,7 +50,7 @@ use super::stage::{AttentionStage, AttnCall, StepEnv};
 use super::RankMap;
 use crate::balance::distca::pingpong::NanoTable;
 use crate::balance::libra::pipeliner::{overlap_stages, pipeline, Stage};
-use crate::cost::{attn_bwd_segment_ps_f, attn_segment_ps_f, CostModel};
+use crate::cost::{attn_bwd_segment_ps_f, attn_segment_ps_f, waves, CostModel};
 use crate::engine::{GraphBuilder, OpClass, OpId, OpKind, OpLabel, StreamKind, Xfer};
 use crate::error::{invalid, Result};
 use crate::net::{GpuId, Ps};
@@ -73,6 +73,29 @@ pub fn unit_fwd_ps_f(cost: &CostModel, unit: &WorkUnit, heads: u32) -> f64 {
             )
         })
         .sum()
+}
+
+/// Forward time of one worker's launch (unrounded ps) whose units the table prices at
+/// `table_ps` (Σ [`unit_fwd_ps_f`]): with a calibrated wave model, bounded below by the
+/// launch's list-scheduled blocks (`cost::waves::launch_fwd_ps_f`); without, `table_ps`.
+pub fn launch_fwd_ps_f<'a>(
+    cost: &CostModel,
+    table_ps: f64,
+    units: impl IntoIterator<Item = &'a WorkUnit>,
+    heads: u32,
+) -> f64 {
+    let segs = units.into_iter().flat_map(|u| {
+        u.segments
+            .iter()
+            .map(|s| (u64::from(s.start), u64::from(s.end), 1))
+    });
+    waves::launch_fwd_ps_f(
+        table_ps,
+        cost.attn_waves.as_ref(),
+        &cost.attn(),
+        heads,
+        segs,
+    )
 }
 
 /// Backward time of one unit (unrounded ps), as [`unit_fwd_ps_f`] prices the forward:
@@ -202,6 +225,13 @@ fn head_chunk_work(
         tb[i] += unit_bwd_ps_f(cost, u, heads);
         calls[i] = 1.0;
     }
+    // A worker's chunk is one launch: its waves bound the table's sum.
+    if cost.attn_waves.is_some() {
+        for (i, ti) in t.iter_mut().enumerate() {
+            let mine = g.units.iter().filter(|u| u.worker == g.workers[i]);
+            *ti = launch_fwd_ps_f(cost, *ti, mine, heads);
+        }
+    }
     let piece = |c: &crate::balance::libra::pipeliner::ChunkTransfer| (c.src, c.dst, c.bytes);
     let mut disp = vec![Vec::new(); chunks as usize];
     let mut ret = vec![Vec::new(); chunks as usize];
@@ -240,6 +270,17 @@ fn nano_work(
         t[k][i] += unit_fwd_ps_f(cost, u, heads);
         tb[k][i] += unit_bwd_ps_f(cost, u, heads);
         calls[k][i] = 1.0;
+    }
+    // A worker's nano-batch is one launch: its waves bound the table's sum.
+    if cost.attn_waves.is_some() {
+        for (k, tk) in t.iter_mut().enumerate() {
+            for (i, ti) in tk.iter_mut().enumerate() {
+                let mine = g.units.iter().filter(|u| {
+                    u.worker == g.workers[i] && usize::from(table.unit_nano(gi, u.id)) == k
+                });
+                *ti = launch_fwd_ps_f(cost, *ti, mine, heads);
+            }
+        }
     }
     let mut disp = vec![Vec::new(); 2];
     let mut ret = vec![Vec::new(); 2];

@@ -331,3 +331,29 @@ fn a_calibrated_backward_table_prices_plan_units_like_the_cost_model() {
     let pa = PlanAttention::new(&c, &plan, map(1, 8), Overlap::HeadChunks(1)).unwrap();
     assert_ne!(pa.ops[0][0][0].chunks[0].bwd[0], bwd);
 }
+
+#[test]
+fn a_calibrated_wave_term_bounds_a_workers_launch() {
+    let plain = qwen();
+    let plan = one_unit_plan(&plain, 16_384, 0, 1);
+    let mut net = StubNet::dgx_h200();
+    let (t0, _) = layer_time(&plain, &plan, map(1, 8), 1, true, &mut net);
+    // Slow SMs (0.6 TFLOP/s each, 132 = 79 TFLOP/s in all): the launch's 128 tiles × 32
+    // heads are wave-bound, and the engine's time is the cost model's launch price.
+    let mut slow = qwen();
+    slow.attn_waves = Some(crate::cost::WaveModel::h200(0.6));
+    let (t, _) = layer_time(&slow, &plan, map(1, 8), 1, true, &mut net);
+    assert_eq!(t, slow.attn_fwd_ps([16_384], 32));
+    // At least the total work spread evenly over the slots at that rate.
+    let even = 16384.0 * 16385.0 / 2.0 * 32.0 * 512.0 / (132.0 * 0.6);
+    assert!(t as f64 >= even && t > t0, "{t} {even} {t0}");
+    // Fast blocks: the table binds and the price is the plain one, to the picosecond.
+    let mut fast = qwen();
+    fast.attn_waves = Some(crate::cost::WaveModel::h200(100.0));
+    let (tf, _) = layer_time(&fast, &plan, map(1, 8), 1, true, &mut net);
+    assert_eq!(tf, t0);
+    // The backward has no wave term.
+    let (b0, _) = layer_time(&plain, &plan, map(1, 8), 1, false, &mut net);
+    let (b, _) = layer_time(&slow, &plan, map(1, 8), 1, false, &mut net);
+    assert_eq!(b, b0);
+}
