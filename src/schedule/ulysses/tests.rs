@@ -479,3 +479,86 @@ fn ring_allreduce_across_nodes_uses_every_nic() {
         );
     }
 }
+
+#[test]
+fn ticks_run_every_stage_in_the_tick_order_and_count_in_flight() {
+    // PP 2, GA 3 under ticks: each stage's compute stream runs its slots in pp_ticks order
+    // (stage 0: F0 F1 F2 B0 B1 B2 — its first backward waits for stage 1's, two ticks
+    // later; stage 1: F0 B0 F1 B1 F2 B2), and the same batch under
+    // 1F1B trains the same work; 4 layers (PP must divide them).
+    let mut m = ModelConfig::builtin("llama3-8b").unwrap();
+    m.layers = 4;
+    let c = CostModel::h200(m).unwrap();
+    let s = seq(&[4096; 2], 8192);
+    let batch = vec![vec![s.clone(), s.clone(), s.clone()]];
+    let mut p = par(1, 2, 1, 3);
+    p.pipeline = PipelineKind::Ticks;
+    assert_eq!(
+        stage_order(PipelineKind::Ticks, 2, 0, 3),
+        vec![
+            (true, 0),
+            (true, 1),
+            (true, 2),
+            (false, 0),
+            (false, 1),
+            (false, 2)
+        ]
+    );
+    assert_eq!(
+        stage_order(PipelineKind::Ticks, 2, 1, 3),
+        vec![
+            (true, 0),
+            (false, 0),
+            (true, 1),
+            (false, 1),
+            (true, 2),
+            (false, 2)
+        ]
+    );
+    assert_eq!(in_flight(PipelineKind::Ticks, 2, 0, 3), 3);
+    assert_eq!(in_flight(PipelineKind::Ticks, 2, 1, 3), 1);
+    let (sg, t) = go(&c, p, &batch);
+    for gpu in 0..2u32 {
+        // The micro-batch order of the stage's linear ops follows its tick order.
+        let mut seen: Vec<(bool, u16)> = Vec::new();
+        for &o in sg.graph.stream_ops(4 * gpu) {
+            let l = sg.graph.ops[o as usize].label;
+            let fwd = match l.class {
+                OpClass::LinearFwd | OpClass::HeadFwd => true,
+                OpClass::LinearBwd | OpClass::HeadBwd => false,
+                _ => continue,
+            };
+            if seen.last() != Some(&(fwd, l.mb)) {
+                seen.push((fwd, l.mb));
+            }
+        }
+        let want: Vec<(bool, u16)> = stage_order(PipelineKind::Ticks, 2, gpu, 3)
+            .into_iter()
+            .map(|(f, mb)| (f, mb as u16))
+            .collect();
+        assert_eq!(seen, want, "stage {gpu}");
+    }
+    p.pipeline = PipelineKind::OneFOneB;
+    let (sg1, t1) = go(&c, p, &batch);
+    assert_eq!(sg.tokens, sg1.tokens);
+    assert_eq!(compute_busy(&sg, &t, 0), compute_busy(&sg1, &t1, 0));
+    // A layer count PP does not divide is refused under ticks, naming both.
+    let mut m5 = ModelConfig::builtin("llama3-8b").unwrap();
+    m5.layers = 5;
+    let c5 = CostModel::h200(m5).unwrap();
+    let mut p5 = par(1, 2, 1, 3);
+    p5.pipeline = PipelineKind::Ticks;
+    let map = RankMap::new(
+        p5,
+        Placement {
+            gpus_per_node: 8,
+            nodes: 1,
+        },
+        "t",
+    )
+    .unwrap();
+    let e = build_step(&c5, map, &batch, 0, &NoVariance)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("5 layers") && e.contains("pp"), "{e}");
+}
