@@ -10,6 +10,12 @@
 //! `schedule::RankMap` places them). Core attention has no weights, so a stage's tasks and
 //! a DP replica's are alike to the scheduler.
 //!
+//! A backward tick's group is scheduled on its own: a micro-batch meets other stages'
+//! micro-batches there than in its forward tick, so its servers may differ. The lowering
+//! (`plan_attn`) moves dO in and dQ/dK/dV back along the backward tick's own transfers and
+//! takes a server to hold, or recompute from, the unit's Q, K and V; re-sending them to a
+//! backward server that did not compute the forward is not priced.
+//!
 //! May not time anything (the engine runs it under `PipelineKind::Ticks` through
 //! `schedule::plan_attn::PlanAttention::pooled`); no I/O.
 
