@@ -1249,6 +1249,16 @@ pub fn fit(rows: &[Measurement], start: &Pricing, opts: &FitOptions) -> Result<F
 mod tests {
     use super::*;
 
+    /// A deterministic draw in [0, m) (64-bit LCG, high bits) for synthetic launches.
+    fn lcg(mut x: u64) -> impl FnMut(u64) -> u64 {
+        move |m| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (x >> 33) % m
+        }
+    }
+
     fn row(kind: MeasureKind, heads: u32, segs: Vec<SegCount>, bytes: u64, ms: f64) -> Measurement {
         Measurement {
             kind,
@@ -1528,13 +1538,7 @@ mod tests {
         };
         // Launches: mixes of whole documents and chunks at deterministic lengths.
         let mut rows = Vec::new();
-        let mut x: u64 = 12345;
-        let mut next = |m: u64| {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (x >> 33) % m
-        };
+        let mut next = lcg(12345);
         for i in 0..60 {
             let heads = if i % 2 == 0 { 2 } else { 8 };
             let mut segs = Vec::new();
@@ -1639,13 +1643,7 @@ mod tests {
             waves: None,
         };
         let mut rows = Vec::new();
-        let mut x: u64 = 777;
-        let mut next = |m: u64| {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (x >> 33) % m
-        };
+        let mut next = lcg(777);
         for i in 0..48 {
             let heads = if i % 2 == 0 { 4 } else { 16 };
             let mut segs = Vec::new();
@@ -1756,13 +1754,7 @@ mod tests {
             waves: Some(WaveModel::h200(2.4)),
         };
         let mut rows = Vec::new();
-        let mut x: u64 = 4242;
-        let mut next = |m: u64| {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (x >> 33) % m
-        };
+        let mut next = lcg(4242);
         let mut wave_bound = 0;
         for i in 0..60 {
             let heads = if i % 2 == 0 { 2 } else { 8 };
