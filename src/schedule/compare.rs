@@ -24,6 +24,7 @@ use super::ulysses::{build_step, build_step_with, StepGraph};
 use super::{Parallelism, PipelineKind, Placement, RankMap, RuntimeVariance};
 use crate::balance::distca::pingpong::NanoTable;
 use crate::balance::distca::pingpong::{pp_ticks, Phase};
+use crate::balance::distca::ticks::replica_batches;
 use crate::balance::schemes::{Scheme, SchemePlanner, SchemeSettings};
 use crate::cost::CostModel;
 use crate::engine::{run, OpClass, Timeline};
@@ -234,14 +235,14 @@ pub fn simulate_scheme_step_with(
         }
         let overlap = scheme_overlap(scheme, set, sp.nano.as_ref());
         let sg = if ticks {
-            // Replica r's micro-batch m is global[m · DP + r], as the tick plan reads it.
-            let batch: Vec<Vec<PackedSeq>> = (0..par.dp)
-                .map(|r| {
-                    (0..par.ga)
-                        .map(|m| global[(m * par.dp + r) as usize].clone())
-                        .collect()
-                })
-                .collect();
+            let batch = replica_batches(global, par.dp)?;
+            if batch[0].len() != par.ga as usize {
+                return Err(invalid(
+                    "global batch for distca ticks",
+                    global.len(),
+                    format!("DP × GA = {} × {} sequences", par.dp, par.ga),
+                ));
+            }
             let mut attn = PlanAttention::pooled(cost, &sp.plan, map, overlap)?;
             build_step_with(cost, map, &batch, step, var, Some(&mut attn))?
         } else {
@@ -468,9 +469,7 @@ mod tests {
         let sp = planner.plan_ticks(0, &batch, 2).unwrap();
         let overlap = scheme_overlap(Scheme::DistCa, &set, sp.nano.as_ref());
         let mut attn = PlanAttention::pooled(&cost, &sp.plan, map, overlap).unwrap();
-        let reps: Vec<Vec<PackedSeq>> = (0..2)
-            .map(|r| (0..4).map(|m| batch[m * 2 + r].clone()).collect())
-            .collect();
+        let reps = replica_batches(&batch, 2).unwrap();
         let sg = build_step_with(&cost, map, &reps, 0, &NoVariance, Some(&mut attn)).unwrap();
         let gpu = |o: &crate::engine::Op| sg.graph.streams[o.stream as usize].gpu;
         let tick0_attn: Vec<u32> = sg

@@ -154,6 +154,12 @@ impl Ctx<'_> {
         4 * gpu + k as u32
     }
 
+    /// A kernel of `dur` on `gpu`'s compute stream after `deps`.
+    fn compute(&mut self, gpu: GpuId, dur: Ps, label: OpLabel, deps: &[OpId]) -> OpId {
+        let s = self.stream(gpu, StreamKind::Compute);
+        self.b.add_op(s, OpKind::Compute(dur), label, deps)
+    }
+
     fn vary(&self, gpu: GpuId, layer: u32, class: OpClass, base: Ps) -> Ps {
         let f = self
             .var
@@ -658,12 +664,7 @@ impl<'a> Emitter<'a> {
                 } else {
                     std::slice::from_ref(&self.last[li])
                 };
-                let op = self.cx.b.add_op(
-                    self.cx.stream(g, StreamKind::Compute),
-                    OpKind::Compute(dur),
-                    lab,
-                    deps,
-                );
+                let op = self.cx.compute(g, dur, lab, deps);
                 if l == lf && k == 0 {
                     let i = self.idx(p, r as u32, c as u32, mb);
                     self.f_first[i] = op;
@@ -738,39 +739,35 @@ impl<'a> Emitter<'a> {
                     let d = self.stages[p as usize].durs[k * self.wn + r * cpu + c];
                     let li = self.li(p, k, r * cpu + c);
                     let dur = self.cx.vary(g, ll, OpClass::LinearFwd, d.post_f);
-                    op = self.cx.b.add_op(
-                        self.cx.stream(g, StreamKind::Compute),
-                        OpKind::Compute(dur),
-                        lab(OpClass::LinearFwd),
-                        &[self.last[li]],
-                    );
+                    op = self
+                        .cx
+                        .compute(g, dur, lab(OpClass::LinearFwd), &[self.last[li]]);
                     if last_stage {
                         let dur = self.cx.vary(g, ll - 1, OpClass::HeadFwd, d.head_f);
-                        op = self.cx.b.add_op(
-                            self.cx.stream(g, StreamKind::Compute),
-                            OpKind::Compute(dur),
-                            lab(OpClass::HeadFwd),
-                            &[],
-                        );
+                        op = self.cx.compute(g, dur, lab(OpClass::HeadFwd), &[]);
                     }
                     self.last[li] = op;
                 }
                 if !last_stage {
-                    let dst = self.cx.map.gpu(p + 1, r as u32, c as u32);
-                    let tokens = self.stages[p as usize].tokens[r];
-                    let bytes = self.cost.hidden_bytes(chunk(tokens, par.cp, c as u32));
-                    let x = self.cx.b.add_xfer(Xfer { src: g, dst, bytes });
-                    let s = self.cx.b.add_op(
-                        self.cx.stream(g, StreamKind::PpComm),
-                        OpKind::Send(x),
-                        lab(OpClass::PpSendFwd),
-                        &[op],
-                    );
+                    let s = self.pp_send(p, p + 1, r, c, lab(OpClass::PpSendFwd), op);
                     let i = self.idx(p, r as u32, c as u32, mb);
                     self.f_send[i] = s;
                 }
             }
         }
+    }
+
+    /// Rank (r, c) of stage p sends its tokens' hidden states (activations or their
+    /// gradients) to the same rank of stage `to`, after `dep`.
+    fn pp_send(&mut self, p: u32, to: u32, r: usize, c: usize, label: OpLabel, dep: OpId) -> OpId {
+        let cp = self.cx.map.par.cp;
+        let src = self.stages[p as usize].groups[r * cp as usize + c];
+        let dst = self.cx.map.gpu(to, r as u32, c as u32);
+        let tokens = self.stages[p as usize].tokens[r];
+        let bytes = self.cost.hidden_bytes(chunk(tokens, cp, c as u32));
+        let x = self.cx.b.add_xfer(Xfer { src, dst, bytes });
+        let s = self.cx.stream(src, StreamKind::PpComm);
+        self.cx.b.add_op(s, OpKind::Send(x), label, &[dep])
     }
 
     /// The start of a backward slot: the LM head's backward on the last stage and the last
@@ -800,12 +797,7 @@ impl<'a> Emitter<'a> {
                             OpClass::HeadBwd,
                             d.head_b + if rec { d.head_f } else { 0 },
                         );
-                        let op = self.cx.b.add_op(
-                            self.cx.stream(g, StreamKind::Compute),
-                            OpKind::Compute(dur),
-                            lab(OpClass::HeadBwd),
-                            &[],
-                        );
+                        let op = self.cx.compute(g, dur, lab(OpClass::HeadBwd), &[]);
                         if first == NONE {
                             first = op;
                         }
@@ -818,12 +810,7 @@ impl<'a> Emitter<'a> {
                         OpClass::LinearBwd,
                         d.post_b + if rec { d.post_f } else { 0 },
                     );
-                    let op = self.cx.b.add_op(
-                        self.cx.stream(g, StreamKind::Compute),
-                        OpKind::Compute(dur),
-                        lab(OpClass::LinearBwd),
-                        &[],
-                    );
+                    let op = self.cx.compute(g, dur, lab(OpClass::LinearBwd), &[]);
                     if first == NONE {
                         first = op;
                     }
@@ -863,12 +850,7 @@ impl<'a> Emitter<'a> {
                     base += d.pre_f + if l > lf { d.post_f } else { 0 };
                 }
                 let dur = self.cx.vary(g, l, OpClass::LinearBwd, base);
-                op = self.cx.b.add_op(
-                    self.cx.stream(g, StreamKind::Compute),
-                    OpKind::Compute(dur),
-                    lab,
-                    &[self.last[li]],
-                );
+                op = self.cx.compute(g, dur, lab, &[self.last[li]]);
                 self.last[li] = op;
             }
             // The rank's last nano-batch ends its layer (one compute stream).
@@ -899,18 +881,9 @@ impl<'a> Emitter<'a> {
         };
         for r in 0..par.dp as usize {
             for c in 0..cpu {
-                let g = self.stages[p as usize].groups[r * cpu + c];
+                // After the rank's last nano-batch (one compute stream).
                 let li = self.li(p, self.nanos - 1, r * cpu + c);
-                let dst = self.cx.map.gpu(p - 1, r as u32, c as u32);
-                let tokens = self.stages[p as usize].tokens[r];
-                let bytes = self.cost.hidden_bytes(chunk(tokens, par.cp, c as u32));
-                let x = self.cx.b.add_xfer(Xfer { src: g, dst, bytes });
-                let s = self.cx.b.add_op(
-                    self.cx.stream(g, StreamKind::PpComm),
-                    OpKind::Send(x),
-                    lab,
-                    &[self.last[li]],
-                );
+                let s = self.pp_send(p, p - 1, r, c, lab, self.last[li]);
                 let i = self.idx(p, r as u32, c as u32, mb);
                 self.b_send[i] = s;
             }
@@ -1206,12 +1179,7 @@ fn emit_attention(
         } else {
             &[]
         };
-        last[c] = cx.b.add_op(
-            cx.stream(group[c], StreamKind::Compute),
-            OpKind::Compute(dur),
-            lab(c_attn),
-            deps,
-        );
+        last[c] = cx.compute(group[c], dur, lab(c_attn), deps);
     }
     if cp > 1 {
         let coll = cx.all_to_all(routes, bytes_out);

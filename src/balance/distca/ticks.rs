@@ -25,10 +25,9 @@ use super::DistcaConfig;
 use crate::error::{invalid, Result};
 use crate::workload::PackedSeq;
 
-/// The sequences of every tick, tick-major: tick k's PP · DP sequences at
-/// [k · PP · DP + stage · DP + replica], the active stage's micro-batch (replica r's
-/// micro-batch m is `global[m · DP + r]`, GA = GBS / DP) or an empty sequence.
-pub fn tick_batch(global: &[PackedSeq], dp: u32, pp: u32) -> Result<Vec<PackedSeq>> {
+/// Replica r's micro-batches under the tick plan's reading of the global batch: micro-batch
+/// m is `global[m · DP + r]` (GA = GBS / DP). The step builder's linear work follows it.
+pub fn replica_batches(global: &[PackedSeq], dp: u32) -> Result<Vec<Vec<PackedSeq>>> {
     if dp == 0 || global.is_empty() || global.len() % dp as usize != 0 {
         return Err(invalid(
             "GBS for distca ticks",
@@ -36,14 +35,25 @@ pub fn tick_batch(global: &[PackedSeq], dp: u32, pp: u32) -> Result<Vec<PackedSe
             format!("a positive multiple of DP = {dp}"),
         ));
     }
-    let ga = (global.len() / dp as usize) as u32;
+    let dp = dp as usize;
+    Ok((0..dp)
+        .map(|r| global.iter().skip(r).step_by(dp).cloned().collect())
+        .collect())
+}
+
+/// The sequences of every tick, tick-major: tick k's PP · DP sequences at
+/// [k · PP · DP + stage · DP + replica], the active stage's micro-batch (replica r's
+/// micro-batch m is `global[m · DP + r]`, GA = GBS / DP) or an empty sequence.
+pub fn tick_batch(global: &[PackedSeq], dp: u32, pp: u32) -> Result<Vec<PackedSeq>> {
+    let reps = replica_batches(global, dp)?;
+    let ga = reps[0].len() as u32;
     let ticks = pp_ticks(pp, ga)?;
     let mut out = Vec::with_capacity(ticks.len() * (pp * dp) as usize);
     for t in &ticks {
         for mb in &t.stages {
-            for r in 0..dp {
+            for rep in &reps {
                 out.push(match mb {
-                    Some(m) => global[(m * dp + r) as usize].clone(),
+                    Some(m) => rep[*m as usize].clone(),
                     None => PackedSeq {
                         samples: Vec::new(),
                         capacity: 0,
@@ -144,6 +154,9 @@ mod tests {
             let g0 = &d.plan.groups[0];
             assert!(g0.units.iter().any(|u| u.worker >= 4), "idle stage serves");
         }
+        let reps = replica_batches(&global, 2).unwrap();
+        assert_eq!(reps[0], [global[0].clone(), global[2].clone()]);
+        assert_eq!(reps[1], [global[1].clone(), global[3].clone()]);
         let e = tick_batch(&global[..3], 2, 2).unwrap_err().to_string();
         assert!(e.contains("multiple of DP"), "{e}");
     }
