@@ -19,7 +19,9 @@ use skewsim::cost::fit::{
     self, FitOptions, MeasureKind, Measurement, Pass, Pricing, SegCount, Summary,
 };
 
-use skewsim::cost::WaveModel;
+use skewsim::cost::blocks::{
+    BlockModel, FWD_BLOCKS_PER_SM, FWD_BLOCK_M, FWD_BLOCK_N, FWD_HEAD_DIM, H200_SMS,
+};
 
 use super::Output;
 
@@ -57,20 +59,35 @@ pub struct Args {
     /// Pull of the fit towards the starting table (see `FitOptions::prior_weight`).
     #[arg(long, default_value_t = 0.03)]
     pub prior_weight: f64,
-    /// Also fit the forward launch's wave term (`cost::waves`: blocks list-scheduled onto
-    /// the SMs at a fitted per-SM rate). Off by default: on run 15's held-out splits it helped
-    /// some and hurt others (BENCHMARKS.md, run 17).
-    #[arg(long)]
-    pub waves: bool,
-    /// SMs of the forward launch's wave term (`cost::waves`; 132 on an H200).
-    #[arg(long, default_value_t = skewsim::cost::waves::H200_SMS)]
-    pub wave_sms: u32,
-    /// Resident blocks per SM of the wave term (2 for the forward kernel v3-w4).
-    #[arg(long, default_value_t = skewsim::cost::waves::FWD_BLOCKS_PER_SM)]
-    pub wave_blocks_per_sm: u32,
+    /// How the calibration prices a forward launch: `blocks` (the kernel's thread blocks
+    /// list-scheduled onto the SMs, `cost::blocks`; fitted beside the table) or `table`
+    /// (Σ segments at the fitted efficiency table's rate).
+    #[arg(long, value_enum, default_value_t = ForwardModel::Blocks)]
+    pub forward_model: ForwardModel,
+    /// SMs of the block model (132 on an H200).
+    #[arg(long, default_value_t = H200_SMS)]
+    pub sms: u32,
+    /// Resident blocks per SM of the forward kernel (2 for v3-w4).
+    #[arg(long, default_value_t = FWD_BLOCKS_PER_SM)]
+    pub blocks_per_sm: u32,
+    /// Query rows per block of the forward kernel.
+    #[arg(long, default_value_t = FWD_BLOCK_M)]
+    pub block_m: u32,
+    /// Keys per step of the forward kernel's key loop.
+    #[arg(long, default_value_t = FWD_BLOCK_N)]
+    pub block_n: u32,
     /// Where to write the calibration JSON.
     #[arg(short, long, default_value = "calibration.json")]
     pub out: PathBuf,
+}
+
+/// How a calibration prices a forward launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ForwardModel {
+    /// The kernel's blocks on the SMs (`cost::blocks`).
+    Blocks,
+    /// The efficiency table per segment.
+    Table,
 }
 
 /// Rows from a Chrome trace: each causal flash forward kernel as one launch of `b` whole
@@ -139,6 +156,8 @@ struct Report {
     fit_bwd_rows: usize,
     fit_copy_rows: usize,
     fit_rms_rel: f64,
+    fit_table_rms_rel: f64,
+    blocks: Option<BlockModel>,
     fit_bwd_rms_rel: Option<f64>,
     fit_seeds: Vec<u64>,
     fit_plans: Vec<String>,
@@ -215,23 +234,29 @@ pub fn run(args: Args, out: Output) -> Result<()> {
             "no forward attention rows left to fit after holding out seeds {holdout_seeds:?}, schemes {schemes:?}, plan names containing {names:?}"
         );
     }
+    for (flag, v) in [
+        ("--sms", args.sms),
+        ("--blocks-per-sm", args.blocks_per_sm),
+        ("--block-m", args.block_m),
+        ("--block-n", args.block_n),
+    ] {
+        if v == 0 {
+            bail!("{flag} 0: the block model needs at least 1");
+        }
+    }
     let opts = FitOptions {
         lens: args.lens.clone().unwrap_or_default(),
         prior_weight: args.prior_weight,
-        waves: args.waves.then_some(WaveModel {
-            sms: args.wave_sms,
-            blocks_per_sm: args.wave_blocks_per_sm,
-            ..WaveModel::h200(1.0)
+        blocks: (args.forward_model == ForwardModel::Blocks).then_some(BlockModel {
+            sms: args.sms,
+            blocks_per_sm: args.blocks_per_sm,
+            block_m: args.block_m,
+            block_n: args.block_n,
+            head_dim: FWD_HEAD_DIM,
+            ..BlockModel::h200(0.0, 1.0, 0.0, 0.0, 1.0)
         }),
         ..FitOptions::default()
     };
-    if args.wave_sms == 0 || args.wave_blocks_per_sm == 0 {
-        bail!(
-            "--wave-sms {} --wave-blocks-per-sm {}: the wave term needs at least 1 SM and 1 block per SM",
-            args.wave_sms,
-            args.wave_blocks_per_sm
-        );
-    }
     let f = fit::fit(&train, &start, &opts)?;
     let fitted = Pricing::from_calibration(&f.calibration, "fit")?;
     let json = serde_json::to_string_pretty(&f.calibration)?;
@@ -258,6 +283,8 @@ pub fn run(args: Args, out: Output) -> Result<()> {
         fit_bwd_rows: f.bwd_rows,
         fit_copy_rows: f.copy_rows,
         fit_rms_rel: f.attn_rms_rel,
+        fit_table_rms_rel: f.table_rms_rel,
+        blocks: f.calibration.attn_blocks,
         fit_bwd_rms_rel: f.bwd_rms_rel,
         fit_seeds,
         fit_plans,
@@ -271,28 +298,38 @@ pub fn run(args: Args, out: Output) -> Result<()> {
     out.emit(&report, || {
         let l = &f.calibration.launch;
         let mut s = format!(
-            "fitted on {} plans, seeds {:?}: {} forward launches (rms relative residual {:.2} %), {} backward calls{}, {} copies\n\
-             attention launch {:.2} µs, {}, backward call {:.2} µs, backward efficiency (scalar) {:.3}, copy {:.2} µs + {:.3} TB/s, jitter σ {}\n\
+            "fitted on {} plans, seeds {:?}: {} forward launches (rms relative residual {:.2} %; table alone {:.2} %), {} backward calls{}, {} copies\n\
+             forward: {}, call {:.2} µs; backward call {:.2} µs, backward efficiency (scalar) {:.3}, copy {:.2} µs + {:.3} TB/s, jitter σ {}\n\
              wrote {}\n\nheld out: {} plans {:?}\nbefore calibration (starting table):\n{}\n\
              after calibration:\n{}",
             report.fit_plans.len(),
             report.fit_seeds,
             report.fit_rows,
             100.0 * report.fit_rms_rel,
+            100.0 * report.fit_table_rms_rel,
             report.fit_bwd_rows,
             report
                 .fit_bwd_rms_rel
                 .map(|r| format!(" (rms {:.2} %)", 100.0 * r))
                 .unwrap_or_default(),
             report.fit_copy_rows,
-            l.attn_launch_us,
-            f.calibration
-                .attn_waves
-                .map(|w| format!(
-                    "waves {:.3} TFLOP/s per SM × {} SMs, {} resident blocks",
-                    w.sm_tflops, w.sms, w.blocks_per_sm
+            report
+                .blocks
+                .map(|b| format!(
+                    "blocks ({} SMs × {}, {}×{} tiles, head_dim {}): block {:.1} ns + steps of {:.2} ns ({:.0} % by rows) + {:.2} ns on the diagonal, two on an SM {:.3}× slower each",
+                    b.sms,
+                    b.blocks_per_sm,
+                    b.block_m,
+                    b.block_n,
+                    b.head_dim,
+                    b.block_ns,
+                    b.iter_ns,
+                    100.0 * b.row_share,
+                    b.diag_ns,
+                    b.pair_slowdown
                 ))
-                .unwrap_or_else(|| "no wave term".into()),
+                .unwrap_or_else(|| "the table per segment".into()),
+            l.attn_launch_us,
             l.attn_bwd_launch_us,
             f.calibration.hardware.attn_bwd_efficiency,
             l.copy_launch_us,
@@ -348,7 +385,7 @@ mod tests {
                 lens: vec![512, 4096, 8192],
                 iterations: 40,
                 prior_weight: 1e-5,
-                waves: None,
+                blocks: None,
             },
         )
         .unwrap();

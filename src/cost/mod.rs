@@ -17,28 +17,28 @@
 //!   GEMMs against two) at `attn_bwd_efficiency` × the forward efficiency — or, when a
 //!   calibration file carries a measured backward table (`attn_bwd`), at that table's
 //!   rate for the same (heads, query length, KV length) ([`attn_bwd_segment_ps_f`]).
-//! - one forward kernel launch: the sum of its segments' prices, bounded below by the
-//!   makespan of its thread blocks on the SMs when a calibration fitted a wave term
-//!   (`attn_waves`, [`waves`]); without one, the sum alone.
+//! - one forward kernel launch: the sum of its segments' prices — or, when a calibration
+//!   fitted the kernel's block model (`attn_blocks`, [`blocks`]), the makespan of its
+//!   thread blocks on the SMs.
 //!
 //! Architecture invariant: planners (balance/), the schedule and the GPU validator price
 //! work through this module only, so the planner's estimate, the engine's duration and the
 //! validator's prediction agree by construction. Calibration changes parameters here,
 //! never formulas elsewhere.
 
+pub mod blocks;
 pub mod fit;
 pub mod kernel;
 pub mod memory;
 pub mod model;
-pub mod waves;
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{invalid, parse_error, Result};
 use crate::net::Ps;
+pub use blocks::BlockModel;
 pub use kernel::{EffPoint, EffTable};
 pub use model::{Ffn, ModelConfig};
-pub use waves::WaveModel;
 
 /// The shape of one attention layer, as far as counting FLOPs and bytes needs it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -173,10 +173,11 @@ pub struct Calibration {
     /// left out.
     #[serde(default)]
     pub launch: LaunchCosts,
-    /// The forward launch's wave term ([`waves`]: blocks list-scheduled onto the SMs at a
-    /// fitted per-SM rate), fitted by `skewsim calibrate`; absent: none (the table alone).
+    /// The forward kernel's block model ([`blocks`]: its thread blocks list-scheduled onto
+    /// the SMs), fitted by `skewsim calibrate`; when present it prices every forward launch
+    /// instead of the table. Absent: the table alone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub attn_waves: Option<WaveModel>,
+    pub attn_blocks: Option<BlockModel>,
 }
 
 /// Fixed costs a measured GPU adds to the table's compute time (issue 7): the attention
@@ -249,8 +250,8 @@ impl Calibration {
         if let Some(b) = &c.attn_bwd {
             EffTable::from_points(b, &format!("{context}: attn_bwd"))?;
         }
-        if let Some(w) = &c.attn_waves {
-            w.validate(context)?;
+        if let Some(b) = &c.attn_blocks {
+            b.validate(context)?;
         }
         Ok(c)
     }
@@ -376,8 +377,8 @@ pub struct CostModel {
     pub attn_bwd_eff: Option<EffTable>,
     /// Fixed per-launch costs (zero unless a calibration file measured them).
     pub launch: LaunchCosts,
-    /// The forward launch's wave term (a calibration's `attn_waves`), else `None`.
-    pub attn_waves: Option<WaveModel>,
+    /// The forward kernel's block model (a calibration's `attn_blocks`), else `None`.
+    pub attn_blocks: Option<BlockModel>,
 }
 
 impl CostModel {
@@ -389,15 +390,15 @@ impl CostModel {
             attn_eff: EffTable::h200_default()?,
             attn_bwd_eff: None,
             launch: LaunchCosts::default(),
-            attn_waves: None,
+            attn_blocks: None,
         })
     }
 
     /// The model priced with a calibration file's table and hardware figures.
     pub fn calibrated(model: ModelConfig, cal: &Calibration, context: &str) -> Result<Self> {
         cal.hardware.validate(context)?;
-        if let Some(w) = &cal.attn_waves {
-            w.validate(context)?;
+        if let Some(b) = &cal.attn_blocks {
+            b.validate(context)?;
         }
         Ok(Self {
             model,
@@ -409,7 +410,7 @@ impl CostModel {
                 .map(|b| EffTable::from_points(b, &format!("{context}: attn_bwd")))
                 .transpose()?,
             launch: cal.launch.clone(),
-            attn_waves: cal.attn_waves,
+            attn_blocks: cal.attn_blocks,
         })
     }
 
@@ -487,17 +488,15 @@ impl CostModel {
     }
 
     /// [`CostModel::attn_fwd_ps`] unrounded: one kernel call (its launch overhead once)
-    /// over every document, bounded below by the launch's waves when a calibration fitted
-    /// them ([`waves::launch_fwd_ps_f`]).
+    /// over every document — the table's sum, or with a calibrated block model the
+    /// launch's blocks' makespan ([`blocks::launch_fwd_ps_f`]).
     pub fn attn_fwd_ps_f(&self, doc_lens: impl IntoIterator<Item = u32>, heads: u32) -> f64 {
-        match &self.attn_waves {
+        match &self.attn_blocks {
             None => self.attn_launch_ps() + self.attn_kernel_ps_f(doc_lens, heads),
-            Some(w) => {
-                let docs: Vec<u32> = doc_lens.into_iter().collect();
-                let table = self.attn_kernel_ps_f(docs.iter().copied(), heads);
-                let segs = docs.iter().map(|&l| (0, u64::from(l), 1));
+            Some(m) => {
+                let segs = doc_lens.into_iter().map(|l| (0, u64::from(l), 1));
                 self.attn_launch_ps()
-                    + waves::launch_fwd_ps_f(table, Some(w), &self.attn(), heads, segs)
+                    + blocks::launch_fwd_ps_f(0.0, Some(m), self.model.head_dim, heads, segs)
             }
         }
     }
@@ -654,18 +653,27 @@ mod tests {
         let e = Calibration::from_json_str(bad, "cal.json").unwrap_err();
         assert!(e.to_string().contains("gemm_efficiency"), "{e}");
         assert!(Calibration::from_json_str("{}", "cal.json").is_err());
-        // The wave term: optional (above), read when present, checked by field name.
-        let w = r#"{"attn_fwd": [{"heads": 32, "len": 128, "tflops": 100.0}], "attn_waves": {"sm_tflops": 2.5}}"#;
-        let cal = Calibration::from_json_str(w, "cal.json").unwrap();
-        assert_eq!(cal.attn_waves, Some(WaveModel::h200(2.5)));
+        // The block model: optional (above), read when present, checked by field name.
+        let m = r#""block_ns": 1.0, "iter_ns": 2.0, "row_share": 0.1, "diag_ns": 0.5"#;
+        let w = format!(
+            r#"{{"attn_fwd": [{{"heads": 32, "len": 128, "tflops": 100.0}}], "attn_blocks": {{{m}, "pair_slowdown": 1.4}}}}"#
+        );
+        let cal = Calibration::from_json_str(&w, "cal.json").unwrap();
+        let want = BlockModel::h200(1.0, 2.0, 0.1, 0.5, 1.4);
+        assert_eq!(cal.attn_blocks, Some(want));
         let c = CostModel::calibrated(ModelConfig::builtin("llama3-8b").unwrap(), &cal, "cal.json")
             .unwrap();
-        assert_eq!(c.attn_waves, Some(WaveModel::h200(2.5)));
-        let bad = r#"{"attn_fwd": [{"heads": 32, "len": 128, "tflops": 100.0}], "attn_waves": {"sm_tflops": -1.0}}"#;
-        let e = Calibration::from_json_str(bad, "cal.json").unwrap_err();
+        assert_eq!(c.attn_blocks, Some(want));
+        let bad = w.replace("1.4", "0.9");
+        let e = Calibration::from_json_str(&bad, "cal.json").unwrap_err();
         assert!(
-            e.to_string().contains("cal.json: attn_waves.sm_tflops"),
+            e.to_string()
+                .contains("cal.json: attn_blocks.pair_slowdown"),
             "{e}"
         );
+        // A calibration of the retired wave term is refused by its field's name.
+        let old = r#"{"attn_fwd": [{"heads": 32, "len": 128, "tflops": 100.0}], "attn_waves": {"sm_tflops": 2.5}}"#;
+        let e = Calibration::from_json_str(old, "cal.json").unwrap_err();
+        assert!(e.to_string().contains("attn_waves"), "{e}");
     }
 }

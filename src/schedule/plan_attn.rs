@@ -50,7 +50,7 @@ use super::stage::{AttentionStage, AttnCall, StepEnv};
 use super::RankMap;
 use crate::balance::distca::pingpong::NanoTable;
 use crate::balance::libra::pipeliner::{overlap_stages, pipeline, Stage};
-use crate::cost::{attn_bwd_segment_ps_f, attn_segment_ps_f, waves, CostModel};
+use crate::cost::{attn_bwd_segment_ps_f, attn_segment_ps_f, blocks, CostModel};
 use crate::engine::{GraphBuilder, OpClass, OpId, OpKind, OpLabel, StreamKind, Xfer};
 use crate::error::{invalid, Result};
 use crate::net::{GpuId, Ps};
@@ -76,8 +76,8 @@ pub fn unit_fwd_ps_f(cost: &CostModel, unit: &WorkUnit, heads: u32) -> f64 {
 }
 
 /// Forward time of one worker's launch (unrounded ps) whose units the table prices at
-/// `table_ps` (Σ [`unit_fwd_ps_f`]): with a calibrated wave model, bounded below by the
-/// launch's list-scheduled blocks (`cost::waves::launch_fwd_ps_f`); without, `table_ps`.
+/// `table_ps` (Σ [`unit_fwd_ps_f`]): with a calibrated block model, the makespan of the
+/// launch's blocks (`cost::blocks::launch_fwd_ps_f`); without, `table_ps`.
 pub fn launch_fwd_ps_f<'a>(
     cost: &CostModel,
     table_ps: f64,
@@ -89,10 +89,10 @@ pub fn launch_fwd_ps_f<'a>(
             .iter()
             .map(|s| (u64::from(s.start), u64::from(s.end), 1))
     });
-    waves::launch_fwd_ps_f(
+    blocks::launch_fwd_ps_f(
         table_ps,
-        cost.attn_waves.as_ref(),
-        &cost.attn(),
+        cost.attn_blocks.as_ref(),
+        cost.model.head_dim,
         heads,
         segs,
     )
@@ -225,8 +225,8 @@ fn head_chunk_work(
         tb[i] += unit_bwd_ps_f(cost, u, heads);
         calls[i] = 1.0;
     }
-    // A worker's chunk is one launch: its waves bound the table's sum.
-    if cost.attn_waves.is_some() {
+    // A worker's chunk is one launch: a block model prices it whole.
+    if cost.attn_blocks.is_some() {
         for (i, ti) in t.iter_mut().enumerate() {
             let mine = g.units.iter().filter(|u| u.worker == g.workers[i]);
             *ti = launch_fwd_ps_f(cost, *ti, mine, heads);
@@ -271,8 +271,8 @@ fn nano_work(
         tb[k][i] += unit_bwd_ps_f(cost, u, heads);
         calls[k][i] = 1.0;
     }
-    // A worker's nano-batch is one launch: its waves bound the table's sum.
-    if cost.attn_waves.is_some() {
+    // A worker's nano-batch is one launch: a block model prices it whole.
+    if cost.attn_blocks.is_some() {
         for (k, tk) in t.iter_mut().enumerate() {
             for (i, ti) in tk.iter_mut().enumerate() {
                 let mine = g.units.iter().filter(|u| {

@@ -7,7 +7,7 @@
 # Usage: validate_plans3.sh ["PLAN_GLOB ..."] ["NCCL_PLAN_GLOB ..."]   (env: WARMUP, REPS)
 set -u
 B=./.carry-gpu/skewsim
-P=./.carry-gpu/plans3
+P=${PLANS:-./.carry-gpu/plans3}
 GLOB=${1:-p*_*.json}
 NGLOB=${2:-p6_*.json}
 WARMUP=${WARMUP:-2}

@@ -333,27 +333,33 @@ fn a_calibrated_backward_table_prices_plan_units_like_the_cost_model() {
 }
 
 #[test]
-fn a_calibrated_wave_term_bounds_a_workers_launch() {
+fn a_calibrated_block_model_prices_a_workers_launch() {
     let plain = qwen();
     let plan = one_unit_plan(&plain, 16_384, 0, 1);
     let mut net = StubNet::dgx_h200();
     let (t0, _) = layer_time(&plain, &plan, map(1, 8), 1, true, &mut net);
-    // Slow SMs (0.6 TFLOP/s each, 132 = 79 TFLOP/s in all): the launch's 128 tiles × 32
-    // heads are wave-bound, and the engine's time is the cost model's launch price.
+    // The worker's one launch: 128 tiles × 32 heads = 4,096 blocks on 132 SMs × 2 slots.
+    // The engine's forward time is the cost model's price of that launch, the blocks'
+    // makespan, not the table's.
+    let mut cal = qwen();
+    cal.attn_blocks = Some(crate::cost::BlockModel::h200(1.0, 1000.0, 0.1, 200.0, 1.4));
+    let (t, _) = layer_time(&cal, &plan, map(1, 8), 1, true, &mut net);
+    assert_eq!(t, cal.attn_fwd_ps([16_384], 32));
+    assert_ne!(t, t0);
+    // At least every block's time spread over the slots at the SMs' shared throughput.
+    let m = cal.attn_blocks.unwrap();
+    let one_head: f64 = (0..128u64)
+        .map(|k| m.block_ps(m.shape(128 * k, 128 * (k + 1)), 128))
+        .sum();
+    let even = one_head * 32.0 * 1.4 / (132.0 * 2.0);
+    assert!(t as f64 >= even && (t as f64) < 1.1 * even, "{t} {even}");
+    // Twice the step time: twice the forward.
     let mut slow = qwen();
-    slow.attn_waves = Some(crate::cost::WaveModel::h200(0.6));
-    let (t, _) = layer_time(&slow, &plan, map(1, 8), 1, true, &mut net);
-    assert_eq!(t, slow.attn_fwd_ps([16_384], 32));
-    // At least the total work spread evenly over the slots at that rate.
-    let even = 16384.0 * 16385.0 / 2.0 * 32.0 * 512.0 / (132.0 * 0.6);
-    assert!(t as f64 >= even && t > t0, "{t} {even} {t0}");
-    // Fast blocks: the table binds and the price is the plain one, to the picosecond.
-    let mut fast = qwen();
-    fast.attn_waves = Some(crate::cost::WaveModel::h200(100.0));
-    let (tf, _) = layer_time(&fast, &plan, map(1, 8), 1, true, &mut net);
-    assert_eq!(tf, t0);
-    // The backward has no wave term.
+    slow.attn_blocks = Some(crate::cost::BlockModel::h200(2.0, 2000.0, 0.1, 400.0, 1.4));
+    let (t2, _) = layer_time(&slow, &plan, map(1, 8), 1, true, &mut net);
+    assert!((t2 as f64 / t as f64 - 2.0).abs() < 1e-6, "{t2} {t}");
+    // The backward has no block model.
     let (b0, _) = layer_time(&plain, &plan, map(1, 8), 1, false, &mut net);
-    let (b, _) = layer_time(&slow, &plan, map(1, 8), 1, false, &mut net);
+    let (b, _) = layer_time(&cal, &plan, map(1, 8), 1, false, &mut net);
     assert_eq!(b, b0);
 }

@@ -1,0 +1,500 @@
+//! The forward attention kernel as thread blocks on SMs: the launch-level price of one
+//! forward call when a calibration fitted a [`BlockModel`] (a calibration's `attn_blocks`;
+//! issue 7).
+//!
+//! A per-segment efficiency table prices FLOPs at a rate looked up by length; the hardware
+//! runs thread blocks. This module prices what the forward kernel
+//! (`validate/kernels/attn_fwd_v3.cu`) actually runs:
+//!
+//! - **Blocks.** One block per (query tile of `block_m` rows of one segment, query head).
+//!   A segment is queries [a, e) of one sample over keys [0, e); its tiles are
+//!   [p0, p1) = [a + k·block_m, min(a + (k+1)·block_m, e)). The grid's x runs over the
+//!   tiles sorted by the keys they visit (p1, most first), y over heads: blocks launch
+//!   head-major ([`launch_blocks`]).
+//! - **A block's time alone on an SM.** The kernel loops over ⌈p1 / block_n⌉ key blocks
+//!   whatever the tile's row count (a 1-row tile at position 50,000 visits as many key
+//!   blocks as a full one; its idle warps only save part of each step), so
+//!
+//!   t = block + n_iter · iter · (1 − row_share + row_share · rows / block_m) + n_diag · diag
+//!
+//!   with n_diag the key blocks reaching past the tile's first row (masked) —
+//!   [`BlockModel::block_ps`]. `iter` and `diag` scale with head_dim / the fitted head_dim.
+//! - **Sharing an SM.** Up to `blocks_per_sm` blocks are resident on an SM; with k resident
+//!   each runs `1 + (pair_slowdown − 1)(k − 1)` times slower than alone (1: co-residency
+//!   doubles an SM's throughput, k: gains nothing). Blocks take the first slot of every SM,
+//!   then the second, …; afterwards each freed slot takes the next block in launch order
+//!   ([`makespan_ps`]).
+//!
+//! The launch takes the blocks' makespan (+ the call overhead, priced by the caller). The
+//! same formula covers a launch of a few long blocks (bound by its last wave: run 16's q =
+//! 3,072 units at 228–321 TFLOP/s) and one of many short segments (bound by key-block
+//! steps, not FLOPs: run 15's p13). `skewsim calibrate` fits the five figures and the call
+//! overhead to measured launches (`cost::fit`).
+//!
+//! It may not price anything else; without a block model ([`launch_fwd_ps_f`] with
+//! `None`) the table's sum comes back unchanged, bit for bit. The plan lowering
+//! (`schedule::plan_attn`), whole-document calls ([`super::CostModel::attn_fwd_ps_f`]) and
+//! measured launches (`cost::fit`) all price a launch through [`launch_fwd_ps_f`] (the fit
+//! through [`LaunchBlocks`], its shapes computed once per launch).
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{invalid, Result};
+
+/// Streaming multiprocessors of an H200 SXM.
+pub const H200_SMS: u32 = 132;
+/// Query rows per block of the forward kernel v3-w4 (16 rows × 2 MMA tiles × 4 warps).
+pub const FWD_BLOCK_M: u32 = 128;
+/// Keys per step of the forward kernel's key loop (`BLOCK_N` of `attn_common.cuh`).
+pub const FWD_BLOCK_N: u32 = 64;
+/// Resident blocks per SM of v3-w4: 96 KiB shared memory each (Q tile 32 KiB, double-buffered
+/// K and V tiles 64 KiB) of the H200's 228 KiB, 128 threads.
+pub const FWD_BLOCKS_PER_SM: u32 = 2;
+/// The head dimension the forward kernel is usually measured at.
+pub const FWD_HEAD_DIM: u32 = 128;
+
+fn default_sms() -> u32 {
+    H200_SMS
+}
+fn default_block_m() -> u32 {
+    FWD_BLOCK_M
+}
+fn default_block_n() -> u32 {
+    FWD_BLOCK_N
+}
+fn default_blocks_per_sm() -> u32 {
+    FWD_BLOCKS_PER_SM
+}
+fn default_head_dim() -> u32 {
+    FWD_HEAD_DIM
+}
+
+/// The forward kernel's blocks on the SMs (a calibration's `attn_blocks`): the time of a
+/// block alone on an SM, how co-resident blocks share it, and the launch geometry.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BlockModel {
+    /// Fixed time of one block alone on its SM (prologue, Q tile, output), ns.
+    pub block_ns: f64,
+    /// One step of the key loop (`block_n` keys) for a full tile of `block_m` rows, alone
+    /// on its SM, ns.
+    pub iter_ns: f64,
+    /// The share of a step that scales with the tile's rows (0: a 1-row tile's step costs
+    /// as much as a full one; 1: proportional to rows).
+    pub row_share: f64,
+    /// Extra time of a step whose keys reach the tile's first row (the causal mask), ns.
+    pub diag_ns: f64,
+    /// Time factor of each of two blocks sharing an SM (1: sharing doubles the SM's
+    /// throughput; 2: gains nothing); k resident: 1 + (pair_slowdown − 1)(k − 1).
+    pub pair_slowdown: f64,
+    /// The head dimension the times were fitted at (steps scale with head_dim).
+    #[serde(default = "default_head_dim")]
+    pub head_dim: u32,
+    /// SMs the blocks are scheduled onto.
+    #[serde(default = "default_sms")]
+    pub sms: u32,
+    /// Blocks resident on one SM at a time.
+    #[serde(default = "default_blocks_per_sm")]
+    pub blocks_per_sm: u32,
+    /// Query rows per block.
+    #[serde(default = "default_block_m")]
+    pub block_m: u32,
+    /// Keys per step of the key loop.
+    #[serde(default = "default_block_n")]
+    pub block_n: u32,
+}
+
+/// A block's shape: what its time depends on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct BlockShape {
+    /// Steps of the key loop: ⌈p1 / block_n⌉.
+    pub n_iter: u32,
+    /// Steps whose keys reach the tile's first row (masked): n_iter − ⌊p0 / block_n⌋.
+    pub n_diag: u32,
+    /// Query rows of the tile (p1 − p0).
+    pub rows: u32,
+}
+
+impl BlockModel {
+    /// The H200 forward kernel v3-w4's geometry (132 SMs × 2 resident blocks, 128-row
+    /// tiles, 64-key steps, head_dim 128) with the given times.
+    pub fn h200(block_ns: f64, iter_ns: f64, row_share: f64, diag_ns: f64, pair: f64) -> Self {
+        Self {
+            block_ns,
+            iter_ns,
+            row_share,
+            diag_ns,
+            pair_slowdown: pair,
+            head_dim: FWD_HEAD_DIM,
+            sms: H200_SMS,
+            blocks_per_sm: FWD_BLOCKS_PER_SM,
+            block_m: FWD_BLOCK_M,
+            block_n: FWD_BLOCK_N,
+        }
+    }
+
+    /// Check the fields; `ctx` names the file.
+    pub fn validate(&self, ctx: &str) -> Result<()> {
+        let f = |name: &str| format!("{ctx}: attn_blocks.{name}");
+        for (name, v) in [("block_ns", self.block_ns), ("diag_ns", self.diag_ns)] {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(invalid(f(name), v, "a finite time >= 0 ns"));
+            }
+        }
+        if !(self.iter_ns.is_finite() && self.iter_ns > 0.0) {
+            return Err(invalid(f("iter_ns"), self.iter_ns, "a finite time > 0 ns"));
+        }
+        if !(0.0..=1.0).contains(&self.row_share) {
+            return Err(invalid(f("row_share"), self.row_share, "a share in [0, 1]"));
+        }
+        if !(self.pair_slowdown.is_finite() && self.pair_slowdown >= 1.0) {
+            return Err(invalid(
+                f("pair_slowdown"),
+                self.pair_slowdown,
+                "a finite factor >= 1",
+            ));
+        }
+        for (name, v) in [
+            ("head_dim", self.head_dim),
+            ("sms", self.sms),
+            ("blocks_per_sm", self.blocks_per_sm),
+            ("block_m", self.block_m),
+            ("block_n", self.block_n),
+        ] {
+            if v == 0 {
+                return Err(invalid(f(name), 0, "at least 1"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The shape of the block of query rows [p0, p1) (keys [0, p1)).
+    pub fn shape(&self, p0: u64, p1: u64) -> BlockShape {
+        let bn = u64::from(self.block_n);
+        let n_iter = p1.div_ceil(bn);
+        BlockShape {
+            n_iter: n_iter as u32,
+            n_diag: (n_iter - (p0 / bn).min(n_iter)) as u32,
+            rows: (p1 - p0) as u32,
+        }
+    }
+
+    /// Time in ps of a block of `shape` alone on its SM at `head_dim`.
+    pub fn block_ps(&self, b: BlockShape, head_dim: u32) -> f64 {
+        let d = f64::from(head_dim) / f64::from(self.head_dim);
+        let rows = f64::from(b.rows) / f64::from(self.block_m);
+        let step = self.iter_ns * (1.0 - self.row_share + self.row_share * rows);
+        1e3 * (self.block_ns
+            + d * (f64::from(b.n_iter) * step + f64::from(b.n_diag) * self.diag_ns))
+    }
+
+    /// The slowdown of each of `k` blocks resident on one SM.
+    fn slowdown(&self, k: usize) -> f64 {
+        1.0 + (self.pair_slowdown - 1.0) * (k.max(1) - 1) as f64
+    }
+}
+
+/// One head's blocks of a launch, in launch order: for every segment (queries [start,
+/// end) of one sample, keys [0, end); `n` such segments) its tiles of `block_m` rows,
+/// most keys first (ties: the larger shape first).
+pub fn launch_blocks(
+    m: &BlockModel,
+    segs: impl IntoIterator<Item = (u64, u64, u32)>,
+) -> Vec<BlockShape> {
+    let bm = u64::from(m.block_m.max(1));
+    let mut blocks: Vec<(u64, BlockShape)> = Vec::new();
+    for (start, end, n) in segs {
+        let mut p0 = start;
+        while p0 < end {
+            let p1 = (p0 + bm).min(end);
+            let b = (p1, m.shape(p0, p1));
+            blocks.extend(std::iter::repeat_n(b, n as usize));
+            p0 = p1;
+        }
+    }
+    blocks.sort_unstable_by(|x, y| y.cmp(x));
+    blocks.into_iter().map(|b| b.1).collect()
+}
+
+/// Makespan in ps of `heads` copies (head-major) of blocks taking `times` ps each alone on
+/// an SM, on `m.sms` SMs holding up to `m.blocks_per_sm` each, co-resident blocks slowed
+/// by [`BlockModel`]'s sharing factor. Blocks fill the first slot of every SM, then the
+/// second, …; afterwards each freed slot takes the next block. Ties: the lowest SM first.
+pub fn makespan_ps(m: &BlockModel, times: &[f64], heads: u32) -> f64 {
+    let total = times.len() * heads as usize;
+    let sms = m.sms as usize;
+    if total == 0 || sms == 0 {
+        return 0.0;
+    }
+    let per_sm = m.blocks_per_sm.max(1) as usize;
+    let slow: Vec<f64> = (0..=per_sm).map(|k| m.slowdown(k)).collect();
+    let mut next = (0..heads).flat_map(|_| times.iter().copied());
+    // Per SM: the remaining alone-time of its resident blocks (flat, `per_sm` slots each),
+    // how many, the time of its last update and a version (stale heap entries skipped).
+    let mut rem = vec![0.0f64; sms * per_sm];
+    let mut cnt = vec![0usize; sms];
+    let mut last = vec![0.0f64; sms];
+    let mut ver = vec![0u64; sms];
+    for _ in 0..per_sm {
+        for s in 0..sms {
+            if let Some(w) = next.next() {
+                rem[s * per_sm + cnt[s]] = w;
+                cnt[s] += 1;
+            }
+        }
+    }
+    let min_of = |r: &[f64]| r.iter().copied().fold(f64::INFINITY, f64::min);
+    // Events (completion time bits — times are ≥ 0, so the bits order as the times —, SM,
+    // version).
+    let mut heap: BinaryHeap<Reverse<(u64, u32, u64)>> = BinaryHeap::with_capacity(sms);
+    for s in 0..sms {
+        if cnt[s] > 0 {
+            let r = &rem[s * per_sm..s * per_sm + cnt[s]];
+            heap.push(Reverse(((min_of(r) * slow[cnt[s]]).to_bits(), s as u32, 0)));
+        }
+    }
+    let mut end = 0.0f64;
+    while let Some(Reverse((tb, s, v))) = heap.pop() {
+        let s = s as usize;
+        if v != ver[s] {
+            continue;
+        }
+        let t = f64::from_bits(tb);
+        let k = cnt[s];
+        let slots = &mut rem[s * per_sm..(s + 1) * per_sm];
+        let done = (t - last[s]) / slow[k];
+        let min = min_of(&slots[..k]);
+        // The block(s) that end now leave; the others advance by the same work.
+        let tol = min * 1e-12;
+        let mut j = 0;
+        for i in 0..k {
+            let w = slots[i];
+            if w - min > tol {
+                slots[j] = w - done;
+                j += 1;
+            }
+        }
+        while j < per_sm {
+            match next.next() {
+                Some(w) => {
+                    slots[j] = w;
+                    j += 1;
+                }
+                None => break,
+            }
+        }
+        cnt[s] = j;
+        last[s] = t;
+        ver[s] += 1;
+        end = end.max(t);
+        if j > 0 {
+            let fin = t + min_of(&slots[..j]) * slow[j];
+            heap.push(Reverse((fin.to_bits(), s as u32, ver[s])));
+        }
+    }
+    end
+}
+
+/// One measured or planned launch's blocks, ready to be priced under any [`BlockModel`] of
+/// the same geometry (the fit prices each launch many times).
+#[derive(Clone, Debug)]
+pub struct LaunchBlocks {
+    /// One head's block shapes in launch order.
+    pub shapes: Vec<BlockShape>,
+    pub heads: u32,
+    pub head_dim: u32,
+}
+
+impl LaunchBlocks {
+    /// The launch of `segs` at `heads` query heads per call.
+    pub fn new(
+        m: &BlockModel,
+        heads: u32,
+        head_dim: u32,
+        segs: impl IntoIterator<Item = (u64, u64, u32)>,
+    ) -> Self {
+        Self {
+            shapes: launch_blocks(m, segs),
+            heads,
+            head_dim,
+        }
+    }
+
+    /// The launch's makespan under `m`, ps (without the call overhead).
+    pub fn makespan_ps(&self, m: &BlockModel) -> f64 {
+        let times: Vec<f64> = self
+            .shapes
+            .iter()
+            .map(|&b| m.block_ps(b, self.head_dim))
+            .collect();
+        makespan_ps(m, &times, self.heads)
+    }
+}
+
+/// The forward time in ps of one launch whose segments the table prices at `table_ps`:
+/// `table_ps` itself without a block model, else the launch's blocks' makespan. The call
+/// overhead is the caller's.
+pub fn launch_fwd_ps_f(
+    table_ps: f64,
+    blocks: Option<&BlockModel>,
+    head_dim: u32,
+    heads: u32,
+    segs: impl IntoIterator<Item = (u64, u64, u32)>,
+) -> f64 {
+    match blocks {
+        None => table_ps,
+        Some(m) => LaunchBlocks::new(m, heads, head_dim, segs).makespan_ps(m),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Unit step, no fixed or diagonal cost, no row share: a block's time = its steps, ns.
+    fn steps_only(pair: f64) -> BlockModel {
+        BlockModel::h200(0.0, 1.0, 0.0, 0.0, pair)
+    }
+
+    #[test]
+    fn blocks_are_the_kernels_tiles_most_keys_first() {
+        let m = steps_only(1.5);
+        // Queries [100, 400) of one sample: tiles [100,228), [228,356), [356,400).
+        let b = launch_blocks(&m, [(100, 400, 1), (0, 64, 2)]);
+        let s = |p0: u64, p1: u64| m.shape(p0, p1);
+        assert_eq!(
+            b,
+            vec![s(356, 400), s(228, 356), s(100, 228), s(0, 64), s(0, 64)]
+        );
+        // [356, 400): keys [0, 400) in ⌈400/64⌉ = 7 steps; steps from ⌊356/64⌋ = 5 on reach
+        // its first row.
+        assert_eq!(
+            s(356, 400),
+            BlockShape {
+                n_iter: 7,
+                n_diag: 2,
+                rows: 44
+            }
+        );
+        // A 1-row tile at the end of a long sample visits every key block.
+        assert_eq!(s(49_999, 50_000).n_iter, 782);
+    }
+
+    #[test]
+    fn block_time_by_hand() {
+        let m = BlockModel::h200(2.0, 10.0, 0.25, 3.0, 1.4);
+        let b = BlockShape {
+            n_iter: 7,
+            n_diag: 2,
+            rows: 64,
+        };
+        // 2 + 7 · 10 · (0.75 + 0.25 · 0.5) + 2 · 3 = 69.25 ns.
+        assert!((m.block_ps(b, 128) - 69_250.0).abs() < 1e-6);
+        // head_dim 64: the steps at half the time, the fixed part unchanged.
+        assert!((m.block_ps(b, 64) - (2.0 + 67.25 / 2.0) * 1e3).abs() < 1e-6);
+    }
+
+    #[test]
+    fn co_resident_blocks_share_their_sm() {
+        // One SM, two slots, pair slowdown 1.5: blocks of 4 and 2 run together at 1/1.5
+        // until the 2 ends (t = 3), the 4 has 2 left alone: 5.
+        let mut m = steps_only(1.5);
+        m.sms = 1;
+        assert_eq!(makespan_ps(&m, &[4.0, 2.0], 1), 5.0);
+        // Slowdown 2 (no gain from sharing): the SM's work, 6.
+        m.pair_slowdown = 2.0;
+        assert_eq!(makespan_ps(&m, &[4.0, 2.0], 1), 6.0);
+        // Two SMs, blocks 4, 1, 1: SM0 takes 4, SM1 1, then SM0's second slot the last 1.
+        // SM0 shares until t = 2, the 4 has 3 left alone: 5. One slot per SM: 4.
+        m.sms = 2;
+        assert_eq!(makespan_ps(&m, &[4.0, 1.0, 1.0], 1), 5.0);
+        m.blocks_per_sm = 1;
+        assert_eq!(makespan_ps(&m, &[4.0, 1.0, 1.0], 1), 4.0);
+        // One slot: loads 10, 6, 5, 4, 3 in order on 2 SMs: SM0 10; SM1 6, 11; SM0 14; SM1 14.
+        assert_eq!(makespan_ps(&m, &[10.0, 6.0, 5.0, 4.0, 3.0], 1), 14.0);
+        assert_eq!(makespan_ps(&m, &[1.0], 0), 0.0);
+        assert_eq!(makespan_ps(&m, &[], 4), 0.0);
+    }
+
+    #[test]
+    fn a_launch_is_bound_by_its_last_wave_or_by_throughput() {
+        let m = steps_only(1.25);
+        // 132 equal blocks (one per SM): one block's time.
+        assert_eq!(makespan_ps(&m, &[7.0; 132], 1), 7.0);
+        // 264 (two per SM, each 1.25× slower): 8.75.
+        assert_eq!(makespan_ps(&m, &[7.0; 132], 2), 8.75);
+        // 265: one SM takes a third once its pair ends, alone: 8.75 + 7.
+        assert_eq!(makespan_ps(&m, &[7.0; 265], 1), 15.75);
+        // Many blocks: the SMs' throughput, 132 × 2 / 1.25 blocks per block-time.
+        let n = 264 * 100;
+        let t = makespan_ps(&m, &vec![1.0; n], 1);
+        assert!((t - 100.0 * 1.25).abs() < 1e-9, "{t}");
+    }
+
+    #[test]
+    fn no_block_model_returns_the_table_price_bit_for_bit() {
+        let t = 123_456.789_f64;
+        assert_eq!(
+            launch_fwd_ps_f(t, None, 128, 8, [(0, 4096, 3)]).to_bits(),
+            t.to_bits()
+        );
+        // With one, the blocks' makespan: 1 segment of 128 rows at keys [0, 128), 1 head:
+        // 2 steps, both on the diagonal.
+        let m = BlockModel::h200(1.0, 2.0, 0.0, 0.5, 1.5);
+        let p = launch_fwd_ps_f(t, Some(&m), 128, 1, [(0, 128, 1)]);
+        assert!(
+            (p - (1.0 + 2.0 * 2.0 + 2.0 * 0.5) * 1e3).abs() < 1e-6,
+            "{p}"
+        );
+    }
+
+    #[test]
+    fn bad_fields_are_named() {
+        let ok = BlockModel::h200(1.0, 2.0, 0.1, 0.5, 1.4);
+        assert!(ok.validate("cal.json").is_ok());
+        let cases: [(&str, BlockModel); 6] = [
+            ("iter_ns", BlockModel { iter_ns: 0.0, ..ok }),
+            (
+                "block_ns",
+                BlockModel {
+                    block_ns: -1.0,
+                    ..ok
+                },
+            ),
+            (
+                "diag_ns",
+                BlockModel {
+                    diag_ns: f64::NAN,
+                    ..ok
+                },
+            ),
+            (
+                "row_share",
+                BlockModel {
+                    row_share: 1.5,
+                    ..ok
+                },
+            ),
+            (
+                "pair_slowdown",
+                BlockModel {
+                    pair_slowdown: 0.5,
+                    ..ok
+                },
+            ),
+            ("sms", BlockModel { sms: 0, ..ok }),
+        ];
+        for (field, m) in cases {
+            let e = m.validate("cal.json").unwrap_err().to_string();
+            assert!(e.contains(&format!("cal.json: attn_blocks.{field}")), "{e}");
+        }
+        let j: BlockModel = serde_json::from_str(
+            r#"{"block_ns": 1.0, "iter_ns": 2.0, "row_share": 0.1, "diag_ns": 0.5, "pair_slowdown": 1.4}"#,
+        )
+        .unwrap();
+        assert_eq!(j, ok);
+    }
+}
