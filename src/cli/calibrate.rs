@@ -181,7 +181,7 @@ pub fn run(args: Args, out: Output) -> Result<()> {
     if args.measurements.is_empty() && args.trace.is_empty() {
         bail!("calibrate needs at least one --measurements CSV or --trace file");
     }
-    let start = super::validate::pricing_from(args.calibration.as_deref())?;
+    let start = super::calfile::pricing(args.calibration.as_deref())?;
     let mut rows = Vec::new();
     for f in &args.measurements {
         let name = f.display().to_string();

@@ -22,6 +22,8 @@
 //! [settings] epsilon, ping_pong, s_max, sharding, pool_size, head_shards, tile_tokens,
 //!            tau, chunks
 //! [sweep]    dp = [...], corpus = [...], seq_len = [...], topology = [...], model = [...]
+//! calibration = "cal.json"           # optional (`skewsim calibrate`; `--calibration` wins):
+//!                                    # prices attention by the measured GPU, planners included
 //! ```
 
 use anyhow::{bail, Context, Result};
@@ -71,6 +73,8 @@ struct CompareFile {
     settings: SettingsFile,
     #[serde(default)]
     sweep: SweepFile,
+    #[serde(default)]
+    calibration: Option<String>,
 }
 
 fn one() -> u64 {
@@ -248,7 +252,9 @@ fn load_model(name: &str, base: &Path, file: &str, layers: Option<u32>) -> Resul
 }
 
 /// Run a comparison experiment file.
-pub fn run(path: &Path, dir: &Path, out: Output) -> Result<()> {
+/// Run the experiment file at `path`; `calibration` (the `--calibration` flag) overrides
+/// the file's.
+pub fn run(path: &Path, dir: &Path, calibration: Option<&Path>, out: Output) -> Result<()> {
     let file = path.display().to_string();
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {file}"))?;
     let title = path
@@ -256,7 +262,7 @@ pub fn run(path: &Path, dir: &Path, out: Output) -> Result<()> {
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default();
     let base = path.parent().unwrap_or(Path::new("."));
-    let summary = run_text(&text, &file, &title, base)?;
+    let summary = run_text(&text, &file, &title, base, calibration)?;
     write_outputs(dir, &summary)?;
     out.emit(
         &serde_json::json!({ "dir": dir.display().to_string() }),
@@ -285,10 +291,19 @@ fn write_outputs(dir: &Path, s: &CompareOutput) -> Result<()> {
 }
 
 /// Run the experiment text; `file` names it in messages, `title` heads the summary,
-/// relative paths resolve against `base`.
-pub fn run_text(text: &str, file: &str, title: &str, base: &Path) -> Result<CompareOutput> {
+/// relative paths resolve against `base`; `calibration` replaces the file's `calibration`.
+pub fn run_text(
+    text: &str,
+    file: &str,
+    title: &str,
+    base: &Path,
+    calibration: Option<&Path>,
+) -> Result<CompareOutput> {
     let f: CompareFile = toml::from_str(text)
         .with_context(|| format!("{file}: not a valid comparison experiment"))?;
+    let cal = calibration
+        .map(Path::to_path_buf)
+        .or_else(|| f.calibration.as_ref().map(|c| base.join(c)));
     if !KINDS.contains(&f.kind.as_str()) {
         bail!("{file}: kind = {:?}: one of {}", f.kind, KINDS.join(", "));
     }
@@ -369,7 +384,10 @@ pub fn run_text(text: &str, file: &str, title: &str, base: &Path) -> Result<Comp
     }
     let mut points = Vec::new();
     for m in models.iter().flatten() {
-        let cost = Arc::new(CostModel::h200(load_model(m, base, file, f.layers)?)?);
+        let cost = Arc::new(
+            super::calfile::cost_model(load_model(m, base, file, f.layers)?, cal.as_deref())
+                .with_context(|| format!("{file}: calibration"))?,
+        );
         for t in &topos {
             let topo = match t {
                 Some(t) => {
@@ -472,6 +490,12 @@ pub fn run_text(text: &str, file: &str, title: &str, base: &Path) -> Result<Comp
         )?;
     }
     let mut out = render(&f, title, &arms, &results);
+    if let Some(c) = &cal {
+        out.markdown += &format!(
+            "\nPriced by the calibration `{}` (`skewsim calibrate`), not the built-in H200 table.\n",
+            c.display()
+        );
+    }
     out.markdown += &extra;
     if !f.notes.is_empty() {
         out.markdown += &format!("\n{}\n", f.notes.trim());
@@ -1155,6 +1179,7 @@ pub fn run_default(out: Output) -> Result<()> {
         "built-in four-way comparison",
         "default",
         Path::new("."),
+        None,
     )?;
     let dir = Path::new("runs/default");
     write_outputs(dir, &s)?;

@@ -33,7 +33,7 @@ use std::path::{Path, PathBuf};
 
 use skewsim::balance::libra::LibraParams;
 use skewsim::cluster::{Faults, Topology, TopologySpec, VarianceModel, VarianceSpec};
-use skewsim::cost::{Calibration, CostModel, ModelConfig};
+use skewsim::cost::{CostModel, ModelConfig};
 use skewsim::engine::stub_net::StubNet;
 use skewsim::net::{AnalyticalModel, FlowModel, NetworkModel};
 use skewsim::report::comm::cp_comm_busy;
@@ -387,15 +387,8 @@ fn run_text(
         (None, Some(c)) => Some(path.join(c)),
         (None, None) => None,
     };
-    let cost = match cal_path {
-        None => CostModel::h200(model)?,
-        Some(p) => {
-            let t = std::fs::read_to_string(&p)
-                .with_context(|| format!("{file}: reading calibration {}", p.display()))?;
-            let ctx = p.display().to_string();
-            CostModel::calibrated(model, &Calibration::from_json_str(&t, &ctx)?, &ctx)?
-        }
-    };
+    let cost = super::calfile::cost_model(model, cal_path.as_deref())
+        .with_context(|| format!("{file}: calibration"))?;
     if f.steps == 0 || f.steps > 10_000 {
         bail!("{file}: steps = {} must be in 1..=10000", f.steps);
     }

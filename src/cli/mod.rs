@@ -10,6 +10,7 @@ mod bench_cluster;
 mod bench_engine;
 mod bench_libra;
 mod bench_schemes;
+mod calfile;
 mod calibrate;
 mod check_plan;
 pub mod corpus;

@@ -46,11 +46,15 @@ pub fn run(args: Args, out: Output) -> Result<()> {
     };
     let dir = out_dir(&args.file, args.out.as_deref());
     match kind.as_str() {
+        "pools" | "runtime-variance" if args.calibration.is_some() => bail!(
+            "--calibration: experiment kind {kind:?} prices no GPU work (kinds that do: train, {})",
+            super::exp_schemes::KINDS.join(", ")
+        ),
         "pools" => super::exp_pools::run(&args.file, &text, &dir, out),
         "runtime-variance" => super::exp_variance::run(&args.file, &text, &dir, out),
         "train" => super::exp_train::run(&args.file, &dir, args.calibration.as_deref(), out),
         k if super::exp_schemes::KINDS.contains(&k) => {
-            super::exp_schemes::run(&args.file, &dir, out)
+            super::exp_schemes::run(&args.file, &dir, args.calibration.as_deref(), out)
         }
         _ => bail!(
             "{}: unknown experiment kind = {kind:?} (one of: {})",

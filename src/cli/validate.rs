@@ -21,12 +21,12 @@
 //! It may not price anything itself, and the `validate` crate never sees a Plan.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{anyhow, bail, Context, Result};
 
 use skewsim::balance::libra::pipeliner;
-use skewsim::cost::fit::{self, MeasureKind, Measurement, Pass, Pricing, SegCount};
+use skewsim::cost::fit::{self, MeasureKind, Measurement, Pass, SegCount};
 use skewsim::plan::Plan;
 use validate::gpu::{FwdVariant, Gpu};
 use validate::nccl::{Local, Mesh, Move};
@@ -447,20 +447,8 @@ fn measure_plan(
 }
 
 /// The pricing a command uses: a calibration file's, else the built-in H200 table.
-pub fn pricing_from(file: Option<&Path>) -> Result<Pricing> {
-    match file {
-        None => Ok(Pricing::h200_default()?),
-        Some(f) => {
-            let name = f.display().to_string();
-            let text = std::fs::read_to_string(f)
-                .with_context(|| format!("reading calibration {name}"))?;
-            Ok(Pricing::from_calibration_json(&text, &name)?)
-        }
-    }
-}
-
 pub fn run(args: Args, out: Output) -> Result<()> {
-    let pricing = pricing_from(args.calibration.as_deref())?;
+    let pricing = super::calfile::pricing(args.calibration.as_deref())?;
     // Read and check every plan before touching the GPU.
     let mut plans = Vec::new();
     for f in &args.plan {

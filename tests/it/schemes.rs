@@ -193,3 +193,102 @@ fn bad_settings_are_named() {
     }
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// `skewsim run --calibration`: a scheme comparison priced by a measured GPU (a calibration
+/// fitted here from the committed run-13 H200 measurements) differs from the built-in
+/// table's, says so in its summary, and a kind that prices no GPU work refuses the flag.
+#[test]
+fn a_comparison_runs_under_a_calibration() {
+    let dir = tmp("calibrated");
+    let cal = dir.join("cal.json");
+    let m = root().join("validate/results/plans_run13/measurements_v2.csv");
+    let o = skewsim_at(
+        &[
+            "calibrate",
+            "--measurements",
+            m.to_str().unwrap(),
+            "-o",
+            cal.to_str().unwrap(),
+        ],
+        None,
+        &root(),
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let file = dir.join("small.toml");
+    std::fs::write(
+        &file,
+        r#"kind = "four-way"
+model = "llama3-8b"
+layers = 2
+arms = ["ulysses", "libra"]
+[network]
+topology = "dgx-h200-roce"
+[parallel]
+cp = 4
+ga = 2
+[workload]
+corpus = "wlbllm"
+seq_len = 65536
+seed = 1
+[settings]
+pool_size = 2
+head_shards = 4
+chunks = 2
+[sweep]
+dp = [2]
+"#,
+    )
+    .unwrap();
+    let run = |out: &str, cal: Option<&Path>| {
+        let out = dir.join(out);
+        let mut args = vec![
+            "run",
+            file.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        if let Some(c) = cal {
+            args.extend(["--calibration", c.to_str().unwrap()]);
+        }
+        let o = skewsim_at(&args, None, &root());
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        (read(&out.join("points.csv")), read(&out.join("summary.md")))
+    };
+    let (plain, plain_md) = run("plain", None);
+    let (calibrated, md) = run("cal", Some(&cal));
+    assert_eq!(plain.lines().count(), calibrated.lines().count());
+    assert_ne!(plain, calibrated, "the calibration must change the prices");
+    assert!(md.contains("Priced by the calibration"), "{md}");
+    assert!(!plain_md.contains("Priced by the calibration"));
+    // A calibration that does not parse: named.
+    std::fs::write(dir.join("bad.json"), "{\"attn_fwd\": 3}").unwrap();
+    let o = skewsim_at(
+        &[
+            "run",
+            file.to_str().unwrap(),
+            "--calibration",
+            dir.join("bad.json").to_str().unwrap(),
+        ],
+        None,
+        &dir,
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("bad.json"), "{err}");
+    // A kind that prices nothing refuses the flag.
+    let pools = root().join("experiments/libra-fig4.toml");
+    let o = skewsim_at(
+        &[
+            "run",
+            pools.to_str().unwrap(),
+            "--calibration",
+            cal.to_str().unwrap(),
+        ],
+        None,
+        &dir,
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("prices no GPU work"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
