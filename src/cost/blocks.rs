@@ -136,9 +136,73 @@ impl BlockModel {
         }
     }
 
+    /// The block times alone on an SM.
+    pub fn times(&self) -> BlockTimes {
+        BlockTimes {
+            block_ns: self.block_ns,
+            iter_ns: self.iter_ns,
+            row_share: self.row_share,
+            diag_ns: self.diag_ns,
+        }
+    }
+
+    /// How its blocks share the SMs.
+    pub fn slots(&self) -> SmSlots {
+        SmSlots {
+            sms: self.sms,
+            blocks_per_sm: self.blocks_per_sm,
+            pair_slowdown: self.pair_slowdown,
+        }
+    }
+
     /// Check the fields; `ctx` names the file.
     pub fn validate(&self, ctx: &str) -> Result<()> {
         let f = |name: &str| format!("{ctx}: attn_blocks.{name}");
+        self.times().validate(&f)?;
+        self.slots().validate(&f)?;
+        check_geometry(&f, self.head_dim, self.block_m, self.block_n)
+    }
+
+    /// The shape of the block of query rows [p0, p1) (keys [0, p1)).
+    pub fn shape(&self, p0: u64, p1: u64) -> BlockShape {
+        query_tile_shape(self.block_n, p0, p1)
+    }
+
+    /// Time in ps of a block of `shape` alone on its SM at `head_dim`.
+    pub fn block_ps(&self, b: BlockShape, head_dim: u32) -> f64 {
+        self.times()
+            .block_ps(b, head_dim_scale(head_dim, self.head_dim), self.block_m)
+    }
+}
+
+/// One kernel's block times alone on an SM: a fixed part, the steps of its inner loop
+/// (a share of each scaling with the block's rows) and the masked steps' extra.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BlockTimes {
+    /// Fixed time of one block alone on its SM (prologue, first tiles, output), ns.
+    pub block_ns: f64,
+    /// One step of the inner loop for a full block, alone on its SM, ns.
+    pub iter_ns: f64,
+    /// The share of a step that scales with the block's rows (0: a 1-row block's step
+    /// costs as much as a full one; 1: proportional to rows).
+    pub row_share: f64,
+    /// Extra time of a step that the causal mask cuts, ns.
+    pub diag_ns: f64,
+}
+
+impl BlockTimes {
+    /// Time in ps of a block of `b` alone on its SM: steps and diagonal scaled by
+    /// `d_scale` (head_dim / the fitted head_dim), rows counted out of `block_rows`.
+    pub fn block_ps(&self, b: BlockShape, d_scale: f64, block_rows: u32) -> f64 {
+        let rows = f64::from(b.rows) / f64::from(block_rows.max(1));
+        let step = self.iter_ns * (1.0 - self.row_share + self.row_share * rows);
+        1e3 * (self.block_ns
+            + d_scale * (f64::from(b.n_iter) * step + f64::from(b.n_diag) * self.diag_ns))
+    }
+
+    /// Check the fields; `f` names a field in errors.
+    fn validate(&self, f: &dyn Fn(&str) -> String) -> Result<()> {
         for (name, v) in [("block_ns", self.block_ns), ("diag_ns", self.diag_ns)] {
             if !(v.is_finite() && v >= 0.0) {
                 return Err(invalid(f(name), v, "a finite time >= 0 ns"));
@@ -150,6 +214,26 @@ impl BlockModel {
         if !(0.0..=1.0).contains(&self.row_share) {
             return Err(invalid(f("row_share"), self.row_share, "a share in [0, 1]"));
         }
+        Ok(())
+    }
+}
+
+/// How a launch's blocks share the SMs: `sms` SMs of `blocks_per_sm` resident blocks,
+/// each of k resident blocks `1 + (pair_slowdown − 1)(k − 1)` times slower than alone.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SmSlots {
+    pub sms: u32,
+    pub blocks_per_sm: u32,
+    pub pair_slowdown: f64,
+}
+
+impl SmSlots {
+    /// The slowdown of each of `k` blocks resident on one SM.
+    fn slowdown(&self, k: usize) -> f64 {
+        1.0 + (self.pair_slowdown - 1.0) * (k.max(1) - 1) as f64
+    }
+
+    fn validate(&self, f: &dyn Fn(&str) -> String) -> Result<()> {
         if !(self.pair_slowdown.is_finite() && self.pair_slowdown >= 1.0) {
             return Err(invalid(
                 f("pair_slowdown"),
@@ -157,44 +241,65 @@ impl BlockModel {
                 "a finite factor >= 1",
             ));
         }
-        for (name, v) in [
-            ("head_dim", self.head_dim),
-            ("sms", self.sms),
-            ("blocks_per_sm", self.blocks_per_sm),
-            ("block_m", self.block_m),
-            ("block_n", self.block_n),
-        ] {
+        for (name, v) in [("sms", self.sms), ("blocks_per_sm", self.blocks_per_sm)] {
             if v == 0 {
                 return Err(invalid(f(name), 0, "at least 1"));
             }
         }
         Ok(())
     }
+}
 
-    /// The shape of the block of query rows [p0, p1) (keys [0, p1)).
-    pub fn shape(&self, p0: u64, p1: u64) -> BlockShape {
-        let bn = u64::from(self.block_n);
-        let n_iter = p1.div_ceil(bn);
-        BlockShape {
-            n_iter: n_iter as u32,
-            n_diag: (n_iter - (p0 / bn).min(n_iter)) as u32,
-            rows: (p1 - p0) as u32,
+fn check_geometry(f: &dyn Fn(&str) -> String, head_dim: u32, block_m: u32, block_n: u32) -> Result<()> {
+    for (name, v) in [
+        ("head_dim", head_dim),
+        ("block_m", block_m),
+        ("block_n", block_n),
+    ] {
+        if v == 0 {
+            return Err(invalid(f(name), 0, "at least 1"));
         }
     }
+    Ok(())
+}
 
-    /// Time in ps of a block of `shape` alone on its SM at `head_dim`.
-    pub fn block_ps(&self, b: BlockShape, head_dim: u32) -> f64 {
-        let d = f64::from(head_dim) / f64::from(self.head_dim);
-        let rows = f64::from(b.rows) / f64::from(self.block_m);
-        let step = self.iter_ns * (1.0 - self.row_share + self.row_share * rows);
-        1e3 * (self.block_ns
-            + d * (f64::from(b.n_iter) * step + f64::from(b.n_diag) * self.diag_ns))
-    }
+/// head_dim over the head_dim a model was fitted at (steps scale with it).
+fn head_dim_scale(head_dim: u32, fitted: u32) -> f64 {
+    f64::from(head_dim) / f64::from(fitted.max(1))
+}
 
-    /// The slowdown of each of `k` blocks resident on one SM.
-    fn slowdown(&self, k: usize) -> f64 {
-        1.0 + (self.pair_slowdown - 1.0) * (k.max(1) - 1) as f64
+/// The shape of a query tile [p0, p1) over keys [0, p1) in steps of `block_n` keys: the
+/// forward's and the backward dQ's blocks.
+fn query_tile_shape(block_n: u32, p0: u64, p1: u64) -> BlockShape {
+    let bn = u64::from(block_n.max(1));
+    let n_iter = p1.div_ceil(bn);
+    BlockShape {
+        n_iter: n_iter as u32,
+        n_diag: (n_iter - (p0 / bn).min(n_iter)) as u32,
+        rows: (p1 - p0) as u32,
     }
+}
+
+/// Query tiles of `block_m` rows of every segment (queries [start, end), keys [0, end);
+/// `n` such segments) in launch order: most keys first (ties: the larger shape first).
+fn query_tiles(
+    block_m: u32,
+    block_n: u32,
+    segs: impl IntoIterator<Item = (u64, u64, u32)>,
+) -> Vec<BlockShape> {
+    let bm = u64::from(block_m.max(1));
+    let mut blocks: Vec<(u64, BlockShape)> = Vec::new();
+    for (start, end, n) in segs {
+        let mut p0 = start;
+        while p0 < end {
+            let p1 = (p0 + bm).min(end);
+            let b = (p1, query_tile_shape(block_n, p0, p1));
+            blocks.extend(std::iter::repeat_n(b, n as usize));
+            p0 = p1;
+        }
+    }
+    blocks.sort_unstable_by(|x, y| y.cmp(x));
+    blocks.into_iter().map(|b| b.1).collect()
 }
 
 /// One head's blocks of a launch, in launch order: for every segment (queries [start,
@@ -204,26 +309,15 @@ pub fn launch_blocks(
     m: &BlockModel,
     segs: impl IntoIterator<Item = (u64, u64, u32)>,
 ) -> Vec<BlockShape> {
-    let bm = u64::from(m.block_m.max(1));
-    let mut blocks: Vec<(u64, BlockShape)> = Vec::new();
-    for (start, end, n) in segs {
-        let mut p0 = start;
-        while p0 < end {
-            let p1 = (p0 + bm).min(end);
-            let b = (p1, m.shape(p0, p1));
-            blocks.extend(std::iter::repeat_n(b, n as usize));
-            p0 = p1;
-        }
-    }
-    blocks.sort_unstable_by(|x, y| y.cmp(x));
-    blocks.into_iter().map(|b| b.1).collect()
+    query_tiles(m.block_m, m.block_n, segs)
 }
 
 /// Makespan in ps of `heads` copies (head-major) of blocks taking `times` ps each alone on
 /// an SM, on `m.sms` SMs holding up to `m.blocks_per_sm` each, co-resident blocks slowed
-/// by [`BlockModel`]'s sharing factor. Blocks fill the first slot of every SM, then the
-/// second, …; afterwards each freed slot takes the next block. Ties: the lowest SM first.
-pub fn makespan_ps(m: &BlockModel, times: &[f64], heads: u32) -> f64 {
+/// by the sharing factor. Blocks fill the first slot of every SM, then the second, …;
+/// afterwards each freed slot takes the next block. Ties: the lowest SM first. The one
+/// makespan of every launch, forward and backward.
+pub fn makespan_ps(m: SmSlots, times: &[f64], heads: u32) -> f64 {
     let total = times.len() * heads as usize;
     let sms = m.sms as usize;
     if total == 0 || sms == 0 {
@@ -330,7 +424,7 @@ impl LaunchBlocks {
             .iter()
             .map(|&b| m.block_ps(b, self.head_dim))
             .collect();
-        makespan_ps(m, &times, self.heads)
+        makespan_ps(m.slots(), &times, self.heads)
     }
 }
 
@@ -347,6 +441,218 @@ pub fn launch_fwd_ps_f(
     match blocks {
         None => table_ps,
         Some(m) => LaunchBlocks::new(m, heads, head_dim, segs).makespan_ps(m),
+    }
+}
+
+/// Rows per tile of the backward kernels (`attn_bwd.cu`, NWARPS = 4: query tiles of dQ and
+/// key tiles of dK/dV).
+pub const BWD_BLOCK_M: u32 = 64;
+/// Rows per step of the backward kernels' inner loops (keys for dQ, queries for dK/dV).
+pub const BWD_BLOCK_N: u32 = 64;
+/// Resident blocks per SM of the backward kernels: 6·64·128·2 + 1024 B = 97 KiB of shared
+/// memory each at head_dim 128, 128 threads.
+pub const BWD_BLOCKS_PER_SM: u32 = 2;
+
+fn default_bwd_block() -> u32 {
+    BWD_BLOCK_M
+}
+fn default_bwd_blocks_per_sm() -> u32 {
+    BWD_BLOCKS_PER_SM
+}
+
+/// The backward call's kernels as thread blocks on the SMs (a calibration's
+/// `attn_bwd_blocks`): one call of `validate/kernels/attn_bwd.cu` is the zeroing of dK/dV
+/// and `attn_bwd_dot` (priced per query row × head), then the dQ launch and the dK/dV
+/// launch, each the makespan of its blocks ([`bwd_dq_blocks`], [`bwd_dkdv_blocks`]) with
+/// co-resident blocks sharing an SM by `pair_slowdown` ([`makespan_ps`]).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BwdBlockModel {
+    /// The dot kernel and the zeroing of dK/dV per query row × query head of the call, ns.
+    pub row_head_ns: f64,
+    /// A dQ block: a query tile of `block_m` rows over its key blocks of `block_n` keys.
+    pub dq: BlockTimes,
+    /// A dK/dV block: a key tile of `block_m` keys over the query blocks of `block_n` rows
+    /// that see it.
+    pub dkdv: BlockTimes,
+    /// Time factor of each of two blocks sharing an SM (both launches).
+    pub pair_slowdown: f64,
+    /// The head dimension the times were fitted at (steps scale with head_dim).
+    #[serde(default = "default_head_dim")]
+    pub head_dim: u32,
+    /// SMs the blocks are scheduled onto.
+    #[serde(default = "default_sms")]
+    pub sms: u32,
+    /// Blocks resident on one SM at a time.
+    #[serde(default = "default_bwd_blocks_per_sm")]
+    pub blocks_per_sm: u32,
+    /// Rows per tile (query rows of a dQ block, keys of a dK/dV block).
+    #[serde(default = "default_bwd_block")]
+    pub block_m: u32,
+    /// Rows per step (keys for dQ, query rows for dK/dV).
+    #[serde(default = "default_bwd_block")]
+    pub block_n: u32,
+}
+
+impl BwdBlockModel {
+    /// The H200 backward kernels' geometry (132 SMs × 2 resident blocks, 64-row tiles and
+    /// steps, head_dim 128) with the given times.
+    pub fn h200(row_head_ns: f64, dq: BlockTimes, dkdv: BlockTimes, pair: f64) -> Self {
+        Self {
+            row_head_ns,
+            dq,
+            dkdv,
+            pair_slowdown: pair,
+            head_dim: FWD_HEAD_DIM,
+            sms: H200_SMS,
+            blocks_per_sm: BWD_BLOCKS_PER_SM,
+            block_m: BWD_BLOCK_M,
+            block_n: BWD_BLOCK_N,
+        }
+    }
+
+    /// How its blocks share the SMs.
+    pub fn slots(&self) -> SmSlots {
+        SmSlots {
+            sms: self.sms,
+            blocks_per_sm: self.blocks_per_sm,
+            pair_slowdown: self.pair_slowdown,
+        }
+    }
+
+    /// Check the fields; `ctx` names the file.
+    pub fn validate(&self, ctx: &str) -> Result<()> {
+        let f = |name: &str| format!("{ctx}: attn_bwd_blocks.{name}");
+        if !(self.row_head_ns.is_finite() && self.row_head_ns >= 0.0) {
+            return Err(invalid(
+                f("row_head_ns"),
+                self.row_head_ns,
+                "a finite time >= 0 ns",
+            ));
+        }
+        self.dq.validate(&|n: &str| f(&format!("dq.{n}")))?;
+        self.dkdv.validate(&|n: &str| f(&format!("dkdv.{n}")))?;
+        self.slots().validate(&f)?;
+        check_geometry(&f, self.head_dim, self.block_m, self.block_n)
+    }
+}
+
+/// The dQ launch's blocks of one head in launch order: the query tiles of `m.block_m` rows
+/// of every segment (queries [start, end), keys [0, end)), each over ⌈p1 / block_n⌉ key
+/// blocks, most keys first — the forward's tiling at the backward's tile size.
+pub fn bwd_dq_blocks(
+    m: &BwdBlockModel,
+    segs: impl IntoIterator<Item = (u64, u64, u32)>,
+) -> Vec<BlockShape> {
+    query_tiles(m.block_m, m.block_n, segs)
+}
+
+/// The dK/dV launch's blocks of one head in launch order (`Layout::key_tiles`): per
+/// segment [a, e), its key tiles [j0, j1) = [kb·block_m, min((kb+1)·block_m, e)) of [0, e),
+/// each looping over the query blocks of `block_n` rows aligned to a that hold a position
+/// ≥ j0: qb0 = (j0 − a)/block_n when j0 > a (else 0) to qb1 = ⌈(e − a)/block_n⌉. A block's
+/// rows are its keys (j1 − j0), its diagonal steps the query blocks starting before j1 (the
+/// mask cuts them). Most query rows seeing the tile (e − max(a, j0)) first, ties: the
+/// larger shape first.
+pub fn bwd_dkdv_blocks(
+    m: &BwdBlockModel,
+    segs: impl IntoIterator<Item = (u64, u64, u32)>,
+) -> Vec<BlockShape> {
+    let (bm, bn) = (u64::from(m.block_m.max(1)), u64::from(m.block_n.max(1)));
+    let mut blocks: Vec<(u64, BlockShape)> = Vec::new();
+    for (a, e, n) in segs {
+        if e <= a {
+            continue;
+        }
+        let qb1 = (e - a).div_ceil(bn);
+        for kb in 0..e.div_ceil(bm) {
+            let (j0, j1) = (kb * bm, ((kb + 1) * bm).min(e));
+            let qb0 = if j0 > a { (j0 - a) / bn } else { 0 };
+            // Query blocks whose first row a + qb·bn lies before j1.
+            let cut = if j1 > a { (j1 - a).div_ceil(bn) } else { 0 };
+            let b = BlockShape {
+                n_iter: (qb1 - qb0) as u32,
+                n_diag: (cut.clamp(qb0, qb1) - qb0) as u32,
+                rows: (j1 - j0) as u32,
+            };
+            blocks.extend(std::iter::repeat_n((e - a.max(j0), b), n as usize));
+        }
+    }
+    blocks.sort_unstable_by(|x, y| y.cmp(x));
+    blocks.into_iter().map(|b| b.1).collect()
+}
+
+/// One backward call's blocks (both launches) and its query rows × heads, ready to be
+/// priced under any [`BwdBlockModel`] of the same geometry.
+#[derive(Clone, Debug)]
+pub struct BwdLaunchBlocks {
+    /// One head's dQ blocks in launch order.
+    pub dq: Vec<BlockShape>,
+    /// One head's dK/dV blocks in launch order.
+    pub dkdv: Vec<BlockShape>,
+    /// Query rows of the call (Σ segments' queries).
+    pub rows: u64,
+    pub heads: u32,
+    pub head_dim: u32,
+}
+
+impl BwdLaunchBlocks {
+    /// The backward call of `segs` at `heads` query heads.
+    pub fn new(
+        m: &BwdBlockModel,
+        heads: u32,
+        head_dim: u32,
+        segs: impl IntoIterator<Item = (u64, u64, u32)> + Clone,
+    ) -> Self {
+        Self {
+            dq: bwd_dq_blocks(m, segs.clone()),
+            dkdv: bwd_dkdv_blocks(m, segs.clone()),
+            rows: segs
+                .into_iter()
+                .map(|(a, e, n)| e.saturating_sub(a) * u64::from(n))
+                .sum(),
+            heads,
+            head_dim,
+        }
+    }
+
+    /// The call's three terms under `m`, ps: the per-row-head work, the dQ launch's
+    /// makespan and the dK/dV launch's makespan.
+    pub fn parts_ps(&self, m: &BwdBlockModel) -> [f64; 3] {
+        let d = head_dim_scale(self.head_dim, m.head_dim);
+        let span = |t: &BlockTimes, shapes: &[BlockShape]| {
+            let times: Vec<f64> = shapes
+                .iter()
+                .map(|&b| t.block_ps(b, d, m.block_m))
+                .collect();
+            makespan_ps(m.slots(), &times, self.heads)
+        };
+        [
+            1e3 * m.row_head_ns * (self.rows * u64::from(self.heads)) as f64,
+            span(&m.dq, &self.dq),
+            span(&m.dkdv, &self.dkdv),
+        ]
+    }
+
+    /// The call's time under `m`, ps (without the call overhead).
+    pub fn time_ps(&self, m: &BwdBlockModel) -> f64 {
+        self.parts_ps(m).iter().sum()
+    }
+}
+
+/// The backward time in ps of one call whose segments the table prices at `table_ps`:
+/// `table_ps` itself without a backward block model, else its blocks' price
+/// ([`BwdLaunchBlocks::time_ps`]). The call overhead is the caller's.
+pub fn launch_bwd_ps_f(
+    table_ps: f64,
+    blocks: Option<&BwdBlockModel>,
+    head_dim: u32,
+    heads: u32,
+    segs: impl IntoIterator<Item = (u64, u64, u32)> + Clone,
+) -> f64 {
+    match blocks {
+        None => table_ps,
+        Some(m) => BwdLaunchBlocks::new(m, heads, head_dim, segs).time_ps(m),
     }
 }
 
@@ -403,34 +709,34 @@ mod tests {
         // until the 2 ends (t = 3), the 4 has 2 left alone: 5.
         let mut m = steps_only(1.5);
         m.sms = 1;
-        assert_eq!(makespan_ps(&m, &[4.0, 2.0], 1), 5.0);
+        assert_eq!(makespan_ps(m.slots(), &[4.0, 2.0], 1), 5.0);
         // Slowdown 2 (no gain from sharing): the SM's work, 6.
         m.pair_slowdown = 2.0;
-        assert_eq!(makespan_ps(&m, &[4.0, 2.0], 1), 6.0);
+        assert_eq!(makespan_ps(m.slots(), &[4.0, 2.0], 1), 6.0);
         // Two SMs, blocks 4, 1, 1: SM0 takes 4, SM1 1, then SM0's second slot the last 1.
         // SM0 shares until t = 2, the 4 has 3 left alone: 5. One slot per SM: 4.
         m.sms = 2;
-        assert_eq!(makespan_ps(&m, &[4.0, 1.0, 1.0], 1), 5.0);
+        assert_eq!(makespan_ps(m.slots(), &[4.0, 1.0, 1.0], 1), 5.0);
         m.blocks_per_sm = 1;
-        assert_eq!(makespan_ps(&m, &[4.0, 1.0, 1.0], 1), 4.0);
+        assert_eq!(makespan_ps(m.slots(), &[4.0, 1.0, 1.0], 1), 4.0);
         // One slot: loads 10, 6, 5, 4, 3 in order on 2 SMs: SM0 10; SM1 6, 11; SM0 14; SM1 14.
-        assert_eq!(makespan_ps(&m, &[10.0, 6.0, 5.0, 4.0, 3.0], 1), 14.0);
-        assert_eq!(makespan_ps(&m, &[1.0], 0), 0.0);
-        assert_eq!(makespan_ps(&m, &[], 4), 0.0);
+        assert_eq!(makespan_ps(m.slots(), &[10.0, 6.0, 5.0, 4.0, 3.0], 1), 14.0);
+        assert_eq!(makespan_ps(m.slots(), &[1.0], 0), 0.0);
+        assert_eq!(makespan_ps(m.slots(), &[], 4), 0.0);
     }
 
     #[test]
     fn a_launch_is_bound_by_its_last_wave_or_by_throughput() {
         let m = steps_only(1.25);
         // 132 equal blocks (one per SM): one block's time.
-        assert_eq!(makespan_ps(&m, &[7.0; 132], 1), 7.0);
+        assert_eq!(makespan_ps(m.slots(), &[7.0; 132], 1), 7.0);
         // 264 (two per SM, each 1.25× slower): 8.75.
-        assert_eq!(makespan_ps(&m, &[7.0; 132], 2), 8.75);
+        assert_eq!(makespan_ps(m.slots(), &[7.0; 132], 2), 8.75);
         // 265: one SM takes a third once its pair ends, alone: 8.75 + 7.
-        assert_eq!(makespan_ps(&m, &[7.0; 265], 1), 15.75);
+        assert_eq!(makespan_ps(m.slots(), &[7.0; 265], 1), 15.75);
         // Many blocks: the SMs' throughput, 132 × 2 / 1.25 blocks per block-time.
         let n = 264 * 100;
-        let t = makespan_ps(&m, &vec![1.0; n], 1);
+        let t = makespan_ps(m.slots(), &vec![1.0; n], 1);
         assert!((t - 100.0 * 1.25).abs() < 1e-9, "{t}");
     }
 

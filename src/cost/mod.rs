@@ -36,7 +36,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{invalid, parse_error, Result};
 use crate::net::Ps;
-pub use blocks::BlockModel;
+pub use blocks::{BlockModel, BwdBlockModel};
 pub use kernel::{EffPoint, EffTable};
 pub use model::{Ffn, ModelConfig};
 
@@ -178,6 +178,13 @@ pub struct Calibration {
     /// instead of the table. Absent: the table alone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attn_blocks: Option<BlockModel>,
+    /// The backward kernels' block model ([`blocks::BwdBlockModel`]: per call the dot and
+    /// zeroing work per query row × head, then the dQ and the dK/dV launches' blocks on the
+    /// SMs), fitted by `skewsim calibrate`; when present it prices every backward call
+    /// instead of the backward table, with `launch.attn_bwd_launch_us` per call. Absent:
+    /// the table.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attn_bwd_blocks: Option<BwdBlockModel>,
 }
 
 /// Fixed costs a measured GPU adds to the table's compute time (issue 7): the attention
@@ -251,6 +258,9 @@ impl Calibration {
             EffTable::from_points(b, &format!("{context}: attn_bwd"))?;
         }
         if let Some(b) = &c.attn_blocks {
+            b.validate(context)?;
+        }
+        if let Some(b) = &c.attn_bwd_blocks {
             b.validate(context)?;
         }
         Ok(c)
@@ -379,6 +389,8 @@ pub struct CostModel {
     pub launch: LaunchCosts,
     /// The forward kernel's block model (a calibration's `attn_blocks`), else `None`.
     pub attn_blocks: Option<BlockModel>,
+    /// The backward kernels' block model (a calibration's `attn_bwd_blocks`), else `None`.
+    pub attn_bwd_blocks: Option<BwdBlockModel>,
 }
 
 impl CostModel {
@@ -391,6 +403,7 @@ impl CostModel {
             attn_bwd_eff: None,
             launch: LaunchCosts::default(),
             attn_blocks: None,
+            attn_bwd_blocks: None,
         })
     }
 
@@ -398,6 +411,9 @@ impl CostModel {
     pub fn calibrated(model: ModelConfig, cal: &Calibration, context: &str) -> Result<Self> {
         cal.hardware.validate(context)?;
         if let Some(b) = &cal.attn_blocks {
+            b.validate(context)?;
+        }
+        if let Some(b) = &cal.attn_bwd_blocks {
             b.validate(context)?;
         }
         Ok(Self {
@@ -411,6 +427,7 @@ impl CostModel {
                 .transpose()?,
             launch: cal.launch.clone(),
             attn_blocks: cal.attn_blocks,
+            attn_bwd_blocks: cal.attn_bwd_blocks,
         })
     }
 
@@ -516,9 +533,10 @@ impl CostModel {
     }
 
     /// One backward call's fixed cost, ps: the measured backward overhead with a backward
-    /// table, else the forward call's (the backward is then priced from the forward).
+    /// table or block model, else the forward call's (the backward is then priced from the
+    /// forward).
     pub fn attn_bwd_launch_ps(&self) -> f64 {
-        if self.attn_bwd_eff.is_some() {
+        if self.attn_bwd_eff.is_some() || self.attn_bwd_blocks.is_some() {
             self.launch.attn_bwd_launch_us * 1e6
         } else {
             self.attn_launch_ps()
@@ -527,8 +545,16 @@ impl CostModel {
 
     /// Backward time of core attention over the same documents: the forward compute ×
     /// the backward FLOP factor / its efficiency, plus one launch; with a measured backward
-    /// table, each document at that table's rate plus the backward call's overhead.
+    /// table, each document at that table's rate plus the backward call's overhead; with a
+    /// backward block model, the call's blocks ([`blocks::launch_bwd_ps_f`]) plus its
+    /// overhead.
     pub fn attn_bwd_ps(&self, doc_lens: impl IntoIterator<Item = u32>, heads: u32) -> Ps {
+        if let Some(m) = &self.attn_bwd_blocks {
+            let segs: Vec<(u64, u64, u32)> =
+                doc_lens.into_iter().map(|l| (0, u64::from(l), 1)).collect();
+            let t = blocks::launch_bwd_ps_f(0.0, Some(m), self.model.head_dim, heads, segs);
+            return (t + self.attn_bwd_launch_ps()).round() as Ps;
+        }
         match &self.attn_bwd_eff {
             None => (self.attn_kernel_ps_f(doc_lens, heads) * self.hw.attn_bwd_flop_factor
                 / self.hw.attn_bwd_efficiency
