@@ -325,37 +325,47 @@ pub fn makespan_ps(m: SmSlots, times: &[f64], heads: u32) -> f64 {
     }
     let per_sm = m.blocks_per_sm.max(1) as usize;
     let slow: Vec<f64> = (0..=per_sm).map(|k| m.slowdown(k)).collect();
-    let mut next = (0..heads).flat_map(|_| times.iter().copied());
+    // The blocks in launch order: `heads` passes over `times`.
+    let (mut pass, mut idx) = (0u32, 0usize);
+    let mut next = || -> Option<f64> {
+        if idx == times.len() {
+            pass += 1;
+            idx = 0;
+        }
+        if pass >= heads {
+            return None;
+        }
+        idx += 1;
+        Some(times[idx - 1])
+    };
     // Per SM: the remaining alone-time of its resident blocks (flat, `per_sm` slots each),
-    // how many, the time of its last update and a version (stale heap entries skipped).
+    // how many, and the time of its last update.
     let mut rem = vec![0.0f64; sms * per_sm];
     let mut cnt = vec![0usize; sms];
     let mut last = vec![0.0f64; sms];
-    let mut ver = vec![0u64; sms];
     for _ in 0..per_sm {
         for s in 0..sms {
-            if let Some(w) = next.next() {
+            if let Some(w) = next() {
                 rem[s * per_sm + cnt[s]] = w;
                 cnt[s] += 1;
             }
         }
     }
     let min_of = |r: &[f64]| r.iter().copied().fold(f64::INFINITY, f64::min);
-    // Events (completion time bits — times are ≥ 0, so the bits order as the times —, SM,
-    // version).
-    let mut heap: BinaryHeap<Reverse<(u64, u32, u64)>> = BinaryHeap::with_capacity(sms);
+    // One event per busy SM, its next completion: (time bits — times are ≥ 0, so the bits
+    // order as the times —, SM). An SM's event changes only when it fires, so the earliest
+    // is updated in place.
+    let mut heap: BinaryHeap<Reverse<(u64, u32)>> = BinaryHeap::with_capacity(sms);
     for s in 0..sms {
         if cnt[s] > 0 {
             let r = &rem[s * per_sm..s * per_sm + cnt[s]];
-            heap.push(Reverse(((min_of(r) * slow[cnt[s]]).to_bits(), s as u32, 0)));
+            heap.push(Reverse(((min_of(r) * slow[cnt[s]]).to_bits(), s as u32)));
         }
     }
     let mut end = 0.0f64;
-    while let Some(Reverse((tb, s, v))) = heap.pop() {
-        let s = s as usize;
-        if v != ver[s] {
-            continue;
-        }
+    while let Some(mut top) = heap.peek_mut() {
+        let Reverse((tb, s32)) = *top;
+        let s = s32 as usize;
         let t = f64::from_bits(tb);
         let k = cnt[s];
         let slots = &mut rem[s * per_sm..(s + 1) * per_sm];
@@ -372,7 +382,7 @@ pub fn makespan_ps(m: SmSlots, times: &[f64], heads: u32) -> f64 {
             }
         }
         while j < per_sm {
-            match next.next() {
+            match next() {
                 Some(w) => {
                     slots[j] = w;
                     j += 1;
@@ -382,11 +392,12 @@ pub fn makespan_ps(m: SmSlots, times: &[f64], heads: u32) -> f64 {
         }
         cnt[s] = j;
         last[s] = t;
-        ver[s] += 1;
         end = end.max(t);
         if j > 0 {
             let fin = t + min_of(&slots[..j]) * slow[j];
-            heap.push(Reverse((fin.to_bits(), s as u32, ver[s])));
+            *top = Reverse((fin.to_bits(), s32));
+        } else {
+            std::collections::binary_heap::PeekMut::pop(top);
         }
     }
     end

@@ -1276,7 +1276,10 @@ fn fit_bwd_blocks(
     };
     // Per candidate: (call ms, ms per row·head ns, ms per dQ step ns, ms per dK/dV step ns)
     // and the relative residuals.
+    let evals = std::sync::atomic::AtomicUsize::new(0);
+    let t0 = std::time::Instant::now();
     let solve_at = |th: &[f64]| -> (Vec<f64>, Vec<f64>) {
+        evals.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let m = unit(th);
         let xs: Vec<Vec<f64>> = launches
             .par_iter()
@@ -1319,6 +1322,7 @@ fn fit_bwd_blocks(
         &project,
     )?;
     let (beta, r) = solve_at(&theta);
+    eprintln!("DEBUG evals {} in {:?} theta {theta:?}", evals.load(std::sync::atomic::Ordering::Relaxed), t0.elapsed());
     let m = unit(&theta);
     // A launch whose step time came out 0 (no data sees it) keeps a tiny positive step.
     let scale = |t: BlockTimes, s: f64| {
