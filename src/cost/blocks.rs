@@ -546,6 +546,11 @@ impl BwdBlockModel {
         self.slots().validate(&f)?;
         check_geometry(&f, self.head_dim, self.block_m, self.block_n)
     }
+
+    /// The shape of the dQ block of query rows [p0, p1) (keys [0, p1)).
+    pub fn dq_shape(&self, p0: u64, p1: u64) -> BlockShape {
+        query_tile_shape(self.block_n, p0, p1)
+    }
 }
 
 /// The dQ launch's blocks of one head in launch order: the query tiles of `m.block_m` rows
@@ -813,5 +818,179 @@ mod tests {
         )
         .unwrap();
         assert_eq!(j, ok);
+    }
+
+    fn bwd_model() -> BwdBlockModel {
+        let t = |b: f64, i: f64, rs: f64, d: f64| BlockTimes {
+            block_ns: b,
+            iter_ns: i,
+            row_share: rs,
+            diag_ns: d,
+        };
+        BwdBlockModel::h200(0.002, t(3.0, 10.0, 0.5, 1.0), t(5.0, 7.0, 0.25, 2.0), 1.5)
+    }
+
+    #[test]
+    fn backward_blocks_are_the_kernels_tiles_by_hand() {
+        let m = bwd_model();
+        let b = |n_iter, n_diag, rows| BlockShape {
+            n_iter,
+            n_diag,
+            rows,
+        };
+        // Queries [100, 300) of one sample. dQ: tiles [100,164), [164,228), [228,292),
+        // [292,300) over ⌈p1/64⌉ key blocks, those from ⌊p0/64⌋ on masked; most keys first.
+        assert_eq!(
+            bwd_dq_blocks(&m, [(100, 300, 1)]),
+            vec![b(5, 1, 8), b(5, 2, 64), b(4, 2, 64), b(3, 2, 64)]
+        );
+        // dK/dV: key tiles kb = 0..5 of [0, 300), query blocks of 64 rows from a = 100,
+        // qb1 = ⌈200/64⌉ = 4:
+        //   kb0 [0,64):    qb 0..4, none starts before 64          → (4, 0, 64), 200 rows see it
+        //   kb1 [64,128):  qb 0..4, qb0 (100) starts before 128    → (4, 1, 64), 200
+        //   kb2 [128,192): qb 0..4, qb0, qb1 (164) before 192      → (4, 2, 64), 172
+        //   kb3 [192,256): qb 1..4 ((192−100)/64 = 1), qb1, qb2    → (3, 2, 64), 108
+        //   kb4 [256,300): qb 2..4, both                            → (2, 2, 44), 44
+        assert_eq!(
+            bwd_dkdv_blocks(&m, [(100, 300, 1)]),
+            vec![b(4, 1, 64), b(4, 0, 64), b(4, 2, 64), b(3, 2, 64), b(2, 2, 44)]
+        );
+        // Counts repeat blocks; a whole document [0, 64) is one block of each, masked.
+        assert_eq!(bwd_dq_blocks(&m, [(0, 64, 3)]), vec![b(1, 1, 64); 3]);
+        assert_eq!(bwd_dkdv_blocks(&m, [(0, 64, 2)]), vec![b(1, 1, 64); 2]);
+    }
+
+    /// The enumeration against the validator's own tiling (`validate::units::Layout`, what
+    /// `skewsim validate` uploads) and the kernels' loop bounds (`attn_bwd.cu`): the same
+    /// blocks, in an order of non-increasing work.
+    #[test]
+    fn backward_blocks_match_the_validators_layout() {
+        use validate::units::{Batch, Layout, WorkUnit};
+        let m = bwd_model();
+        let units = [(0u32, 0u32, 700u32), (0, 700, 1500), (1, 64, 400), (1, 0, 64), (2, 1280, 2000)];
+        let batch = Batch {
+            sample_lens: vec![1500, 400, 2000],
+            units: units
+                .iter()
+                .map(|&(sample, a, e)| WorkUnit {
+                    sample: sample as usize,
+                    a,
+                    e,
+                })
+                .collect(),
+        };
+        let segs: Vec<(u64, u64, u32)> = units
+            .iter()
+            .map(|&(_, a, e)| (u64::from(a), u64::from(e), 1))
+            .collect();
+        let layout = Layout::new(&batch, 64).unwrap();
+        let dq: Vec<BlockShape> = layout
+            .tiles
+            .iter()
+            .map(|t| {
+                let u = &batch.units[t.unit as usize];
+                let p0 = u.a + t.m_block * 64;
+                m.dq_shape(u64::from(p0), u64::from((p0 + 64).min(u.e)))
+            })
+            .collect();
+        let kv: Vec<BlockShape> = layout
+            .key_tiles(&batch, 64)
+            .unwrap()
+            .iter()
+            .map(|t| {
+                // attn_bwd_dkdv's loop: qb0 = j0 > a ? (j0 − a)/64 : 0, qb1 = ⌈(e − a)/64⌉;
+                // masked where the query block starts before j1.
+                let u = &batch.units[t.unit as usize];
+                let (j0, j1) = (t.m_block * 64, (t.m_block * 64 + 64).min(u.e));
+                let qb0 = if j0 > u.a { (j0 - u.a) / 64 } else { 0 };
+                let qb1 = (u.e - u.a).div_ceil(64);
+                let n_diag = (qb0..qb1).filter(|qb| u.a + qb * 64 < j1).count() as u32;
+                BlockShape {
+                    n_iter: qb1 - qb0,
+                    n_diag,
+                    rows: j1 - j0,
+                }
+            })
+            .collect();
+        let ours = (bwd_dq_blocks(&m, segs.clone()), bwd_dkdv_blocks(&m, segs));
+        for (theirs, mine) in [(&dq, &ours.0), (&kv, &ours.1)] {
+            let (mut a, mut b) = (theirs.clone(), mine.clone());
+            a.sort();
+            b.sort();
+            assert_eq!(a, b);
+        }
+        // dQ in the same order of keys visited; dK/dV tiles of every unit in the same order
+        // of steps (ties aside).
+        let iters = |v: &[BlockShape]| v.iter().map(|b| b.n_iter).collect::<Vec<_>>();
+        assert_eq!(iters(&dq), iters(&ours.0));
+        assert_eq!(iters(&kv), iters(&ours.1));
+    }
+
+    #[test]
+    fn a_backward_call_by_hand() {
+        let m = bwd_model();
+        // One 64-token document at 1 head: 64 rows × 0.002 ns; the dQ block 3 + 10 + 1 ns;
+        // the dK/dV block 5 + 7 + 2 ns; each alone on its SM, one launch after the other.
+        let want = (64.0 * 0.002 + 14.0 + 14.0) * 1e3;
+        let p = launch_bwd_ps_f(0.0, Some(&m), 128, 1, [(0u64, 64u64, 1u32)]);
+        assert!((p - want).abs() < 1e-6, "{p} {want}");
+        // Two heads: the blocks on two SMs, the row work twice.
+        let p2 = launch_bwd_ps_f(0.0, Some(&m), 128, 2, [(0u64, 64u64, 1u32)]);
+        assert!((p2 - want - 64.0 * 0.002 * 1e3).abs() < 1e-6, "{p2}");
+        // 264 heads: two blocks per SM on all 132 SMs, each 1.5× slower.
+        let p3 = launch_bwd_ps_f(0.0, Some(&m), 128, 264, [(0u64, 64u64, 1u32)]);
+        let want3 = (264.0 * 64.0 * 0.002 + 1.5 * 28.0) * 1e3;
+        assert!((p3 - want3).abs() < 1e-6, "{p3} {want3}");
+        // Without a model: the table's price, bit for bit.
+        let t = 98_765.4321_f64;
+        assert_eq!(
+            launch_bwd_ps_f(t, None, 128, 8, [(0u64, 4096u64, 2u32)]).to_bits(),
+            t.to_bits()
+        );
+        // head_dim 64: steps at half the time, the fixed parts and the row work unchanged.
+        let l = BwdLaunchBlocks::new(&m, 1, 64, [(0u64, 64u64, 1u32)]);
+        let parts = l.parts_ps(&m);
+        assert!((parts[1] - (3.0 + 5.5) * 1e3).abs() < 1e-6, "{parts:?}");
+        assert!((parts[2] - (5.0 + 4.5) * 1e3).abs() < 1e-6, "{parts:?}");
+        assert!((parts[0] - 64.0 * 0.002 * 1e3).abs() < 1e-9, "{parts:?}");
+    }
+
+    #[test]
+    fn bad_backward_fields_are_named() {
+        let ok = bwd_model();
+        assert!(ok.validate("cal.json").is_ok());
+        let mut cases: Vec<(&str, BwdBlockModel)> = Vec::new();
+        let mut m = ok;
+        m.row_head_ns = -1.0;
+        cases.push(("row_head_ns", m));
+        let mut m = ok;
+        m.dq.iter_ns = 0.0;
+        cases.push(("dq.iter_ns", m));
+        let mut m = ok;
+        m.dkdv.row_share = 2.0;
+        cases.push(("dkdv.row_share", m));
+        let mut m = ok;
+        m.dkdv.block_ns = f64::NAN;
+        cases.push(("dkdv.block_ns", m));
+        let mut m = ok;
+        m.pair_slowdown = 0.9;
+        cases.push(("pair_slowdown", m));
+        let mut m = ok;
+        m.block_n = 0;
+        cases.push(("block_n", m));
+        for (field, m) in cases {
+            let e = m.validate("cal.json").unwrap_err().to_string();
+            assert!(e.contains(&format!("cal.json: attn_bwd_blocks.{field}")), "{e}");
+        }
+        // JSON: the geometry defaults to the H200 kernels'; unknown fields are refused.
+        let j = r#"{"row_head_ns": 0.002, "pair_slowdown": 1.5,
+            "dq": {"block_ns": 3.0, "iter_ns": 10.0, "row_share": 0.5, "diag_ns": 1.0},
+            "dkdv": {"block_ns": 5.0, "iter_ns": 7.0, "row_share": 0.25, "diag_ns": 2.0}}"#;
+        let back: BwdBlockModel = serde_json::from_str(j).unwrap();
+        assert_eq!(back, ok);
+        let bad = j.replace("\"dq\"", "\"dq_typo\"");
+        assert!(serde_json::from_str::<BwdBlockModel>(&bad).is_err());
+        let bad = j.replace("\"iter_ns\": 10.0", "\"iter_ns\": 10.0, \"wave\": 1");
+        assert!(serde_json::from_str::<BwdBlockModel>(&bad).is_err());
     }
 }
