@@ -250,7 +250,12 @@ impl SmSlots {
     }
 }
 
-fn check_geometry(f: &dyn Fn(&str) -> String, head_dim: u32, block_m: u32, block_n: u32) -> Result<()> {
+fn check_geometry(
+    f: &dyn Fn(&str) -> String,
+    head_dim: u32,
+    block_m: u32,
+    block_n: u32,
+) -> Result<()> {
     for (name, v) in [
         ("head_dim", head_dim),
         ("block_m", block_m),
@@ -853,7 +858,13 @@ mod tests {
         //   kb4 [256,300): qb 2..4, both                            → (2, 2, 44), 44
         assert_eq!(
             bwd_dkdv_blocks(&m, [(100, 300, 1)]),
-            vec![b(4, 1, 64), b(4, 0, 64), b(4, 2, 64), b(3, 2, 64), b(2, 2, 44)]
+            vec![
+                b(4, 1, 64),
+                b(4, 0, 64),
+                b(4, 2, 64),
+                b(3, 2, 64),
+                b(2, 2, 44)
+            ]
         );
         // Counts repeat blocks; a whole document [0, 64) is one block of each, masked.
         assert_eq!(bwd_dq_blocks(&m, [(0, 64, 3)]), vec![b(1, 1, 64); 3]);
@@ -867,7 +878,13 @@ mod tests {
     fn backward_blocks_match_the_validators_layout() {
         use validate::units::{Batch, Layout, WorkUnit};
         let m = bwd_model();
-        let units = [(0u32, 0u32, 700u32), (0, 700, 1500), (1, 64, 400), (1, 0, 64), (2, 1280, 2000)];
+        let units = [
+            (0u32, 0u32, 700u32),
+            (0, 700, 1500),
+            (1, 64, 400),
+            (1, 0, 64),
+            (2, 1280, 2000),
+        ];
         let batch = Batch {
             sample_lens: vec![1500, 400, 2000],
             units: units
@@ -980,7 +997,10 @@ mod tests {
         cases.push(("block_n", m));
         for (field, m) in cases {
             let e = m.validate("cal.json").unwrap_err().to_string();
-            assert!(e.contains(&format!("cal.json: attn_bwd_blocks.{field}")), "{e}");
+            assert!(
+                e.contains(&format!("cal.json: attn_bwd_blocks.{field}")),
+                "{e}"
+            );
         }
         // JSON: the geometry defaults to the H200 kernels'; unknown fields are refused.
         let j = r#"{"row_head_ns": 0.002, "pair_slowdown": 1.5,

@@ -1258,9 +1258,7 @@ fn fit_bwd_blocks(
     use rayon::prelude::*;
     let launches: Vec<BwdLaunchBlocks> = rows
         .iter()
-        .map(|r| {
-            BwdLaunchBlocks::new(template, r.heads, r.head_dim, Pricing::seg_ranges(&r.segs))
-        })
+        .map(|r| BwdLaunchBlocks::new(template, r.heads, r.head_dim, Pricing::seg_ranges(&r.segs)))
         .collect();
     let per_sm = f64::from(template.blocks_per_sm.max(1));
     // Ratios → the model at 1 ns steps and 1 ns per row·head.

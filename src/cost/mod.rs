@@ -697,6 +697,35 @@ mod tests {
                 .contains("cal.json: attn_blocks.pair_slowdown"),
             "{e}"
         );
+        // The backward block model: read when present, checked by field name.
+        let b = r#""attn_bwd_blocks": {"row_head_ns": 0.01, "pair_slowdown": 1.6,
+            "dq": {"block_ns": 5000.0, "iter_ns": 2400.0, "row_share": 0.3, "diag_ns": 0.0},
+            "dkdv": {"block_ns": 3000.0, "iter_ns": 1500.0, "row_share": 0.3, "diag_ns": 0.0}}"#;
+        let w = format!(
+            r#"{{"attn_fwd": [{{"heads": 32, "len": 128, "tflops": 100.0}}], "launch": {{"attn_bwd_launch_us": 20.0}}, {b}}}"#
+        );
+        let cal = Calibration::from_json_str(&w, "cal.json").unwrap();
+        let m = cal.attn_bwd_blocks.unwrap();
+        assert_eq!(
+            (m.dkdv.iter_ns, m.block_m, m.blocks_per_sm),
+            (1500.0, 64, 2)
+        );
+        let c = CostModel::calibrated(
+            ModelConfig::builtin("qwen3-30b-a3b").unwrap(),
+            &cal,
+            "cal.json",
+        )
+        .unwrap();
+        // A whole-document backward is one call: its blocks plus the backward overhead.
+        let want = blocks::launch_bwd_ps_f(0.0, Some(&m), 128, 8, [(0u64, 4096u64, 1u32)]) + 20e6;
+        assert_eq!(c.attn_bwd_ps([4096], 8), want.round() as Ps);
+        let bad = w.replace("\"iter_ns\": 1500.0", "\"iter_ns\": -1.0");
+        let e = Calibration::from_json_str(&bad, "cal.json").unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("cal.json: attn_bwd_blocks.dkdv.iter_ns"),
+            "{e}"
+        );
         // A calibration of the retired wave term is refused by its field's name.
         let old = r#"{"attn_fwd": [{"heads": 32, "len": 128, "tflops": 100.0}], "attn_waves": {"sm_tflops": 2.5}}"#;
         let e = Calibration::from_json_str(old, "cal.json").unwrap_err();

@@ -309,9 +309,9 @@ fn nano_work(
     // A worker's nano-batch is one forward launch and one backward call: block models
     // price them whole.
     let mine = |k: usize, i: usize| {
-        g.units
-            .iter()
-            .filter(move |u| u.worker == g.workers[i] && usize::from(table.unit_nano(gi, u.id)) == k)
+        g.units.iter().filter(move |u| {
+            u.worker == g.workers[i] && usize::from(table.unit_nano(gi, u.id)) == k
+        })
     };
     if cost.attn_blocks.is_some() {
         for (k, tk) in t.iter_mut().enumerate() {
