@@ -6,7 +6,8 @@
 //! `validate::trace`), splits the plans into fit and held-out sets — by seed, by scheme
 //! (`--holdout-schemes`) or by plan name (`--holdout-plans`, e.g. a corpus or L in the
 //! file names) — fits with [`skewsim::cost::fit::fit`] (forward, and backward when the
-//! CSVs have `pass` = bwd rows) and prints predicted vs measured on the held-out plans,
+//! CSVs have `pass` = bwd rows; with `--kernel-model blocks`, the default, the kernels'
+//! block models of both passes beside the tables) and prints predicted vs measured on the held-out plans,
 //! before (the starting table) and after calibration, overall and per held-out scheme. Writes the calibration JSON that
 //! `--calibration` reads. The fitting itself lives in the library (no I/O there).
 

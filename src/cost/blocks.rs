@@ -1,41 +1,49 @@
-//! The forward attention kernel as thread blocks on SMs: the launch-level price of one
-//! forward call when a calibration fitted a [`BlockModel`] (a calibration's `attn_blocks`;
-//! issue 7).
+//! The attention kernels as thread blocks on SMs: the call-level price of one forward launch
+//! or one backward call when a calibration fitted a [`BlockModel`] (a calibration's
+//! `attn_blocks`) or a [`BwdBlockModel`] (`attn_bwd_blocks`; issue 7).
 //!
 //! A per-segment efficiency table prices FLOPs at a rate looked up by length; the hardware
-//! runs thread blocks. This module prices what the forward kernel
-//! (`validate/kernels/attn_fwd_v3.cu`) actually runs:
+//! runs thread blocks. This module prices what the kernels actually run:
 //!
-//! - **Blocks.** One block per (query tile of `block_m` rows of one segment, query head).
-//!   A segment is queries [a, e) of one sample over keys [0, e); its tiles are
-//!   [p0, p1) = [a + k·block_m, min(a + (k+1)·block_m, e)). The grid's x runs over the
-//!   tiles sorted by the keys they visit (p1, most first), y over heads: blocks launch
-//!   head-major ([`launch_blocks`]).
-//! - **A block's time alone on an SM.** The kernel loops over ⌈p1 / block_n⌉ key blocks
-//!   whatever the tile's row count (a 1-row tile at position 50,000 visits as many key
-//!   blocks as a full one; its idle warps only save part of each step), so
+//! - **Forward blocks** (`validate/kernels/attn_fwd_v3.cu`). One block per (query tile of
+//!   `block_m` rows of one segment, query head). A segment is queries [a, e) of one sample
+//!   over keys [0, e); its tiles are [p0, p1) = [a + k·block_m, min(a + (k+1)·block_m, e)).
+//!   The grid's x runs over the tiles sorted by the keys they visit (p1, most first), y over
+//!   heads: blocks launch head-major ([`launch_blocks`]).
+//! - **A block's time alone on an SM** ([`BlockTimes`]). The forward kernel loops over
+//!   ⌈p1 / block_n⌉ key blocks whatever the tile's row count (a 1-row tile at position
+//!   50,000 visits as many key blocks as a full one; its idle warps only save part of each
+//!   step), so
 //!
 //!   t = block + n_iter · iter · (1 − row_share + row_share · rows / block_m) + n_diag · diag
 //!
 //!   with n_diag the key blocks reaching past the tile's first row (masked) —
 //!   [`BlockModel::block_ps`]. `iter` and `diag` scale with head_dim / the fitted head_dim.
-//! - **Sharing an SM.** Up to `blocks_per_sm` blocks are resident on an SM; with k resident
-//!   each runs `1 + (pair_slowdown − 1)(k − 1)` times slower than alone (1: co-residency
-//!   doubles an SM's throughput, k: gains nothing). Blocks take the first slot of every SM,
-//!   then the second, …; afterwards each freed slot takes the next block in launch order
-//!   ([`makespan_ps`]).
+//! - **Sharing an SM** ([`SmSlots`]). Up to `blocks_per_sm` blocks are resident on an SM;
+//!   with k resident each runs `1 + (pair_slowdown − 1)(k − 1)` times slower than alone
+//!   (1: co-residency doubles an SM's throughput, k: gains nothing). Blocks take the first
+//!   slot of every SM, then the second, …; afterwards each freed slot takes the next block
+//!   in launch order ([`makespan_ps`], the one makespan of every launch).
+//! - **The backward call** (`validate/kernels/attn_bwd.cu`, 64-row tiles and steps, 2
+//!   blocks per SM at head_dim 128): the zeroing of dK/dV and `attn_bwd_dot` (priced per
+//!   query row × head), then the dQ launch — the forward's tiling at 64 rows
+//!   ([`bwd_dq_blocks`]) — and the dK/dV launch — per segment its key tiles of [0, e), each
+//!   looping over the query blocks that see it, most such rows first ([`bwd_dkdv_blocks`],
+//!   as `validate::units::Layout::key_tiles` orders them). Each launch takes its blocks'
+//!   makespan, with the same block-time form and sharing ([`BwdLaunchBlocks`]).
 //!
-//! The launch takes the blocks' makespan (+ the call overhead, priced by the caller). The
-//! same formula covers a launch of a few long blocks (bound by its last wave: run 16's q =
-//! 3,072 units at 228–321 TFLOP/s) and one of many short segments (bound by key-block
-//! steps, not FLOPs: run 15's p13). `skewsim calibrate` fits the five figures and the call
-//! overhead to measured launches (`cost::fit`).
+//! The forward launch takes its blocks' makespan (+ the call overhead, priced by the
+//! caller). The same formula covers a launch of a few long blocks (bound by its last wave:
+//! run 16's q = 3,072 units at 228–321 TFLOP/s) and one of many short segments (bound by
+//! key-block steps, not FLOPs: run 15's p13). `skewsim calibrate` fits the figures and the
+//! call overheads to measured calls (`cost::fit`).
 //!
-//! It may not price anything else; without a block model ([`launch_fwd_ps_f`] with
-//! `None`) the table's sum comes back unchanged, bit for bit. The plan lowering
-//! (`schedule::plan_attn`), whole-document calls ([`super::CostModel::attn_fwd_ps_f`]) and
-//! measured launches (`cost::fit`) all price a launch through [`launch_fwd_ps_f`] (the fit
-//! through [`LaunchBlocks`], its shapes computed once per launch).
+//! It may not price anything else; without a block model ([`launch_fwd_ps_f`],
+//! [`launch_bwd_ps_f`] with `None`) the table's sum comes back unchanged, bit for bit. The
+//! plan lowering (`schedule::plan_attn`), whole-document calls
+//! ([`super::CostModel::attn_fwd_ps_f`], [`super::CostModel::attn_bwd_ps`]) and measured
+//! calls (`cost::fit`) all price a call through these (the fit through [`LaunchBlocks`] and
+//! [`BwdLaunchBlocks`], its shapes computed once per call).
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;

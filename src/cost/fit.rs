@@ -11,14 +11,15 @@
 //! formula of its own: a launch of segments costs `attn_launch_us` + Σ segments FLOPs /
 //! `EffTable::tflops(heads, q, kv)` (the engine's formula, Libra Eq. 8 FLOPs at the
 //! measured rate) — or, when the pricing has a block model, `attn_launch_us` + the
-//! makespan of the launch's thread blocks on the SMs ([`blocks::launch_fwd_ps_f`], forward
-//! only); a copy costs `copy_launch_us` + bytes / `copy_bytes_per_s`.
+//! makespan of the launch's thread blocks on the SMs ([`blocks::launch_fwd_ps_f`]); a copy
+//! costs `copy_launch_us` + bytes / `copy_bytes_per_s`.
 //!
 //! Backward rows ([`Pass::Bwd`]: the dQ, dK, dV launches of the same units) price through
 //! the same formula with the backward table ([`super::attn_bwd_segment_ps_f`]:
 //! `attn_bwd_flop_factor` × forward FLOPs at the backward table's rate, or at the forward
 //! rate × `attn_bwd_efficiency` while no backward table is known) plus the backward call's
-//! overhead `attn_bwd_launch_us`.
+//! overhead `attn_bwd_launch_us` — or, with a backward block model, that overhead + the
+//! call's per-row·head work and its two launches' makespans ([`blocks::launch_bwd_ps_f`]).
 //!
 //! Fitting: copies by weighted least squares on relative residuals (closed form, 2
 //! unknowns); attention, forward and backward alike, by Levenberg–Marquardt on relative
@@ -33,6 +34,10 @@
 //! same way (Levenberg–Marquardt on the launches' relative residuals, every candidate priced
 //! through [`blocks::LaunchBlocks::makespan_ps`]); the calibration then prices forward
 //! launches by it, and keeps the fitted table for the backward's start and for reference.
+//! With [`FitOptions::bwd_blocks`] the backward's [`BwdBlockModel`] is fitted likewise
+//! (shared ratios searched; call overhead, per-row·head time and the dQ and dK/dV step
+//! times solved by non-negative weighted least squares for each candidate) and prices
+//! backward calls instead of the backward table.
 //!
 //! CSV format: a first line `#skewsim-measurements,v2`, then the header. Version 1 (no
 //! version line, no `pass` column: forward rows only) and any other version are refused
