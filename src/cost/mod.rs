@@ -19,7 +19,8 @@
 //!   rate for the same (heads, query length, KV length) ([`attn_bwd_segment_ps_f`]).
 //! - one forward kernel launch: the sum of its segments' prices — or, when a calibration
 //!   fitted the kernel's block model (`attn_blocks`, [`blocks`]), the makespan of its
-//!   thread blocks on the SMs.
+//!   thread blocks on the SMs; one backward call likewise (`attn_bwd_blocks`: per query
+//!   row·head work plus the dQ and the dK/dV launches' makespans).
 //!
 //! Architecture invariant: planners (balance/), the schedule and the GPU validator price
 //! work through this module only, so the planner's estimate, the engine's duration and the
