@@ -1247,13 +1247,16 @@ struct BwdBlockFit {
 }
 
 /// The backward block model's fit, by variable projection as [`fit_blocks`]: the two
-/// launches share the ratios block_ns / iter_ns and row_share and the pair slowdown
-/// (searched, [`search_ratios`], one descent: each candidate prices both launches of every
-/// call); the call overhead, the per-row-head time and each launch's step time enter a
-/// call's time linearly and are solved in closed form for every candidate
+/// launches share their block times — the ratios block_ns / iter_ns and row_share and the
+/// pair slowdown are searched ([`search_ratios`], one descent: each candidate prices both
+/// launches of every call); the call overhead, the per-row·head time and the step time
+/// enter a call's time linearly and are solved in closed form for every candidate
 /// ([`weighted_nnls`], all ≥ 0). No diagonal term: the backward kernels compute every
 /// element of a masked step and select (`attn_bwd.cu`), and a fitted one came out at 0 on
-/// run 15 (0.01 ns of a 1.4–2.4 µs step).
+/// run 15 (0.01 ns of a 1.4–2.4 µs step). One step time for both launches, not one each:
+/// fitted apart on run 15 they swap order with the data (dQ 2.4 vs dK/dV 1.4 µs without
+/// p13, 1.6 vs 2.3 µs with it — not identified), and shared they hold the held-out slowest
+/// worker within 4.5 % on every split with p13 (apart: up to 9.9 %).
 fn fit_bwd_blocks(
     rows: &[&Measurement],
     template: &BwdBlockModel,
@@ -1282,15 +1285,15 @@ fn fit_bwd_blocks(
             ..*template
         }
     };
-    // Per candidate: (call ms, ms per row·head ns, ms per dQ step ns, ms per dK/dV step ns)
-    // and the relative residuals.
+    // Per candidate: (call ms, ms per row·head ns, ms per step ns) and the relative
+    // residuals.
     let solve_at = |th: &[f64]| -> (Vec<f64>, Vec<f64>) {
         let m = unit(th);
         let xs: Vec<Vec<f64>> = launches
             .par_iter()
             .map(|l| {
                 let p = l.parts_ps(&m);
-                vec![1.0, p[0] * 1e-9, p[1] * 1e-9, p[2] * 1e-9]
+                vec![1.0, p[0] * 1e-9, (p[1] + p[2]) * 1e-9]
             })
             .collect();
         linear_part(&xs, rows)
@@ -1325,21 +1328,18 @@ fn fit_bwd_blocks(
     )?;
     let (beta, r) = solve_at(&theta);
     let m = unit(&theta);
-    // A launch whose step time came out 0 (no data sees it) keeps a tiny positive step.
-    let scale = |t: BlockTimes, s: f64| {
-        let s = s.max(1e-6);
-        BlockTimes {
-            block_ns: t.block_ns * s,
-            iter_ns: s,
-            diag_ns: t.diag_ns * s,
-            ..t
-        }
+    // A step time that came out 0 (no data sees it) is kept a tiny positive one.
+    let s = beta[2].max(1e-6);
+    let t = BlockTimes {
+        block_ns: m.dq.block_ns * s,
+        iter_ns: s,
+        ..m.dq
     };
     Ok(BwdBlockFit {
         model: BwdBlockModel {
             row_head_ns: beta[1],
-            dq: scale(m.dq, beta[2]),
-            dkdv: scale(m.dkdv, beta[3]),
+            dq: t,
+            dkdv: t,
             ..m
         },
         launch_us: beta[0] * 1e3,
@@ -2109,8 +2109,8 @@ mod tests {
         assert_eq!(f2.attn_rms_rel, f2.table_rms_rel);
     }
 
-    /// Backward calls priced by a known backward block model (shared ratios, separate step
-    /// times, a per-row-head term and a call overhead): the fit recovers it and reproduces
+    /// Backward calls priced by a known backward block model (both launches' block times
+    /// alike, a per-row·head term and a call overhead): the fit recovers it and reproduces
     /// fresh calls it never saw, better than the backward table can.
     #[test]
     fn fit_recovers_a_known_backward_block_model() {
@@ -2120,7 +2120,7 @@ mod tests {
             row_share: 0.3,
             diag_ns: 0.0,
         };
-        let truth_m = BwdBlockModel::h200(0.05, t(2400.0), t(1500.0), 1.6);
+        let truth_m = BwdBlockModel::h200(0.0, t(2000.0), t(2000.0), 1.6);
         let truth = Pricing {
             bwd_blocks: Some(truth_m),
             launch: LaunchCosts {
@@ -2134,13 +2134,13 @@ mod tests {
             let mut rows = Vec::new();
             let mut next = lcg(seed);
             for i in 0..30 {
-                let heads = [2, 8, 32][i % 3];
+                let heads = [8, 16, 32][i % 3];
                 // A long-KV query chunk (few dQ blocks of many steps, many dK/dV blocks),
                 // many short documents, or a mix.
                 let segs = match i % 3 {
                     0 => vec![SegCount {
-                        q: 64 + 64 * next(16) as u32,
-                        kv: 4096 + next(12_000) as u32,
+                        q: 64 + 64 * next(48) as u32,
+                        kv: 8192 + next(24_000) as u32,
                         n: 1,
                     }],
                     1 => (0..(2 + next(4)))
@@ -2184,14 +2184,17 @@ mod tests {
         let f = fit(&rows, &start, &opts).unwrap();
         let m = f.calibration.attn_bwd_blocks.unwrap();
         let rms = f.bwd_rms_rel.unwrap();
-        assert!(rms < 5e-3, "rms {rms} {m:?}");
-        // The dQ step time is pinned by the long-KV chunks (few blocks of many steps); the
-        // dK/dV step, the sharing factor, the fixed share and the row·head term trade off
-        // on this data (measured: 1379 ns, 1.67, block_ns ≈ iter_ns, 0.36 ns) — the fit is
-        // judged by the calls it reproduces.
-        assert!((m.dq.iter_ns / 2400.0 - 1.0).abs() < 0.03, "{m:?}");
-        assert!((m.dkdv.iter_ns / 1500.0 - 1.0).abs() < 0.15, "{m:?}");
-        assert!((m.pair_slowdown / 1.6 - 1.0).abs() < 0.1, "{m:?}");
+        assert!(rms < 1e-2, "rms {rms} {m:?}");
+        // One step time for both launches, near the truth's. The search does NOT recover
+        // the truth exactly: the fixed time and the row·head term trade off (a call's dQ
+        // blocks number its rows × heads / 64) and the one descent stops in a local
+        // minimum (measured: rms 0.67 %, step 2101 ns, block_ns 0.19 × iter_ns, 0.60 ns
+        // per row·head, row_share 0.03, pair 1.54 against the truth's 0 %, 2000, 1.0, 0,
+        // 0.3, 1.6; fresh calls median 0.64 %, max 4.9 %). The fit is judged by the calls
+        // it reproduces.
+        assert!(m.dq == m.dkdv, "{m:?}");
+        assert!((m.dq.iter_ns / 2000.0 - 1.0).abs() < 0.1, "{m:?}");
+        assert!((m.pair_slowdown / 1.6 - 1.0).abs() < 0.15, "{m:?}");
         // The backward table cannot price these calls as well.
         let table = f.bwd_table_rms_rel.unwrap();
         assert!(table > 5.0 * rms, "{table} vs {rms}");
@@ -2201,7 +2204,7 @@ mod tests {
         let mut p = Pricing::from_calibration_json(&text, "cal.json").unwrap();
         let fresh = calls(77);
         let e = summarize(&fresh, &p).bwd_launch_err;
-        assert!(e.median_ape < 0.5 && e.max_ape < 3.0, "{e:?}");
+        assert!(e.median_ape < 1.0 && e.max_ape < 5.0, "{e:?}");
         p.bwd_blocks = None;
         assert!(summarize(&fresh, &p).bwd_launch_err.max_ape > 3.0);
         // Without `bwd_blocks` in the options: none, and the table's residual reported.
