@@ -198,7 +198,8 @@ pub struct LaunchCosts {
     /// Fixed time of one attention kernel launch, µs.
     pub attn_launch_us: f64,
     /// Fixed time of one attention backward call (its launches and the zeroing of dK/dV),
-    /// µs; used with a backward table (`Calibration::attn_bwd`), else `attn_launch_us`.
+    /// µs; used with a backward table (`Calibration::attn_bwd`) or block model
+    /// (`Calibration::attn_bwd_blocks`), else `attn_launch_us`.
     pub attn_bwd_launch_us: f64,
     /// Fixed time of one copy, µs.
     pub copy_launch_us: f64,
