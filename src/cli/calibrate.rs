@@ -6,7 +6,8 @@
 //! `validate::trace`), splits the plans into fit and held-out sets — by seed, by scheme
 //! (`--holdout-schemes`) or by plan name (`--holdout-plans`, e.g. a corpus or L in the
 //! file names) — fits with [`skewsim::cost::fit::fit`] (forward, and backward when the
-//! CSVs have `pass` = bwd rows) and prints predicted vs measured on the held-out plans,
+//! CSVs have `pass` = bwd rows; with `--kernel-model blocks`, the default, the kernels'
+//! block models of both passes beside the tables) and prints predicted vs measured on the held-out plans,
 //! before (the starting table) and after calibration, overall and per held-out scheme. Writes the calibration JSON that
 //! `--calibration` reads. The fitting itself lives in the library (no I/O there).
 
@@ -20,7 +21,8 @@ use skewsim::cost::fit::{
 };
 
 use skewsim::cost::blocks::{
-    BlockModel, FWD_BLOCKS_PER_SM, FWD_BLOCK_M, FWD_BLOCK_N, FWD_HEAD_DIM, H200_SMS,
+    BlockModel, BlockTimes, BwdBlockModel, BWD_BLOCKS_PER_SM, BWD_BLOCK_M, BWD_BLOCK_N,
+    FWD_BLOCKS_PER_SM, FWD_BLOCK_M, FWD_BLOCK_N, FWD_HEAD_DIM, H200_SMS,
 };
 
 use super::Output;
@@ -59,11 +61,11 @@ pub struct Args {
     /// Pull of the fit towards the starting table (see `FitOptions::prior_weight`).
     #[arg(long, default_value_t = 0.03)]
     pub prior_weight: f64,
-    /// How the calibration prices a forward launch: `blocks` (the kernel's thread blocks
-    /// list-scheduled onto the SMs, `cost::blocks`; fitted beside the table) or `table`
-    /// (Σ segments at the fitted efficiency table's rate).
-    #[arg(long, value_enum, default_value_t = ForwardModel::Blocks)]
-    pub forward_model: ForwardModel,
+    /// How the calibration prices an attention call, forward and backward: `blocks` (the
+    /// kernels' thread blocks list-scheduled onto the SMs, `cost::blocks`; fitted beside the
+    /// tables) or `table` (Σ segments at the fitted efficiency tables' rates).
+    #[arg(long, value_enum, default_value_t = KernelModel::Blocks)]
+    pub kernel_model: KernelModel,
     /// SMs of the block model (132 on an H200).
     #[arg(long, default_value_t = H200_SMS)]
     pub sms: u32,
@@ -76,17 +78,26 @@ pub struct Args {
     /// Keys per step of the forward kernel's key loop.
     #[arg(long, default_value_t = FWD_BLOCK_N)]
     pub block_n: u32,
+    /// Resident blocks per SM of the backward kernels (2 at head_dim 128).
+    #[arg(long, default_value_t = BWD_BLOCKS_PER_SM)]
+    pub bwd_blocks_per_sm: u32,
+    /// Rows per tile of the backward kernels (query rows of dQ, keys of dK/dV).
+    #[arg(long, default_value_t = BWD_BLOCK_M)]
+    pub bwd_block_m: u32,
+    /// Rows per step of the backward kernels' loops (keys of dQ, query rows of dK/dV).
+    #[arg(long, default_value_t = BWD_BLOCK_N)]
+    pub bwd_block_n: u32,
     /// Where to write the calibration JSON.
     #[arg(short, long, default_value = "calibration.json")]
     pub out: PathBuf,
 }
 
-/// How a calibration prices a forward launch.
+/// How a calibration prices an attention call (forward and backward).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum ForwardModel {
-    /// The kernel's blocks on the SMs (`cost::blocks`).
+pub enum KernelModel {
+    /// The kernels' blocks on the SMs (`cost::blocks`).
     Blocks,
-    /// The efficiency table per segment.
+    /// The efficiency tables per segment.
     Table,
 }
 
@@ -158,7 +169,9 @@ struct Report {
     fit_rms_rel: f64,
     fit_table_rms_rel: f64,
     blocks: Option<BlockModel>,
+    bwd_blocks: Option<BwdBlockModel>,
     fit_bwd_rms_rel: Option<f64>,
+    fit_bwd_table_rms_rel: Option<f64>,
     fit_seeds: Vec<u64>,
     fit_plans: Vec<String>,
     holdout_seeds: Vec<u64>,
@@ -239,6 +252,9 @@ pub fn run(args: Args, out: Output) -> Result<()> {
         ("--blocks-per-sm", args.blocks_per_sm),
         ("--block-m", args.block_m),
         ("--block-n", args.block_n),
+        ("--bwd-blocks-per-sm", args.bwd_blocks_per_sm),
+        ("--bwd-block-m", args.bwd_block_m),
+        ("--bwd-block-n", args.bwd_block_n),
     ] {
         if v == 0 {
             bail!("{flag} 0: the block model needs at least 1");
@@ -247,13 +263,28 @@ pub fn run(args: Args, out: Output) -> Result<()> {
     let opts = FitOptions {
         lens: args.lens.clone().unwrap_or_default(),
         prior_weight: args.prior_weight,
-        blocks: (args.forward_model == ForwardModel::Blocks).then_some(BlockModel {
+        blocks: (args.kernel_model == KernelModel::Blocks).then_some(BlockModel {
             sms: args.sms,
             blocks_per_sm: args.blocks_per_sm,
             block_m: args.block_m,
             block_n: args.block_n,
             head_dim: FWD_HEAD_DIM,
             ..BlockModel::h200(0.0, 1.0, 0.0, 0.0, 1.0)
+        }),
+        bwd_blocks: (args.kernel_model == KernelModel::Blocks).then(|| {
+            let t = BlockTimes {
+                block_ns: 0.0,
+                iter_ns: 1.0,
+                row_share: 0.0,
+                diag_ns: 0.0,
+            };
+            BwdBlockModel {
+                sms: args.sms,
+                blocks_per_sm: args.bwd_blocks_per_sm,
+                block_m: args.bwd_block_m,
+                block_n: args.bwd_block_n,
+                ..BwdBlockModel::h200(0.0, t, t, 1.0)
+            }
         }),
         ..FitOptions::default()
     };
@@ -285,7 +316,9 @@ pub fn run(args: Args, out: Output) -> Result<()> {
         fit_rms_rel: f.attn_rms_rel,
         fit_table_rms_rel: f.table_rms_rel,
         blocks: f.calibration.attn_blocks,
+        bwd_blocks: f.calibration.attn_bwd_blocks,
         fit_bwd_rms_rel: f.bwd_rms_rel,
+        fit_bwd_table_rms_rel: f.bwd_table_rms_rel,
         fit_seeds,
         fit_plans,
         holdout_seeds: distinct(&test, |r| r.seed),
@@ -299,7 +332,8 @@ pub fn run(args: Args, out: Output) -> Result<()> {
         let l = &f.calibration.launch;
         let mut s = format!(
             "fitted on {} plans, seeds {:?}: {} forward launches (rms relative residual {:.2} %; table alone {:.2} %), {} backward calls{}, {} copies\n\
-             forward: {}, call {:.2} µs; backward call {:.2} µs, backward efficiency (scalar) {:.3}, copy {:.2} µs + {:.3} TB/s, jitter σ {}\n\
+             forward: {}, call {:.2} µs\n\
+             backward: {}, call {:.2} µs; backward efficiency (scalar) {:.3}; copy {:.2} µs + {:.3} TB/s, jitter σ {}\n\
              wrote {}\n\nheld out: {} plans {:?}\nbefore calibration (starting table):\n{}\n\
              after calibration:\n{}",
             report.fit_plans.len(),
@@ -310,7 +344,14 @@ pub fn run(args: Args, out: Output) -> Result<()> {
             report.fit_bwd_rows,
             report
                 .fit_bwd_rms_rel
-                .map(|r| format!(" (rms {:.2} %)", 100.0 * r))
+                .map(|r| format!(
+                    " (rms {:.2} %{})",
+                    100.0 * r,
+                    match (report.bwd_blocks, report.fit_bwd_table_rms_rel) {
+                        (Some(_), Some(t)) => format!("; table alone {:.2} %", 100.0 * t),
+                        _ => String::new(),
+                    }
+                ))
                 .unwrap_or_default(),
             report.fit_copy_rows,
             report
@@ -330,6 +371,30 @@ pub fn run(args: Args, out: Output) -> Result<()> {
                 ))
                 .unwrap_or_else(|| "the table per segment".into()),
             l.attn_launch_us,
+            report
+                .bwd_blocks
+                .map(|b| {
+                    let t = |t: &BlockTimes| format!(
+                        "block {:.1} ns + steps of {:.2} ns ({:.0} % by rows) + {:.2} ns on the diagonal",
+                        t.block_ns,
+                        t.iter_ns,
+                        100.0 * t.row_share,
+                        t.diag_ns
+                    );
+                    format!(
+                        "blocks ({} SMs × {}, {}×{} tiles, head_dim {}): {:.4} ns per query row·head, dQ {}, dK/dV {}, two on an SM {:.3}× slower each",
+                        b.sms,
+                        b.blocks_per_sm,
+                        b.block_m,
+                        b.block_n,
+                        b.head_dim,
+                        b.row_head_ns,
+                        t(&b.dq),
+                        t(&b.dkdv),
+                        b.pair_slowdown
+                    )
+                })
+                .unwrap_or_else(|| "the backward table per segment".into()),
             l.attn_bwd_launch_us,
             f.calibration.hardware.attn_bwd_efficiency,
             l.copy_launch_us,
@@ -386,6 +451,7 @@ mod tests {
                 iterations: 40,
                 prior_weight: 1e-5,
                 blocks: None,
+                bwd_blocks: None,
             },
         )
         .unwrap();

@@ -1,41 +1,49 @@
-//! The forward attention kernel as thread blocks on SMs: the launch-level price of one
-//! forward call when a calibration fitted a [`BlockModel`] (a calibration's `attn_blocks`;
-//! issue 7).
+//! The attention kernels as thread blocks on SMs: the call-level price of one forward launch
+//! or one backward call when a calibration fitted a [`BlockModel`] (a calibration's
+//! `attn_blocks`) or a [`BwdBlockModel`] (`attn_bwd_blocks`; issue 7).
 //!
 //! A per-segment efficiency table prices FLOPs at a rate looked up by length; the hardware
-//! runs thread blocks. This module prices what the forward kernel
-//! (`validate/kernels/attn_fwd_v3.cu`) actually runs:
+//! runs thread blocks. This module prices what the kernels actually run:
 //!
-//! - **Blocks.** One block per (query tile of `block_m` rows of one segment, query head).
-//!   A segment is queries [a, e) of one sample over keys [0, e); its tiles are
-//!   [p0, p1) = [a + k·block_m, min(a + (k+1)·block_m, e)). The grid's x runs over the
-//!   tiles sorted by the keys they visit (p1, most first), y over heads: blocks launch
-//!   head-major ([`launch_blocks`]).
-//! - **A block's time alone on an SM.** The kernel loops over ⌈p1 / block_n⌉ key blocks
-//!   whatever the tile's row count (a 1-row tile at position 50,000 visits as many key
-//!   blocks as a full one; its idle warps only save part of each step), so
+//! - **Forward blocks** (`validate/kernels/attn_fwd_v3.cu`). One block per (query tile of
+//!   `block_m` rows of one segment, query head). A segment is queries [a, e) of one sample
+//!   over keys [0, e); its tiles are [p0, p1) = [a + k·block_m, min(a + (k+1)·block_m, e)).
+//!   The grid's x runs over the tiles sorted by the keys they visit (p1, most first), y over
+//!   heads: blocks launch head-major ([`launch_blocks`]).
+//! - **A block's time alone on an SM** ([`BlockTimes`]). The forward kernel loops over
+//!   ⌈p1 / block_n⌉ key blocks whatever the tile's row count (a 1-row tile at position
+//!   50,000 visits as many key blocks as a full one; its idle warps only save part of each
+//!   step), so
 //!
 //!   t = block + n_iter · iter · (1 − row_share + row_share · rows / block_m) + n_diag · diag
 //!
 //!   with n_diag the key blocks reaching past the tile's first row (masked) —
 //!   [`BlockModel::block_ps`]. `iter` and `diag` scale with head_dim / the fitted head_dim.
-//! - **Sharing an SM.** Up to `blocks_per_sm` blocks are resident on an SM; with k resident
-//!   each runs `1 + (pair_slowdown − 1)(k − 1)` times slower than alone (1: co-residency
-//!   doubles an SM's throughput, k: gains nothing). Blocks take the first slot of every SM,
-//!   then the second, …; afterwards each freed slot takes the next block in launch order
-//!   ([`makespan_ps`]).
+//! - **Sharing an SM** ([`SmSlots`]). Up to `blocks_per_sm` blocks are resident on an SM;
+//!   with k resident each runs `1 + (pair_slowdown − 1)(k − 1)` times slower than alone
+//!   (1: co-residency doubles an SM's throughput, k: gains nothing). Blocks take the first
+//!   slot of every SM, then the second, …; afterwards each freed slot takes the next block
+//!   in launch order ([`makespan_ps`], the one makespan of every launch).
+//! - **The backward call** (`validate/kernels/attn_bwd.cu`, 64-row tiles and steps, 2
+//!   blocks per SM at head_dim 128): the zeroing of dK/dV and `attn_bwd_dot` (priced per
+//!   query row × head), then the dQ launch — the forward's tiling at 64 rows
+//!   ([`bwd_dq_blocks`]) — and the dK/dV launch — per segment its key tiles of [0, e), each
+//!   looping over the query blocks that see it, most such rows first ([`bwd_dkdv_blocks`],
+//!   as `validate::units::Layout::key_tiles` orders them). Each launch takes its blocks'
+//!   makespan, with the same block-time form and sharing ([`BwdLaunchBlocks`]).
 //!
-//! The launch takes the blocks' makespan (+ the call overhead, priced by the caller). The
-//! same formula covers a launch of a few long blocks (bound by its last wave: run 16's q =
-//! 3,072 units at 228–321 TFLOP/s) and one of many short segments (bound by key-block
-//! steps, not FLOPs: run 15's p13). `skewsim calibrate` fits the five figures and the call
-//! overhead to measured launches (`cost::fit`).
+//! The forward launch takes its blocks' makespan (+ the call overhead, priced by the
+//! caller). The same formula covers a launch of a few long blocks (bound by its last wave:
+//! run 16's q = 3,072 units at 228–321 TFLOP/s) and one of many short segments (bound by
+//! key-block steps, not FLOPs: run 15's p13). `skewsim calibrate` fits the figures and the
+//! call overheads to measured calls (`cost::fit`).
 //!
-//! It may not price anything else; without a block model ([`launch_fwd_ps_f`] with
-//! `None`) the table's sum comes back unchanged, bit for bit. The plan lowering
-//! (`schedule::plan_attn`), whole-document calls ([`super::CostModel::attn_fwd_ps_f`]) and
-//! measured launches (`cost::fit`) all price a launch through [`launch_fwd_ps_f`] (the fit
-//! through [`LaunchBlocks`], its shapes computed once per launch).
+//! It may not price anything else; without a block model ([`launch_fwd_ps_f`],
+//! [`launch_bwd_ps_f`] with `None`) the table's sum comes back unchanged, bit for bit. The
+//! plan lowering (`schedule::plan_attn`), whole-document calls
+//! ([`super::CostModel::attn_fwd_ps_f`], [`super::CostModel::attn_bwd_ps`]) and measured
+//! calls (`cost::fit`) all price a call through these (the fit through [`LaunchBlocks`] and
+//! [`BwdLaunchBlocks`], its shapes computed once per call).
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -136,9 +144,73 @@ impl BlockModel {
         }
     }
 
+    /// The block times alone on an SM.
+    pub fn times(&self) -> BlockTimes {
+        BlockTimes {
+            block_ns: self.block_ns,
+            iter_ns: self.iter_ns,
+            row_share: self.row_share,
+            diag_ns: self.diag_ns,
+        }
+    }
+
+    /// How its blocks share the SMs.
+    pub fn slots(&self) -> SmSlots {
+        SmSlots {
+            sms: self.sms,
+            blocks_per_sm: self.blocks_per_sm,
+            pair_slowdown: self.pair_slowdown,
+        }
+    }
+
     /// Check the fields; `ctx` names the file.
     pub fn validate(&self, ctx: &str) -> Result<()> {
         let f = |name: &str| format!("{ctx}: attn_blocks.{name}");
+        self.times().validate(&f)?;
+        self.slots().validate(&f)?;
+        check_geometry(&f, self.head_dim, self.block_m, self.block_n)
+    }
+
+    /// The shape of the block of query rows [p0, p1) (keys [0, p1)).
+    pub fn shape(&self, p0: u64, p1: u64) -> BlockShape {
+        query_tile_shape(self.block_n, p0, p1)
+    }
+
+    /// Time in ps of a block of `shape` alone on its SM at `head_dim`.
+    pub fn block_ps(&self, b: BlockShape, head_dim: u32) -> f64 {
+        self.times()
+            .block_ps(b, head_dim_scale(head_dim, self.head_dim), self.block_m)
+    }
+}
+
+/// One kernel's block times alone on an SM: a fixed part, the steps of its inner loop
+/// (a share of each scaling with the block's rows) and the masked steps' extra.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BlockTimes {
+    /// Fixed time of one block alone on its SM (prologue, first tiles, output), ns.
+    pub block_ns: f64,
+    /// One step of the inner loop for a full block, alone on its SM, ns.
+    pub iter_ns: f64,
+    /// The share of a step that scales with the block's rows (0: a 1-row block's step
+    /// costs as much as a full one; 1: proportional to rows).
+    pub row_share: f64,
+    /// Extra time of a step that the causal mask cuts, ns.
+    pub diag_ns: f64,
+}
+
+impl BlockTimes {
+    /// Time in ps of a block of `b` alone on its SM: steps and diagonal scaled by
+    /// `d_scale` (head_dim / the fitted head_dim), rows counted out of `block_rows`.
+    pub fn block_ps(&self, b: BlockShape, d_scale: f64, block_rows: u32) -> f64 {
+        let rows = f64::from(b.rows) / f64::from(block_rows.max(1));
+        let step = self.iter_ns * (1.0 - self.row_share + self.row_share * rows);
+        1e3 * (self.block_ns
+            + d_scale * (f64::from(b.n_iter) * step + f64::from(b.n_diag) * self.diag_ns))
+    }
+
+    /// Check the fields; `f` names a field in errors.
+    fn validate(&self, f: &dyn Fn(&str) -> String) -> Result<()> {
         for (name, v) in [("block_ns", self.block_ns), ("diag_ns", self.diag_ns)] {
             if !(v.is_finite() && v >= 0.0) {
                 return Err(invalid(f(name), v, "a finite time >= 0 ns"));
@@ -150,6 +222,26 @@ impl BlockModel {
         if !(0.0..=1.0).contains(&self.row_share) {
             return Err(invalid(f("row_share"), self.row_share, "a share in [0, 1]"));
         }
+        Ok(())
+    }
+}
+
+/// How a launch's blocks share the SMs: `sms` SMs of `blocks_per_sm` resident blocks,
+/// each of k resident blocks `1 + (pair_slowdown − 1)(k − 1)` times slower than alone.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SmSlots {
+    pub sms: u32,
+    pub blocks_per_sm: u32,
+    pub pair_slowdown: f64,
+}
+
+impl SmSlots {
+    /// The slowdown of each of `k` blocks resident on one SM.
+    fn slowdown(&self, k: usize) -> f64 {
+        1.0 + (self.pair_slowdown - 1.0) * (k.max(1) - 1) as f64
+    }
+
+    fn validate(&self, f: &dyn Fn(&str) -> String) -> Result<()> {
         if !(self.pair_slowdown.is_finite() && self.pair_slowdown >= 1.0) {
             return Err(invalid(
                 f("pair_slowdown"),
@@ -157,44 +249,70 @@ impl BlockModel {
                 "a finite factor >= 1",
             ));
         }
-        for (name, v) in [
-            ("head_dim", self.head_dim),
-            ("sms", self.sms),
-            ("blocks_per_sm", self.blocks_per_sm),
-            ("block_m", self.block_m),
-            ("block_n", self.block_n),
-        ] {
+        for (name, v) in [("sms", self.sms), ("blocks_per_sm", self.blocks_per_sm)] {
             if v == 0 {
                 return Err(invalid(f(name), 0, "at least 1"));
             }
         }
         Ok(())
     }
+}
 
-    /// The shape of the block of query rows [p0, p1) (keys [0, p1)).
-    pub fn shape(&self, p0: u64, p1: u64) -> BlockShape {
-        let bn = u64::from(self.block_n);
-        let n_iter = p1.div_ceil(bn);
-        BlockShape {
-            n_iter: n_iter as u32,
-            n_diag: (n_iter - (p0 / bn).min(n_iter)) as u32,
-            rows: (p1 - p0) as u32,
+fn check_geometry(
+    f: &dyn Fn(&str) -> String,
+    head_dim: u32,
+    block_m: u32,
+    block_n: u32,
+) -> Result<()> {
+    for (name, v) in [
+        ("head_dim", head_dim),
+        ("block_m", block_m),
+        ("block_n", block_n),
+    ] {
+        if v == 0 {
+            return Err(invalid(f(name), 0, "at least 1"));
         }
     }
+    Ok(())
+}
 
-    /// Time in ps of a block of `shape` alone on its SM at `head_dim`.
-    pub fn block_ps(&self, b: BlockShape, head_dim: u32) -> f64 {
-        let d = f64::from(head_dim) / f64::from(self.head_dim);
-        let rows = f64::from(b.rows) / f64::from(self.block_m);
-        let step = self.iter_ns * (1.0 - self.row_share + self.row_share * rows);
-        1e3 * (self.block_ns
-            + d * (f64::from(b.n_iter) * step + f64::from(b.n_diag) * self.diag_ns))
-    }
+/// head_dim over the head_dim a model was fitted at (steps scale with it).
+fn head_dim_scale(head_dim: u32, fitted: u32) -> f64 {
+    f64::from(head_dim) / f64::from(fitted.max(1))
+}
 
-    /// The slowdown of each of `k` blocks resident on one SM.
-    fn slowdown(&self, k: usize) -> f64 {
-        1.0 + (self.pair_slowdown - 1.0) * (k.max(1) - 1) as f64
+/// The shape of a query tile [p0, p1) over keys [0, p1) in steps of `block_n` keys: the
+/// forward's and the backward dQ's blocks.
+fn query_tile_shape(block_n: u32, p0: u64, p1: u64) -> BlockShape {
+    let bn = u64::from(block_n.max(1));
+    let n_iter = p1.div_ceil(bn);
+    BlockShape {
+        n_iter: n_iter as u32,
+        n_diag: (n_iter - (p0 / bn).min(n_iter)) as u32,
+        rows: (p1 - p0) as u32,
     }
+}
+
+/// Query tiles of `block_m` rows of every segment (queries [start, end), keys [0, end);
+/// `n` such segments) in launch order: most keys first (ties: the larger shape first).
+fn query_tiles(
+    block_m: u32,
+    block_n: u32,
+    segs: impl IntoIterator<Item = (u64, u64, u32)>,
+) -> Vec<BlockShape> {
+    let bm = u64::from(block_m.max(1));
+    let mut blocks: Vec<(u64, BlockShape)> = Vec::new();
+    for (start, end, n) in segs {
+        let mut p0 = start;
+        while p0 < end {
+            let p1 = (p0 + bm).min(end);
+            let b = (p1, query_tile_shape(block_n, p0, p1));
+            blocks.extend(std::iter::repeat_n(b, n as usize));
+            p0 = p1;
+        }
+    }
+    blocks.sort_unstable_by(|x, y| y.cmp(x));
+    blocks.into_iter().map(|b| b.1).collect()
 }
 
 /// One head's blocks of a launch, in launch order: for every segment (queries [start,
@@ -204,26 +322,15 @@ pub fn launch_blocks(
     m: &BlockModel,
     segs: impl IntoIterator<Item = (u64, u64, u32)>,
 ) -> Vec<BlockShape> {
-    let bm = u64::from(m.block_m.max(1));
-    let mut blocks: Vec<(u64, BlockShape)> = Vec::new();
-    for (start, end, n) in segs {
-        let mut p0 = start;
-        while p0 < end {
-            let p1 = (p0 + bm).min(end);
-            let b = (p1, m.shape(p0, p1));
-            blocks.extend(std::iter::repeat_n(b, n as usize));
-            p0 = p1;
-        }
-    }
-    blocks.sort_unstable_by(|x, y| y.cmp(x));
-    blocks.into_iter().map(|b| b.1).collect()
+    query_tiles(m.block_m, m.block_n, segs)
 }
 
 /// Makespan in ps of `heads` copies (head-major) of blocks taking `times` ps each alone on
 /// an SM, on `m.sms` SMs holding up to `m.blocks_per_sm` each, co-resident blocks slowed
-/// by [`BlockModel`]'s sharing factor. Blocks fill the first slot of every SM, then the
-/// second, …; afterwards each freed slot takes the next block. Ties: the lowest SM first.
-pub fn makespan_ps(m: &BlockModel, times: &[f64], heads: u32) -> f64 {
+/// by the sharing factor. Blocks fill the first slot of every SM, then the second, …;
+/// afterwards each freed slot takes the next block. Ties: the lowest SM first. The one
+/// makespan of every launch, forward and backward.
+pub fn makespan_ps(m: SmSlots, times: &[f64], heads: u32) -> f64 {
     let total = times.len() * heads as usize;
     let sms = m.sms as usize;
     if total == 0 || sms == 0 {
@@ -231,37 +338,47 @@ pub fn makespan_ps(m: &BlockModel, times: &[f64], heads: u32) -> f64 {
     }
     let per_sm = m.blocks_per_sm.max(1) as usize;
     let slow: Vec<f64> = (0..=per_sm).map(|k| m.slowdown(k)).collect();
-    let mut next = (0..heads).flat_map(|_| times.iter().copied());
+    // The blocks in launch order: `heads` passes over `times`.
+    let (mut pass, mut idx) = (0u32, 0usize);
+    let mut next = || -> Option<f64> {
+        if idx == times.len() {
+            pass += 1;
+            idx = 0;
+        }
+        if pass >= heads {
+            return None;
+        }
+        idx += 1;
+        Some(times[idx - 1])
+    };
     // Per SM: the remaining alone-time of its resident blocks (flat, `per_sm` slots each),
-    // how many, the time of its last update and a version (stale heap entries skipped).
+    // how many, and the time of its last update.
     let mut rem = vec![0.0f64; sms * per_sm];
     let mut cnt = vec![0usize; sms];
     let mut last = vec![0.0f64; sms];
-    let mut ver = vec![0u64; sms];
     for _ in 0..per_sm {
         for s in 0..sms {
-            if let Some(w) = next.next() {
+            if let Some(w) = next() {
                 rem[s * per_sm + cnt[s]] = w;
                 cnt[s] += 1;
             }
         }
     }
     let min_of = |r: &[f64]| r.iter().copied().fold(f64::INFINITY, f64::min);
-    // Events (completion time bits — times are ≥ 0, so the bits order as the times —, SM,
-    // version).
-    let mut heap: BinaryHeap<Reverse<(u64, u32, u64)>> = BinaryHeap::with_capacity(sms);
+    // One event per busy SM, its next completion: (time bits — times are ≥ 0, so the bits
+    // order as the times —, SM). An SM's event changes only when it fires, so the earliest
+    // is updated in place.
+    let mut heap: BinaryHeap<Reverse<(u64, u32)>> = BinaryHeap::with_capacity(sms);
     for s in 0..sms {
         if cnt[s] > 0 {
             let r = &rem[s * per_sm..s * per_sm + cnt[s]];
-            heap.push(Reverse(((min_of(r) * slow[cnt[s]]).to_bits(), s as u32, 0)));
+            heap.push(Reverse(((min_of(r) * slow[cnt[s]]).to_bits(), s as u32)));
         }
     }
     let mut end = 0.0f64;
-    while let Some(Reverse((tb, s, v))) = heap.pop() {
-        let s = s as usize;
-        if v != ver[s] {
-            continue;
-        }
+    while let Some(mut top) = heap.peek_mut() {
+        let Reverse((tb, s32)) = *top;
+        let s = s32 as usize;
         let t = f64::from_bits(tb);
         let k = cnt[s];
         let slots = &mut rem[s * per_sm..(s + 1) * per_sm];
@@ -278,7 +395,7 @@ pub fn makespan_ps(m: &BlockModel, times: &[f64], heads: u32) -> f64 {
             }
         }
         while j < per_sm {
-            match next.next() {
+            match next() {
                 Some(w) => {
                     slots[j] = w;
                     j += 1;
@@ -288,11 +405,12 @@ pub fn makespan_ps(m: &BlockModel, times: &[f64], heads: u32) -> f64 {
         }
         cnt[s] = j;
         last[s] = t;
-        ver[s] += 1;
         end = end.max(t);
         if j > 0 {
             let fin = t + min_of(&slots[..j]) * slow[j];
-            heap.push(Reverse((fin.to_bits(), s as u32, ver[s])));
+            *top = Reverse((fin.to_bits(), s32));
+        } else {
+            std::collections::binary_heap::PeekMut::pop(top);
         }
     }
     end
@@ -330,7 +448,7 @@ impl LaunchBlocks {
             .iter()
             .map(|&b| m.block_ps(b, self.head_dim))
             .collect();
-        makespan_ps(m, &times, self.heads)
+        makespan_ps(m.slots(), &times, self.heads)
     }
 }
 
@@ -347,6 +465,223 @@ pub fn launch_fwd_ps_f(
     match blocks {
         None => table_ps,
         Some(m) => LaunchBlocks::new(m, heads, head_dim, segs).makespan_ps(m),
+    }
+}
+
+/// Rows per tile of the backward kernels (`attn_bwd.cu`, NWARPS = 4: query tiles of dQ and
+/// key tiles of dK/dV).
+pub const BWD_BLOCK_M: u32 = 64;
+/// Rows per step of the backward kernels' inner loops (keys for dQ, queries for dK/dV).
+pub const BWD_BLOCK_N: u32 = 64;
+/// Resident blocks per SM of the backward kernels: 6·64·128·2 + 1024 B = 97 KiB of shared
+/// memory each at head_dim 128, 128 threads.
+pub const BWD_BLOCKS_PER_SM: u32 = 2;
+
+fn default_bwd_block() -> u32 {
+    BWD_BLOCK_M
+}
+fn default_bwd_blocks_per_sm() -> u32 {
+    BWD_BLOCKS_PER_SM
+}
+
+/// The backward call's kernels as thread blocks on the SMs (a calibration's
+/// `attn_bwd_blocks`): one call of `validate/kernels/attn_bwd.cu` is the zeroing of dK/dV
+/// and `attn_bwd_dot` (priced per query row × head), then the dQ launch and the dK/dV
+/// launch, each the makespan of its blocks ([`bwd_dq_blocks`], [`bwd_dkdv_blocks`]) with
+/// co-resident blocks sharing an SM by `pair_slowdown` ([`makespan_ps`]).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BwdBlockModel {
+    /// The dot kernel and the zeroing of dK/dV per query row × query head of the call, ns.
+    pub row_head_ns: f64,
+    /// A dQ block: a query tile of `block_m` rows over its key blocks of `block_n` keys.
+    pub dq: BlockTimes,
+    /// A dK/dV block: a key tile of `block_m` keys over the query blocks of `block_n` rows
+    /// that see it.
+    pub dkdv: BlockTimes,
+    /// Time factor of each of two blocks sharing an SM (both launches).
+    pub pair_slowdown: f64,
+    /// The head dimension the times were fitted at (steps scale with head_dim).
+    #[serde(default = "default_head_dim")]
+    pub head_dim: u32,
+    /// SMs the blocks are scheduled onto.
+    #[serde(default = "default_sms")]
+    pub sms: u32,
+    /// Blocks resident on one SM at a time.
+    #[serde(default = "default_bwd_blocks_per_sm")]
+    pub blocks_per_sm: u32,
+    /// Rows per tile (query rows of a dQ block, keys of a dK/dV block).
+    #[serde(default = "default_bwd_block")]
+    pub block_m: u32,
+    /// Rows per step (keys for dQ, query rows for dK/dV).
+    #[serde(default = "default_bwd_block")]
+    pub block_n: u32,
+}
+
+impl BwdBlockModel {
+    /// The H200 backward kernels' geometry (132 SMs × 2 resident blocks, 64-row tiles and
+    /// steps, head_dim 128) with the given times.
+    pub fn h200(row_head_ns: f64, dq: BlockTimes, dkdv: BlockTimes, pair: f64) -> Self {
+        Self {
+            row_head_ns,
+            dq,
+            dkdv,
+            pair_slowdown: pair,
+            head_dim: FWD_HEAD_DIM,
+            sms: H200_SMS,
+            blocks_per_sm: BWD_BLOCKS_PER_SM,
+            block_m: BWD_BLOCK_M,
+            block_n: BWD_BLOCK_N,
+        }
+    }
+
+    /// How its blocks share the SMs.
+    pub fn slots(&self) -> SmSlots {
+        SmSlots {
+            sms: self.sms,
+            blocks_per_sm: self.blocks_per_sm,
+            pair_slowdown: self.pair_slowdown,
+        }
+    }
+
+    /// Check the fields; `ctx` names the file.
+    pub fn validate(&self, ctx: &str) -> Result<()> {
+        let f = |name: &str| format!("{ctx}: attn_bwd_blocks.{name}");
+        if !(self.row_head_ns.is_finite() && self.row_head_ns >= 0.0) {
+            return Err(invalid(
+                f("row_head_ns"),
+                self.row_head_ns,
+                "a finite time >= 0 ns",
+            ));
+        }
+        self.dq.validate(&|n: &str| f(&format!("dq.{n}")))?;
+        self.dkdv.validate(&|n: &str| f(&format!("dkdv.{n}")))?;
+        self.slots().validate(&f)?;
+        check_geometry(&f, self.head_dim, self.block_m, self.block_n)
+    }
+
+    /// The shape of the dQ block of query rows [p0, p1) (keys [0, p1)).
+    pub fn dq_shape(&self, p0: u64, p1: u64) -> BlockShape {
+        query_tile_shape(self.block_n, p0, p1)
+    }
+}
+
+/// The dQ launch's blocks of one head in launch order: the query tiles of `m.block_m` rows
+/// of every segment (queries [start, end), keys [0, end)), each over ⌈p1 / block_n⌉ key
+/// blocks, most keys first — the forward's tiling at the backward's tile size.
+pub fn bwd_dq_blocks(
+    m: &BwdBlockModel,
+    segs: impl IntoIterator<Item = (u64, u64, u32)>,
+) -> Vec<BlockShape> {
+    query_tiles(m.block_m, m.block_n, segs)
+}
+
+/// The dK/dV launch's blocks of one head in launch order (`Layout::key_tiles`): per
+/// segment [a, e), its key tiles [j0, j1) = [kb·block_m, min((kb+1)·block_m, e)) of [0, e),
+/// each looping over the query blocks of `block_n` rows aligned to a that hold a position
+/// ≥ j0: qb0 = (j0 − a)/block_n when j0 > a (else 0) to qb1 = ⌈(e − a)/block_n⌉. A block's
+/// rows are its keys (j1 − j0), its diagonal steps the query blocks starting before j1 (the
+/// mask cuts them). Most query rows seeing the tile (e − max(a, j0)) first, ties: the
+/// larger shape first.
+pub fn bwd_dkdv_blocks(
+    m: &BwdBlockModel,
+    segs: impl IntoIterator<Item = (u64, u64, u32)>,
+) -> Vec<BlockShape> {
+    let (bm, bn) = (u64::from(m.block_m.max(1)), u64::from(m.block_n.max(1)));
+    let mut blocks: Vec<(u64, BlockShape)> = Vec::new();
+    for (a, e, n) in segs {
+        if e <= a {
+            continue;
+        }
+        let qb1 = (e - a).div_ceil(bn);
+        for kb in 0..e.div_ceil(bm) {
+            let (j0, j1) = (kb * bm, ((kb + 1) * bm).min(e));
+            let qb0 = if j0 > a { (j0 - a) / bn } else { 0 };
+            // Query blocks whose first row a + qb·bn lies before j1.
+            let cut = if j1 > a { (j1 - a).div_ceil(bn) } else { 0 };
+            let b = BlockShape {
+                n_iter: (qb1 - qb0) as u32,
+                n_diag: (cut.clamp(qb0, qb1) - qb0) as u32,
+                rows: (j1 - j0) as u32,
+            };
+            blocks.extend(std::iter::repeat_n((e - a.max(j0), b), n as usize));
+        }
+    }
+    blocks.sort_unstable_by(|x, y| y.cmp(x));
+    blocks.into_iter().map(|b| b.1).collect()
+}
+
+/// One backward call's blocks (both launches) and its query rows × heads, ready to be
+/// priced under any [`BwdBlockModel`] of the same geometry.
+#[derive(Clone, Debug)]
+pub struct BwdLaunchBlocks {
+    /// One head's dQ blocks in launch order.
+    pub dq: Vec<BlockShape>,
+    /// One head's dK/dV blocks in launch order.
+    pub dkdv: Vec<BlockShape>,
+    /// Query rows of the call (Σ segments' queries).
+    pub rows: u64,
+    pub heads: u32,
+    pub head_dim: u32,
+}
+
+impl BwdLaunchBlocks {
+    /// The backward call of `segs` at `heads` query heads.
+    pub fn new(
+        m: &BwdBlockModel,
+        heads: u32,
+        head_dim: u32,
+        segs: impl IntoIterator<Item = (u64, u64, u32)> + Clone,
+    ) -> Self {
+        Self {
+            dq: bwd_dq_blocks(m, segs.clone()),
+            dkdv: bwd_dkdv_blocks(m, segs.clone()),
+            rows: segs
+                .into_iter()
+                .map(|(a, e, n)| e.saturating_sub(a) * u64::from(n))
+                .sum(),
+            heads,
+            head_dim,
+        }
+    }
+
+    /// The call's three terms under `m`, ps: the per-row-head work, the dQ launch's
+    /// makespan and the dK/dV launch's makespan.
+    pub fn parts_ps(&self, m: &BwdBlockModel) -> [f64; 3] {
+        let d = head_dim_scale(self.head_dim, m.head_dim);
+        let span = |t: &BlockTimes, shapes: &[BlockShape]| {
+            let times: Vec<f64> = shapes
+                .iter()
+                .map(|&b| t.block_ps(b, d, m.block_m))
+                .collect();
+            makespan_ps(m.slots(), &times, self.heads)
+        };
+        [
+            1e3 * m.row_head_ns * (self.rows * u64::from(self.heads)) as f64,
+            span(&m.dq, &self.dq),
+            span(&m.dkdv, &self.dkdv),
+        ]
+    }
+
+    /// The call's time under `m`, ps (without the call overhead).
+    pub fn time_ps(&self, m: &BwdBlockModel) -> f64 {
+        self.parts_ps(m).iter().sum()
+    }
+}
+
+/// The backward time in ps of one call whose segments the table prices at `table_ps`:
+/// `table_ps` itself without a backward block model, else its blocks' price
+/// ([`BwdLaunchBlocks::time_ps`]). The call overhead is the caller's.
+pub fn launch_bwd_ps_f(
+    table_ps: f64,
+    blocks: Option<&BwdBlockModel>,
+    head_dim: u32,
+    heads: u32,
+    segs: impl IntoIterator<Item = (u64, u64, u32)> + Clone,
+) -> f64 {
+    match blocks {
+        None => table_ps,
+        Some(m) => BwdLaunchBlocks::new(m, heads, head_dim, segs).time_ps(m),
     }
 }
 
@@ -403,34 +738,34 @@ mod tests {
         // until the 2 ends (t = 3), the 4 has 2 left alone: 5.
         let mut m = steps_only(1.5);
         m.sms = 1;
-        assert_eq!(makespan_ps(&m, &[4.0, 2.0], 1), 5.0);
+        assert_eq!(makespan_ps(m.slots(), &[4.0, 2.0], 1), 5.0);
         // Slowdown 2 (no gain from sharing): the SM's work, 6.
         m.pair_slowdown = 2.0;
-        assert_eq!(makespan_ps(&m, &[4.0, 2.0], 1), 6.0);
+        assert_eq!(makespan_ps(m.slots(), &[4.0, 2.0], 1), 6.0);
         // Two SMs, blocks 4, 1, 1: SM0 takes 4, SM1 1, then SM0's second slot the last 1.
         // SM0 shares until t = 2, the 4 has 3 left alone: 5. One slot per SM: 4.
         m.sms = 2;
-        assert_eq!(makespan_ps(&m, &[4.0, 1.0, 1.0], 1), 5.0);
+        assert_eq!(makespan_ps(m.slots(), &[4.0, 1.0, 1.0], 1), 5.0);
         m.blocks_per_sm = 1;
-        assert_eq!(makespan_ps(&m, &[4.0, 1.0, 1.0], 1), 4.0);
+        assert_eq!(makespan_ps(m.slots(), &[4.0, 1.0, 1.0], 1), 4.0);
         // One slot: loads 10, 6, 5, 4, 3 in order on 2 SMs: SM0 10; SM1 6, 11; SM0 14; SM1 14.
-        assert_eq!(makespan_ps(&m, &[10.0, 6.0, 5.0, 4.0, 3.0], 1), 14.0);
-        assert_eq!(makespan_ps(&m, &[1.0], 0), 0.0);
-        assert_eq!(makespan_ps(&m, &[], 4), 0.0);
+        assert_eq!(makespan_ps(m.slots(), &[10.0, 6.0, 5.0, 4.0, 3.0], 1), 14.0);
+        assert_eq!(makespan_ps(m.slots(), &[1.0], 0), 0.0);
+        assert_eq!(makespan_ps(m.slots(), &[], 4), 0.0);
     }
 
     #[test]
     fn a_launch_is_bound_by_its_last_wave_or_by_throughput() {
         let m = steps_only(1.25);
         // 132 equal blocks (one per SM): one block's time.
-        assert_eq!(makespan_ps(&m, &[7.0; 132], 1), 7.0);
+        assert_eq!(makespan_ps(m.slots(), &[7.0; 132], 1), 7.0);
         // 264 (two per SM, each 1.25× slower): 8.75.
-        assert_eq!(makespan_ps(&m, &[7.0; 132], 2), 8.75);
+        assert_eq!(makespan_ps(m.slots(), &[7.0; 132], 2), 8.75);
         // 265: one SM takes a third once its pair ends, alone: 8.75 + 7.
-        assert_eq!(makespan_ps(&m, &[7.0; 265], 1), 15.75);
+        assert_eq!(makespan_ps(m.slots(), &[7.0; 265], 1), 15.75);
         // Many blocks: the SMs' throughput, 132 × 2 / 1.25 blocks per block-time.
         let n = 264 * 100;
-        let t = makespan_ps(&m, &vec![1.0; n], 1);
+        let t = makespan_ps(m.slots(), &vec![1.0; n], 1);
         assert!((t - 100.0 * 1.25).abs() < 1e-9, "{t}");
     }
 
@@ -496,5 +831,194 @@ mod tests {
         )
         .unwrap();
         assert_eq!(j, ok);
+    }
+
+    fn bwd_model() -> BwdBlockModel {
+        let t = |b: f64, i: f64, rs: f64, d: f64| BlockTimes {
+            block_ns: b,
+            iter_ns: i,
+            row_share: rs,
+            diag_ns: d,
+        };
+        BwdBlockModel::h200(0.002, t(3.0, 10.0, 0.5, 1.0), t(5.0, 7.0, 0.25, 2.0), 1.5)
+    }
+
+    #[test]
+    fn backward_blocks_are_the_kernels_tiles_by_hand() {
+        let m = bwd_model();
+        let b = |n_iter, n_diag, rows| BlockShape {
+            n_iter,
+            n_diag,
+            rows,
+        };
+        // Queries [100, 300) of one sample. dQ: tiles [100,164), [164,228), [228,292),
+        // [292,300) over ⌈p1/64⌉ key blocks, those from ⌊p0/64⌋ on masked; most keys first.
+        assert_eq!(
+            bwd_dq_blocks(&m, [(100, 300, 1)]),
+            vec![b(5, 1, 8), b(5, 2, 64), b(4, 2, 64), b(3, 2, 64)]
+        );
+        // dK/dV: key tiles kb = 0..5 of [0, 300), query blocks of 64 rows from a = 100,
+        // qb1 = ⌈200/64⌉ = 4:
+        //   kb0 [0,64):    qb 0..4, none starts before 64          → (4, 0, 64), 200 rows see it
+        //   kb1 [64,128):  qb 0..4, qb0 (100) starts before 128    → (4, 1, 64), 200
+        //   kb2 [128,192): qb 0..4, qb0, qb1 (164) before 192      → (4, 2, 64), 172
+        //   kb3 [192,256): qb 1..4 ((192−100)/64 = 1), qb1, qb2    → (3, 2, 64), 108
+        //   kb4 [256,300): qb 2..4, both                            → (2, 2, 44), 44
+        assert_eq!(
+            bwd_dkdv_blocks(&m, [(100, 300, 1)]),
+            vec![
+                b(4, 1, 64),
+                b(4, 0, 64),
+                b(4, 2, 64),
+                b(3, 2, 64),
+                b(2, 2, 44)
+            ]
+        );
+        // Counts repeat blocks; a whole document [0, 64) is one block of each, masked.
+        assert_eq!(bwd_dq_blocks(&m, [(0, 64, 3)]), vec![b(1, 1, 64); 3]);
+        assert_eq!(bwd_dkdv_blocks(&m, [(0, 64, 2)]), vec![b(1, 1, 64); 2]);
+    }
+
+    /// The enumeration against the validator's own tiling (`validate::units::Layout`, what
+    /// `skewsim validate` uploads) and the kernels' loop bounds (`attn_bwd.cu`): the same
+    /// blocks, in an order of non-increasing work.
+    #[test]
+    fn backward_blocks_match_the_validators_layout() {
+        use validate::units::{Batch, Layout, WorkUnit};
+        let m = bwd_model();
+        let units = [
+            (0u32, 0u32, 700u32),
+            (0, 700, 1500),
+            (1, 64, 400),
+            (1, 0, 64),
+            (2, 1280, 2000),
+        ];
+        let batch = Batch {
+            sample_lens: vec![1500, 400, 2000],
+            units: units
+                .iter()
+                .map(|&(sample, a, e)| WorkUnit {
+                    sample: sample as usize,
+                    a,
+                    e,
+                })
+                .collect(),
+        };
+        let segs: Vec<(u64, u64, u32)> = units
+            .iter()
+            .map(|&(_, a, e)| (u64::from(a), u64::from(e), 1))
+            .collect();
+        let layout = Layout::new(&batch, 64).unwrap();
+        let dq: Vec<BlockShape> = layout
+            .tiles
+            .iter()
+            .map(|t| {
+                let u = &batch.units[t.unit as usize];
+                let p0 = u.a + t.m_block * 64;
+                m.dq_shape(u64::from(p0), u64::from((p0 + 64).min(u.e)))
+            })
+            .collect();
+        let kv: Vec<BlockShape> = layout
+            .key_tiles(&batch, 64)
+            .unwrap()
+            .iter()
+            .map(|t| {
+                // attn_bwd_dkdv's loop: qb0 = j0 > a ? (j0 − a)/64 : 0, qb1 = ⌈(e − a)/64⌉;
+                // masked where the query block starts before j1.
+                let u = &batch.units[t.unit as usize];
+                let (j0, j1) = (t.m_block * 64, (t.m_block * 64 + 64).min(u.e));
+                let qb0 = if j0 > u.a { (j0 - u.a) / 64 } else { 0 };
+                let qb1 = (u.e - u.a).div_ceil(64);
+                let n_diag = (qb0..qb1).filter(|qb| u.a + qb * 64 < j1).count() as u32;
+                BlockShape {
+                    n_iter: qb1 - qb0,
+                    n_diag,
+                    rows: j1 - j0,
+                }
+            })
+            .collect();
+        let ours = (bwd_dq_blocks(&m, segs.clone()), bwd_dkdv_blocks(&m, segs));
+        for (theirs, mine) in [(&dq, &ours.0), (&kv, &ours.1)] {
+            let (mut a, mut b) = (theirs.clone(), mine.clone());
+            a.sort();
+            b.sort();
+            assert_eq!(a, b);
+        }
+        // dQ in the same order of keys visited; dK/dV tiles of every unit in the same order
+        // of steps (ties aside).
+        let iters = |v: &[BlockShape]| v.iter().map(|b| b.n_iter).collect::<Vec<_>>();
+        assert_eq!(iters(&dq), iters(&ours.0));
+        assert_eq!(iters(&kv), iters(&ours.1));
+    }
+
+    #[test]
+    fn a_backward_call_by_hand() {
+        let m = bwd_model();
+        // One 64-token document at 1 head: 64 rows × 0.002 ns; the dQ block 3 + 10 + 1 ns;
+        // the dK/dV block 5 + 7 + 2 ns; each alone on its SM, one launch after the other.
+        let want = (64.0 * 0.002 + 14.0 + 14.0) * 1e3;
+        let p = launch_bwd_ps_f(0.0, Some(&m), 128, 1, [(0u64, 64u64, 1u32)]);
+        assert!((p - want).abs() < 1e-6, "{p} {want}");
+        // Two heads: the blocks on two SMs, the row work twice.
+        let p2 = launch_bwd_ps_f(0.0, Some(&m), 128, 2, [(0u64, 64u64, 1u32)]);
+        assert!((p2 - want - 64.0 * 0.002 * 1e3).abs() < 1e-6, "{p2}");
+        // 264 heads: two blocks per SM on all 132 SMs, each 1.5× slower.
+        let p3 = launch_bwd_ps_f(0.0, Some(&m), 128, 264, [(0u64, 64u64, 1u32)]);
+        let want3 = (264.0 * 64.0 * 0.002 + 1.5 * 28.0) * 1e3;
+        assert!((p3 - want3).abs() < 1e-6, "{p3} {want3}");
+        // Without a model: the table's price, bit for bit.
+        let t = 98_765.5_f64;
+        assert_eq!(
+            launch_bwd_ps_f(t, None, 128, 8, [(0u64, 4096u64, 2u32)]).to_bits(),
+            t.to_bits()
+        );
+        // head_dim 64: steps at half the time, the fixed parts and the row work unchanged.
+        let l = BwdLaunchBlocks::new(&m, 1, 64, [(0u64, 64u64, 1u32)]);
+        let parts = l.parts_ps(&m);
+        assert!((parts[1] - (3.0 + 5.5) * 1e3).abs() < 1e-6, "{parts:?}");
+        assert!((parts[2] - (5.0 + 4.5) * 1e3).abs() < 1e-6, "{parts:?}");
+        assert!((parts[0] - 64.0 * 0.002 * 1e3).abs() < 1e-9, "{parts:?}");
+    }
+
+    #[test]
+    fn bad_backward_fields_are_named() {
+        let ok = bwd_model();
+        assert!(ok.validate("cal.json").is_ok());
+        let mut cases: Vec<(&str, BwdBlockModel)> = Vec::new();
+        let mut m = ok;
+        m.row_head_ns = -1.0;
+        cases.push(("row_head_ns", m));
+        let mut m = ok;
+        m.dq.iter_ns = 0.0;
+        cases.push(("dq.iter_ns", m));
+        let mut m = ok;
+        m.dkdv.row_share = 2.0;
+        cases.push(("dkdv.row_share", m));
+        let mut m = ok;
+        m.dkdv.block_ns = f64::NAN;
+        cases.push(("dkdv.block_ns", m));
+        let mut m = ok;
+        m.pair_slowdown = 0.9;
+        cases.push(("pair_slowdown", m));
+        let mut m = ok;
+        m.block_n = 0;
+        cases.push(("block_n", m));
+        for (field, m) in cases {
+            let e = m.validate("cal.json").unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("cal.json: attn_bwd_blocks.{field}")),
+                "{e}"
+            );
+        }
+        // JSON: the geometry defaults to the H200 kernels'; unknown fields are refused.
+        let j = r#"{"row_head_ns": 0.002, "pair_slowdown": 1.5,
+            "dq": {"block_ns": 3.0, "iter_ns": 10.0, "row_share": 0.5, "diag_ns": 1.0},
+            "dkdv": {"block_ns": 5.0, "iter_ns": 7.0, "row_share": 0.25, "diag_ns": 2.0}}"#;
+        let back: BwdBlockModel = serde_json::from_str(j).unwrap();
+        assert_eq!(back, ok);
+        let bad = j.replace("\"dq\"", "\"dq_typo\"");
+        assert!(serde_json::from_str::<BwdBlockModel>(&bad).is_err());
+        let bad = j.replace("\"iter_ns\": 10.0", "\"iter_ns\": 10.0, \"wave\": 1");
+        assert!(serde_json::from_str::<BwdBlockModel>(&bad).is_err());
     }
 }

@@ -19,7 +19,8 @@
 //!   rate for the same (heads, query length, KV length) ([`attn_bwd_segment_ps_f`]).
 //! - one forward kernel launch: the sum of its segments' prices — or, when a calibration
 //!   fitted the kernel's block model (`attn_blocks`, [`blocks`]), the makespan of its
-//!   thread blocks on the SMs.
+//!   thread blocks on the SMs; one backward call likewise (`attn_bwd_blocks`: per query
+//!   row·head work plus the dQ and the dK/dV launches' makespans).
 //!
 //! Architecture invariant: planners (balance/), the schedule and the GPU validator price
 //! work through this module only, so the planner's estimate, the engine's duration and the
@@ -36,7 +37,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{invalid, parse_error, Result};
 use crate::net::Ps;
-pub use blocks::BlockModel;
+pub use blocks::{BlockModel, BwdBlockModel};
 pub use kernel::{EffPoint, EffTable};
 pub use model::{Ffn, ModelConfig};
 
@@ -178,6 +179,13 @@ pub struct Calibration {
     /// instead of the table. Absent: the table alone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attn_blocks: Option<BlockModel>,
+    /// The backward kernels' block model ([`blocks::BwdBlockModel`]: per call the dot and
+    /// zeroing work per query row × head, then the dQ and the dK/dV launches' blocks on the
+    /// SMs), fitted by `skewsim calibrate`; when present it prices every backward call
+    /// instead of the backward table, with `launch.attn_bwd_launch_us` per call. Absent:
+    /// the table.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attn_bwd_blocks: Option<BwdBlockModel>,
 }
 
 /// Fixed costs a measured GPU adds to the table's compute time (issue 7): the attention
@@ -190,7 +198,8 @@ pub struct LaunchCosts {
     /// Fixed time of one attention kernel launch, µs.
     pub attn_launch_us: f64,
     /// Fixed time of one attention backward call (its launches and the zeroing of dK/dV),
-    /// µs; used with a backward table (`Calibration::attn_bwd`), else `attn_launch_us`.
+    /// µs; used with a backward table (`Calibration::attn_bwd`) or block model
+    /// (`Calibration::attn_bwd_blocks`), else `attn_launch_us`.
     pub attn_bwd_launch_us: f64,
     /// Fixed time of one copy, µs.
     pub copy_launch_us: f64,
@@ -251,6 +260,9 @@ impl Calibration {
             EffTable::from_points(b, &format!("{context}: attn_bwd"))?;
         }
         if let Some(b) = &c.attn_blocks {
+            b.validate(context)?;
+        }
+        if let Some(b) = &c.attn_bwd_blocks {
             b.validate(context)?;
         }
         Ok(c)
@@ -379,6 +391,8 @@ pub struct CostModel {
     pub launch: LaunchCosts,
     /// The forward kernel's block model (a calibration's `attn_blocks`), else `None`.
     pub attn_blocks: Option<BlockModel>,
+    /// The backward kernels' block model (a calibration's `attn_bwd_blocks`), else `None`.
+    pub attn_bwd_blocks: Option<BwdBlockModel>,
 }
 
 impl CostModel {
@@ -391,6 +405,7 @@ impl CostModel {
             attn_bwd_eff: None,
             launch: LaunchCosts::default(),
             attn_blocks: None,
+            attn_bwd_blocks: None,
         })
     }
 
@@ -398,6 +413,9 @@ impl CostModel {
     pub fn calibrated(model: ModelConfig, cal: &Calibration, context: &str) -> Result<Self> {
         cal.hardware.validate(context)?;
         if let Some(b) = &cal.attn_blocks {
+            b.validate(context)?;
+        }
+        if let Some(b) = &cal.attn_bwd_blocks {
             b.validate(context)?;
         }
         Ok(Self {
@@ -411,6 +429,7 @@ impl CostModel {
                 .transpose()?,
             launch: cal.launch.clone(),
             attn_blocks: cal.attn_blocks,
+            attn_bwd_blocks: cal.attn_bwd_blocks,
         })
     }
 
@@ -516,9 +535,10 @@ impl CostModel {
     }
 
     /// One backward call's fixed cost, ps: the measured backward overhead with a backward
-    /// table, else the forward call's (the backward is then priced from the forward).
+    /// table or block model, else the forward call's (the backward is then priced from the
+    /// forward).
     pub fn attn_bwd_launch_ps(&self) -> f64 {
-        if self.attn_bwd_eff.is_some() {
+        if self.attn_bwd_eff.is_some() || self.attn_bwd_blocks.is_some() {
             self.launch.attn_bwd_launch_us * 1e6
         } else {
             self.attn_launch_ps()
@@ -527,8 +547,16 @@ impl CostModel {
 
     /// Backward time of core attention over the same documents: the forward compute ×
     /// the backward FLOP factor / its efficiency, plus one launch; with a measured backward
-    /// table, each document at that table's rate plus the backward call's overhead.
+    /// table, each document at that table's rate plus the backward call's overhead; with a
+    /// backward block model, the call's blocks ([`blocks::launch_bwd_ps_f`]) plus its
+    /// overhead.
     pub fn attn_bwd_ps(&self, doc_lens: impl IntoIterator<Item = u32>, heads: u32) -> Ps {
+        if let Some(m) = &self.attn_bwd_blocks {
+            let segs: Vec<(u64, u64, u32)> =
+                doc_lens.into_iter().map(|l| (0, u64::from(l), 1)).collect();
+            let t = blocks::launch_bwd_ps_f(0.0, Some(m), self.model.head_dim, heads, segs);
+            return (t + self.attn_bwd_launch_ps()).round() as Ps;
+        }
         match &self.attn_bwd_eff {
             None => (self.attn_kernel_ps_f(doc_lens, heads) * self.hw.attn_bwd_flop_factor
                 / self.hw.attn_bwd_efficiency
@@ -669,6 +697,35 @@ mod tests {
         assert!(
             e.to_string()
                 .contains("cal.json: attn_blocks.pair_slowdown"),
+            "{e}"
+        );
+        // The backward block model: read when present, checked by field name.
+        let b = r#""attn_bwd_blocks": {"row_head_ns": 0.01, "pair_slowdown": 1.6,
+            "dq": {"block_ns": 5000.0, "iter_ns": 2400.0, "row_share": 0.3, "diag_ns": 0.0},
+            "dkdv": {"block_ns": 3000.0, "iter_ns": 1500.0, "row_share": 0.3, "diag_ns": 0.0}}"#;
+        let w = format!(
+            r#"{{"attn_fwd": [{{"heads": 32, "len": 128, "tflops": 100.0}}], "launch": {{"attn_bwd_launch_us": 20.0}}, {b}}}"#
+        );
+        let cal = Calibration::from_json_str(&w, "cal.json").unwrap();
+        let m = cal.attn_bwd_blocks.unwrap();
+        assert_eq!(
+            (m.dkdv.iter_ns, m.block_m, m.blocks_per_sm),
+            (1500.0, 64, 2)
+        );
+        let c = CostModel::calibrated(
+            ModelConfig::builtin("qwen3-30b-a3b").unwrap(),
+            &cal,
+            "cal.json",
+        )
+        .unwrap();
+        // A whole-document backward is one call: its blocks plus the backward overhead.
+        let want = blocks::launch_bwd_ps_f(0.0, Some(&m), 128, 8, [(0u64, 4096u64, 1u32)]) + 20e6;
+        assert_eq!(c.attn_bwd_ps([4096], 8), want.round() as Ps);
+        let bad = w.replace("\"iter_ns\": 1500.0", "\"iter_ns\": -1.0");
+        let e = Calibration::from_json_str(&bad, "cal.json").unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("cal.json: attn_bwd_blocks.dkdv.iter_ns"),
             "{e}"
         );
         // A calibration of the retired wave term is refused by its field's name.

@@ -10,8 +10,10 @@
 //!   stream, priced through `cost/`: every unit segment (sample j, sample-local queries
 //!   [a, e)) costs its exact causal FLOPs at the kernel efficiency the table gives for
 //!   heads = heads per call, query length e − a and KV length e; backward ×
-//!   `attn_bwd_flop_factor` / `attn_bwd_efficiency` (+ the forward again under
-//!   recomputation), then runtime variance;
+//!   `attn_bwd_flop_factor` / `attn_bwd_efficiency` or a calibrated backward table (+ the
+//!   forward again under recomputation), then runtime variance; with a calibration's block
+//!   models (`cost::blocks`) a worker's chunk is priced whole instead, as one forward launch
+//!   and one backward call of thread blocks on the SMs;
 //! - **return** — the output transfers back to each unit's Q-home (in backward: dQ to the
 //!   Q-home and dK/dV to the KV group's home, the Q and KV transfers reversed).
 //!
@@ -92,6 +94,32 @@ pub fn launch_fwd_ps_f<'a>(
     blocks::launch_fwd_ps_f(
         table_ps,
         cost.attn_blocks.as_ref(),
+        cost.model.head_dim,
+        heads,
+        segs,
+    )
+}
+
+/// Backward time of one worker's call (unrounded ps) whose units the backward table prices
+/// at `table_ps` (Σ [`unit_bwd_ps_f`]): with a calibrated backward block model, the call's
+/// kernels' blocks (`cost::blocks::launch_bwd_ps_f`); without, `table_ps`.
+pub fn launch_bwd_ps_f<'a>(
+    cost: &CostModel,
+    table_ps: f64,
+    units: impl IntoIterator<Item = &'a WorkUnit>,
+    heads: u32,
+) -> f64 {
+    let segs: Vec<(u64, u64, u32)> = units
+        .into_iter()
+        .flat_map(|u| {
+            u.segments
+                .iter()
+                .map(|s| (u64::from(s.start), u64::from(s.end), 1))
+        })
+        .collect();
+    blocks::launch_bwd_ps_f(
+        table_ps,
+        cost.attn_bwd_blocks.as_ref(),
         cost.model.head_dim,
         heads,
         segs,
@@ -225,11 +253,18 @@ fn head_chunk_work(
         tb[i] += unit_bwd_ps_f(cost, u, heads);
         calls[i] = 1.0;
     }
-    // A worker's chunk is one launch: a block model prices it whole.
+    // A worker's chunk is one forward launch and one backward call: block models price
+    // them whole.
     if cost.attn_blocks.is_some() {
         for (i, ti) in t.iter_mut().enumerate() {
             let mine = g.units.iter().filter(|u| u.worker == g.workers[i]);
             *ti = launch_fwd_ps_f(cost, *ti, mine, heads);
+        }
+    }
+    if cost.attn_bwd_blocks.is_some() {
+        for (i, ti) in tb.iter_mut().enumerate() {
+            let mine = g.units.iter().filter(|u| u.worker == g.workers[i]);
+            *ti = launch_bwd_ps_f(cost, *ti, mine, heads);
         }
     }
     let piece = |c: &crate::balance::libra::pipeliner::ChunkTransfer| (c.src, c.dst, c.bytes);
@@ -271,14 +306,24 @@ fn nano_work(
         tb[k][i] += unit_bwd_ps_f(cost, u, heads);
         calls[k][i] = 1.0;
     }
-    // A worker's nano-batch is one launch: a block model prices it whole.
+    // A worker's nano-batch is one forward launch and one backward call: block models
+    // price them whole.
+    let mine = |k: usize, i: usize| {
+        g.units.iter().filter(move |u| {
+            u.worker == g.workers[i] && usize::from(table.unit_nano(gi, u.id)) == k
+        })
+    };
     if cost.attn_blocks.is_some() {
         for (k, tk) in t.iter_mut().enumerate() {
             for (i, ti) in tk.iter_mut().enumerate() {
-                let mine = g.units.iter().filter(|u| {
-                    u.worker == g.workers[i] && usize::from(table.unit_nano(gi, u.id)) == k
-                });
-                *ti = launch_fwd_ps_f(cost, *ti, mine, heads);
+                *ti = launch_fwd_ps_f(cost, *ti, mine(k, i), heads);
+            }
+        }
+    }
+    if cost.attn_bwd_blocks.is_some() {
+        for (k, tk) in tb.iter_mut().enumerate() {
+            for (i, ti) in tk.iter_mut().enumerate() {
+                *ti = launch_bwd_ps_f(cost, *ti, mine(k, i), heads);
             }
         }
     }

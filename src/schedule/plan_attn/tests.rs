@@ -358,8 +358,44 @@ fn a_calibrated_block_model_prices_a_workers_launch() {
     slow.attn_blocks = Some(crate::cost::BlockModel::h200(2.0, 2000.0, 0.1, 400.0, 1.4));
     let (t2, _) = layer_time(&slow, &plan, map(1, 8), 1, true, &mut net);
     assert!((t2 as f64 / t as f64 - 2.0).abs() < 1e-6, "{t2} {t}");
-    // The backward has no block model.
+    // The forward's block model leaves the backward alone.
     let (b0, _) = layer_time(&plain, &plan, map(1, 8), 1, false, &mut net);
     let (b, _) = layer_time(&cal, &plan, map(1, 8), 1, false, &mut net);
     assert_eq!(b, b0);
+    // A backward block model prices the worker's backward call: the engine's backward time
+    // is the cost model's price of that call (its blocks plus the backward overhead).
+    let t = |iter_ns: f64| crate::cost::blocks::BlockTimes {
+        block_ns: 2.0 * iter_ns,
+        iter_ns,
+        row_share: 0.3,
+        diag_ns: 0.0,
+    };
+    let mut bw = cal.clone();
+    bw.attn_bwd_blocks = Some(crate::cost::BwdBlockModel::h200(
+        0.05,
+        t(2400.0),
+        t(1500.0),
+        1.6,
+    ));
+    bw.launch.attn_bwd_launch_us = 25.0;
+    let (b1, _) = layer_time(&bw, &plan, map(1, 8), 1, false, &mut net);
+    assert_eq!(b1, bw.attn_bwd_ps([16_384], 32));
+    assert_ne!(b1, b0);
+    // By hand, bounded below by the dQ launch's 256 blocks × 32 heads and the dK/dV
+    // launch's as many, spread over the SMs' 264 slots at the shared throughput, plus the
+    // row·head work and the call.
+    let m = bw.attn_bwd_blocks.unwrap();
+    let (dq, kv) = (
+        crate::cost::blocks::bwd_dq_blocks(&m, [(0, 16_384, 1)]),
+        crate::cost::blocks::bwd_dkdv_blocks(&m, [(0, 16_384, 1)]),
+    );
+    assert_eq!((dq.len(), kv.len()), (256, 256));
+    let work = |tt: &crate::cost::blocks::BlockTimes, v: &[crate::cost::blocks::BlockShape]| {
+        v.iter().map(|&s| tt.block_ps(s, 1.0, 64)).sum::<f64>() * 32.0 * 1.6 / 264.0
+    };
+    let even = work(&m.dq, &dq) + work(&m.dkdv, &kv) + 0.05e3 * 16_384.0 * 32.0 + 25e6;
+    assert!(b1 as f64 >= even && (b1 as f64) < 1.1 * even, "{b1} {even}");
+    // The forward is untouched by it.
+    let (f1, _) = layer_time(&bw, &plan, map(1, 8), 1, true, &mut net);
+    assert_eq!(f1, cal.attn_fwd_ps([16_384], 32));
 }
