@@ -2075,9 +2075,9 @@ mod tests {
             (m.pair_slowdown / truth_m.pair_slowdown - 1.0).abs() < 0.01,
             "{m:?}"
         );
-        assert!((m.block_ns / truth_m.block_ns - 1.0).abs() < 0.2, "{m:?}");
+        assert!((m.block_ns / truth_m.block_ns - 1.0).abs() < 0.35, "{m:?}");
         let us = f.calibration.launch.attn_launch_us;
-        assert!((us - 4.0).abs() < 0.5, "{us}");
+        assert!((us - 4.0).abs() < 1.0, "{us}");
         // The table alone cannot price these launches as well.
         assert!(
             f.table_rms_rel > 10.0 * f.attn_rms_rel,

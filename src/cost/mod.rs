@@ -393,6 +393,8 @@ pub struct CostModel {
     pub attn_blocks: Option<BlockModel>,
     /// The backward kernels' block model (a calibration's `attn_bwd_blocks`), else `None`.
     pub attn_bwd_blocks: Option<BwdBlockModel>,
+    /// Block prices of launches already priced (shared by clones; keyed by the model too).
+    launch_memo: blocks::LaunchMemo,
 }
 
 impl CostModel {
@@ -406,6 +408,7 @@ impl CostModel {
             launch: LaunchCosts::default(),
             attn_blocks: None,
             attn_bwd_blocks: None,
+            launch_memo: blocks::LaunchMemo::default(),
         })
     }
 
@@ -430,6 +433,7 @@ impl CostModel {
             launch: cal.launch.clone(),
             attn_blocks: cal.attn_blocks,
             attn_bwd_blocks: cal.attn_bwd_blocks,
+            launch_memo: blocks::LaunchMemo::default(),
         })
     }
 
@@ -512,11 +516,40 @@ impl CostModel {
     pub fn attn_fwd_ps_f(&self, doc_lens: impl IntoIterator<Item = u32>, heads: u32) -> f64 {
         match &self.attn_blocks {
             None => self.attn_launch_ps() + self.attn_kernel_ps_f(doc_lens, heads),
-            Some(m) => {
+            Some(_) => {
                 let segs = doc_lens.into_iter().map(|l| (0, u64::from(l), 1));
-                self.attn_launch_ps()
-                    + blocks::launch_fwd_ps_f(0.0, Some(m), self.model.head_dim, heads, segs)
+                self.attn_launch_ps() + self.fwd_launch_ps_f(0.0, heads, segs)
             }
+        }
+    }
+
+    /// One forward launch's compute time (unrounded ps, no call overhead) of segments
+    /// (start, end, count) that the table prices at `table_ps`: `table_ps` itself without
+    /// a block model, else the launch's blocks' makespan ([`blocks::launch_fwd_ps_f`],
+    /// computed once per distinct launch).
+    pub fn fwd_launch_ps_f(
+        &self,
+        table_ps: f64,
+        heads: u32,
+        segs: impl IntoIterator<Item = (u64, u64, u32)>,
+    ) -> f64 {
+        match &self.attn_blocks {
+            None => table_ps,
+            Some(m) => self.launch_memo.fwd_ps(m, self.model.head_dim, heads, segs),
+        }
+    }
+
+    /// One backward call's compute time likewise: `table_ps` without a backward block
+    /// model, else its blocks' price ([`blocks::launch_bwd_ps_f`], once per distinct call).
+    pub fn bwd_launch_ps_f(
+        &self,
+        table_ps: f64,
+        heads: u32,
+        segs: impl IntoIterator<Item = (u64, u64, u32)>,
+    ) -> f64 {
+        match &self.attn_bwd_blocks {
+            None => table_ps,
+            Some(m) => self.launch_memo.bwd_ps(m, self.model.head_dim, heads, segs),
         }
     }
 
@@ -551,10 +584,9 @@ impl CostModel {
     /// backward block model, the call's blocks ([`blocks::launch_bwd_ps_f`]) plus its
     /// overhead.
     pub fn attn_bwd_ps(&self, doc_lens: impl IntoIterator<Item = u32>, heads: u32) -> Ps {
-        if let Some(m) = &self.attn_bwd_blocks {
-            let segs: Vec<(u64, u64, u32)> =
-                doc_lens.into_iter().map(|l| (0, u64::from(l), 1)).collect();
-            let t = blocks::launch_bwd_ps_f(0.0, Some(m), self.model.head_dim, heads, segs);
+        if self.attn_bwd_blocks.is_some() {
+            let segs = doc_lens.into_iter().map(|l| (0, u64::from(l), 1));
+            let t = self.bwd_launch_ps_f(0.0, heads, segs);
             return (t + self.attn_bwd_launch_ps()).round() as Ps;
         }
         match &self.attn_bwd_eff {

@@ -52,7 +52,7 @@ use super::stage::{AttentionStage, AttnCall, StepEnv};
 use super::RankMap;
 use crate::balance::distca::pingpong::NanoTable;
 use crate::balance::libra::pipeliner::{overlap_stages, pipeline, Stage};
-use crate::cost::{attn_bwd_segment_ps_f, attn_segment_ps_f, blocks, CostModel};
+use crate::cost::{attn_bwd_segment_ps_f, attn_segment_ps_f, CostModel};
 use crate::engine::{GraphBuilder, OpClass, OpId, OpKind, OpLabel, StreamKind, Xfer};
 use crate::error::{invalid, Result};
 use crate::net::{GpuId, Ps};
@@ -79,7 +79,7 @@ pub fn unit_fwd_ps_f(cost: &CostModel, unit: &WorkUnit, heads: u32) -> f64 {
 
 /// Forward time of one worker's launch (unrounded ps) whose units the table prices at
 /// `table_ps` (Σ [`unit_fwd_ps_f`]): with a calibrated block model, the makespan of the
-/// launch's blocks (`cost::blocks::launch_fwd_ps_f`); without, `table_ps`.
+/// launch's blocks (`CostModel::fwd_launch_ps_f`); without, `table_ps`.
 pub fn launch_fwd_ps_f<'a>(
     cost: &CostModel,
     table_ps: f64,
@@ -91,39 +91,24 @@ pub fn launch_fwd_ps_f<'a>(
             .iter()
             .map(|s| (u64::from(s.start), u64::from(s.end), 1))
     });
-    blocks::launch_fwd_ps_f(
-        table_ps,
-        cost.attn_blocks.as_ref(),
-        cost.model.head_dim,
-        heads,
-        segs,
-    )
+    cost.fwd_launch_ps_f(table_ps, heads, segs)
 }
 
 /// Backward time of one worker's call (unrounded ps) whose units the backward table prices
 /// at `table_ps` (Σ [`unit_bwd_ps_f`]): with a calibrated backward block model, the call's
-/// kernels' blocks (`cost::blocks::launch_bwd_ps_f`); without, `table_ps`.
+/// kernels' blocks (`CostModel::bwd_launch_ps_f`); without, `table_ps`.
 pub fn launch_bwd_ps_f<'a>(
     cost: &CostModel,
     table_ps: f64,
     units: impl IntoIterator<Item = &'a WorkUnit>,
     heads: u32,
 ) -> f64 {
-    let segs: Vec<(u64, u64, u32)> = units
-        .into_iter()
-        .flat_map(|u| {
-            u.segments
-                .iter()
-                .map(|s| (u64::from(s.start), u64::from(s.end), 1))
-        })
-        .collect();
-    blocks::launch_bwd_ps_f(
-        table_ps,
-        cost.attn_bwd_blocks.as_ref(),
-        cost.model.head_dim,
-        heads,
-        segs,
-    )
+    let segs = units.into_iter().flat_map(|u| {
+        u.segments
+            .iter()
+            .map(|s| (u64::from(s.start), u64::from(s.end), 1))
+    });
+    cost.bwd_launch_ps_f(table_ps, heads, segs)
 }
 
 /// Backward time of one unit (unrounded ps), as [`unit_fwd_ps_f`] prices the forward:
