@@ -206,3 +206,61 @@ fn calibrate_backward_on_held_out_schemes() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no plan is held out"));
 }
+
+/// Run 19 (H200, 2026-11-29): 12 plans never measured before (seeds 31–42, heads per call
+/// 1–32, one head per call never fitted), scored against a calibration fitted on run 15's
+/// 16 plans. The targets on these fresh plans, forward and backward, by the block
+/// models; the tables alone miss them.
+#[test]
+fn a_run_15_calibration_predicts_the_fresh_plans_of_run_19() {
+    let r15 = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/validate/results/plans_run15/measurements.csv"
+    );
+    let r19 = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/validate/results/plans_run19/measurements.csv"
+    );
+    let score = |model: &str| -> serde_json::Value {
+        let cal = temp(&format!("cal19_{model}.json"));
+        let out = skewsim(&[
+            "--json",
+            "calibrate",
+            "--measurements",
+            r15,
+            r19,
+            "--holdout-seeds",
+            "31,32,33,34,35,36,37,38,39,40,41,42",
+            "--kernel-model",
+            model,
+            "-o",
+            cal.to_str().unwrap(),
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let v = score("blocks");
+    assert_eq!(v["fit_plans"].as_array().unwrap().len(), 16);
+    assert_eq!(v["holdout_plans"].as_array().unwrap().len(), 12);
+    let after = &v["holdout_after"];
+    let f = |k: &str, q: &str| after[k][q].as_f64().unwrap();
+    // Per worker: median ≤ 5 %, p90 ≤ 10 %, forward and backward; the slowest worker of a
+    // step within 5 % in 9 of 10 steps forward.
+    assert!(f("worker_err", "median_ape") < 5.0, "{after}");
+    assert!(f("worker_err", "p90_ape") < 10.0, "{after}");
+    assert!(f("max_worker_err", "p90_ape") < 5.0, "{after}");
+    assert!(f("bwd_worker_err", "median_ape") < 5.0, "{after}");
+    assert!(f("bwd_worker_err", "p90_ape") < 10.0, "{after}");
+    assert!(f("fb_max_worker_err", "median_ape") < 5.0, "{after}");
+    // The tables alone, fitted on the same plans, miss the forward by far (one head per
+    // call lies outside every fitted node).
+    let t = score("table");
+    let tf = t["holdout_after"]["worker_err"]["p90_ape"]
+        .as_f64()
+        .unwrap();
+    assert!(tf > 20.0 && tf > 3.0 * f("worker_err", "p90_ape"), "{tf}");
+}
