@@ -86,12 +86,7 @@ pub fn launch_fwd_ps_f<'a>(
     units: impl IntoIterator<Item = &'a WorkUnit>,
     heads: u32,
 ) -> f64 {
-    let segs = units.into_iter().flat_map(|u| {
-        u.segments
-            .iter()
-            .map(|s| (u64::from(s.start), u64::from(s.end), 1))
-    });
-    cost.fwd_launch_ps_f(table_ps, heads, segs)
+    cost.fwd_launch_ps_f(table_ps, heads, launch_segs(units))
 }
 
 /// Backward time of one worker's call (unrounded ps) whose units the backward table prices
@@ -103,12 +98,16 @@ pub fn launch_bwd_ps_f<'a>(
     units: impl IntoIterator<Item = &'a WorkUnit>,
     heads: u32,
 ) -> f64 {
-    let segs = units.into_iter().flat_map(|u| {
-        u.segments
-            .iter()
-            .map(|s| (u64::from(s.start), u64::from(s.end), 1))
-    });
-    cost.bwd_launch_ps_f(table_ps, heads, segs)
+    cost.bwd_launch_ps_f(table_ps, heads, launch_segs(units))
+}
+
+/// A launch's units as the block models' segments: (start, end, 1) per unit segment.
+fn launch_segs<'a>(units: impl IntoIterator<Item = &'a WorkUnit>) -> Vec<(u64, u64, u32)> {
+    units
+        .into_iter()
+        .flat_map(|u| u.segments.iter())
+        .map(|s| (u64::from(s.start), u64::from(s.end), 1))
+        .collect()
 }
 
 /// Backward time of one unit (unrounded ps), as [`unit_fwd_ps_f`] prices the forward:

@@ -260,6 +260,12 @@ dp = [2]
     assert_ne!(plain, calibrated, "the calibration must change the prices");
     assert!(md.contains("Priced by the calibration"), "{md}");
     assert!(!plain_md.contains("Priced by the calibration"));
+    // The H200 calibration README.md points users at: block models of both passes.
+    let shipped = root().join("validate/results/plans_run19/cal_h200.json");
+    let c = skewsim::cost::Calibration::from_json_str(&read(&shipped), "cal_h200.json").unwrap();
+    assert!(c.attn_blocks.is_some() && c.attn_bwd_blocks.is_some());
+    let (_, shipped_md) = run("shipped", Some(&shipped));
+    assert!(shipped_md.contains("cal_h200.json"), "{shipped_md}");
     // A calibration that does not parse: named.
     std::fs::write(dir.join("bad.json"), "{\"attn_fwd\": 3}").unwrap();
     let o = skewsim_at(
