@@ -160,7 +160,42 @@ pub const ARMS: &[Arm] = &[
         runs: 11,
         setup: super::bench_libra::check_pool_1m,
     },
+    Arm {
+        name: "block-makespan",
+        what: "list schedule of 64 forward launches of 8,192 blocks (32 heads × 256 query tiles of mixed segments) on 132 SMs × 2 (cost::blocks)",
+        target_s: None,
+        runs: 11,
+        setup: block_makespan,
+    },
 ];
+
+fn block_makespan() -> Result<Timed> {
+    use rand::Rng;
+    use skewsim::cost::blocks::{BlockModel, LaunchBlocks};
+    let m = BlockModel::h200(2400.0, 2400.0, 0.12, 450.0, 1.38);
+    // Per launch: query chunks of 128–4,096 rows ending at keys up to 64K, and short
+    // documents, 256 tiles per head (drawn untimed).
+    let mut rng = stream(0, "bench-block-makespan", 0);
+    let launches: Vec<LaunchBlocks> = (0..64)
+        .map(|_| {
+            let mut segs = Vec::new();
+            let mut tiles = 0u64;
+            while tiles < 256 {
+                let q = 128 * rng.random_range(1..=32u64);
+                let e = rng.random_range(q..=65_536u64);
+                let q = q.min(128 * (256 - tiles));
+                segs.push((e - q, e, 1u32));
+                tiles += q.div_ceil(128);
+            }
+            LaunchBlocks::new(&m, 32, 128, segs)
+        })
+        .collect();
+    Ok(Box::new(move || {
+        let blocks: usize = launches.iter().map(|l| l.shapes.len() * 32).sum();
+        let t: f64 = launches.iter().map(|l| l.makespan_ps(&m)).sum();
+        Ok(format!("{blocks} blocks, Σ makespan {:.3} ms", t * 1e-9))
+    }))
+}
 
 fn vrsp_1m() -> Result<Timed> {
     // Loads with a long tail like packed Σℓ² (lognormal, σ = 2), drawn untimed.
