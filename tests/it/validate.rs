@@ -264,3 +264,16 @@ fn a_run_15_calibration_predicts_the_fresh_plans_of_run_19() {
         .unwrap();
     assert!(tf > 20.0 && tf > 3.0 * f("worker_err", "p90_ape"), "{tf}");
 }
+
+/// The block models' list-schedule benchmark arm runs and reports its launches.
+#[test]
+fn block_makespan_is_a_bench_arm() {
+    let out = skewsim(&["bench", "block-makespan"]);
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(s.contains("524288 blocks"), "{s}");
+}
