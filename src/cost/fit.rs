@@ -1533,6 +1533,40 @@ mod tests {
         }
     }
 
+    /// Launch `i`'s segments for the block-model recovery tests, by `i % 3`: one long-KV
+    /// query chunk (few blocks of many steps: bound by the last wave; many dK/dV blocks),
+    /// many short whole documents (thousands of short blocks of mixed rows: bound by steps
+    /// and fixed costs), or a few medium documents cut into query chunks.
+    fn mixed_segs(next: &mut impl FnMut(u64) -> u64, i: usize) -> Vec<SegCount> {
+        match i % 3 {
+            0 => vec![SegCount {
+                q: 128 + 128 * next(24) as u32,
+                kv: 16_384 + next(40_000) as u32,
+                n: 1,
+            }],
+            1 => (0..(4 + next(8)))
+                .map(|_| {
+                    let kv = 1 + next(2000) as u32;
+                    SegCount {
+                        q: kv,
+                        kv,
+                        n: 20 + next(40) as u32,
+                    }
+                })
+                .collect(),
+            _ => (0..(2 + next(3)))
+                .map(|_| {
+                    let kv = 1024 + next(15_000) as u32;
+                    SegCount {
+                        q: (kv / (1 + next(4) as u32)).max(1),
+                        kv,
+                        n: 1 + next(3) as u32,
+                    }
+                })
+                .collect(),
+        }
+    }
+
     fn row(kind: MeasureKind, heads: u32, segs: Vec<SegCount>, bytes: u64, ms: f64) -> Measurement {
         Measurement {
             kind,
@@ -2022,36 +2056,7 @@ mod tests {
             let mut next = lcg(seed);
             for i in 0..40 {
                 let heads = [1, 2, 8, 32][i % 4];
-                // Few long-KV query chunks (few blocks: bound by the last wave), many short
-                // documents (thousands of short blocks of mixed rows: bound by steps and the
-                // fixed cost) or a mix.
-                let segs = match i % 3 {
-                    0 => vec![SegCount {
-                        q: 128 + 128 * next(24) as u32,
-                        kv: 16_384 + next(40_000) as u32,
-                        n: 1,
-                    }],
-                    1 => (0..(4 + next(8)))
-                        .map(|_| {
-                            let kv = 1 + next(2000) as u32;
-                            SegCount {
-                                q: kv,
-                                kv,
-                                n: 20 + next(40) as u32,
-                            }
-                        })
-                        .collect(),
-                    _ => (0..(2 + next(3)))
-                        .map(|_| {
-                            let kv = 1024 + next(15_000) as u32;
-                            SegCount {
-                                q: (kv / (1 + next(4) as u32)).max(1),
-                                kv,
-                                n: 1 + next(3) as u32,
-                            }
-                        })
-                        .collect(),
-                };
+                let segs = mixed_segs(&mut next, i);
                 let mut r = row(MeasureKind::Attn, heads, segs, 0, 0.0);
                 r.measured_ms = truth.predict_ms(&r);
                 rows.push(r);
@@ -2135,35 +2140,7 @@ mod tests {
             let mut next = lcg(seed);
             for i in 0..30 {
                 let heads = [8, 16, 32][i % 3];
-                // A long-KV query chunk (few dQ blocks of many steps, many dK/dV blocks),
-                // many short documents, or a mix.
-                let segs = match i % 3 {
-                    0 => vec![SegCount {
-                        q: 64 + 64 * next(48) as u32,
-                        kv: 8192 + next(24_000) as u32,
-                        n: 1,
-                    }],
-                    1 => (0..(2 + next(4)))
-                        .map(|_| {
-                            let kv = 1 + next(1500) as u32;
-                            SegCount {
-                                q: kv,
-                                kv,
-                                n: 5 + next(20) as u32,
-                            }
-                        })
-                        .collect(),
-                    _ => (0..(1 + next(3)))
-                        .map(|_| {
-                            let kv = 512 + next(8000) as u32;
-                            SegCount {
-                                q: (kv / (1 + next(4) as u32)).max(1),
-                                kv,
-                                n: 1 + next(2) as u32,
-                            }
-                        })
-                        .collect(),
-                };
+                let segs = mixed_segs(&mut next, i);
                 for pass in [Pass::Fwd, Pass::Bwd] {
                     let mut r = row(MeasureKind::Attn, heads, segs.clone(), 0, 0.0);
                     r.pass = pass;

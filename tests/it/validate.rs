@@ -58,6 +58,20 @@ fn validate_without_a_driver_is_a_clean_error() {
     assert!(err.contains("bad.json: version = 9"), "{err}");
 }
 
+/// `skewsim --json calibrate ARGS -o cal`: the report, after checking the command succeeded.
+fn calibrate(args: &[&str], cal: &std::path::Path) -> serde_json::Value {
+    let mut all = vec!["--json", "calibrate"];
+    all.extend_from_slice(args);
+    all.extend(["-o", cal.to_str().unwrap()]);
+    let out = skewsim(&all);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 #[test]
 fn calibrate_fits_the_committed_h200_measurements() {
     let m = concat!(
@@ -65,22 +79,7 @@ fn calibrate_fits_the_committed_h200_measurements() {
         "/validate/results/plans_run13/measurements_v2.csv"
     );
     let cal = temp("cal.json");
-    let out = skewsim(&[
-        "--json",
-        "calibrate",
-        "--measurements",
-        m,
-        "--holdout-seeds",
-        "2,4,6",
-        "-o",
-        cal.to_str().unwrap(),
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = calibrate(&["--measurements", m, "--holdout-seeds", "2,4,6"], &cal);
     assert_eq!(v["holdout_seeds"], serde_json::json!([2, 4, 6]));
     assert_eq!(v["fit_seeds"], serde_json::json!([1, 3, 5, 7, 10]));
     // The targets on held-out plans (measured 2026-11-29 on an H200).
@@ -137,24 +136,15 @@ fn calibrate_backward_on_held_out_schemes() {
         "/validate/results/plans_run15/measurements.csv"
     );
     let cal = temp("cal15.json");
-    let out = skewsim(&[
-        "--json",
-        "calibrate",
+    let args = [
         "--measurements",
         m,
         "--holdout-schemes",
         "wlbllm,distca",
         "--exclude-plans",
         "p13_",
-        "-o",
-        cal.to_str().unwrap(),
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    ];
+    let v = calibrate(&args, &cal);
     assert_eq!(
         v["fit_seeds"],
         serde_json::json!([1, 2, 3, 4, 5, 6, 7, 15, 16])
@@ -222,10 +212,7 @@ fn a_run_15_calibration_predicts_the_fresh_plans_of_run_19() {
         "/validate/results/plans_run19/measurements.csv"
     );
     let score = |model: &str| -> serde_json::Value {
-        let cal = temp(&format!("cal19_{model}.json"));
-        let out = skewsim(&[
-            "--json",
-            "calibrate",
+        let args = [
             "--measurements",
             r15,
             r19,
@@ -233,15 +220,8 @@ fn a_run_15_calibration_predicts_the_fresh_plans_of_run_19() {
             "31,32,33,34,35,36,37,38,39,40,41,42",
             "--kernel-model",
             model,
-            "-o",
-            cal.to_str().unwrap(),
-        ]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap()
+        ];
+        calibrate(&args, &temp(&format!("cal19_{model}.json")))
     };
     let v = score("blocks");
     assert_eq!(v["fit_plans"].as_array().unwrap().len(), 16);
