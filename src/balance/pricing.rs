@@ -208,6 +208,8 @@ mod tests {
             in_flight: 1,
             recompute: true,
             bucket_bytes: 0,
+            seq_shard: 1,
+            expert_shard: 1,
         }
     }
 

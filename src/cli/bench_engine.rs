@@ -108,6 +108,10 @@ fn qwen_step_input(
         recompute,
         zero_stage: 3,
         dp_buckets: 8,
+        tp: 1,
+        sp: true,
+        tp_overlap: false,
+        ep: 1,
     };
     let nodes = (par.gpus() as u32).div_ceil(8);
     let map = RankMap::new(

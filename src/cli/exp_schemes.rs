@@ -17,7 +17,8 @@
 //!     # wlbllm:per-document | per-sequence, libra:m=1; the first arm is the baseline
 //! [network]  topology = "dgx-h200-roce", model = "analytical" | "flow"
 //!            (nodes = DP·PP·CP / the topology's GPUs per node, per point)
-//! [parallel] cp, ga, pp, pipeline, recompute, zero_stage, dp_buckets (dp from [sweep])
+//! [parallel] cp, ga, pp, tp, sp, tp_overlap, ep, pipeline, recompute, zero_stage, dp_buckets
+//!            (dp from [sweep]; GPUs = TP·CP·DP·PP, TP innermost inside one node)
 //! [workload] corpus = "libra-256k", seq_len = 262144, seed = 1
 //! [settings] epsilon, ping_pong, s_max, sharding, pool_size, head_shards, tile_tokens,
 //!            tau, chunks
@@ -105,6 +106,18 @@ struct ParFile {
     dp_buckets: u32,
     #[serde(default)]
     dp: Option<u32>,
+    #[serde(default = "one32")]
+    tp: u32,
+    #[serde(default = "yes")]
+    sp: bool,
+    #[serde(default)]
+    tp_overlap: bool,
+    #[serde(default = "one32")]
+    ep: u32,
+}
+
+fn yes() -> bool {
+    true
 }
 
 fn one32() -> u32 {
@@ -442,6 +455,10 @@ pub fn run_text(
                 recompute: f.parallel.recompute,
                 zero_stage: f.parallel.zero_stage,
                 dp_buckets: f.parallel.dp_buckets,
+                tp: f.parallel.tp,
+                sp: f.parallel.sp,
+                tp_overlap: f.parallel.tp_overlap,
+                ep: f.parallel.ep,
             };
             let ctx = format!(
                 "{file}: point model {} corpus {} L {} DP {} arm {}",
@@ -477,7 +494,8 @@ pub fn run_text(
                   | model | L | servers | ε | moved GiB/layer | vs ε=0 | max buffer (MiB) | vs ε=0 | max deviation | moves |\n\
                   |---|---|---|---|---|---|---|---|---|---|\n";
         for p in &points {
-            extra += &tolerance_rows(&f, p.cost.as_ref(), &p.model, &p.corpus, p.seq_len, p.dp)?;
+            let shard = p.cost.tp_shard(f.parallel.tp, f.parallel.ep)?;
+            extra += &tolerance_rows(&f, &shard, &p.model, &p.corpus, p.seq_len, p.dp)?;
         }
     }
     if arms.iter().any(|a| a.scheme == Scheme::WlbLlm) {
@@ -514,7 +532,7 @@ fn run_arm(
     par: Parallelism,
     arm: &Arm,
 ) -> Result<ArmResult> {
-    let gpus = par.dp * par.pp * par.cp;
+    let gpus = par.dp * par.pp * par.cp * par.tp;
     // the topology's node size (each swept topology brings its own)
     let Some(gpn) = topo.as_ref().map(|t| t.1.gpus_per_node) else {
         bail!("[network] topology is required (e.g. \"dgx-h200-roce\")");
@@ -548,7 +566,10 @@ fn run_arm(
     };
     wl.validate("[workload]")?;
     let gbs = (par.dp * par.ga) as usize;
-    let mut planner = SchemePlanner::new(arm.scheme, arm.set.clone(), cost, par.dp, gbs, seq_len)?;
+    // Every scheme plans one TP rank's head shard.
+    let shard = cost.tp_shard(par.tp, par.ep)?;
+    let mut planner =
+        SchemePlanner::new(arm.scheme, arm.set.clone(), &shard, par.dp, gbs, seq_len)?;
     let mut batches = wl.batches(gbs)?;
     let (mut it, mut tps, mut mfu, mut attn, mut bytes, mut mem) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), 0u64, 0u64);
@@ -679,6 +700,8 @@ fn s_max_rows(f: &CompareFile, points: &[(String, Arc<CostModel>, u32, u32)]) ->
             in_flight: in_flight(kind, pp, 0, par.ga),
             recompute: par.recompute,
             bucket_bytes: grad.div_ceil(u64::from(par.dp_buckets.max(1))),
+            seq_shard: 1,
+            expert_shard: 1,
         };
         let at = |s: u32| wlb_s_max_memory(cost, &base, s, par.cp).map(|b| gib(b.total()));
         let best = wlb_max_s_max(cost, &base, par.cp, skewsim::balance::wlbllm::KERNEL_TILE)?;
@@ -698,7 +721,8 @@ fn s_max_rows(f: &CompareFile, points: &[(String, Arc<CostModel>, u32, u32)]) ->
 }
 
 /// DistCA's ε trade-off rows for one point: the scheduler alone on step 0's global batch
-/// cut into GA indices of DP replicas × CP ranks (DP·CP servers).
+/// cut into GA indices of DP replicas × CP ranks (DP·CP servers; under TP one lane's, with
+/// `cost` the TP rank's: bytes are multiplied by TP, buffers are per GPU).
 fn tolerance_rows(
     f: &CompareFile,
     cost: &CostModel,
@@ -730,12 +754,13 @@ fn tolerance_rows(
         rows[0].max_buffer_bytes.max(1) as f64,
     );
     let mut t = String::new();
+    let lanes = f64::from(f.parallel.tp);
     for r in &rows {
         let _ = writeln!(
             t,
             "| {model} | {seq_len} | {servers} | {:.2} | {:.3} | {:+.1}% | {:.1} | {:+.1}% | {:.3} | {} |",
             r.epsilon,
-            r.bytes as f64 / (1u64 << 30) as f64,
+            lanes * r.bytes as f64 / (1u64 << 30) as f64,
             100.0 * (r.bytes as f64 / b0 - 1.0),
             r.max_buffer_bytes as f64 / (1u64 << 20) as f64,
             100.0 * (r.max_buffer_bytes as f64 / m0 - 1.0),
@@ -838,6 +863,25 @@ fn render(f: &CompareFile, title: &str, arms: &[Arm], rs: &[ArmResult]) -> Compa
         f.parallel.ga,
         f.parallel.pp
     );
+    if f.parallel.tp > 1 || f.parallel.ep > 1 {
+        md += &format!(
+            "Tensor parallelism TP {} ({}; TP communication {}) innermost in each node, EP {}: \
+             every scheme balances one TP rank's h_q/TP heads, and every TP rank of a group \
+             runs that plan on its own head shard.\n\n",
+            f.parallel.tp,
+            if f.parallel.sp {
+                "sequence parallel: an all-gather and a reduce-scatter around each attention and MLP block"
+            } else {
+                "all-reduces after each attention and MLP block"
+            },
+            if f.parallel.tp_overlap {
+                "overlapped with the GEMMs beside it"
+            } else {
+                "not overlapped"
+            },
+            f.parallel.ep
+        );
+    }
     md += &t;
     CompareOutput {
         markdown: md,
@@ -936,7 +980,12 @@ fn panels(
     } else {
         String::new()
     };
-    let x_label = format!("GPUs (DP × CP {}{pp}; log scale)", f.parallel.cp);
+    let tp = if f.parallel.tp > 1 {
+        format!("TP {} × ", f.parallel.tp)
+    } else {
+        String::new()
+    };
+    let x_label = format!("GPUs ({tp}DP × CP {}{pp}; log scale)", f.parallel.cp);
     let y_label = if rel {
         format!("speedup over {base_label} (tokens/s ratio, ×)")
     } else {

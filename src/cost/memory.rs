@@ -17,6 +17,12 @@
 //! (gate, up and activation: 3·I; for MoE per routed copy h + 3·I_e, plus fp32 router
 //! logits). The LM-head logits are assumed computed in chunks (fused cross-entropy) and
 //! are not counted.
+//!
+//! Under tensor parallelism `m` is the rank's shard ([`ModelConfig::tp_shard`]: heads,
+//! MLP and vocabulary / TP), and sequence parallelism divides the hidden-sized saved
+//! tensors (residuals, norm inputs, a routed copy's hidden state) by TP as well
+//! (`seq_shard`; Korthikanti et al. §4.2.2). Under expert parallelism a rank holds
+//! experts / EP of each MoE layer's experts (`expert_shard`).
 
 use serde::Serialize;
 
@@ -49,6 +55,10 @@ pub struct MemoryInputs {
     pub recompute: bool,
     /// Gradient-reduction bucket in bytes (a full-size buffer only when ZeRO ≥ 2).
     pub bucket_bytes: u64,
+    /// Divisor of the hidden-sized saved tensors (TP under sequence parallelism, else 1).
+    pub seq_shard: u32,
+    /// Divisor of the expert parameters (EP; 1 for a dense model).
+    pub expert_shard: u32,
 }
 
 /// One rank's peak memory, by kind, in bytes.
@@ -82,8 +92,14 @@ impl MemoryBreakdown {
 
 /// Bytes saved for backward per token per layer without recomputation.
 pub fn activation_bytes_per_token_layer(m: &ModelConfig) -> u64 {
+    activation_bytes_sharded(m, 1)
+}
+
+/// [`activation_bytes_per_token_layer`] with the hidden-sized tensors divided by
+/// `seq_shard` (sequence parallelism; rounded up).
+pub fn activation_bytes_sharded(m: &ModelConfig, seq_shard: u32) -> u64 {
     let dt = u64::from(m.dtype_bytes);
-    let h = u64::from(m.hidden);
+    let h = u64::from(m.hidden).div_ceil(u64::from(seq_shard.max(1)));
     let d = u64::from(m.head_dim);
     let attn = dt * (2 * h + u64::from(m.heads_q + 2 * m.heads_kv) * d + u64::from(m.heads_q) * d)
         + 4 * u64::from(m.heads_q);
@@ -122,6 +138,37 @@ pub fn stage_params(m: &ModelConfig, layers: u32, first_stage: bool, last_stage:
     params
 }
 
+/// The routed experts' parameters among [`stage_params`] (0 for a dense model).
+pub fn stage_expert_params(m: &ModelConfig, layers: u32) -> u64 {
+    match m.ffn {
+        Ffn::Dense { .. } => 0,
+        Ffn::Moe {
+            experts,
+            expert_intermediate,
+            ..
+        } => {
+            u64::from(layers)
+                * u64::from(experts)
+                * 3
+                * u64::from(m.hidden)
+                * u64::from(expert_intermediate)
+        }
+    }
+}
+
+/// Parameters one rank of a stage holds when its experts are sharded over `ep` ranks.
+pub fn stage_rank_params(
+    m: &ModelConfig,
+    layers: u32,
+    first_stage: bool,
+    last_stage: bool,
+    ep: u32,
+) -> u64 {
+    let all = stage_params(m, layers, first_stage, last_stage);
+    let e = stage_expert_params(m, layers);
+    all - e + e.div_ceil(u64::from(ep.max(1)))
+}
+
 /// Gradient bytes a stage reduces across data parallelism each step.
 pub fn stage_grad_bytes(m: &ModelConfig, layers: u32, first_stage: bool, last_stage: bool) -> u64 {
     stage_params(m, layers, first_stage, last_stage) * GRAD_BYTES_PER_PARAM
@@ -130,7 +177,7 @@ pub fn stage_grad_bytes(m: &ModelConfig, layers: u32, first_stage: bool, last_st
 /// One rank's peak memory.
 pub fn rank_memory(m: &ModelConfig, x: &MemoryInputs) -> MemoryBreakdown {
     let dt = u64::from(m.dtype_bytes);
-    let params = stage_params(m, x.layers, x.first_stage, x.last_stage);
+    let params = stage_rank_params(m, x.layers, x.first_stage, x.last_stage, x.expert_shard);
     let shard = u64::from(x.shard_degree.max(1));
     let by = |stage: u8, bytes: u64| {
         if x.zero_stage >= stage {
@@ -139,12 +186,12 @@ pub fn rank_memory(m: &ModelConfig, x: &MemoryInputs) -> MemoryBreakdown {
             bytes
         }
     };
-    let per_tok = activation_bytes_per_token_layer(m);
+    let per_tok = activation_bytes_sharded(m, x.seq_shard);
     let layers = u64::from(x.layers);
     let inflight = u64::from(x.in_flight.max(1));
+    let hidden = u64::from(m.hidden).div_ceil(u64::from(x.seq_shard.max(1)));
     let activations = if x.recompute {
-        inflight * x.tokens_per_rank * layers * dt * u64::from(m.hidden)
-            + x.tokens_per_rank * per_tok
+        inflight * x.tokens_per_rank * layers * dt * hidden + x.tokens_per_rank * per_tok
     } else {
         inflight * x.tokens_per_rank * layers * per_tok
     };
@@ -164,7 +211,7 @@ pub fn rank_memory(m: &ModelConfig, x: &MemoryInputs) -> MemoryBreakdown {
         comm_buffers: qkv
             + if x.zero_stage >= 2 { x.bucket_bytes } else { 0 }
             + if x.zero_stage >= 3 {
-                dt * m.layer_params()
+                dt * stage_rank_params(m, 1, false, false, x.expert_shard)
             } else {
                 0
             },
@@ -189,6 +236,8 @@ mod tests {
             in_flight: 1,
             recompute: false,
             bucket_bytes: 0,
+            seq_shard: 1,
+            expert_shard: 1,
         }
     }
 
@@ -241,6 +290,43 @@ mod tests {
                 4 * m.total_params()
             );
         }
+    }
+
+    #[test]
+    fn memory_per_rank_under_tp_and_ep_by_hand() {
+        // llama3-8b at TP 8 with sequence parallelism, 8192 tokens on the rank's CP chunk.
+        let m = ModelConfig::builtin("llama3-8b").unwrap();
+        let s = m.tp_shard(8, true).unwrap();
+        let x = MemoryInputs {
+            tokens_per_rank: 8192,
+            attn_tokens: 8192,
+            attn_heads_q: 4,
+            attn_heads_kv: 1,
+            seq_shard: 8,
+            ..inputs()
+        };
+        let b = rank_memory(&s, &x);
+        // Weights: 32 layers of (Q 4096·512 + K,V 2·4096·128 + O 512·4096 + MLP 3·4096·1792
+        // + norms 2·4096) + embedding and LM head 2·16032·4096 + final norm 4096, bf16.
+        let layer = 4096 * 512 + 2 * 4096 * 128 + 512 * 4096 + 3 * 4096 * 1792 + 2 * 4096;
+        let p = 32 * layer + 2 * 16032 * 4096 + 4096;
+        assert_eq!(b.weights, 2 * p);
+        // Saved per token per layer: 2·(2·512 + 6·128 + 4·128) + 4·4 + 2·(2·512 + 3·1792).
+        let per = 2 * (1024 + 768 + 512) + 16 + 2 * (1024 + 5376);
+        assert_eq!(b.activations, 8192 * 32 * per);
+        // Qwen3 at EP 8: each rank holds 16 of 128 experts per layer.
+        let q = ModelConfig::builtin("qwen3-30b-a3b").unwrap();
+        let e = stage_expert_params(&q, q.layers);
+        assert_eq!(e, 48 * 128 * 3 * 2048 * 768);
+        let r = rank_memory(
+            &q,
+            &MemoryInputs {
+                layers: q.layers,
+                expert_shard: 8,
+                ..inputs()
+            },
+        );
+        assert_eq!(r.weights, 2 * (q.total_params() - e + e / 8));
     }
 
     #[test]

@@ -366,6 +366,21 @@ fn divisors(n: u32) -> String {
     d.join(", ")
 }
 
+/// A piece of a layer's linear work between tensor- or expert-parallel collectives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinearPiece {
+    /// Input RMSNorm and the Q, K, V projections (column-parallel under TP).
+    Qkv,
+    /// The O projection (row-parallel under TP).
+    OutProj,
+    /// Post-attention RMSNorm and the MLP (column- then row-parallel), or an MoE layer's
+    /// router and every token's top-k experts.
+    Ffn,
+    /// Post-attention RMSNorm and an MoE layer's router alone (the experts run after the
+    /// expert-parallel dispatch).
+    Router,
+}
+
 /// Which linear block of a layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LinearPart {
@@ -445,24 +460,106 @@ impl CostModel {
     /// Forward FLOPs of one linear block for `tokens` tokens, split into (dense GEMM,
     /// expert GEMM) FLOPs.
     pub fn linear_fwd_flops(&self, part: LinearPart, tokens: u64) -> (f64, f64) {
+        match part {
+            LinearPart::PreAttn => self.piece_fwd_flops(LinearPiece::Qkv, tokens),
+            LinearPart::PostAttn => {
+                let (o, _) = self.piece_fwd_flops(LinearPiece::OutProj, tokens);
+                let (dense, moe) = self.piece_fwd_flops(LinearPiece::Ffn, tokens);
+                (o + dense, moe)
+            }
+        }
+    }
+
+    /// Forward FLOPs of one piece of a layer's linear work for `tokens` tokens, split into
+    /// (dense GEMM, expert GEMM) FLOPs. `Ffn` of an MoE layer is the router plus every
+    /// token's top-k experts; `Router` the router alone (under expert parallelism the
+    /// experts run on the tokens they receive: [`CostModel::experts_fwd_ps_f`]).
+    pub fn piece_fwd_flops(&self, piece: LinearPiece, tokens: u64) -> (f64, f64) {
         let m = &self.model;
         let t = tokens as f64;
         let h = f64::from(m.hidden);
         let d = f64::from(m.head_dim);
-        match part {
-            LinearPart::PreAttn => (2.0 * t * h * d * f64::from(m.heads_q + 2 * m.heads_kv), 0.0),
-            LinearPart::PostAttn => {
-                let o = 2.0 * t * h * d * f64::from(m.heads_q);
-                match m.ffn {
-                    Ffn::Dense { .. } => (o + 2.0 * t * m.ffn_active_params() as f64, 0.0),
-                    Ffn::Moe { experts, .. } => {
-                        let router = h * f64::from(experts);
-                        let experts_p = m.ffn_active_params() as f64 - router;
-                        (o + 2.0 * t * router, 2.0 * t * experts_p)
-                    }
+        match piece {
+            LinearPiece::Qkv => (2.0 * t * h * d * f64::from(m.heads_q + 2 * m.heads_kv), 0.0),
+            LinearPiece::OutProj => (2.0 * t * h * d * f64::from(m.heads_q), 0.0),
+            LinearPiece::Ffn => match m.ffn {
+                Ffn::Dense { .. } => (2.0 * t * m.ffn_active_params() as f64, 0.0),
+                Ffn::Moe { experts, .. } => {
+                    let router = h * f64::from(experts);
+                    let experts_p = m.ffn_active_params() as f64 - router;
+                    (2.0 * t * router, 2.0 * t * experts_p)
                 }
+            },
+            LinearPiece::Router => match m.ffn {
+                Ffn::Dense { .. } => (0.0, 0.0),
+                Ffn::Moe { experts, .. } => (2.0 * t * (h * f64::from(experts)), 0.0),
+            },
+        }
+    }
+
+    /// Forward time of one piece over `tokens` tokens (its GEMMs at the GEMM efficiencies),
+    /// plus its RMSNorm over `norm_tokens` (the pieces that start with one: QKV and the
+    /// feed-forward; `norm_tokens` = tokens / TP under sequence parallelism), in ps.
+    pub fn piece_fwd_ps_f(&self, piece: LinearPiece, tokens: u64, norm_tokens: u64) -> f64 {
+        let (dense, moe) = self.piece_fwd_flops(piece, tokens);
+        let norm = match piece {
+            LinearPiece::OutProj => 0.0,
+            _ => self.norm_ps(norm_tokens),
+        };
+        self.gemm_ps_f(dense, moe) + norm
+    }
+
+    /// Forward time of the expert GEMMs of one MoE layer over `copies` routed token copies
+    /// (a token sent to k experts is k copies), each copy through one whole expert, in ps.
+    pub fn experts_fwd_ps_f(&self, copies: u64) -> f64 {
+        match self.model.ffn {
+            Ffn::Dense { .. } => 0.0,
+            Ffn::Moe {
+                expert_intermediate,
+                ..
+            } => {
+                let f = 2.0
+                    * copies as f64
+                    * 3.0
+                    * f64::from(self.model.hidden)
+                    * f64::from(expert_intermediate);
+                self.gemm_ps_f(0.0, f)
             }
         }
+    }
+
+    /// Bytes one routed token copy carries in an expert-parallel dispatch (and, back, in
+    /// its combine): the hidden state.
+    pub fn ep_copy_bytes(&self) -> u64 {
+        self.hidden_bytes(1)
+    }
+
+    /// Experts each token is routed to (1 for a dense model).
+    pub fn top_k(&self) -> u32 {
+        match self.model.ffn {
+            Ffn::Dense { .. } => 1,
+            Ffn::Moe { top_k, .. } => top_k,
+        }
+    }
+
+    /// ps of dense and expert GEMM FLOPs at their efficiencies.
+    fn gemm_ps_f(&self, dense: f64, moe: f64) -> f64 {
+        // ps = FLOPs / (TFLOP/s): 1e12 FLOP/s per TFLOP/s and 1e12 ps per s cancel.
+        dense / (self.hw.peak_tflops * self.hw.gemm_efficiency)
+            + moe / (self.hw.peak_tflops * self.hw.moe_gemm_efficiency)
+    }
+
+    /// The cost model of one rank of a TP group of `tp` (Megatron-style): the model's
+    /// [`ModelConfig::tp_shard`] (experts split by TP only when `ep` = 1), the same GPU.
+    /// Every scheme plans and prices one rank's head shard through it.
+    pub fn tp_shard(&self, tp: u32, ep: u32) -> Result<CostModel> {
+        if tp == 1 {
+            return Ok(self.clone());
+        }
+        Ok(CostModel {
+            model: self.model.tp_shard(tp, ep == 1)?,
+            ..self.clone()
+        })
     }
 
     /// Time of the RMSNorm in a linear block: read and write the hidden state.
@@ -475,10 +572,7 @@ impl CostModel {
     /// Forward time of one linear block over `tokens` tokens, in ps (unrounded).
     pub fn linear_fwd_ps_f(&self, part: LinearPart, tokens: u64) -> f64 {
         let (dense, moe) = self.linear_fwd_flops(part, tokens);
-        // ps = FLOPs / (TFLOP/s): 1e12 FLOP/s per TFLOP/s and 1e12 ps per s cancel.
-        dense / (self.hw.peak_tflops * self.hw.gemm_efficiency)
-            + moe / (self.hw.peak_tflops * self.hw.moe_gemm_efficiency)
-            + self.norm_ps(tokens)
+        self.gemm_ps_f(dense, moe) + self.norm_ps(tokens)
     }
 
     /// Forward time of one linear block over `tokens` tokens, in ps.

@@ -139,6 +139,90 @@ impl ModelConfig {
         }
     }
 
+    /// The share of the model one tensor-parallel rank of a TP group of `tp` holds
+    /// (Megatron-style column/row-parallel layers): h_q/TP query heads; h_kv/TP KV heads,
+    /// or one (replicated) when TP exceeds h_kv; the MLP's intermediate size / TP; the
+    /// vocabulary / TP, padded up (vocab-parallel embedding and LM head); the hidden size
+    /// whole. An MoE layer's experts are split like an MLP when `split_experts` (expert
+    /// tensor parallelism = TP, the layout without EP); otherwise each expert stays whole
+    /// (expert parallelism shards experts, not their matrices). `tp = 1` is the model.
+    ///
+    /// Errors name `tp` and what it must divide.
+    pub fn tp_shard(&self, tp: u32, split_experts: bool) -> Result<ModelConfig> {
+        if tp == 1 {
+            return Ok(self.clone());
+        }
+        let bad = |what: String| Err(invalid("tp", tp, what));
+        if tp == 0 {
+            return bad("a positive integer".into());
+        }
+        let m = &self.name;
+        if self.heads_q % tp != 0 {
+            return bad(format!(
+                "a divisor of {m}'s {} query heads (each TP rank holds whole heads)",
+                self.heads_q
+            ));
+        }
+        let kv = if self.heads_kv >= tp {
+            if self.heads_kv % tp != 0 {
+                return bad(format!(
+                    "a divisor or a multiple of {m}'s {} KV heads",
+                    self.heads_kv
+                ));
+            }
+            self.heads_kv / tp
+        } else {
+            if tp % self.heads_kv != 0 {
+                return bad(format!(
+                    "a divisor or a multiple of {m}'s {} KV heads (KV heads are replicated \
+                     when TP exceeds them)",
+                    self.heads_kv
+                ));
+            }
+            1
+        };
+        if self.hidden % tp != 0 {
+            return bad(format!("a divisor of {m}'s hidden size {}", self.hidden));
+        }
+        let ffn = match self.ffn {
+            Ffn::Dense { intermediate } => {
+                if intermediate % tp != 0 {
+                    return bad(format!(
+                        "a divisor of {m}'s MLP intermediate size {intermediate}"
+                    ));
+                }
+                Ffn::Dense {
+                    intermediate: intermediate / tp,
+                }
+            }
+            Ffn::Moe {
+                experts,
+                top_k,
+                expert_intermediate,
+            } if split_experts => {
+                if expert_intermediate % tp != 0 {
+                    return bad(format!(
+                        "a divisor of {m}'s expert intermediate size {expert_intermediate} \
+                         (experts are split by TP when EP = 1)"
+                    ));
+                }
+                Ffn::Moe {
+                    experts,
+                    top_k,
+                    expert_intermediate: expert_intermediate / tp,
+                }
+            }
+            moe => moe,
+        };
+        Ok(ModelConfig {
+            heads_q: self.heads_q / tp,
+            heads_kv: kv,
+            vocab: self.vocab.div_ceil(tp),
+            ffn,
+            ..self.clone()
+        })
+    }
+
     /// The attention shape of one layer.
     pub fn attn_shape(&self) -> AttnShape {
         AttnShape {
@@ -267,6 +351,61 @@ mod tests {
         assert_eq!(q.attn_proj_params(), 8_388_608 + 2_097_152 + 8_388_608);
         // 8 experts * 3 * 2048 * 768 + router 2048*128
         assert_eq!(q.ffn_active_params(), 37_748_736 + 262_144);
+    }
+
+    #[test]
+    fn tp_shards_by_hand() {
+        let l8 = ModelConfig::builtin("llama3-8b").unwrap();
+        let s = l8.tp_shard(8, true).unwrap();
+        // 32/8 query heads, 8/8 KV heads, 14336/8, 128256/8.
+        assert_eq!(
+            (s.heads_q, s.heads_kv, s.hidden, s.vocab),
+            (4, 1, 4096, 16032)
+        );
+        assert_eq!(s.ffn, Ffn::Dense { intermediate: 1792 });
+        // Per rank: Q 4096·512 + K,V 2·4096·128 + O 512·4096 + MLP 3·4096·1792 + norms.
+        assert_eq!(
+            s.layer_params(),
+            4096 * 512 + 2 * 4096 * 128 + 512 * 4096 + 3 * 4096 * 1792 + 2 * 4096
+        );
+        // Qwen3: 4 KV heads replicated at TP 8; experts whole under EP, split without.
+        let q = ModelConfig::builtin("qwen3-30b-a3b").unwrap();
+        let s = q.tp_shard(8, false).unwrap();
+        assert_eq!((s.heads_q, s.heads_kv), (4, 1));
+        assert_eq!(s.ffn, q.ffn);
+        let s = q.tp_shard(4, true).unwrap();
+        assert!(matches!(
+            s.ffn,
+            Ffn::Moe {
+                expert_intermediate: 192,
+                ..
+            }
+        ));
+        for (tp, want) in [(3, "query heads"), (64, "query heads")] {
+            let e = l8.tp_shard(tp, true).unwrap_err().to_string();
+            assert!(e.contains("tp") && e.contains(want), "{tp}: {e}");
+        }
+        let odd = ModelConfig {
+            ffn: Ffn::Dense { intermediate: 1000 },
+            ..l8.clone()
+        };
+        let e = odd.tp_shard(16, true).unwrap_err().to_string();
+        assert!(e.contains("intermediate size 1000"), "{e}");
+        let e = ModelConfig {
+            heads_kv: 16,
+            ..l8.clone()
+        }
+        .tp_shard(32, true);
+        assert!(e.is_ok());
+        let e = ModelConfig {
+            heads_kv: 4,
+            heads_q: 24,
+            ..l8
+        }
+        .tp_shard(6, true)
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("4 KV heads"), "{e}");
     }
 
     #[test]

@@ -73,11 +73,15 @@ pub enum OpClass {
     DpAllReduce,
     /// Optimizer step.
     Optimizer,
+    /// Tensor-parallel all-gather, reduce-scatter or all-reduce of a layer's activations.
+    TpComm,
+    /// Expert-parallel token dispatch or combine all-to-all of an MoE layer.
+    EpA2a,
 }
 
 impl OpClass {
     /// Every class, in order.
-    pub const ALL: [OpClass; 12] = [
+    pub const ALL: [OpClass; 14] = [
         OpClass::LinearFwd,
         OpClass::LinearBwd,
         OpClass::AttnFwd,
@@ -90,6 +94,8 @@ impl OpClass {
         OpClass::PpSendBwd,
         OpClass::DpAllReduce,
         OpClass::Optimizer,
+        OpClass::TpComm,
+        OpClass::EpA2a,
     ];
 
     /// The name traces and CSVs use.
@@ -107,6 +113,8 @@ impl OpClass {
             OpClass::PpSendBwd => "pp_send_bwd",
             OpClass::DpAllReduce => "dp_allreduce",
             OpClass::Optimizer => "optimizer",
+            OpClass::TpComm => "tp_comm",
+            OpClass::EpA2a => "ep_a2a",
         }
     }
 
@@ -131,6 +139,8 @@ pub enum StreamKind {
     PpComm,
     /// Data-parallel gradient reduction.
     DpComm,
+    /// Tensor- and expert-parallel collectives (made only when TP or EP > 1).
+    TpComm,
 }
 
 impl StreamKind {
@@ -141,6 +151,7 @@ impl StreamKind {
             StreamKind::CpComm => "cp-comm",
             StreamKind::PpComm => "pp-comm",
             StreamKind::DpComm => "dp-comm",
+            StreamKind::TpComm => "tp-comm",
         }
     }
 }

@@ -58,6 +58,10 @@ mod tests {
             recompute: false,
             zero_stage: 0,
             dp_buckets: 1,
+            tp: 1,
+            sp: true,
+            tp_overlap: false,
+            ep: 1,
         };
         let map = RankMap::new(
             par,

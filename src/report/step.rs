@@ -208,7 +208,15 @@ pub fn step_report(sg: &StepGraph, t: &Timeline, cost: &CostModel, step: u64) ->
     for pp in 0..par.pp {
         for dp in 0..par.dp {
             for mb in 0..par.ga {
-                let k = key(Coords { pp, dp, cp: 0 }, mb);
+                let k = key(
+                    Coords {
+                        pp,
+                        dp,
+                        cp: 0,
+                        tp: 0,
+                    },
+                    mb,
+                );
                 microbatches.push(MicroBatchTime {
                     replica: dp,
                     stage: pp,
@@ -375,6 +383,10 @@ mod tests {
             recompute: false,
             zero_stage: 3,
             dp_buckets: 8,
+            tp: 1,
+            sp: true,
+            tp_overlap: false,
+            ep: 1,
         };
         let map = RankMap::new(
             par,
@@ -449,6 +461,10 @@ mod tests {
             recompute: false,
             zero_stage: 1,
             dp_buckets: 4,
+            tp: 1,
+            sp: true,
+            tp_overlap: false,
+            ep: 1,
         };
         let map = RankMap::new(
             par,
@@ -505,6 +521,10 @@ mod tests {
                 recompute: false,
                 zero_stage: 0,
                 dp_buckets: 1,
+                tp: 1,
+                sp: true,
+                tp_overlap: false,
+                ep: 1,
             };
             let map = RankMap::new(
                 par,

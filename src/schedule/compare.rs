@@ -43,8 +43,8 @@ pub struct SchemeStep {
     pub report: StepReport,
     /// [`attention_span`] of the step.
     pub attn_span: Ps,
-    /// Bytes the plan moves for one attention layer's forward pass (0 for Ulysses, whose
-    /// all-to-alls are the step builder's).
+    /// Bytes the plan moves for one attention layer's forward pass, over every TP lane (0
+    /// for Ulysses, whose all-to-alls are the step builder's).
     pub plan_bytes: u64,
 }
 
@@ -209,7 +209,7 @@ pub fn simulate_scheme_step_with(
         };
         let fwd_bytes =
             |g: &crate::plan::Group| -> u64 { g.transfers.iter().map(|t| t.bytes).sum() };
-        let bytes = if ticks {
+        let lane_bytes = if ticks {
             // Forward ticks move layer j of every stage at once: per model layer, / PP.
             sp.plan
                 .groups
@@ -221,6 +221,8 @@ pub fn simulate_scheme_step_with(
         } else {
             sp.plan.groups.iter().map(fwd_bytes).sum()
         };
+        // The plan is one TP rank's: every lane of each TP group moves its bytes.
+        let bytes = lane_bytes * u64::from(par.tp);
         if signal {
             // The lowering prices a transfer by its payload's tokens: one token each.
             for t in sp.plan.groups.iter_mut().flat_map(|g| &mut g.transfers) {
@@ -284,6 +286,10 @@ mod tests {
             recompute: false,
             zero_stage: 0,
             dp_buckets: 1,
+            tp: 1,
+            sp: true,
+            tp_overlap: false,
+            ep: 1,
         }
     }
 

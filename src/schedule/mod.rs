@@ -1,15 +1,18 @@
 //! Schedules: lower a training step (model, parallelism, micro-batches) to an engine op
 //! graph.
 //!
-//! Owns the parallel layout ([`Parallelism`]: DP × PP × CP, gradient accumulation, GPipe
-//! or 1F1B, recomputation, ZeRO stage, gradient buckets), the rank placement
-//! ([`Placement`], [`RankMap`]), the seam for runtime variance ([`RuntimeVariance`]) and
-//! the Ulysses step builder ([`ulysses`]). Durations come from `cost/` only; time from
-//! `engine/` only. It does no I/O.
+//! Owns the parallel layout ([`Parallelism`]: TP × CP × DP × PP and EP, gradient
+//! accumulation, GPipe or 1F1B, recomputation, ZeRO stage, gradient buckets), the rank
+//! placement ([`Placement`], [`RankMap`]), the seam for runtime variance
+//! ([`RuntimeVariance`]) and the step builder ([`ulysses`]). Durations come from `cost/`
+//! only; time from `engine/` only. It does no I/O.
 //!
-//! Placement rule: CP innermost (a CP group fills a node before it spans nodes), then DP,
-//! then PP outermost, so pipeline stages sit on different nodes whenever DP × CP fills at
-//! least a node: `gpu = (pp_idx · DP + dp_idx) · CP + cp_idx`.
+//! Placement rule (Megatron-Core's order): TP innermost (a TP group sits inside one NVLink
+//! domain), then CP (a CP group fills a node before it spans nodes), then DP, then PP
+//! outermost, so pipeline stages sit on different nodes whenever TP × CP × DP fills at
+//! least a node: `gpu = ((pp_idx · DP + dp_idx) · CP + cp_idx) · TP + tp_idx`. EP groups
+//! (MoE layers) are EP consecutive ranks of that order (Megatron-Core's MoE parallel
+//! folding with expert tensor parallelism 1): they span TP first, then CP, then DP.
 //!
 //! Architecture invariant: every rank of every replica is simulated; nothing assumes
 //! ranks are alike, because per-rank skew is the point.
@@ -54,6 +57,21 @@ pub struct Parallelism {
     pub pp: u32,
     /// Context-parallel (Ulysses) group size.
     pub cp: u32,
+    /// Tensor-parallel group size (Megatron-style column/row-parallel linear layers; each
+    /// rank holds h_q/TP query heads).
+    #[serde(default = "one")]
+    pub tp: u32,
+    /// Sequence parallelism with TP > 1: norms run on L/TP tokens, an all-gather before and
+    /// a reduce-scatter after each attention and MLP block (else two all-reduces).
+    #[serde(default = "yes")]
+    pub sp: bool,
+    /// Overlap TP communication with the GEMMs beside it (Megatron's tp-comm-overlap).
+    #[serde(default)]
+    pub tp_overlap: bool,
+    /// Expert-parallel group size (MoE models): each rank holds experts/EP experts; tokens
+    /// reach them through a dispatch and a combine all-to-all.
+    #[serde(default = "one")]
+    pub ep: u32,
     /// Micro-batches per replica per step (gradient accumulation).
     pub ga: u32,
     /// Pipeline schedule.
@@ -79,10 +97,33 @@ fn one() -> u32 {
     1
 }
 
+fn yes() -> bool {
+    true
+}
+
 impl Parallelism {
     /// GPUs the layout uses.
     pub fn gpus(&self) -> u64 {
-        u64::from(self.dp) * u64::from(self.pp) * u64::from(self.cp)
+        u64::from(self.dp) * u64::from(self.pp) * u64::from(self.cp) * u64::from(self.tp)
+    }
+
+    /// The layout without tensor or expert parallelism: what a step is when every rank is
+    /// one GPU holding every head.
+    pub fn plain(dp: u32, pp: u32, cp: u32, ga: u32) -> Self {
+        Parallelism {
+            dp,
+            pp,
+            cp,
+            tp: 1,
+            sp: true,
+            tp_overlap: false,
+            ep: 1,
+            ga,
+            pipeline: PipelineKind::OneFOneB,
+            recompute: false,
+            zero_stage: 0,
+            dp_buckets: 1,
+        }
     }
 
     /// Check the figures; `ctx` names the file or section.
@@ -91,6 +132,8 @@ impl Parallelism {
             ("dp", self.dp),
             ("pp", self.pp),
             ("cp", self.cp),
+            ("tp", self.tp),
+            ("ep", self.ep),
             ("ga", self.ga),
             ("dp_buckets", self.dp_buckets),
         ] {
@@ -100,6 +143,19 @@ impl Parallelism {
         }
         if self.ga > u32::from(u16::MAX) - 1 {
             return Err(invalid(format!("{ctx}: ga"), self.ga, "at most 65534"));
+        }
+        if self.ep > 1 {
+            let span = u64::from(self.tp) * u64::from(self.cp) * u64::from(self.dp);
+            if span % u64::from(self.ep) != 0 {
+                return Err(invalid(
+                    format!("{ctx}: ep"),
+                    self.ep,
+                    format!(
+                        "a divisor of TP × CP × DP = {span} (EP groups fold over the \
+                         tensor-, context- and data-parallel ranks of one stage)"
+                    ),
+                ));
+            }
         }
         if self.zero_stage > 3 {
             return Err(invalid(
@@ -130,7 +186,7 @@ impl Placement {
     }
 }
 
-/// Where each (pp, dp, cp) rank runs.
+/// Where each (pp, dp, cp, tp) rank runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RankMap {
     /// The layout.
@@ -148,6 +204,8 @@ pub struct Coords {
     pub dp: u32,
     /// Position in the CP group.
     pub cp: u32,
+    /// Position in the TP group.
+    pub tp: u32,
 }
 
 impl RankMap {
@@ -164,9 +222,20 @@ impl RankMap {
         let have = u64::from(place.gpus_per_node) * u64::from(place.nodes);
         if par.gpus() > have || par.gpus() > u64::from(u32::MAX / 8) {
             return Err(invalid(
-                format!("{ctx}: dp × pp × cp"),
+                format!("{ctx}: tp × cp × dp × pp"),
                 par.gpus(),
                 format!("at most the cluster's {have} GPUs"),
+            ));
+        }
+        if par.tp > place.gpus_per_node || place.gpus_per_node % par.tp != 0 {
+            return Err(invalid(
+                format!("{ctx}: tp"),
+                par.tp,
+                format!(
+                    "a divisor of the {} GPUs of one node (a TP group must sit inside one \
+                     NVLink domain)",
+                    place.gpus_per_node
+                ),
             ));
         }
         Ok(Self { par, place })
@@ -177,17 +246,29 @@ impl RankMap {
         self.par.gpus() as u32
     }
 
-    /// The GPU of rank (pp, dp, cp).
-    pub fn gpu(&self, pp: u32, dp: u32, cp: u32) -> GpuId {
-        (pp * self.par.dp + dp) * self.par.cp + cp
+    /// Streams per GPU: compute, CP, PP and DP communication, plus a TP/EP communication
+    /// stream when the layout has tensor or expert parallelism.
+    pub fn streams_per_gpu(&self) -> u32 {
+        if self.par.tp > 1 || self.par.ep > 1 {
+            5
+        } else {
+            4
+        }
+    }
+
+    /// The GPU of rank (pp, dp, cp, tp).
+    pub fn gpu(&self, pp: u32, dp: u32, cp: u32, tp: u32) -> GpuId {
+        ((pp * self.par.dp + dp) * self.par.cp + cp) * self.par.tp + tp
     }
 
     /// The coordinates of `gpu` (which must be < [`RankMap::gpus`]).
     pub fn coords(&self, gpu: GpuId) -> Coords {
+        let r = gpu / self.par.tp;
         Coords {
-            cp: gpu % self.par.cp,
-            dp: (gpu / self.par.cp) % self.par.dp,
-            pp: gpu / (self.par.cp * self.par.dp),
+            tp: gpu % self.par.tp,
+            cp: r % self.par.cp,
+            dp: (r / self.par.cp) % self.par.dp,
+            pp: r / (self.par.cp * self.par.dp),
         }
     }
 
@@ -196,23 +277,34 @@ impl RankMap {
         let p = &self.par;
         let g = self.place.gpus_per_node;
         let span = |n: u32| n.div_ceil(g);
-        let mut s = format!(
-            "placement: DP {} x PP {} x CP {} = {} GPUs on {} node(s) of {} GPUs (rank order: CP innermost, then DP, then PP)\n",
-            p.dp, p.pp, p.cp, self.gpus(), span(self.gpus()), g
-        );
+        let mut s = if p.tp == 1 {
+            format!(
+                "placement: DP {} x PP {} x CP {} = {} GPUs on {} node(s) of {} GPUs (rank order: CP innermost, then DP, then PP)\n",
+                p.dp, p.pp, p.cp, self.gpus(), span(self.gpus()), g
+            )
+        } else {
+            format!(
+                "placement: TP {} x CP {} x DP {} x PP {} = {} GPUs on {} node(s) of {} GPUs (rank order: TP innermost, then CP, then DP, then PP)\n",
+                p.tp, p.cp, p.dp, p.pp, self.gpus(), span(self.gpus()), g
+            )
+        };
+        let cp_span = p.cp * p.tp;
         s += &format!(
             "  CP group: {} GPUs, {} (GPUs {}..{} for replica 0, stage 0)\n",
             p.cp,
-            if p.cp <= g && g % p.cp == 0 {
+            if cp_span <= g && g % cp_span == 0 {
                 "inside one node".to_string()
             } else {
-                format!("across {} nodes", span(p.cp))
+                format!("across {} nodes", span(cp_span))
             },
-            self.gpu(0, 0, 0),
-            self.gpu(0, 0, p.cp - 1)
+            self.gpu(0, 0, 0, 0),
+            self.gpu(0, 0, p.cp - 1, 0)
         );
         for pp in 0..p.pp {
-            let (a, b) = (self.gpu(pp, 0, 0), self.gpu(pp, p.dp - 1, p.cp - 1));
+            let (a, b) = (
+                self.gpu(pp, 0, 0, 0),
+                self.gpu(pp, p.dp - 1, p.cp - 1, p.tp - 1),
+            );
             s += &format!(
                 "  PP stage {pp}: GPUs {a}..{b} on nodes {}..{}\n",
                 self.place.node(a),
@@ -267,16 +359,7 @@ mod tests {
     use super::*;
 
     fn par(dp: u32, pp: u32, cp: u32) -> Parallelism {
-        Parallelism {
-            dp,
-            pp,
-            cp,
-            ga: 1,
-            pipeline: PipelineKind::OneFOneB,
-            recompute: false,
-            zero_stage: 0,
-            dp_buckets: 1,
-        }
+        Parallelism::plain(dp, pp, cp, 1)
     }
 
     #[test]
@@ -291,12 +374,12 @@ mod tests {
         )
         .unwrap();
         // Replica 0 stage 0 is node 0; replica 1 stage 0 node 1; stage 1 nodes 2 and 3.
-        assert_eq!(m.gpu(0, 0, 7), 7);
-        assert_eq!(m.gpu(0, 1, 0), 8);
-        assert_eq!(m.gpu(1, 0, 0), 16);
+        assert_eq!(m.gpu(0, 0, 7, 0), 7);
+        assert_eq!(m.gpu(0, 1, 0, 0), 8);
+        assert_eq!(m.gpu(1, 0, 0, 0), 16);
         for g in 0..32 {
             let c = m.coords(g);
-            assert_eq!(m.gpu(c.pp, c.dp, c.cp), g);
+            assert_eq!(m.gpu(c.pp, c.dp, c.cp, c.tp), g);
         }
         let d = m.describe();
         assert!(
@@ -313,6 +396,55 @@ mod tests {
         )
         .unwrap();
         assert!(m16.describe().contains("across 2 nodes"));
+    }
+
+    #[test]
+    fn tp_is_innermost_then_cp_then_dp_then_pp() {
+        let par = Parallelism {
+            tp: 8,
+            ..Parallelism::plain(2, 2, 2, 1)
+        };
+        let place = Placement {
+            gpus_per_node: 8,
+            nodes: 8,
+        };
+        let m = RankMap::new(par, place, "t").unwrap();
+        assert_eq!(m.gpus(), 64);
+        // A TP group is one node; CP rank 1 is the next node; replica 1 two nodes on.
+        assert_eq!(m.gpu(0, 0, 0, 7), 7);
+        assert_eq!(m.gpu(0, 0, 1, 0), 8);
+        assert_eq!(m.gpu(0, 1, 0, 0), 16);
+        assert_eq!(m.gpu(1, 0, 0, 0), 32);
+        for g in 0..64 {
+            let c = m.coords(g);
+            assert_eq!(m.gpu(c.pp, c.dp, c.cp, c.tp), g);
+            assert_eq!(place.node(g), g / 8);
+        }
+        let e = RankMap::new(
+            Parallelism {
+                tp: 16,
+                ..Parallelism::plain(1, 1, 1, 1)
+            },
+            Placement {
+                gpus_per_node: 8,
+                nodes: 2,
+            },
+            "x.toml",
+        )
+        .unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains("x.toml: tp") && msg.contains("NVLink domain"),
+            "{msg}"
+        );
+        let e = Parallelism {
+            tp: 2,
+            ep: 3,
+            ..Parallelism::plain(2, 1, 1, 1)
+        }
+        .validate("y")
+        .unwrap_err();
+        assert!(e.to_string().contains("y: ep"), "{e}");
     }
 
     #[test]

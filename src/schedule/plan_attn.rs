@@ -153,9 +153,10 @@ struct ChunkOps {
 /// One group for one pipeline stage.
 #[derive(Clone, Debug)]
 struct GroupOps {
-    /// Worker ids (replica · CP + rank): the index into the builder's `last`.
-    workers: Vec<WorkerId>,
-    /// GPUs of the workers on this stage.
+    /// Per worker and TP lane (worker-major): (stage, the rank's offset in its stage) —
+    /// the index into the builder's `last`.
+    slots: Vec<(u32, u32)>,
+    /// GPUs of the workers' lanes, as `slots`.
     gpus: Vec<GpuId>,
     chunks: Vec<ChunkOps>,
 }
@@ -184,7 +185,7 @@ pub struct PlanAttention {
     chunks: u32,
     /// Nano-batches the step builder cuts linear blocks into (1 under head chunks).
     nanos: u32,
-    /// Ranks per pipeline stage (DP · CP): the stride of the builder's `last`.
+    /// Ranks per pipeline stage (DP · CP · TP): the stride of the builder's `last`.
     width: u32,
     /// Workers are GPUs of every stage (DistCA's ticks).
     pooled: bool,
@@ -333,7 +334,9 @@ impl PlanAttention {
     /// Lower `plan` for the ranks of `map`, cut for overlap as `overlap` says (head chunks
     /// must divide h_q/H; a nano table must match the plan's groups). Plan worker w is
     /// rank (replica w / CP, position w mod CP) of every pipeline stage; its GA index is
-    /// the micro-batch.
+    /// the micro-batch. Under TP the plan is one TP rank's (its shape is
+    /// [`CostModel::tp_shard`]'s): every lane of the worker's TP group runs it on its own
+    /// head shard, exchanging with the same lane of the other workers.
     pub fn new(cost: &CostModel, plan: &Plan, map: RankMap, overlap: Overlap<'_>) -> Result<Self> {
         Self::lower(cost, plan, map, overlap, false)
     }
@@ -359,6 +362,8 @@ impl PlanAttention {
         pooled: bool,
     ) -> Result<Self> {
         let par = map.par;
+        let shard = cost.tp_shard(par.tp, par.ep)?;
+        let cost = &shard;
         let shape = cost.attn();
         if plan.shape != shape {
             return Err(invalid(
@@ -437,24 +442,39 @@ impl PlanAttention {
         } else {
             (par.pp, par.ga)
         };
+        let tp = par.tp;
+        let lanes = |v: &[Ps]| -> Vec<Ps> {
+            v.iter()
+                .flat_map(|&x| std::iter::repeat_n(x, tp as usize))
+                .collect()
+        };
         let mut ops = Vec::with_capacity(lowerings as usize);
         for p in 0..lowerings {
             let base = p * nworkers;
-            let gpu = |wk: WorkerId| base + wk;
+            // Lane t of worker wk: the builder's rank offset (base + wk) · TP + t.
+            let gpu = |wk: WorkerId, t: u32| (base + wk) * tp + t;
+            let pieces = |v: &[(WorkerId, WorkerId, u64)], rev: bool| -> Vec<(GpuId, GpuId, u64)> {
+                v.iter()
+                    .flat_map(|&(s, d, b)| {
+                        (0..tp).map(move |t| {
+                            if rev {
+                                (gpu(d, t), gpu(s, t), b)
+                            } else {
+                                (gpu(s, t), gpu(d, t), b)
+                            }
+                        })
+                    })
+                    .collect()
+            };
             let mut by_ga: Vec<Vec<GroupOps>> = vec![Vec::new(); slots as usize];
             for g in &pre {
                 let chunk_ops = (0..chunks as usize)
                     .map(|k| {
-                        let rev = |v: &[(WorkerId, WorkerId, u64)]| -> Vec<(GpuId, GpuId, u64)> {
-                            v.iter().map(|&(s, d, b)| (gpu(d), gpu(s), b)).collect()
-                        };
-                        let fwd_dir =
-                            |v: &[(WorkerId, WorkerId, u64)]| -> Vec<(GpuId, GpuId, u64)> {
-                                v.iter().map(|&(s, d, b)| (gpu(s), gpu(d), b)).collect()
-                            };
+                        let rev = |v: &[(WorkerId, WorkerId, u64)]| pieces(v, true);
+                        let fwd_dir = |v: &[(WorkerId, WorkerId, u64)]| pieces(v, false);
                         ChunkOps {
-                            fwd: g.fwd[k].clone(),
-                            bwd: g.bwd[k].clone(),
+                            fwd: lanes(&g.fwd[k]),
+                            bwd: lanes(&g.bwd[k]),
                             f_in: port_xfers(&fwd_dir(&g.disp[k]), map),
                             f_out: port_xfers(&fwd_dir(&g.ret[k]), map),
                             // Backward: dO travels as the output did, reversed; dQ, dK, dV
@@ -466,9 +486,19 @@ impl PlanAttention {
                         }
                     })
                     .collect();
+                let ranks = nworkers * tp;
+                let mut slots_of = Vec::with_capacity(g.workers.len() * tp as usize);
+                let mut gpus = Vec::with_capacity(slots_of.capacity());
+                for &wk in &g.workers {
+                    for t in 0..tp {
+                        let off = wk * tp + t;
+                        slots_of.push((off / ranks, off % ranks));
+                        gpus.push(gpu(wk, t));
+                    }
+                }
                 by_ga[g.ga as usize].push(GroupOps {
-                    workers: g.workers.clone(),
-                    gpus: g.workers.iter().map(|&wk| gpu(wk)).collect(),
+                    slots: slots_of,
+                    gpus,
                     chunks: chunk_ops,
                 });
             }
@@ -478,7 +508,7 @@ impl PlanAttention {
             ops,
             chunks,
             nanos,
-            width: nworkers,
+            width: nworkers * tp,
             pooled,
             stages: overlap_stages(chunks),
         })
@@ -610,24 +640,21 @@ impl AttentionStage for PlanAttention {
         };
         let m = self.chunks as usize;
         let nano = self.nanos > 1;
-        // `last` holds one entry per (stage, nano-batch, rank): worker w (= stage · W +
-        // rank; stage 0 unless pooled) of nano-batch k at (stage · nanos + k) · W + rank.
-        // Under nano-batches slot k waits for and gates nano-batch k's linear blocks; head
-        // chunks all wait for and gate the one linear block.
+        // `last` holds one entry per (stage, nano-batch, rank): the rank at offset `off` of
+        // stage s (stage 0 unless pooled), nano-batch k at (s · nanos + k) · W + off. Under
+        // nano-batches slot k waits for and gates nano-batch k's linear blocks; head chunks
+        // all wait for and gate the one linear block.
         let (width, nanos) = (self.width as usize, self.nanos as usize);
-        let slot_of = |k: usize, w: usize| {
+        let slot_of = |k: usize, (s, off): (u32, u32)| {
             let k = if nano { k } else { 0 };
-            ((w / width) * nanos + k) * width + w % width
+            (s as usize * nanos + k) * width + off as usize
         };
         for g in groups {
-            let n = g.workers.len();
-            if g.workers
-                .iter()
-                .any(|&w| slot_of(nanos - 1, w as usize) >= last.len())
-            {
+            let n = g.slots.len();
+            if g.slots.iter().any(|&w| slot_of(nanos - 1, w) >= last.len()) {
                 return Err(invalid(
                     "plan worker",
-                    format!("{:?}", g.workers),
+                    format!("{:?}", g.slots),
                     format!("worker ids within the builder's {} entries", last.len()),
                 ));
             }
@@ -636,11 +663,7 @@ impl AttentionStage for PlanAttention {
             let mut ready = vec![OpId::MAX; m * n];
             let mut done = vec![OpId::MAX; m * n];
             let mut returned = vec![OpId::MAX; m * n];
-            let mut tail: Vec<OpId> = g
-                .workers
-                .iter()
-                .map(|&w| last[slot_of(0, w as usize)])
-                .collect();
+            let mut tail: Vec<OpId> = g.slots.iter().map(|&w| last[slot_of(0, w)]).collect();
             let mut comm_tail = vec![OpId::MAX; n];
             for st in &self.stages {
                 if let Some(k) = st.dispatch {
@@ -654,7 +677,7 @@ impl AttentionStage for PlanAttention {
                     if !xf.is_empty() {
                         let coll = b.add_grouped_p2p(xf, pairs);
                         for i in 0..n {
-                            let w = slot_of(k, g.workers[i] as usize);
+                            let w = slot_of(k, g.slots[i]);
                             let op = b.add_op(
                                 env.stream(g.gpus[i], StreamKind::CpComm),
                                 OpKind::Coll(coll),
@@ -679,7 +702,7 @@ impl AttentionStage for PlanAttention {
                             done[k * n + i] = ready[k * n + i];
                             continue;
                         }
-                        let w = slot_of(k, g.workers[i] as usize);
+                        let w = slot_of(k, g.slots[i]);
                         let dep = if ready[k * n + i] == OpId::MAX {
                             &last[w]
                         } else {
@@ -707,7 +730,7 @@ impl AttentionStage for PlanAttention {
                     if !xf.is_empty() {
                         let coll = b.add_grouped_p2p(xf, pairs);
                         for i in 0..n {
-                            let w = slot_of(k, g.workers[i] as usize);
+                            let w = slot_of(k, g.slots[i]);
                             let dep = if done[k * n + i] == OpId::MAX {
                                 &last[w]
                             } else {
@@ -726,7 +749,7 @@ impl AttentionStage for PlanAttention {
                 }
             }
             for i in 0..n {
-                let w = g.workers[i] as usize;
+                let w = g.slots[i];
                 if nano {
                     // Nano-batch k's next linear block waits for its own return (or, with
                     // nothing to return, its kernel or its dispatch).

@@ -29,10 +29,10 @@ pub struct StepEnv<'a> {
 }
 
 impl StepEnv<'_> {
-    /// The stream of `kind` on `gpu` (the step builder makes four per GPU, in
-    /// [`StreamKind`] order).
+    /// The stream of `kind` on `gpu` (the step builder makes
+    /// [`RankMap::streams_per_gpu`] per GPU, in [`StreamKind`] order).
     pub fn stream(&self, gpu: GpuId, kind: StreamKind) -> StreamId {
-        4 * gpu + kind as u32
+        self.map.streams_per_gpu() * gpu + kind as u32
     }
 
     /// `base` under the kernel's variance factor (the same draw as the step builder's).
@@ -74,15 +74,15 @@ pub trait AttentionStage {
     /// Pooled across pipeline stages (DistCA's ticks): under `PipelineKind::Ticks` the step
     /// builder then calls [`Self::emit`] once per (tick, layer j of every stage) with
     /// `call.mb` = the tick, `call.layer` = j, `call.stage` = 0, and `last` spanning all
-    /// stages: `last[(stage · nanos + k) · W + replica · CP + cp_rank]`. Default: one call
-    /// per stage.
+    /// stages: `last[(stage · nanos + k) · W + (replica · CP + cp_rank) · TP + tp_rank]`.
+    /// Default: one call per stage.
     fn pooled(&self) -> bool {
         false
     }
 
-    /// Append the attention of `call` to `b`. `last[k · W + replica · CP + cp_rank]`
-    /// (W = DP · CP, k < [`Self::nanos`]) is the last op of nano-batch k of that rank of the
-    /// stage (the linear block that produced Q/K/V, or in backward the one that produced
+    /// Append the attention of `call` to `b`. `last[k · W + (replica · CP + cp_rank) · TP +
+    /// tp_rank]` (W = DP · CP · TP, k < [`Self::nanos`]; the GPU's offset in its stage) is
+    /// the last op of nano-batch k of that rank of the stage (the linear block that produced Q/K/V, or in backward the one that produced
     /// dO); on return it must be the op nano-batch k's next linear block waits for.
     fn emit(
         &mut self,

@@ -33,8 +33,11 @@
 
 use super::stage::{AttentionStage, AttnCall, StepEnv};
 use super::{Coords, PipelineKind, Placement, RankMap, RuntimeVariance};
-use crate::cost::memory::{rank_memory, stage_grad_bytes, MemoryBreakdown, MemoryInputs};
-use crate::cost::{CostModel, LinearPart};
+use crate::cost::memory::{
+    rank_memory, stage_expert_params, stage_grad_bytes, stage_rank_params, MemoryBreakdown,
+    MemoryInputs, GRAD_BYTES_PER_PARAM,
+};
+use crate::cost::{CostModel, LinearPart, LinearPiece};
 use crate::engine::{
     CollId, Graph, GraphBuilder, OpClass, OpId, OpKind, OpLabel, StreamId, StreamKind, Xfer,
 };
@@ -137,6 +140,42 @@ struct RankDur {
     post_b: Ps,
     head_f: Ps,
     head_b: Ps,
+    /// Under TP or EP, the forward pieces between collectives ([`Link::Gemm`]).
+    qkv_f: Ps,
+    oproj_f: Ps,
+    ffn_f: Ps,
+    experts_f: Ps,
+    /// The activation of the rank's tokens (what a TP all-gather gathers).
+    tp_bytes: u64,
+    /// Bytes an EP dispatch sends to each peer of the EP group.
+    ep_pair_bytes: u64,
+}
+
+/// One link of a layer's linear chain under tensor or expert parallelism (forward order;
+/// the backward runs the chain reversed, an all-gather's gradient being a reduce-scatter
+/// and the reverse).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Link {
+    /// A compute piece.
+    Gemm(Piece),
+    /// TP all-gather of the activation (sequence parallelism).
+    Ag,
+    /// TP reduce-scatter of the activation (sequence parallelism).
+    Rs,
+    /// TP all-reduce of the activation (no sequence parallelism).
+    Ar,
+    /// EP all-to-all: the dispatch of routed token copies, or their combine.
+    Ep,
+}
+
+/// The compute pieces of a chain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Piece {
+    Qkv,
+    OutProj,
+    Ffn,
+    Experts,
+    Head,
 }
 
 struct Ctx<'a> {
@@ -151,7 +190,7 @@ struct Ctx<'a> {
 
 impl Ctx<'_> {
     fn stream(&self, gpu: GpuId, k: StreamKind) -> StreamId {
-        4 * gpu + k as u32
+        self.map.streams_per_gpu() * gpu + k as u32
     }
 
     /// A kernel of `dur` on `gpu`'s compute stream after `deps`.
@@ -297,6 +336,27 @@ impl Ctx<'_> {
         self.xf = xf;
         c
     }
+
+    /// A ring all-gather or reduce-scatter (`per = (n−1)/n`) or all-reduce
+    /// (`per = 2(n−1)/n`) of `bytes` over `gpus`: each rank sends its share to the next.
+    fn ring(&mut self, gpus: &[GpuId], bytes: u64, all_reduce: bool) -> CollId {
+        self.xf.clear();
+        let n = gpus.len() as u64;
+        if n > 1 {
+            let per = ((1 + u64::from(all_reduce)) * (n - 1) * bytes).div_ceil(n);
+            for (i, &src) in gpus.iter().enumerate() {
+                self.xf.push(Xfer {
+                    src,
+                    dst: gpus[(i + 1) % gpus.len()],
+                    bytes: per,
+                });
+            }
+        }
+        let xf = std::mem::take(&mut self.xf);
+        let c = self.b.add_collective(&xf);
+        self.xf = xf;
+        c
+    }
 }
 
 /// A group laid out as `nodes` whole blocks of `per_node` consecutive members, each block
@@ -369,18 +429,20 @@ pub fn build_step_with(
     mut attn: Option<&mut dyn AttentionStage>,
 ) -> Result<StepGraph> {
     let par = map.par;
+    check_moe_layout(&cost.model, par)?;
+    // One TP rank's share of the model prices every piece of work below.
+    let shard = cost.tp_shard(par.tp, par.ep)?;
+    let cost = &shard;
     let m = &cost.model;
     let split = match (&attn, head_split(m.heads_q, m.heads_kv, par.cp)) {
         (_, Ok(s)) => s,
         (None, Err(e)) => return Err(e),
-        // A plugged stage splits work its own way; memory is estimated at Ulysses' share.
         (Some(_), Err(_)) => HeadSplit {
             q: m.heads_q.div_ceil(par.cp),
             kv: m.heads_kv.div_ceil(par.cp).max(1),
         },
     };
     let env = StepEnv { map, var, step };
-    // Nano-batches per micro-batch: each rank's linear blocks are cut into this many ops.
     let nanos = attn.as_deref().map_or(1, |a| a.nanos()).max(1) as usize;
     if batch.len() != par.dp as usize {
         return Err(invalid(
@@ -438,6 +500,49 @@ pub fn build_step_with(
     e.finish()
 }
 
+/// Expert parallelism needs an MoE model whose experts it divides, EP groups inside one
+/// replica's TP × CP ranks, and (with TP > 1) sequence parallelism, as Megatron-Core
+/// requires for MoE under TP.
+pub fn check_moe_layout(m: &crate::cost::ModelConfig, par: super::Parallelism) -> Result<()> {
+    use crate::cost::Ffn;
+    if par.ep <= 1 {
+        return Ok(());
+    }
+    let Ffn::Moe { experts, .. } = m.ffn else {
+        return Err(invalid(
+            "ep",
+            par.ep,
+            format!("1 for the dense model {} (EP shards MoE experts)", m.name),
+        ));
+    };
+    if experts % par.ep != 0 {
+        return Err(invalid(
+            "ep",
+            par.ep,
+            format!("a divisor of {}'s {experts} experts", m.name),
+        ));
+    }
+    let rw = par.tp * par.cp;
+    if rw % par.ep != 0 {
+        return Err(invalid(
+            "ep",
+            par.ep,
+            format!(
+                "a divisor of TP × CP = {rw} (each EP group lies inside one replica's \
+                 tensor- and context-parallel ranks)"
+            ),
+        ));
+    }
+    if par.tp > 1 && !par.sp {
+        return Err(invalid(
+            "sp",
+            false,
+            "true when an MoE model runs with TP > 1 and EP > 1 (Megatron-Core requires sequence parallelism there)",
+        ));
+    }
+    Ok(())
+}
+
 /// A shorter-lived handle on the plugged stage, for one driver call.
 fn reborrow<'s>(
     attn: &'s mut Option<&mut dyn AttentionStage>,
@@ -457,10 +562,15 @@ struct StageState {
     nb: u32,
     /// The micro-batch of the stage's last backward slot (its gradients are then final).
     last_bwd_mb: Option<u32>,
-    /// GPU of each rank (replica · CP + position).
+    /// GPU of each rank, by its offset i = (replica · CP + position) · TP + tp_rank.
     groups: Vec<GpuId>,
-    /// All-to-all routes of each rank (Ulysses' built-in attention).
+    /// All-to-all routes of each rank in its lane's CP group, at (replica · TP + tp_rank) ·
+    /// CP + position (Ulysses' built-in attention).
     routes: Vec<A2aRoute>,
+    /// The CP group GPUs of each lane, indexed as `routes`.
+    cp_gpus: Vec<GpuId>,
+    /// All-to-all routes of each rank in its EP group, by offset.
+    ep_routes: Vec<A2aRoute>,
     /// Per (nano-batch k, rank i) at k·W + i: linear durations of the current slot.
     durs: Vec<RankDur>,
     /// Per rank: Ulysses all-to-all bytes to each peer, in and out.
@@ -482,13 +592,18 @@ struct Emitter<'a> {
     batch: &'a [Vec<PackedSeq>],
     split: HeadSplit,
     nanos: usize,
-    /// Ranks per stage (DP · CP).
+    /// Ranks per stage (DP · CP · TP).
     wn: usize,
+    /// TP group size.
+    tp: usize,
+    /// Linear work as chains of pieces and TP/EP collectives (TP or EP > 1); else one op
+    /// per linear block.
+    chain: bool,
     stages: Vec<StageState>,
     /// Per stage, nano-batch and rank at (p · nanos + k) · W + i: the rank's last op (the
     /// op its next linear block waits for).
     last: Vec<OpId>,
-    /// Per (stage, replica, cp, mb): the first op of each slot and its send, for PP edges.
+    /// Per (stage, rank, mb): the first op of each slot and its send, for PP edges.
     f_first: Vec<OpId>,
     f_send: Vec<OpId>,
     b_first: Vec<OpId>,
@@ -507,10 +622,13 @@ impl<'a> Emitter<'a> {
     ) -> Self {
         let par = map.par;
         let m = &cost.model;
-        let (dp, pp, cp, ga) = (par.dp, par.pp, par.cp, par.ga);
+        let (dp, pp, cp, ga, tp) = (par.dp, par.pp, par.cp, par.ga, par.tp);
+        let chain = tp > 1 || par.ep > 1;
         let gpus = map.gpus();
+        let per_layer = if chain { 20 } else { 8 };
         let ops_est =
-            gpus as usize * ga as usize * (m.layers as usize / pp as usize + 1) * 8 * nanos + 16;
+            gpus as usize * ga as usize * (m.layers as usize / pp as usize + 1) * per_layer * nanos
+                + 16;
         let mut cx = Ctx {
             map,
             mb: 0,
@@ -519,19 +637,31 @@ impl<'a> Emitter<'a> {
             b: GraphBuilder::with_capacity(ops_est),
             xf: Vec::new(),
         };
-        for g in 0..gpus {
-            for k in [
+        let kinds: &[StreamKind] = if map.streams_per_gpu() == 5 {
+            &[
                 StreamKind::Compute,
                 StreamKind::CpComm,
                 StreamKind::PpComm,
                 StreamKind::DpComm,
-            ] {
+                StreamKind::TpComm,
+            ]
+        } else {
+            &[
+                StreamKind::Compute,
+                StreamKind::CpComm,
+                StreamKind::PpComm,
+                StreamKind::DpComm,
+            ]
+        };
+        for g in 0..gpus {
+            for &k in kinds {
                 cx.b.add_stream(g, k);
             }
         }
-        let (cpu, dpu) = (cp as usize, dp as usize);
-        let wn = dpu * cpu;
-        let mut route_buf: Vec<A2aRoute> = Vec::with_capacity(cpu);
+        let (cpu, dpu, tpu) = (cp as usize, dp as usize, tp as usize);
+        let wn = dpu * cpu * tpu;
+        let epu = par.ep as usize;
+        let mut route_buf: Vec<A2aRoute> = Vec::with_capacity(cpu.max(epu));
         let stages = stage_layers(m.layers, pp)
             .into_iter()
             .enumerate()
@@ -543,19 +673,27 @@ impl<'a> Emitter<'a> {
                     k => stage_order(k, pp, p, ga),
                 };
                 let last_bwd_mb = match par.pipeline {
-                    // Ticks run each stage's backwards in micro-batch order.
                     PipelineKind::Ticks => ga.checked_sub(1),
                     _ => order.iter().rev().find(|s| !s.0).map(|s| s.1),
                 };
-                let mut groups = vec![0; wn];
+                let base = map.gpu(p, 0, 0, 0);
+                let groups: Vec<GpuId> = (0..wn as u32).map(|i| base + i).collect();
                 let mut routes = Vec::with_capacity(wn);
+                let mut cp_gpus = Vec::with_capacity(wn);
                 for r in 0..dp {
-                    let grp = &mut groups[r as usize * cpu..(r as usize + 1) * cpu];
-                    for (c, g) in grp.iter_mut().enumerate() {
-                        *g = map.gpu(p, r, c as u32);
+                    for t in 0..tp {
+                        let lane: Vec<GpuId> = (0..cp).map(|c| map.gpu(p, r, c, t)).collect();
+                        cx.a2a_pattern(&lane, &mut route_buf);
+                        routes.extend_from_slice(&route_buf);
+                        cp_gpus.extend_from_slice(&lane);
                     }
-                    cx.a2a_pattern(grp, &mut route_buf);
-                    routes.extend_from_slice(&route_buf);
+                }
+                let mut ep_routes = Vec::new();
+                if epu > 1 {
+                    for grp in groups.chunks(epu) {
+                        cx.a2a_pattern(grp, &mut route_buf);
+                        ep_routes.extend_from_slice(&route_buf);
+                    }
                 }
                 StageState {
                     lf,
@@ -564,6 +702,8 @@ impl<'a> Emitter<'a> {
                     last_bwd_mb,
                     groups,
                     routes,
+                    cp_gpus,
+                    ep_routes,
                     durs: vec![RankDur::default(); nanos * wn],
                     pair_in: vec![0; wn],
                     pair_out: vec![0; wn],
@@ -574,7 +714,7 @@ impl<'a> Emitter<'a> {
                 }
             })
             .collect();
-        let nslots = (pp * dp * cp * ga) as usize;
+        let nslots = pp as usize * wn * ga as usize;
         Emitter {
             cx,
             cost,
@@ -582,6 +722,8 @@ impl<'a> Emitter<'a> {
             split,
             nanos,
             wn,
+            tp: tpu,
+            chain,
             stages,
             last: vec![NONE; pp as usize * nanos * wn],
             f_first: vec![NONE; nslots],
@@ -591,23 +733,30 @@ impl<'a> Emitter<'a> {
         }
     }
 
-    fn idx(&self, p: u32, r: u32, c: u32, mb: u32) -> usize {
-        let par = self.cx.map.par;
-        (((p * par.dp + r) * par.cp + c) * par.ga + mb) as usize
+    /// Ranks of one replica on one stage (CP · TP).
+    fn rw(&self) -> usize {
+        self.cx.map.par.cp as usize * self.tp
     }
 
-    /// Index into `last` of nano-batch k of rank i of stage p.
+    fn idx(&self, p: u32, i: usize, mb: u32) -> usize {
+        let ga = self.cx.map.par.ga as usize;
+        (p as usize * self.wn + i) * ga + mb as usize
+    }
+
     fn li(&self, p: u32, k: usize, i: usize) -> usize {
         (p as usize * self.nanos + k) * self.wn + i
     }
 
-    /// Durations and bytes of stage p's ranks for micro-batch mb.
+    /// The slot's durations (and, under TP or EP, its chain's pieces and bytes).
     fn begin(&mut self, p: u32, mb: u32) {
         let par = self.cx.map.par;
-        let (cp, cpu) = (par.cp, par.cp as usize);
+        let (cp, cpu, tp) = (par.cp, par.cp as usize, self.tp);
         let last_stage = p + 1 == par.pp;
-        let (cost, nanos, wn, split) = (self.cost, self.nanos, self.wn, self.split);
+        let (cost, nanos, wn, split, chain) =
+            (self.cost, self.nanos, self.wn, self.split, self.chain);
         let a = cost.attn();
+        let seq_shard = if par.sp { tp as u64 } else { 1 };
+        let ep = u64::from(par.ep);
         let st = &mut self.stages[p as usize];
         for r in 0..par.dp as usize {
             let seq = &self.batch[r][mb as usize];
@@ -618,7 +767,7 @@ impl<'a> Emitter<'a> {
                 let t = chunk(st.tokens[r], cp, c as u32);
                 for k in 0..nanos {
                     let t = chunk(t, nanos as u32, k as u32);
-                    st.durs[k * wn + r * cpu + c] = RankDur {
+                    let mut d = RankDur {
                         pre_f: cost.linear_fwd_ps(LinearPart::PreAttn, t),
                         post_f: cost.linear_fwd_ps(LinearPart::PostAttn, t),
                         pre_b: cost.linear_bwd_ps(LinearPart::PreAttn, t),
@@ -633,97 +782,287 @@ impl<'a> Emitter<'a> {
                         } else {
                             0
                         },
+                        ..RankDur::default()
                     };
+                    if chain {
+                        let nt = t.div_ceil(seq_shard);
+                        let ps = |x: f64| x.round() as Ps;
+                        d.qkv_f = ps(cost.piece_fwd_ps_f(LinearPiece::Qkv, t, nt));
+                        d.oproj_f = ps(cost.piece_fwd_ps_f(LinearPiece::OutProj, t, nt));
+                        d.tp_bytes = cost.hidden_bytes(t);
+                        if ep > 1 {
+                            // The MoE block runs on the rank's own (sequence-parallel) tokens:
+                            // each sends top-k copies, (EP−1)/EP of them to its EP peers, and
+                            // receives as many under uniform routing.
+                            let tin = t.div_ceil(tp as u64);
+                            let copies = tin * u64::from(cost.top_k());
+                            d.ffn_f = ps(cost.piece_fwd_ps_f(LinearPiece::Router, tin, tin));
+                            d.experts_f = ps(cost.experts_fwd_ps_f(copies));
+                            d.ep_pair_bytes = copies.div_ceil(ep) * cost.ep_copy_bytes();
+                        } else {
+                            d.ffn_f = ps(cost.piece_fwd_ps_f(LinearPiece::Ffn, t, nt));
+                        }
+                    }
+                    for lane in 0..tp {
+                        st.durs[k * wn + (r * cpu + c) * tp + lane] = d;
+                    }
                 }
-                st.pair_in[r * cpu + c] = a.q_bytes(t, split.q) + a.kv_bytes(t, split.kv);
-                st.pair_out[r * cpu + c] = a.q_bytes(t, split.q);
+                let pin = a.q_bytes(t, split.q) + a.kv_bytes(t, split.kv);
+                let pout = a.q_bytes(t, split.q);
+                for lane in 0..tp {
+                    st.pair_in[(r * cpu + c) * tp + lane] = pin;
+                    st.pair_out[(r * cpu + c) * tp + lane] = pout;
+                }
             }
         }
     }
 
-    /// Replica r's forward linear block before layer l's attention (layer l's pre block
-    /// and, after the first layer, layer l−1's post block), one op per nano-batch.
-    fn fwd_linear(&mut self, p: u32, mb: u32, l: u32, r: usize) {
+    /// The links of the block after layer l's attention (O projection, feed-forward):
+    /// with SP a reduce-scatter after the O projection and an all-gather + reduce-scatter
+    /// around the MLP (without SP, two all-reduces); under EP the router, the dispatch, the
+    /// experts and the combine instead of the MLP.
+    fn links_post(&self) -> Vec<Link> {
+        let par = self.cx.map.par;
+        let (tp, sp) = (par.tp > 1, par.sp);
+        let red = if sp { Link::Rs } else { Link::Ar };
+        let mut v = vec![Link::Gemm(Piece::OutProj)];
+        if tp {
+            v.push(red);
+        }
+        if par.ep > 1 {
+            v.extend([
+                Link::Gemm(Piece::Ffn),
+                Link::Ep,
+                Link::Gemm(Piece::Experts),
+                Link::Ep,
+            ]);
+        } else {
+            if tp && sp {
+                v.push(Link::Ag);
+            }
+            v.push(Link::Gemm(Piece::Ffn));
+            if tp {
+                v.push(red);
+            }
+        }
+        v
+    }
+
+    /// The links before a piece that needs the whole sequence's activation (the QKV
+    /// projection, the LM head): an all-gather under SP.
+    fn links_gathered(&self, piece: Piece) -> Vec<Link> {
+        let par = self.cx.map.par;
+        let mut v = Vec::with_capacity(2);
+        if par.tp > 1 && par.sp {
+            v.push(Link::Ag);
+        }
+        v.push(Link::Gemm(piece));
+        v
+    }
+
+    /// Replica r's ranks run `links` (forward order; backward reversed and transposed)
+    /// for nano-batch after nano-batch: each piece a kernel on the compute stream, each
+    /// collective one per TP group (or EP group) on the TP stream. Returns, per rank of the
+    /// replica, its first op (for pipeline edges).
+    fn chain(&mut self, p: u32, mb: u32, l: u32, r: usize, links: &[Link], fwd: bool) -> Vec<OpId> {
         self.cx.mb = mb;
-        let cpu = self.cx.map.par.cp as usize;
+        let par = self.cx.map.par;
+        let (tp, rec) = (self.tp, par.recompute);
+        let rw = self.rw();
+        let base = r * rw;
+        let ep = par.ep as usize;
+        let lab = |class| OpLabel {
+            class,
+            mb: mb as u16,
+            layer: l as u16,
+        };
+        let mut first = vec![NONE; rw];
+        let order: Vec<Link> = if fwd {
+            links.to_vec()
+        } else {
+            links
+                .iter()
+                .rev()
+                .map(|&x| match x {
+                    Link::Ag => Link::Rs,
+                    Link::Rs => Link::Ag,
+                    o => o,
+                })
+                .collect()
+        };
+        // Backward collectives also carry the recomputed forward's.
+        let mult = if !fwd && rec { 2 } else { 1 };
+        for k in 0..self.nanos {
+            for &link in &order {
+                match link {
+                    Link::Gemm(piece) => {
+                        for (j, f0) in first.iter_mut().enumerate() {
+                            let i = base + j;
+                            let st = &self.stages[p as usize];
+                            let (g, d) = (st.groups[i], st.durs[k * self.wn + i]);
+                            let f = match piece {
+                                Piece::Qkv => d.qkv_f,
+                                Piece::OutProj => d.oproj_f,
+                                Piece::Ffn => d.ffn_f,
+                                Piece::Experts => d.experts_f,
+                                Piece::Head => d.head_f,
+                            };
+                            let head = piece == Piece::Head;
+                            let (class, dur) = match (fwd, head) {
+                                (true, false) => (OpClass::LinearFwd, f),
+                                (true, true) => (OpClass::HeadFwd, f),
+                                (false, h) => (
+                                    if h {
+                                        OpClass::HeadBwd
+                                    } else {
+                                        OpClass::LinearBwd
+                                    },
+                                    2 * f + if rec { f } else { 0 },
+                                ),
+                            };
+                            let dur = self.cx.vary(g, l, class, dur);
+                            let li = self.li(p, k, i);
+                            let op = self.cx.compute(g, dur, lab(class), deps(&self.last[li]));
+                            self.last[li] = op;
+                            if *f0 == NONE {
+                                *f0 = op;
+                            }
+                        }
+                    }
+                    Link::Ag | Link::Rs | Link::Ar | Link::Ep => {
+                        let size = if link == Link::Ep { ep } else { tp };
+                        for g0 in (0..rw).step_by(size) {
+                            let st = &self.stages[p as usize];
+                            let d = st.durs[k * self.wn + base + g0];
+                            let coll = if link == Link::Ep {
+                                let routes = &st.ep_routes[base + g0..base + g0 + size];
+                                let bytes = vec![mult * d.ep_pair_bytes; size];
+                                let routes = routes.to_vec();
+                                self.cx.all_to_all(&routes, &bytes)
+                            } else {
+                                let gpus = st.groups[base + g0..base + g0 + size].to_vec();
+                                self.cx.ring(&gpus, mult * d.tp_bytes, link == Link::Ar)
+                            };
+                            let class = if link == Link::Ep {
+                                OpClass::EpA2a
+                            } else {
+                                OpClass::TpComm
+                            };
+                            for (j, f0) in first.iter_mut().enumerate().skip(g0).take(size) {
+                                let i = base + j;
+                                let g = self.stages[p as usize].groups[i];
+                                let li = self.li(p, k, i);
+                                let op = self.cx.b.add_op(
+                                    self.cx.stream(g, StreamKind::TpComm),
+                                    OpKind::Coll(coll),
+                                    lab(class),
+                                    deps(&self.last[li]),
+                                );
+                                self.last[li] = op;
+                                if *f0 == NONE {
+                                    *f0 = op;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        first
+    }
+
+    fn fwd_linear(&mut self, p: u32, mb: u32, l: u32, r: usize) {
+        let lf = self.stages[p as usize].lf;
+        let rw = self.rw();
+        if self.chain {
+            let mut links = if l > lf {
+                self.links_post()
+            } else {
+                Vec::new()
+            };
+            links.extend(self.links_gathered(Piece::Qkv));
+            let first = self.chain(p, mb, l, r, &links, true);
+            if l == lf {
+                for (j, op) in first.into_iter().enumerate() {
+                    let i = self.idx(p, r * rw + j, mb);
+                    self.f_first[i] = op;
+                }
+            }
+            return;
+        }
+        self.cx.mb = mb;
         let lab = OpLabel {
             class: OpClass::LinearFwd,
             mb: mb as u16,
             layer: l as u16,
         };
-        let lf = self.stages[p as usize].lf;
-        for c in 0..cpu {
-            let g = self.stages[p as usize].groups[r * cpu + c];
+        for i in r * rw..(r + 1) * rw {
+            let g = self.stages[p as usize].groups[i];
             for k in 0..self.nanos {
-                let d = self.stages[p as usize].durs[k * self.wn + r * cpu + c];
-                let li = self.li(p, k, r * cpu + c);
+                let d = self.stages[p as usize].durs[k * self.wn + i];
+                let li = self.li(p, k, i);
                 let base = d.pre_f + if l > lf { d.post_f } else { 0 };
                 let dur = self.cx.vary(g, l, OpClass::LinearFwd, base);
-                let deps: &[OpId] = if self.last[li] == NONE {
-                    &[]
-                } else {
-                    std::slice::from_ref(&self.last[li])
-                };
-                let op = self.cx.compute(g, dur, lab, deps);
+                let op = self.cx.compute(g, dur, lab, deps(&self.last[li]));
                 if l == lf && k == 0 {
-                    let i = self.idx(p, r as u32, c as u32, mb);
-                    self.f_first[i] = op;
+                    let s = self.idx(p, i, mb);
+                    self.f_first[s] = op;
                 }
                 self.last[li] = op;
             }
         }
     }
 
-    /// Ulysses' own attention of layer l on replica r's CP group.
+    /// Ulysses' own attention of replica r: per TP lane, its CP group's all-to-alls and
+    /// kernels.
     fn builtin_attn(&mut self, p: u32, mb: u32, l: u32, r: usize, fwd: bool) {
         self.cx.mb = mb;
-        let cpu = self.cx.map.par.cp as usize;
-        let rs = r * cpu..(r + 1) * cpu;
+        let (cpu, tp) = (self.cx.map.par.cp as usize, self.tp);
         let lab = |class| OpLabel {
             class,
             mb: mb as u16,
             layer: l as u16,
         };
-        // Built-in attention runs one nano-batch: stage p's `last` is its first W ranks.
         let base = self.li(p, 0, 0);
-        let st = &self.stages[p as usize];
-        let (attn, extra, bytes_in, bytes_out) = if fwd {
-            (
-                st.attn_f[r],
-                0,
-                &st.pair_in[rs.clone()],
-                &st.pair_out[rs.clone()],
-            )
-        } else {
-            let rec = self.cx.map.par.recompute;
-            (
-                st.attn_b[r],
-                if rec { st.attn_f[r] } else { 0 },
-                &st.pair_out[rs.clone()],
-                &st.pair_in[rs.clone()],
-            )
-        };
-        emit_attention(
-            &mut self.cx,
-            &st.groups[rs.clone()],
-            &st.routes[rs.clone()],
-            &mut self.last[base + rs.start..base + rs.end],
-            l,
-            lab,
-            fwd,
-            attn,
-            extra,
-            bytes_in,
-            bytes_out,
-        );
+        let rec = self.cx.map.par.recompute;
+        let mut last = vec![NONE; cpu];
+        let (mut b_in, mut b_out) = (vec![0; cpu], vec![0; cpu]);
+        for t in 0..tp {
+            let lane = (r * tp + t) * cpu..(r * tp + t + 1) * cpu;
+            let at = |c: usize| (r * cpu + c) * tp + t;
+            let st = &self.stages[p as usize];
+            for c in 0..cpu {
+                last[c] = self.last[base + at(c)];
+                let (i, o) = (st.pair_in[at(c)], st.pair_out[at(c)]);
+                (b_in[c], b_out[c]) = if fwd { (i, o) } else { (o, i) };
+            }
+            let (attn, extra) = if fwd {
+                (st.attn_f[r], 0)
+            } else {
+                (st.attn_b[r], if rec { st.attn_f[r] } else { 0 })
+            };
+            emit_attention(
+                &mut self.cx,
+                &st.cp_gpus[lane.clone()],
+                &st.routes[lane],
+                &mut last,
+                l,
+                lab,
+                fwd,
+                attn,
+                extra,
+                &b_in,
+                &b_out,
+            );
+            for (c, &op) in last.iter().enumerate() {
+                self.last[base + at(c)] = op;
+            }
+        }
     }
 
-    /// The end of a forward slot: the last layer's post block (and the LM head on the
-    /// last stage), per nano-batch; then the activations' send to the next stage.
     fn fwd_end(&mut self, p: u32, mb: u32) {
         self.cx.mb = mb;
         let par = self.cx.map.par;
-        let cpu = par.cp as usize;
         let last_stage = p + 1 == par.pp;
         let ll = self.stages[p as usize].ll;
         let lab = |class| OpLabel {
@@ -731,51 +1070,67 @@ impl<'a> Emitter<'a> {
             mb: mb as u16,
             layer: (ll - 1) as u16,
         };
-        for r in 0..par.dp as usize {
-            for c in 0..cpu {
-                let g = self.stages[p as usize].groups[r * cpu + c];
-                let mut op = NONE;
-                for k in 0..self.nanos {
-                    let d = self.stages[p as usize].durs[k * self.wn + r * cpu + c];
-                    let li = self.li(p, k, r * cpu + c);
-                    let dur = self.cx.vary(g, ll, OpClass::LinearFwd, d.post_f);
-                    op = self
-                        .cx
-                        .compute(g, dur, lab(OpClass::LinearFwd), &[self.last[li]]);
-                    if last_stage {
-                        let dur = self.cx.vary(g, ll - 1, OpClass::HeadFwd, d.head_f);
-                        op = self.cx.compute(g, dur, lab(OpClass::HeadFwd), &[]);
-                    }
-                    self.last[li] = op;
+        if self.chain {
+            for r in 0..par.dp as usize {
+                let mut links = self.links_post();
+                if last_stage {
+                    links.extend(self.links_gathered(Piece::Head));
                 }
-                if !last_stage {
-                    let s = self.pp_send(p, p + 1, r, c, lab(OpClass::PpSendFwd), op);
-                    let i = self.idx(p, r as u32, c as u32, mb);
-                    self.f_send[i] = s;
+                self.chain(p, mb, ll, r, &links, true);
+            }
+        }
+        for i in 0..self.wn {
+            let g = self.stages[p as usize].groups[i];
+            let mut op = NONE;
+            for k in 0..self.nanos {
+                let li = self.li(p, k, i);
+                if self.chain {
+                    op = self.last[li];
+                    continue;
                 }
+                let d = self.stages[p as usize].durs[k * self.wn + i];
+                let dur = self.cx.vary(g, ll, OpClass::LinearFwd, d.post_f);
+                op = self
+                    .cx
+                    .compute(g, dur, lab(OpClass::LinearFwd), &[self.last[li]]);
+                if last_stage {
+                    let dur = self.cx.vary(g, ll - 1, OpClass::HeadFwd, d.head_f);
+                    op = self.cx.compute(g, dur, lab(OpClass::HeadFwd), &[]);
+                }
+                self.last[li] = op;
+            }
+            if !last_stage {
+                let s = self.pp_send(p, p + 1, i, lab(OpClass::PpSendFwd), op);
+                let x = self.idx(p, i, mb);
+                self.f_send[x] = s;
             }
         }
     }
 
-    /// Rank (r, c) of stage p sends its tokens' hidden states (activations or their
-    /// gradients) to the same rank of stage `to`, after `dep`.
-    fn pp_send(&mut self, p: u32, to: u32, r: usize, c: usize, label: OpLabel, dep: OpId) -> OpId {
-        let cp = self.cx.map.par.cp;
-        let src = self.stages[p as usize].groups[r * cp as usize + c];
-        let dst = self.cx.map.gpu(to, r as u32, c as u32);
+    /// Rank i's activation (or gradient) to stage `to`: the hidden state of its CP chunk,
+    /// of which each TP rank sends its 1/TP (sequence parallelism, or Megatron's
+    /// scatter-gather of pipeline tensors without it).
+    fn pp_send(&mut self, p: u32, to: u32, i: usize, label: OpLabel, dep: OpId) -> OpId {
+        let par = self.cx.map.par;
+        let (cpu, tp) = (par.cp as usize, self.tp);
+        let (r, c) = (i / (cpu * tp), (i / tp) % cpu);
+        let src = self.stages[p as usize].groups[i];
+        let dst = self.cx.map.gpu(to, 0, 0, 0) + i as GpuId;
         let tokens = self.stages[p as usize].tokens[r];
-        let bytes = self.cost.hidden_bytes(chunk(tokens, cp, c as u32));
+        let bytes = self
+            .cost
+            .hidden_bytes(chunk(tokens, par.cp, c as u32))
+            .div_ceil(tp as u64);
         let x = self.cx.b.add_xfer(Xfer { src, dst, bytes });
         let s = self.cx.stream(src, StreamKind::PpComm);
         self.cx.b.add_op(s, OpKind::Send(x), label, &[dep])
     }
 
-    /// The start of a backward slot: the LM head's backward on the last stage and the last
-    /// layer's post block, per nano-batch.
     fn bwd_begin(&mut self, p: u32, mb: u32) {
         self.cx.mb = mb;
         let par = self.cx.map.par;
-        let (cpu, rec) = (par.cp as usize, par.recompute);
+        let rec = par.recompute;
+        let rw = self.rw();
         let last_stage = p + 1 == par.pp;
         let ll = self.stages[p as usize].ll;
         let lab = |class| OpLabel {
@@ -783,51 +1138,60 @@ impl<'a> Emitter<'a> {
             mb: mb as u16,
             layer: (ll - 1) as u16,
         };
-        for r in 0..par.dp as usize {
-            for c in 0..cpu {
-                let g = self.stages[p as usize].groups[r * cpu + c];
-                let mut first = NONE;
-                for k in 0..self.nanos {
-                    let d = self.stages[p as usize].durs[k * self.wn + r * cpu + c];
-                    let li = self.li(p, k, r * cpu + c);
-                    if last_stage {
-                        let dur = self.cx.vary(
-                            g,
-                            ll - 1,
-                            OpClass::HeadBwd,
-                            d.head_b + if rec { d.head_f } else { 0 },
-                        );
-                        let op = self.cx.compute(g, dur, lab(OpClass::HeadBwd), &[]);
-                        if first == NONE {
-                            first = op;
-                        }
-                    }
-                    // Variance layer index `ll`: the last layer's post block, drawn apart
-                    // from the layer's own linear backward.
+        if self.chain {
+            for r in 0..par.dp as usize {
+                let mut links = self.links_post();
+                if last_stage {
+                    links.extend(self.links_gathered(Piece::Head));
+                }
+                let first = self.chain(p, mb, ll, r, &links, false);
+                for (j, op) in first.into_iter().enumerate() {
+                    let i = self.idx(p, r * rw + j, mb);
+                    self.b_first[i] = op;
+                }
+            }
+            return;
+        }
+        for i in 0..self.wn {
+            let g = self.stages[p as usize].groups[i];
+            let mut first = NONE;
+            for k in 0..self.nanos {
+                let d = self.stages[p as usize].durs[k * self.wn + i];
+                let li = self.li(p, k, i);
+                if last_stage {
                     let dur = self.cx.vary(
                         g,
-                        ll,
-                        OpClass::LinearBwd,
-                        d.post_b + if rec { d.post_f } else { 0 },
+                        ll - 1,
+                        OpClass::HeadBwd,
+                        d.head_b + if rec { d.head_f } else { 0 },
                     );
-                    let op = self.cx.compute(g, dur, lab(OpClass::LinearBwd), &[]);
+                    let op = self.cx.compute(g, dur, lab(OpClass::HeadBwd), &[]);
                     if first == NONE {
                         first = op;
                     }
-                    self.last[li] = op;
                 }
-                let i = self.idx(p, r as u32, c as u32, mb);
-                self.b_first[i] = first;
+                let dur = self.cx.vary(
+                    g,
+                    ll,
+                    OpClass::LinearBwd,
+                    d.post_b + if rec { d.post_f } else { 0 },
+                );
+                let op = self.cx.compute(g, dur, lab(OpClass::LinearBwd), &[]);
+                if first == NONE {
+                    first = op;
+                }
+                self.last[li] = op;
             }
+            let x = self.idx(p, i, mb);
+            self.b_first[x] = first;
         }
     }
 
-    /// Replica r's backward linear block after layer l's attention (the `done`-th layer
-    /// processed backward), one op per nano-batch; marks gradient buckets ready.
     fn bwd_linear(&mut self, p: u32, mb: u32, l: u32, r: usize, done: u32) {
         self.cx.mb = mb;
         let par = self.cx.map.par;
-        let (cpu, rec) = (par.cp as usize, par.recompute);
+        let rec = par.recompute;
+        let rw = self.rw();
         let (lf, ll, nb) = {
             let st = &self.stages[p as usize];
             (st.lf, st.ll, st.nb)
@@ -839,12 +1203,25 @@ impl<'a> Emitter<'a> {
             mb: mb as u16,
             layer: l as u16,
         };
-        for c in 0..cpu {
-            let g = self.stages[p as usize].groups[r * cpu + c];
+        if self.chain {
+            let mut links = if l > lf {
+                self.links_post()
+            } else {
+                Vec::new()
+            };
+            links.extend(self.links_gathered(Piece::Qkv));
+            self.chain(p, mb, l, r, &links, false);
+        }
+        for i in r * rw..(r + 1) * rw {
+            let g = self.stages[p as usize].groups[i];
             let mut op = NONE;
             for k in 0..self.nanos {
-                let d = self.stages[p as usize].durs[k * self.wn + r * cpu + c];
-                let li = self.li(p, k, r * cpu + c);
+                let li = self.li(p, k, i);
+                if self.chain {
+                    op = self.last[li];
+                    continue;
+                }
+                let d = self.stages[p as usize].durs[k * self.wn + i];
                 let mut base = d.pre_b + if l > lf { d.post_b } else { 0 };
                 if rec {
                     base += d.pre_f + if l > lf { d.post_f } else { 0 };
@@ -853,9 +1230,8 @@ impl<'a> Emitter<'a> {
                 op = self.cx.compute(g, dur, lab, &[self.last[li]]);
                 self.last[li] = op;
             }
-            // The rank's last nano-batch ends its layer (one compute stream).
             if last_mb_slot {
-                let i = (r * cpu + c) as u32;
+                let i = i as u32;
                 for bk in 0..nb {
                     if done == ((bk + 1) * n_layers).div_ceil(nb) {
                         self.stages[p as usize].bucket_ready[(i * nb + bk) as usize] = op;
@@ -865,28 +1241,21 @@ impl<'a> Emitter<'a> {
         }
     }
 
-    /// The end of a backward slot: the gradients' send to the previous stage, after the
-    /// rank's last nano-batch.
     fn bwd_end(&mut self, p: u32, mb: u32) {
         if p == 0 {
             return;
         }
         self.cx.mb = mb;
-        let par = self.cx.map.par;
-        let cpu = par.cp as usize;
         let lab = OpLabel {
             class: OpClass::PpSendBwd,
             mb: mb as u16,
             layer: self.stages[p as usize].lf as u16,
         };
-        for r in 0..par.dp as usize {
-            for c in 0..cpu {
-                // After the rank's last nano-batch (one compute stream).
-                let li = self.li(p, self.nanos - 1, r * cpu + c);
-                let s = self.pp_send(p, p - 1, r, c, lab, self.last[li]);
-                let i = self.idx(p, r as u32, c as u32, mb);
-                self.b_send[i] = s;
-            }
+        for i in 0..self.wn {
+            let li = self.li(p, self.nanos - 1, i);
+            let s = self.pp_send(p, p - 1, i, lab, self.last[li]);
+            let x = self.idx(p, i, mb);
+            self.b_send[x] = s;
         }
     }
 
@@ -1049,45 +1418,58 @@ impl<'a> Emitter<'a> {
         a.emit(&mut self.cx.b, env, call, &mut self.last)
     }
 
-    /// Stage p's DP gradient all-reduce over its DP × CP ranks, bucket by bucket.
+    /// Stage p's gradient all-reduce, bucket by bucket: per TP lane over its DP × CP ranks
+    /// (dense parameters; every parameter when EP = 1) and, under EP, the experts over
+    /// each expert-data-parallel group (the ranks holding the same experts).
     fn dp_allreduce(&mut self, p: u32) {
         let map = self.cx.map;
-        let (dp, cp, pp) = (map.par.dp, map.par.cp, map.par.pp);
-        let dp_group: Vec<GpuId> = (0..dp)
-            .flat_map(|r| (0..cp).map(move |c| (r, c)))
-            .map(|(r, c)| map.gpu(p, r, c))
-            .collect();
-        if dp_group.len() <= 1 {
-            return;
-        }
+        let par = map.par;
+        let (pp, ep) = (par.pp, par.ep as usize);
         let (lf, ll, nb) = {
             let st = &self.stages[p as usize];
             (st.lf, st.ll, st.nb)
         };
-        let bytes = stage_grad_bytes(&self.cost.model, ll - lf, p == 0, p + 1 == pp);
+        let m = &self.cost.model;
+        let all = stage_grad_bytes(m, ll - lf, p == 0, p + 1 == pp);
+        let experts = if ep > 1 {
+            stage_expert_params(m, ll - lf) * GRAD_BYTES_PER_PARAM
+        } else {
+            0
+        };
+        // (group by offset, bytes): dense groups per TP lane, expert groups per EP rank.
+        let mut groups: Vec<(Vec<usize>, u64)> = (0..self.tp)
+            .map(|t| ((t..self.wn).step_by(self.tp).collect(), all - experts))
+            .collect();
+        if ep > 1 {
+            groups.extend((0..ep).map(|e| {
+                (
+                    (e..self.wn).step_by(ep).collect(),
+                    experts.div_ceil(ep as u64),
+                )
+            }));
+        }
+        let lab = |bk: u32| OpLabel {
+            class: OpClass::DpAllReduce,
+            mb: u16::MAX,
+            layer: bk as u16,
+        };
         for bk in 0..nb {
-            let bb = chunk(bytes, nb, bk);
-            let coll = self.cx.all_reduce(&dp_group, bb);
-            for r in 0..dp {
-                for c in 0..cp {
-                    let g = map.gpu(p, r, c);
-                    let ready =
-                        self.stages[p as usize].bucket_ready[((r * cp + c) * nb + bk) as usize];
-                    let deps: &[OpId] = if ready == NONE {
-                        &[]
-                    } else {
-                        std::slice::from_ref(&ready)
-                    };
-                    let lab = OpLabel {
-                        class: OpClass::DpAllReduce,
-                        mb: u16::MAX,
-                        layer: bk as u16,
-                    };
+            for (ranks, bytes) in &groups {
+                if ranks.len() <= 1 {
+                    continue;
+                }
+                let gpus: Vec<GpuId> = ranks
+                    .iter()
+                    .map(|&i| self.stages[p as usize].groups[i])
+                    .collect();
+                let coll = self.cx.all_reduce(&gpus, chunk(*bytes, nb, bk));
+                for (&i, &g) in ranks.iter().zip(&gpus) {
+                    let ready = self.stages[p as usize].bucket_ready[i * nb as usize + bk as usize];
                     self.cx.b.add_op(
                         self.cx.stream(g, StreamKind::DpComm),
                         OpKind::Coll(coll),
-                        lab,
-                        deps,
+                        lab(bk),
+                        deps(&ready),
                     );
                 }
             }
@@ -1098,19 +1480,17 @@ impl<'a> Emitter<'a> {
     /// backward for the next stage's gradients), memory, and the graph.
     fn finish(mut self) -> Result<StepGraph> {
         let map = self.cx.map;
-        let (dp, pp, cp, ga) = (map.par.dp, map.par.pp, map.par.cp, map.par.ga);
+        let (pp, ga) = (map.par.pp, map.par.ga);
         for p in 0..pp {
-            for r in 0..dp {
-                for c in 0..cp {
-                    for mb in 0..ga {
-                        if p > 0 {
-                            let (s, f) = (self.idx(p - 1, r, c, mb), self.idx(p, r, c, mb));
-                            self.cx.b.add_dep(self.f_send[s], self.f_first[f]);
-                        }
-                        if p + 1 < pp {
-                            let (s, f) = (self.idx(p + 1, r, c, mb), self.idx(p, r, c, mb));
-                            self.cx.b.add_dep(self.b_send[s], self.b_first[f]);
-                        }
+            for i in 0..self.wn {
+                for mb in 0..ga {
+                    if p > 0 {
+                        let (s, f) = (self.idx(p - 1, i, mb), self.idx(p, i, mb));
+                        self.cx.b.add_dep(self.f_send[s], self.f_first[f]);
+                    }
+                    if p + 1 < pp {
+                        let (s, f) = (self.idx(p + 1, i, mb), self.idx(p, i, mb));
+                        self.cx.b.add_dep(self.b_send[s], self.b_first[f]);
                     }
                 }
             }
@@ -1134,8 +1514,17 @@ impl<'a> Emitter<'a> {
             tokens,
             causal_pairs: pairs,
             memory,
-            streams_per_gpu: 4,
+            streams_per_gpu: map.streams_per_gpu(),
         })
+    }
+}
+
+/// No dependency for "none yet" ([`NONE`]), else the one op.
+fn deps(op: &OpId) -> &[OpId] {
+    if *op == NONE {
+        &[]
+    } else {
+        std::slice::from_ref(op)
     }
 }
 
@@ -1210,7 +1599,13 @@ fn rank_memory_of(
         .max()
         .unwrap_or(0);
     let n_layers = ll - lf;
-    let grad_bytes = stage_grad_bytes(&cost.model, n_layers, at.pp == 0, at.pp + 1 == par.pp);
+    let grad_bytes = stage_rank_params(
+        &cost.model,
+        n_layers,
+        at.pp == 0,
+        at.pp + 1 == par.pp,
+        par.ep,
+    ) * GRAD_BYTES_PER_PARAM;
     rank_memory(
         &cost.model,
         &MemoryInputs {
@@ -1230,6 +1625,8 @@ fn rank_memory_of(
             } else {
                 0
             },
+            seq_shard: if par.sp { par.tp } else { 1 },
+            expert_shard: par.ep,
         },
     )
 }

@@ -19,6 +19,10 @@ fn map(cp: u32, gpus_per_node: u32) -> RankMap {
         recompute: false,
         zero_stage: 0,
         dp_buckets: 1,
+        tp: 1,
+        sp: true,
+        tp_overlap: false,
+        ep: 1,
     };
     RankMap::new(
         par,

@@ -37,6 +37,10 @@ fn rank_map(dp: u32, pp: u32, cp: u32, ga: u32) -> RankMap {
             recompute: true,
             zero_stage: 1,
             dp_buckets: 2,
+            tp: 1,
+            sp: true,
+            tp_overlap: false,
+            ep: 1,
         },
         Placement {
             gpus_per_node: 8,
@@ -205,6 +209,10 @@ fn distca_ping_pong_runs_each_nano_batch_under_the_others_linear_block() {
             recompute: false,
             zero_stage: 1,
             dp_buckets: 1,
+            tp: 1,
+            sp: true,
+            tp_overlap: false,
+            ep: 1,
         },
         Placement {
             gpus_per_node: 1,

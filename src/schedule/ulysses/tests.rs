@@ -18,6 +18,10 @@ fn par(dp: u32, pp: u32, cp: u32, ga: u32) -> Parallelism {
         recompute: false,
         zero_stage: 0,
         dp_buckets: 1,
+        tp: 1,
+        sp: true,
+        tp_overlap: false,
+        ep: 1,
     }
 }
 
@@ -42,7 +46,7 @@ fn go(cost: &CostModel, p: Parallelism, batch: &[Vec<PackedSeq>]) -> (StepGraph,
 
 fn compute_busy(sg: &StepGraph, t: &Timeline, gpu: u32) -> Ps {
     sg.graph
-        .stream_ops(4 * gpu)
+        .stream_ops(sg.streams_per_gpu * gpu)
         .iter()
         .map(|&o| t.end[o as usize] - t.start[o as usize])
         .sum()
@@ -561,4 +565,181 @@ fn ticks_run_every_stage_in_the_tick_order_and_count_in_flight() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("5 layers") && e.contains("pp"), "{e}");
+}
+
+/// The collectives whose ops on `gpu` have class `class`, in issue order (one per op).
+fn colls_of(sg: &StepGraph, gpu: u32, class: OpClass) -> Vec<(OpLabel, Vec<Xfer>)> {
+    let spg = sg.streams_per_gpu;
+    (spg * gpu..spg * (gpu + 1))
+        .flat_map(|s| sg.graph.stream_ops(s).to_vec())
+        .filter_map(|o| {
+            let op = &sg.graph.ops[o as usize];
+            match op.kind {
+                OpKind::Coll(c) if op.label.class == class => {
+                    Some((op.label, sg.graph.coll_xfers(c).to_vec()))
+                }
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn tp_all_gather_and_reduce_scatter_bytes_by_hand() {
+    // llama3-8b, TP 4 with sequence parallelism, one 8192-token sequence on one rank: per
+    // layer an all-gather before QKV, a reduce-scatter after the O projection and an
+    // all-gather + reduce-scatter around the MLP; each ring step sends (TP−1)/TP of the
+    // activation 8192 · 4096 · 2 bytes to the next rank of the node.
+    let c = CostModel::h200(ModelConfig::builtin("llama3-8b").unwrap()).unwrap();
+    let p = Parallelism {
+        tp: 4,
+        ..par(1, 1, 1, 1)
+    };
+    let (sg, t) = go(&c, p, &[vec![seq(&[8192], 8192)]]);
+    assert_eq!(sg.streams_per_gpu, 5);
+    let act = 8192 * 4096 * 2u64;
+    let tp = colls_of(&sg, 0, OpClass::TpComm);
+    // 32 layers × 4 forward + the LM head's all-gather, and as many backward.
+    assert_eq!(tp.len(), 2 * (32 * 4 + 1));
+    for (_, x) in &tp {
+        assert_eq!(x.len(), 4);
+        for (k, xf) in x.iter().enumerate() {
+            assert_eq!(xf.bytes, 3 * act / 4);
+            assert_eq!((xf.src, xf.dst), (k as u32, (k as u32 + 1) % 4));
+        }
+    }
+    // An all-gather plus a reduce-scatter moves 2·(TP−1)/TP of the activation per rank.
+    assert_eq!(tp[0].1[0].bytes + tp[1].1[0].bytes, 2 * 3 * act / 4);
+    // Every TP rank computes a quarter of the linear FLOPs: the same busy time on each.
+    let busy: Vec<Ps> = (0..4).map(|g| compute_busy(&sg, &t, g)).collect();
+    assert!(busy.iter().all(|&b| b == busy[0]), "{busy:?}");
+    // Without SP: two all-reduces per layer of 2·(TP−1)/TP of the activation, and no
+    // gather before the head.
+    let (sg, _) = go(
+        &c,
+        Parallelism { sp: false, ..p },
+        &[vec![seq(&[8192], 8192)]],
+    );
+    let ar = colls_of(&sg, 0, OpClass::TpComm);
+    assert_eq!(ar.len(), 2 * 32 * 2);
+    assert!(ar.iter().all(|(_, x)| x[0].bytes == 2 * 3 * act / 4));
+}
+
+#[test]
+fn tp_splits_linear_work_and_memory() {
+    // TP 8: each rank's compute is the eighth of the linear GEMMs plus its norms on 1/8
+    // of the tokens; attention on 4 of 32 heads. Memory per rank far below TP 1's.
+    let c = CostModel::h200(ModelConfig::builtin("llama3-8b").unwrap()).unwrap();
+    let batch = [vec![seq(&[16_384], 16_384)]];
+    let (s1, t1) = go(&c, par(1, 1, 1, 1), &batch);
+    let (s8, t8) = go(
+        &c,
+        Parallelism {
+            tp: 8,
+            ..par(1, 1, 1, 1)
+        },
+        &batch,
+    );
+    let (b1, b8) = (compute_busy(&s1, &t1, 0), compute_busy(&s8, &t8, 0));
+    let r = b1 as f64 / b8 as f64;
+    assert!(r > 7.0 && r < 8.5, "{r}");
+    let (m1, m8) = (s1.memory[0].total(), s8.memory[0].total());
+    assert!(m8 * 6 < m1, "{m1} {m8}");
+    assert!(t8.makespan < t1.makespan);
+}
+
+#[test]
+fn ep_all_to_all_bytes_per_token_by_hand() {
+    // Qwen3-30B-A3B at CP 8, EP 8, one 8192-token sequence: each rank's 1024 tokens send
+    // 8 (top-k) copies of their hidden state (2048 · 2 bytes) per MoE layer, 1/8 of them
+    // to each EP peer: 7 same-node peers in one NVLink aggregate.
+    let c = qwen();
+    let p = Parallelism {
+        ep: 8,
+        ..par(1, 1, 8, 1)
+    };
+    let (sg, _) = go(&c, p, &[vec![seq(&[8192], 8192)]]);
+    let ep = colls_of(&sg, 0, OpClass::EpA2a);
+    // Dispatch and combine per layer, forward and backward.
+    assert_eq!(ep.len(), 4 * 48);
+    let per_peer = 1024 * 8 / 8 * 2048 * 2u64;
+    for (_, x) in &ep {
+        assert_eq!(x[0].bytes, 7 * per_peer);
+    }
+    // Per token: top-k · hidden · dtype · (EP−1)/EP leave the rank in each direction.
+    assert_eq!(7 * per_peer, 1024 * 8 * 2048 * 2 * 7 / 8);
+    // Expert gradients are reduced over the expert-data-parallel groups (one rank each
+    // here: nothing), dense gradients over DP × CP.
+    let dp = colls_of(&sg, 0, OpClass::DpAllReduce);
+    assert_eq!(dp.len(), 1);
+    let m = &c.model;
+    let dense = crate::cost::memory::stage_grad_bytes(m, 48, true, true)
+        - crate::cost::memory::stage_expert_params(m, 48) * 4;
+    assert_eq!(dp[0].1[0].bytes, (2 * 7 * dense).div_ceil(8));
+}
+
+#[test]
+fn bad_tp_and_ep_layouts_are_named() {
+    let c = CostModel::h200(ModelConfig::builtin("llama3-8b").unwrap()).unwrap();
+    let map = |p: Parallelism| {
+        RankMap::new(
+            p,
+            Placement {
+                gpus_per_node: 8,
+                nodes: 8,
+            },
+            "t",
+        )
+        .unwrap()
+    };
+    let batch = [vec![seq(&[8192], 8192)]];
+    let e = build_step(
+        &c,
+        map(Parallelism {
+            ep: 2,
+            tp: 2,
+            ..par(1, 1, 1, 1)
+        }),
+        &batch,
+        0,
+        &NoVariance,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("ep") && e.contains("dense model llama3-8b"),
+        "{e}"
+    );
+    let q = qwen();
+    let e = build_step(
+        &q,
+        map(Parallelism {
+            ep: 2,
+            tp: 2,
+            sp: false,
+            ..par(1, 1, 1, 1)
+        }),
+        &batch,
+        0,
+        &NoVariance,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("sp") && e.contains("sequence parallelism"),
+        "{e}"
+    );
+    let e = build_step(
+        &q,
+        map(Parallelism {
+            ep: 4,
+            ..par(2, 1, 2, 1)
+        }),
+        &[batch[0].clone(), batch[0].clone()],
+        0,
+        &NoVariance,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("TP × CP = 2"), "{e}");
 }
