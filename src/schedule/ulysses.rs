@@ -892,8 +892,25 @@ impl<'a> Emitter<'a> {
         };
         // Backward collectives also carry the recomputed forward's.
         let mult = if !fwd && rec { 2 } else { 1 };
+        let lin = if fwd {
+            OpClass::LinearFwd
+        } else {
+            OpClass::LinearBwd
+        };
+        // Under tp-comm-overlap a TP collective runs beside the GEMM next to it (a gather
+        // beside the GEMM after it, a reduction beside the GEMM before it), pipelined chunk
+        // by chunk: both start from the same predecessor and a zero-time join on the
+        // compute stream waits for both.
+        let overlap = par.tp_overlap;
+        let is_gemm = |x: Option<&Link>| matches!(x, Some(Link::Gemm(_)));
+        let mut gemm_dep = vec![NONE; rw];
+        let mut lead = vec![NONE; rw];
         for k in 0..self.nanos {
-            for &link in &order {
+            for (x, &link) in order.iter().enumerate() {
+                let tp_link = matches!(link, Link::Ag | Link::Rs | Link::Ar);
+                let lead_coll = overlap && tp_link && is_gemm(order.get(x + 1));
+                let trail_coll =
+                    overlap && tp_link && !lead_coll && x > 0 && is_gemm(order.get(x - 1));
                 match link {
                     Link::Gemm(piece) => {
                         for (j, f0) in first.iter_mut().enumerate() {
@@ -922,10 +939,16 @@ impl<'a> Emitter<'a> {
                             };
                             let dur = self.cx.vary(g, l, class, dur);
                             let li = self.li(p, k, i);
+                            gemm_dep[j] = self.last[li];
                             let op = self.cx.compute(g, dur, lab(class), deps(&self.last[li]));
                             self.last[li] = op;
                             if *f0 == NONE {
                                 *f0 = op;
+                            }
+                            if lead[j] != NONE {
+                                let join = self.cx.compute(g, 0, lab(lin), &[lead[j]]);
+                                self.last[li] = join;
+                                lead[j] = NONE;
                             }
                         }
                     }
@@ -952,13 +975,26 @@ impl<'a> Emitter<'a> {
                                 let i = base + j;
                                 let g = self.stages[p as usize].groups[i];
                                 let li = self.li(p, k, i);
+                                // A gather beside a GEMM needs a predecessor both wait for.
+                                let lead_here = lead_coll && self.last[li] != NONE;
+                                let dep = if trail_coll {
+                                    gemm_dep[j]
+                                } else {
+                                    self.last[li]
+                                };
                                 let op = self.cx.b.add_op(
                                     self.cx.stream(g, StreamKind::TpComm),
                                     OpKind::Coll(coll),
                                     lab(class),
-                                    deps(&self.last[li]),
+                                    deps(&dep),
                                 );
-                                self.last[li] = op;
+                                if lead_here {
+                                    lead[j] = op;
+                                } else if trail_coll {
+                                    self.last[li] = self.cx.compute(g, 0, lab(lin), &[op]);
+                                } else {
+                                    self.last[li] = op;
+                                }
                                 if *f0 == NONE {
                                     *f0 = op;
                                 }

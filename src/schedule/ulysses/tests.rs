@@ -743,3 +743,28 @@ fn bad_tp_and_ep_layouts_are_named() {
     .to_string();
     assert!(e.contains("TP × CP = 2"), "{e}");
 }
+
+#[test]
+fn tp_comm_overlap_hides_collectives_under_gemms() {
+    // With tp-comm-overlap each TP collective runs beside its GEMM: the step is faster,
+    // no faster than its compute alone, and the compute is unchanged.
+    let c = CostModel::h200(ModelConfig::builtin("llama3-8b").unwrap()).unwrap();
+    let p = Parallelism {
+        tp: 8,
+        ..par(1, 1, 1, 2)
+    };
+    let batch = [vec![seq(&[16_384], 16_384), seq(&[4096; 4], 16_384)]];
+    let (s0, t0) = go(&c, p, &batch);
+    let (s1, t1) = go(
+        &c,
+        Parallelism {
+            tp_overlap: true,
+            ..p
+        },
+        &batch,
+    );
+    let (b0, b1) = (compute_busy(&s0, &t0, 0), compute_busy(&s1, &t1, 0));
+    assert_eq!(b0, b1);
+    assert!(t1.makespan < t0.makespan, "{} {}", t1.makespan, t0.makespan);
+    assert!(t1.makespan >= b1);
+}
