@@ -1,9 +1,32 @@
 //! DistCA (Zhuang, Chen et al., "Efficient Long-context Language Model Training by Core
 //! Attention Disaggregation", arXiv:2510.18121): the planning half.
 //!
-//! Owns the core-attention scheduler and the ping-pong nano-batch split, and their lowering
-//! to a `Plan` ([`lower`], through `plan::build`). May not touch the engine, `cost/`
-//! formulas or `grouping.rs`; FLOPs and bytes come from [`AttnShape`] only.
+//! Owns the core-attention schedulers and the ping-pong nano-batch split, and their
+//! lowering to a `Plan` ([`lower`], through `plan::build`). May not touch the engine,
+//! `cost/` formulas or `grouping.rs`; FLOPs and bytes come from [`AttnShape`] only.
+//!
+//! Two schedulers ([`DistcaScheduler`]): the public repository's planner on its mirrored
+//! layout ([`reference`], the arm `distca`), and the one this page describes, skewsim's
+//! *tight* scheduler (`distca:tight`). [`schedule_step`] and [`schedule_nanos`] pick by
+//! [`DistcaConfig::scheduler`].
+//!
+//! # Where the tight scheduler departs from the repository, and why
+//!
+//! - *Layout:* contiguous L/CP slices (Ulysses' layout) instead of the repository's
+//!   mirrored head/tail chunks, so a rank's work grows with its position in a long document.
+//! - *Recipient and stop:* it always serves the largest current deficit and ends only when
+//!   every server is within ε·F̄ or no move helps any deficit; the repository plans each
+//!   initial recipient to the end and drops it as soon as the best candidate cannot move a
+//!   query, which leaves servers far above F̄ when long documents dominate.
+//! - *Priority:* FLOPs per byte actually moved (Q, output, and only the K/V prefix the
+//!   target lacks, once per document and target) instead of the repository's Q plus the
+//!   whole document's K/V per pair: it prices what the lowering sends.
+//! - *Split:* the outer ends of a range (its first and last k queries, whole 128-token
+//!   tiles), a head-only shard, coarse items first and a fallback into tolerance above F̄,
+//!   instead of k single queries from the inner ends: so a rank holding the end of a long
+//!   document can still be trimmed into small deficits.
+//! - *Sources:* out-of-tolerance surplus servers before any surplus server, so moves drain
+//!   the servers that break the stopping rule.
 //!
 //! # In-place attention servers (paper: "in-place attention servers")
 //!

@@ -1200,3 +1200,22 @@ pub fn run_default(out: Output) -> Result<()> {
         },
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn distca_tweaks_compose() {
+        let base = SchemeSettings::default();
+        let a = parse_arm("distca:tight:eps=0.15:no-ping-pong", &base, "f.toml").unwrap();
+        assert_eq!(a.set.distca_scheduler, DistcaScheduler::Tight);
+        assert_eq!((a.set.epsilon, a.set.ping_pong), (0.15, false));
+        let d = parse_arm("distca:eps=0", &base, "f.toml").unwrap();
+        assert_eq!(d.set.distca_scheduler, DistcaScheduler::Reference);
+        let e = parse_arm("wlbllm:tight", &base, "f.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown tweak \"tight\" for wlbllm"), "{e}");
+    }
+}

@@ -8,11 +8,12 @@
 //! GBS packed sequences on DP replicas × CP ranks, the baseline's layout (paper: in-place
 //! attention servers keep the linear layers where they are): GA = GBS/DP, batch index b
 //! runs at GA index b / DP on replica b mod DP, laid out over its CP group (workers
-//! replica·CP … + CP − 1) in contiguous slices of ⌈L/CP⌉ tokens
-//! ([`contiguous_layout`], as Ulysses; a document may span ranks). All DP·CP workers are
-//! one attention pool: each GA index is one group over every worker, scheduled on its own
-//! ([`schedule_cp`], or both nano-batches of [`schedule_ping_pong_cp`], whose units all
-//! land in the same group: nano-batch 0's first). Every query range of every task is one
+//! replica·CP … + CP − 1), ⌈L/CP⌉ tokens per rank ([`seq_layout`]: the repository's
+//! mirrored head/tail chunks for its scheduler, contiguous slices — [`contiguous_layout`],
+//! as Ulysses — for the tight one; a document may span ranks). All DP·CP workers are one
+//! attention pool: each GA index is one group over every worker, scheduled on its own
+//! ([`schedule_step`], or both nano-batches of [`schedule_nanos`], whose units all land in
+//! the same group: nano-batch 0's first). Every query range of every task is one
 //! unit over all heads (H = 1; a head+tail shard is two units) on the task's server; its
 //! queries lie on one rank (the task's home). A moved range brings its Q from the home
 //! and sends the output back; K and V move only as far as causality needs — keys
