@@ -1,9 +1,32 @@
 //! DistCA (Zhuang, Chen et al., "Efficient Long-context Language Model Training by Core
 //! Attention Disaggregation", arXiv:2510.18121): the planning half.
 //!
-//! Owns the core-attention scheduler and the ping-pong nano-batch split, and their lowering
-//! to a `Plan` ([`lower`], through `plan::build`). May not touch the engine, `cost/`
-//! formulas or `grouping.rs`; FLOPs and bytes come from [`AttnShape`] only.
+//! Owns the core-attention schedulers and the ping-pong nano-batch split, and their
+//! lowering to a `Plan` ([`lower`], through `plan::build`). May not touch the engine,
+//! `cost/` formulas or `grouping.rs`; FLOPs and bytes come from [`AttnShape`] only.
+//!
+//! Two schedulers ([`DistcaScheduler`]): the public repository's planner on its mirrored
+//! layout ([`reference`], the arm `distca`), and the one this page describes, skewsim's
+//! *tight* scheduler (`distca:tight`). [`schedule_step`] and [`schedule_nanos`] pick by
+//! [`DistcaConfig::scheduler`].
+//!
+//! # Where the tight scheduler departs from the repository, and why
+//!
+//! - *Layout:* contiguous L/CP slices (Ulysses' layout) instead of the repository's
+//!   mirrored head/tail chunks, so a rank's work grows with its position in a long document.
+//! - *Recipient and stop:* it always serves the largest current deficit and ends only when
+//!   every server is within ε·F̄ or no move helps any deficit; the repository plans each
+//!   initial recipient to the end and drops it as soon as the best candidate cannot move a
+//!   query, which leaves servers far above F̄ when long documents dominate.
+//! - *Priority:* FLOPs per byte actually moved (Q, output, and only the K/V prefix the
+//!   target lacks, once per document and target) instead of the repository's Q plus the
+//!   whole document's K/V per pair: it prices what the lowering sends.
+//! - *Split:* the outer ends of a range (its first and last k queries, whole 128-token
+//!   tiles), a head-only shard, coarse items first and a fallback into tolerance above F̄,
+//!   instead of k single queries from the inner ends: so a rank holding the end of a long
+//!   document can still be trimmed into small deficits.
+//! - *Sources:* out-of-tolerance surplus servers before any surplus server, so moves drain
+//!   the servers that break the stopping rule.
 //!
 //! # In-place attention servers (paper: "in-place attention servers")
 //!
@@ -114,6 +137,7 @@
 
 pub mod lower;
 pub mod pingpong;
+pub mod reference;
 pub mod ticks;
 
 use std::cmp::Reverse;
@@ -128,6 +152,18 @@ use crate::workload::{PackedSeq, Sample};
 /// The default tolerance ε.
 pub const DEFAULT_EPSILON: f64 = 0.10;
 
+/// Which core-attention scheduler plans a DistCA step.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DistcaScheduler {
+    /// The public repository's planner on its mirrored head/tail layout ([`reference`]):
+    /// the arm `distca`.
+    #[default]
+    Reference,
+    /// This module's communication-aware scheduler on the contiguous CP layout: the arm
+    /// `distca:tight`.
+    Tight,
+}
+
 /// Checked scheduler parameters.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct DistcaConfig {
@@ -135,8 +171,11 @@ pub struct DistcaConfig {
     pub shape: AttnShape,
     /// Tolerance ε: a server is balanced when |F_s − F̄| ≤ ε·F̄.
     pub epsilon: f64,
-    /// Shard granularity in tokens (the kernel tile, 128).
+    /// Shard granularity in tokens (the kernel tile, 128; the tight scheduler's only).
     pub tile: u32,
+    /// The scheduler ([`DistcaScheduler::Reference`] unless set).
+    #[serde(default)]
+    pub scheduler: DistcaScheduler,
 }
 
 impl DistcaConfig {
@@ -167,7 +206,13 @@ impl DistcaConfig {
             shape,
             epsilon,
             tile,
+            scheduler: DistcaScheduler::default(),
         })
+    }
+
+    /// The same parameters for `scheduler`.
+    pub fn with_scheduler(self, scheduler: DistcaScheduler) -> DistcaConfig {
+        DistcaConfig { scheduler, ..self }
     }
 }
 
@@ -755,6 +800,22 @@ pub fn schedule_cp(batch: &[PackedSeq], cp: u32, cfg: &DistcaConfig) -> Result<D
     schedule_ranges(batch, cp, &ranges, cfg)
 }
 
+/// The number of servers DP·CP of `batch` on `cp` ranks, checked against `lists` per-server
+/// lists (`what` names them): errors for CP of 0, no server or another count.
+fn servers_of(batch: &[PackedSeq], cp: u32, lists: usize, what: &str) -> Result<usize> {
+    if cp == 0 {
+        return Err(invalid("cp", cp, "at least 1 rank per replica"));
+    }
+    let p = batch.len() * cp as usize;
+    if p == 0 {
+        return Err(invalid("servers", 0, "at least one attention server"));
+    }
+    if lists != p {
+        return Err(invalid(what, lists, format!("one per server: DP·CP = {p}")));
+    }
+    Ok(p)
+}
+
 /// Schedules per-server lists of home ranges (a subset of [`home_ranges`]`(batch, cp)`,
 /// e.g. one nano-batch). Errors: no server, CP of 0, a list per server other than
 /// `batch.len()·cp`, or a range that is empty, outside its sample or not held by its server.
@@ -764,20 +825,7 @@ pub fn schedule_ranges(
     ranges: &[Vec<HomeRange>],
     cfg: &DistcaConfig,
 ) -> Result<DistcaSchedule> {
-    if cp == 0 {
-        return Err(invalid("cp", cp, "at least 1 rank per replica"));
-    }
-    let p = batch.len() * cp as usize;
-    if p == 0 {
-        return Err(invalid("servers", 0, "at least one attention server"));
-    }
-    if ranges.len() != p {
-        return Err(invalid(
-            "home range lists",
-            ranges.len(),
-            format!("one per server: DP·CP = {p}"),
-        ));
-    }
+    let p = servers_of(batch, cp, ranges.len(), "home range lists")?;
     let layouts: Vec<SeqLayout> = batch.iter().map(|s| SeqLayout::new(s, cp)).collect();
     let mut items = Vec::new();
     let mut by_server = vec![Vec::new(); p];
@@ -1034,29 +1082,40 @@ pub fn nano_split_pinned(
     last_in_zero: bool,
 ) -> [Vec<HomeRange>; 2] {
     let n = ranges.len();
-    let first = first_in_one && n > 0;
-    let last = last_in_zero && n > usize::from(first);
+    let pairs: Vec<u64> = ranges.iter().map(|r| range_pairs(r.lo, r.hi)).collect();
+    let pin = |i: usize| match i {
+        0 if first_in_one => Some(1),
+        i if last_in_zero && i + 1 == n => Some(0),
+        _ => None,
+    };
+    halves_by_pairs(&pairs, pin).map(|h| h.into_iter().map(|i| ranges[i]).collect())
+}
+
+/// Indices `0..pairs.len()` in two halves: each pinned index (`pin(i)`: its half) first,
+/// then the rest heaviest (`pairs[i]`) first onto the half with fewer pairs (half 0 on a
+/// tie; equal pairs by index), each half ascending.
+fn halves_by_pairs(pairs: &[u64], pin: impl Fn(usize) -> Option<usize>) -> [Vec<usize>; 2] {
     let mut halves: [Vec<usize>; 2] = [Vec::new(), Vec::new()];
     let mut load = [0u64; 2];
-    let pairs = |i: usize| range_pairs(ranges[i].lo, ranges[i].hi);
-    if first {
-        load[1] += pairs(0);
-        halves[1].push(0);
+    let mut free = Vec::with_capacity(pairs.len());
+    for (i, &p) in pairs.iter().enumerate() {
+        match pin(i) {
+            Some(h) => {
+                load[h.min(1)] += p;
+                halves[h.min(1)].push(i);
+            }
+            None => free.push(i),
+        }
     }
-    if last {
-        load[0] += pairs(n - 1);
-        halves[0].push(n - 1);
-    }
-    let mut order: Vec<usize> = (usize::from(first)..n - usize::from(last)).collect();
-    order.sort_by_key(|&i| (Reverse(pairs(i)), i));
-    for i in order {
+    free.sort_by_key(|&i| (Reverse(pairs[i]), i));
+    for i in free {
         let h = usize::from(load[1] < load[0]);
-        load[h] += pairs(i);
+        load[h] += pairs[i];
         halves[h].push(i);
     }
     halves.map(|mut h| {
         h.sort_unstable();
-        h.into_iter().map(|i| ranges[i]).collect()
+        h
     })
 }
 
@@ -1123,6 +1182,28 @@ pub fn schedule_ping_pong_cp(
     Ok([nano(0)?, nano(1)?])
 }
 
+/// One GA index's schedule (no ping-pong) by `cfg.scheduler`: [`reference::schedule`] or
+/// [`schedule_cp`].
+pub fn schedule_step(batch: &[PackedSeq], cp: u32, cfg: &DistcaConfig) -> Result<DistcaSchedule> {
+    match cfg.scheduler {
+        DistcaScheduler::Reference => reference::schedule(batch, cp, cfg),
+        DistcaScheduler::Tight => schedule_cp(batch, cp, cfg),
+    }
+}
+
+/// One GA index's two nano-batch schedules by `cfg.scheduler`:
+/// [`reference::schedule_ping_pong`] or [`schedule_ping_pong_cp`].
+pub fn schedule_nanos(
+    batch: &[PackedSeq],
+    cp: u32,
+    cfg: &DistcaConfig,
+) -> Result<[DistcaSchedule; 2]> {
+    match cfg.scheduler {
+        DistcaScheduler::Reference => reference::schedule_ping_pong(batch, cp, cfg),
+        DistcaScheduler::Tight => Ok(schedule_ping_pong_cp(batch, cp, cfg)?.map(|n| n.schedule)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1134,7 +1215,7 @@ mod tests {
     use proptest::prelude::*;
 
     /// 1 head, head_dim 1, 1 byte: FLOPs = 4·pairs; Q = out = tokens bytes, KV = 2·tokens.
-    fn unit() -> AttnShape {
+    pub(super) fn unit() -> AttnShape {
         AttnShape {
             heads_q: 1,
             heads_kv: 1,
@@ -1144,7 +1225,9 @@ mod tests {
     }
 
     fn cfg(eps: f64, tile: u32) -> DistcaConfig {
-        DistcaConfig::new(unit(), eps, tile).unwrap()
+        DistcaConfig::new(unit(), eps, tile)
+            .unwrap()
+            .with_scheduler(DistcaScheduler::Tight)
     }
 
     fn seq(lens: &[u32], doc0: u64) -> PackedSeq {

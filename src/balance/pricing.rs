@@ -21,7 +21,7 @@
 
 use serde::Serialize;
 
-use super::distca::{schedule_cp, DistcaConfig};
+use super::distca::{schedule_step, DistcaConfig};
 use super::wlbllm::LatencyModel;
 use crate::cost::memory::{rank_memory, MemoryBreakdown, MemoryInputs};
 use crate::cost::{CostModel, LinearPart};
@@ -150,7 +150,7 @@ pub fn distca_tolerance(
     epsilons
         .iter()
         .map(|&eps| {
-            let c = DistcaConfig::new(cfg.shape, eps, cfg.tile)?;
+            let c = DistcaConfig::new(cfg.shape, eps, cfg.tile)?.with_scheduler(cfg.scheduler);
             let mut row = ToleranceRow {
                 epsilon: eps,
                 bytes: 0,
@@ -159,7 +159,7 @@ pub fn distca_tolerance(
                 moves: 0,
             };
             for b in batches {
-                let s = schedule_cp(b, cp, &c)?;
+                let s = schedule_step(b, cp, &c)?;
                 let mut buf = vec![0u64; s.servers.len()];
                 for t in &s.transfers {
                     if let Some(x) = buf.get_mut(t.dst as usize) {
@@ -279,7 +279,9 @@ mod tests {
             head_dim: 1,
             dtype_bytes: 1,
         };
-        let c = DistcaConfig::new(unit, 0.15, 1).unwrap();
+        let c = DistcaConfig::new(unit, 0.15, 1)
+            .unwrap()
+            .with_scheduler(crate::balance::distca::DistcaScheduler::Tight);
         let r = distca_tolerance(&[vec![s(&[4, 2], 0), s(&[1], 3)]], 1, &c, &[0.15]).unwrap();
         assert_eq!((r[0].bytes, r[0].max_buffer_bytes, r[0].moves), (12, 24, 1));
     }

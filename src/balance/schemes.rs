@@ -18,7 +18,7 @@
 use serde::Serialize;
 
 use super::distca::pingpong::NanoTable;
-use super::distca::{self, DistcaConfig};
+use super::distca::{self, DistcaConfig, DistcaScheduler};
 use super::grouping::{group, Policy};
 use super::libra::{self, LibraParams};
 use super::pricing::CostLatency;
@@ -88,6 +88,8 @@ pub struct SchemeSettings {
     pub epsilon: f64,
     /// DistCA's ping-pong nano-batches.
     pub ping_pong: bool,
+    /// DistCA's scheduler (the repository's by default; `distca:tight`).
+    pub distca_scheduler: DistcaScheduler,
     /// Libra's P, H, B, τ, M (its `cp` and `shape` are set from the above and the model).
     pub libra: LibraParams,
     /// Seed of Libra's grouping stream (VRSP does not draw; kept for `random`).
@@ -103,6 +105,7 @@ impl Default for SchemeSettings {
             outlier: None,
             epsilon: distca::DEFAULT_EPSILON,
             ping_pong: true,
+            distca_scheduler: DistcaScheduler::Reference,
             libra: LibraParams::default(),
             seed: 0,
         }
@@ -197,7 +200,8 @@ impl<'a> SchemePlanner<'a> {
         }
         let s = &self.set;
         let (dp, cp) = s.layout(self.scheme, self.dp);
-        let cfg = DistcaConfig::new(self.cost.attn(), s.epsilon, KERNEL_TILE)?;
+        let cfg = DistcaConfig::new(self.cost.attn(), s.epsilon, KERNEL_TILE)?
+            .with_scheduler(s.distca_scheduler);
         let d = distca::ticks::plan_ticks(step, batch, dp, cp, pp, &cfg, s.ping_pong)?;
         Ok(SchemePlan {
             plan: d.plan,
@@ -240,7 +244,8 @@ impl<'a> SchemePlanner<'a> {
                 }
             }
             Scheme::DistCa => {
-                let cfg = DistcaConfig::new(shape, s.epsilon, KERNEL_TILE)?;
+                let cfg = DistcaConfig::new(shape, s.epsilon, KERNEL_TILE)?
+                    .with_scheduler(s.distca_scheduler);
                 let d = distca::lower::plan_step_cp(step, batch, dp, cp, &cfg, s.ping_pong)?;
                 SchemePlan {
                     plan: d.plan,

@@ -57,10 +57,17 @@ pub const ARMS: &[Arm] = &[
     },
     Arm {
         name: "distca-512-cp8",
-        what: "DistCA scheduler, 64 replicas × CP 8 = 512 servers, GBS 512 × 128K (wlbllm), GA 8",
+        what: "DistCA tight scheduler, 64 replicas × CP 8 = 512 servers, GBS 512 × 128K (wlbllm), GA 8",
         target_s: Some(0.1),
         runs: 20,
         setup: super::bench_schemes::distca_512_cp8,
+    },
+    Arm {
+        name: "distca-reference-512x8",
+        what: "DistCA repository's scheduler, 64 replicas × CP 8 = 512 servers, GBS 512 × 128K (wlbllm), GA 8",
+        target_s: Some(0.1),
+        runs: 20,
+        setup: super::bench_schemes::distca_reference_512x8,
     },
     Arm {
         name: "distca-512-256k",

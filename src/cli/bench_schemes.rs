@@ -3,7 +3,7 @@
 
 use anyhow::Result;
 
-use skewsim::balance::distca::{self, DistcaConfig, DEFAULT_EPSILON};
+use skewsim::balance::distca::{self, DistcaConfig, DistcaScheduler, DEFAULT_EPSILON};
 use skewsim::balance::wlbllm::{ConstantThroughput, WlbConfig, WlbPacker};
 use skewsim::workload::corpus::Corpus;
 use skewsim::workload::pack::{global_batch, Packing};
@@ -60,27 +60,30 @@ pub fn distca_512_256k() -> Result<Timed> {
     distca("libra-256k", 512, 262_144)
 }
 
-/// The DistCA scheduler over one global batch of `sequences` packed sequences of `seq_len`
-/// tokens on DP = `dp` replicas × CP = `cp` ranks (DP·CP in-place attention servers, the
-/// baseline's contiguous layout): GA = sequences / DP schedules, one per GA index.
+/// A DistCA scheduler (`scheduler`: the tight one on the baseline's contiguous layout, or
+/// the repository's on its mirrored one) over one global batch of `sequences` packed
+/// sequences of `seq_len` tokens on DP = `dp` replicas × CP = `cp` ranks (DP·CP in-place
+/// attention servers): GA = sequences / DP schedules, one per GA index, no ping-pong.
 fn distca_cp(
     corpus: &'static str,
     sequences: usize,
     seq_len: u32,
     dp: usize,
     cp: u32,
+    scheduler: DistcaScheduler,
 ) -> Result<Timed> {
     let b = batch(corpus, sequences, seq_len)?;
     let cfg = DistcaConfig::new(
         ConstantThroughput::h200_llama3_8b().shape,
         DEFAULT_EPSILON,
         128,
-    )?;
+    )?
+    .with_scheduler(scheduler);
     Ok(Box::new(move || {
         let (mut moves, mut bytes, mut in_place, mut dev, mut balanced) =
             (0, 0u64, 0u64, 0.0f64, 0);
         for ga in b.chunks(dp) {
-            let s = distca::schedule_cp(ga, cp, &cfg)?;
+            let s = distca::schedule_step(ga, cp, &cfg)?;
             moves += s.transfers.len();
             bytes += s.moved_bytes();
             in_place += s.in_place_kv_bytes();
@@ -98,7 +101,11 @@ fn distca_cp(
 }
 
 pub fn distca_512_cp8() -> Result<Timed> {
-    distca_cp("wlbllm", 512, 131_072, 64, 8)
+    distca_cp("wlbllm", 512, 131_072, 64, 8, DistcaScheduler::Tight)
+}
+
+pub fn distca_reference_512x8() -> Result<Timed> {
+    distca_cp("wlbllm", 512, 131_072, 64, 8, DistcaScheduler::Reference)
 }
 
 /// One WLB-LLM step: variable-length packing of a global batch of 512 sequences of 128K

@@ -12,7 +12,8 @@
 //! layers = 2                         # optional: simulate only this many layers
 //! steps = 2                          # global batches per point (a GBS window)
 //! arms = ["ulysses", "wlbllm", "distca", "libra"]
-//!     # an arm is a scheme with optional `:`-separated tweaks: distca:no-ping-pong,
+//!     # an arm is a scheme with optional `:`-separated tweaks: distca:tight (skewsim's
+//!     # scheduler instead of the repository's), distca:no-ping-pong,
 //!     # distca:signal (1-byte transfers: communication cost removed), distca:eps=0.15,
 //!     # wlbllm:per-document | per-sequence, libra:m=1; the first arm is the baseline
 //! [network]  topology = "dgx-h200-roce", model = "analytical" | "flow"
@@ -34,6 +35,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::sync::Arc;
 
+use skewsim::balance::distca::DistcaScheduler;
 use skewsim::balance::libra::LibraParams;
 use skewsim::balance::schemes::{Scheme, SchemePlanner, SchemeSettings};
 use skewsim::balance::wlbllm::lower::ShardingMode;
@@ -178,6 +180,7 @@ fn parse_arm(s: &str, base: &SchemeSettings, file: &str) -> Result<Arm> {
     for t in parts {
         match (scheme, t) {
             (Scheme::DistCa, "no-ping-pong") => set.ping_pong = false,
+            (Scheme::DistCa, "tight") => set.distca_scheduler = DistcaScheduler::Tight,
             (Scheme::DistCa, "signal") => signal = true,
             (Scheme::DistCa, e) if e.starts_with("eps=") => {
                 set.epsilon = e[4..].parse().map_err(|_| {
@@ -193,8 +196,8 @@ fn parse_arm(s: &str, base: &SchemeSettings, file: &str) -> Result<Arm> {
                 })?;
             }
             _ => bail!(
-                "{file}: arms: {s:?}: unknown tweak {t:?} for {name} (distca: no-ping-pong, \
-                 signal, eps=X; wlbllm: adaptive, per-document, per-sequence; libra: m=N)"
+                "{file}: arms: {s:?}: unknown tweak {t:?} for {name} (distca: tight, \
+                 no-ping-pong, signal, eps=X; wlbllm: adaptive, per-document, per-sequence; libra: m=N)"
             ),
         }
     }
@@ -341,6 +344,7 @@ pub fn run_text(
         outlier: None,
         epsilon: s.epsilon.unwrap_or(d.epsilon),
         ping_pong: s.ping_pong.unwrap_or(d.ping_pong),
+        distca_scheduler: d.distca_scheduler,
         libra: LibraParams {
             pool_size: s.pool_size.unwrap_or(dl.pool_size),
             head_shards: s.head_shards.unwrap_or(dl.head_shards),
@@ -1244,4 +1248,23 @@ pub fn run_default(out: Output) -> Result<()> {
             )
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn distca_tweaks_compose() {
+        let base = SchemeSettings::default();
+        let a = parse_arm("distca:tight:eps=0.15:no-ping-pong", &base, "f.toml").unwrap();
+        assert_eq!(a.set.distca_scheduler, DistcaScheduler::Tight);
+        assert_eq!((a.set.epsilon, a.set.ping_pong), (0.15, false));
+        let d = parse_arm("distca:eps=0", &base, "f.toml").unwrap();
+        assert_eq!(d.set.distca_scheduler, DistcaScheduler::Reference);
+        let e = parse_arm("wlbllm:tight", &base, "f.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown tweak \"tight\" for wlbllm"), "{e}");
+    }
 }

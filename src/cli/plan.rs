@@ -3,13 +3,14 @@
 //! exchange), `ulysses` (CP all-to-all to head shards), `wlbllm` (variable-length packing
 //! over the step's GBS micro-batches, adaptive CP sharding, outlier delay off unless
 //! `--outlier-thresholds`) or `distca` (in-place attention servers, one per DP replica,
-//! CP = 1, ping-pong nano-batches unless `--no-ping-pong`).
+//! CP = 1, the public repository's planner unless `--tight`, ping-pong nano-batches
+//! unless `--no-ping-pong`).
 //!
 //! Settings come from flags; an experiment file (TOML) may give them instead — its
 //! `[libra]` table if it has one, else its top level, with the flags' names in snake_case
 //! (`corpus`, `seq_len`, `gbs`, `dp`, `pool_size`, `cp`, `head_shards`, `tile_tokens`,
 //! `tau`, `chunks`, `seed`, `packing`, `grouping`, and for the scheme `scheme`, `s_max`,
-//! `sharding`, `outlier_thresholds` (a list), `epsilon`, `ping_pong`); other keys are left
+//! `sharding`, `outlier_thresholds` (a list), `epsilon`, `ping_pong`, `tight`); other keys are left
 //! to their owners.
 //! A flag overrides the file.
 
@@ -19,7 +20,7 @@ use anyhow::{bail, Context, Result};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use skewsim::balance::distca::{self, DistcaConfig, DEFAULT_EPSILON};
+use skewsim::balance::distca::{self, DistcaConfig, DistcaScheduler, DEFAULT_EPSILON};
 use skewsim::balance::libra::{exchange, pipeliner, plan_step, step_shape, LibraParams};
 use skewsim::balance::ulysses::{self, UlyssesParams};
 use skewsim::balance::wlbllm::lower::{ShardingMode, WlbPlanParams};
@@ -276,6 +277,10 @@ pub struct SchemeArgs {
     /// DistCA: schedule each micro-batch whole instead of as two ping-pong nano-batches.
     #[arg(long)]
     pub no_ping_pong: bool,
+    /// DistCA: skewsim's tight scheduler on the contiguous CP layout instead of the public
+    /// repository's planner on its mirrored head/tail layout.
+    #[arg(long)]
+    pub tight: bool,
 }
 
 impl SchemeArgs {
@@ -298,6 +303,7 @@ impl SchemeArgs {
                 .or(thresholds.map(|v| v.iter().map(u32::to_string).collect::<Vec<_>>().join(","))),
             epsilon: self.epsilon.or(get(t, "epsilon", f)?),
             no_ping_pong: self.no_ping_pong || get::<bool>(t, "ping_pong", f)? == Some(false),
+            tight: self.tight || get::<bool>(t, "tight", f)? == Some(true),
         })
     }
 }
@@ -463,7 +469,12 @@ pub fn build_scheme(
             let cp = cp_flag.unwrap_or(1);
             r.params.cp = cp;
             let epsilon = a.epsilon.unwrap_or(DEFAULT_EPSILON);
-            let cfg = DistcaConfig::new(shape, epsilon, KERNEL_TILE)?;
+            let scheduler = if a.tight {
+                DistcaScheduler::Tight
+            } else {
+                DistcaScheduler::Reference
+            };
+            let cfg = DistcaConfig::new(shape, epsilon, KERNEL_TILE)?.with_scheduler(scheduler);
             let steps = load_batches(r, step + 1, gbs_dp)?;
             set.epsilon = Some(epsilon);
             set.ping_pong = Some(!a.no_ping_pong);

@@ -117,7 +117,7 @@ fn a_slice_of_distca_3d_reproduces_its_committed_rows() {
     let ours = read(&dir.join("points.csv"));
     let committed = read(&root().join("experiments/results/distca-3d/points.csv"));
     let rows: Vec<&str> = ours.lines().skip(1).collect();
-    assert_eq!(rows.len(), 6, "six arms at one point");
+    assert_eq!(rows.len(), 7, "seven arms at one point");
     for r in rows {
         assert!(committed.lines().any(|c| c == r), "row not committed: {r}");
     }

@@ -8,11 +8,12 @@
 //! GBS packed sequences on DP replicas × CP ranks, the baseline's layout (paper: in-place
 //! attention servers keep the linear layers where they are): GA = GBS/DP, batch index b
 //! runs at GA index b / DP on replica b mod DP, laid out over its CP group (workers
-//! replica·CP … + CP − 1) in contiguous slices of ⌈L/CP⌉ tokens
-//! ([`contiguous_layout`], as Ulysses; a document may span ranks). All DP·CP workers are
-//! one attention pool: each GA index is one group over every worker, scheduled on its own
-//! ([`schedule_cp`], or both nano-batches of [`schedule_ping_pong_cp`], whose units all
-//! land in the same group: nano-batch 0's first). Every query range of every task is one
+//! replica·CP … + CP − 1), ⌈L/CP⌉ tokens per rank ([`seq_layout`]: the repository's
+//! mirrored head/tail chunks for its scheduler, contiguous slices — [`contiguous_layout`],
+//! as Ulysses — for the tight one; a document may span ranks). All DP·CP workers are one
+//! attention pool: each GA index is one group over every worker, scheduled on its own
+//! ([`schedule_step`], or both nano-batches of [`schedule_nanos`], whose units all land in
+//! the same group: nano-batch 0's first). Every query range of every task is one
 //! unit over all heads (H = 1; a head+tail shard is two units) on the task's server; its
 //! queries lie on one rank (the task's home). A moved range brings its Q from the home
 //! and sends the output back; K and V move only as far as causality needs — keys
@@ -26,11 +27,13 @@
 //! tasks of a sample on one server share one KV transfer).
 
 use super::pingpong::NanoTable;
-use super::{schedule_cp, schedule_ping_pong_cp, DistcaConfig, DistcaSchedule};
+use super::{
+    reference, schedule_nanos, schedule_step, DistcaConfig, DistcaSchedule, DistcaScheduler,
+};
 use crate::balance::ulysses::{check_fits, cp_group, ga_of};
 use crate::error::{invalid, Result};
 use crate::plan::build::{build_group, contiguous_layout, GroupSite, KvReach, UnitSpec};
-use crate::plan::{Plan, PlanSeq, SampleIndex, WorkerId, PLAN_VERSION};
+use crate::plan::{Plan, PlanSeq, Resident, SampleIndex, WorkerId, PLAN_VERSION};
 use crate::workload::PackedSeq;
 
 /// The plan of one step, and the schedules it lowered.
@@ -68,7 +71,7 @@ pub fn plan_step_cp(
     cfg: &DistcaConfig,
     ping_pong: bool,
 ) -> Result<DistcaPlan> {
-    let cfg = DistcaConfig::new(cfg.shape, cfg.epsilon, cfg.tile)?;
+    let cfg = DistcaConfig::new(cfg.shape, cfg.epsilon, cfg.tile)?.with_scheduler(cfg.scheduler);
     if cp == 0 {
         return Err(invalid("cp", cp, "at least 1 rank per replica"));
     }
@@ -81,12 +84,9 @@ pub fn plan_step_cp(
     for (g, seqs) in batch.chunks(dp as usize).enumerate() {
         let g = g as u32;
         let scheds: Vec<DistcaSchedule> = if ping_pong {
-            schedule_ping_pong_cp(seqs, cp, &cfg)?
-                .into_iter()
-                .map(|n| n.schedule)
-                .collect()
+            schedule_nanos(seqs, cp, &cfg)?.into()
         } else {
-            vec![schedule_cp(seqs, cp, &cfg)?]
+            vec![schedule_step(seqs, cp, &cfg)?]
         };
         let index: Vec<SampleIndex> = seqs
             .iter()
@@ -99,7 +99,7 @@ pub fn plan_step_cp(
                 id: g * dp + r as u32,
                 samples: seq.lengths().collect(),
                 capacity: seq.capacity,
-                layout: contiguous_layout(seq.tokens(), seq.capacity, &cp_group(r as u32, cp)),
+                layout: seq_layout(seq, &cp_group(r as u32, cp), cfg.scheduler),
             })
             .collect();
         let mut units = Vec::new();
@@ -147,6 +147,19 @@ pub fn plan_step_cp(
         schedules,
         nano: NanoTable { units: nano },
     })
+}
+
+/// Where a replica's sequence lies on its CP ranks for `scheduler`: the repository's
+/// mirrored placement ([`reference::layout`]) or contiguous slices.
+pub fn seq_layout(
+    seq: &PackedSeq,
+    ranks: &[WorkerId],
+    scheduler: DistcaScheduler,
+) -> Vec<Resident> {
+    match scheduler {
+        DistcaScheduler::Reference => reference::layout(seq, ranks),
+        DistcaScheduler::Tight => contiguous_layout(seq.tokens(), seq.capacity, ranks),
+    }
 }
 
 #[cfg(test)]
@@ -203,7 +216,9 @@ mod tests {
         // of Q and 1 B of output, and one KV transfer of keys [0,4) (2·4 = 8 B): 12 B, the
         // scheduler's 12.
         let batch = [seq(&[4, 2], 0, 0), seq(&[1], 10, 3)];
-        let cfg = DistcaConfig::new(UNIT, 0.15, 1).unwrap();
+        let cfg = DistcaConfig::new(UNIT, 0.15, 1)
+            .unwrap()
+            .with_scheduler(DistcaScheduler::Tight);
         let d = plan_step(7, &batch, 2, &cfg, false).unwrap();
         let s = check(&d.plan).unwrap();
         assert_eq!(
@@ -242,7 +257,9 @@ mod tests {
         // [4,6) 4 B from 1. Total 6 + 30 = 36 B, the scheduler's 36 (it charges the [0,1)
         // task no keys: they reached worker 2 with the [4,5) move).
         let batch = [seq(&[8], 0, 0), seq(&[], 5, 8)];
-        let cfg = DistcaConfig::new(UNIT, 0.5, 1).unwrap();
+        let cfg = DistcaConfig::new(UNIT, 0.5, 1)
+            .unwrap()
+            .with_scheduler(DistcaScheduler::Tight);
         let d = plan_step_cp(0, &batch, 2, 2, &cfg, false).unwrap();
         let s = check(&d.plan).unwrap();
         assert_eq!((s.groups, s.sequences, s.units, s.bytes), (1, 2, 5, 36));
@@ -276,7 +293,9 @@ mod tests {
         assert_eq!(plan_bytes(&d.plan), (6, 30));
         assert_eq!(sched_bytes(&d), (6, 30));
         // Without the pool (ε large), only the in-place prefix moves: 8 B.
-        let cfg = DistcaConfig::new(UNIT, 10.0, 1).unwrap();
+        let cfg = DistcaConfig::new(UNIT, 10.0, 1)
+            .unwrap()
+            .with_scheduler(DistcaScheduler::Tight);
         let d = plan_step_cp(0, &batch, 2, 2, &cfg, true).unwrap();
         assert_eq!(check(&d.plan).unwrap().bytes, 8);
         assert_eq!(plan_bytes(&d.plan), sched_bytes(&d));
@@ -287,7 +306,9 @@ mod tests {
         // Tile 384 on one 1024-token sample: the head [0, 384) moves; it reads keys
         // [0, 384) only: KV 768 B, Q 384, output 384.
         let batch = [seq(&[1024], 0, 0), seq(&[], 5, 8)];
-        let cfg = DistcaConfig::new(UNIT, 0.0, 384).unwrap();
+        let cfg = DistcaConfig::new(UNIT, 0.0, 384)
+            .unwrap()
+            .with_scheduler(DistcaScheduler::Tight);
         let d = plan_step(0, &batch, 2, &cfg, false).unwrap();
         check(&d.plan).unwrap();
         assert_eq!(plan_bytes(&d.plan), (768, 768));
@@ -342,10 +363,10 @@ mod tests {
     }
 
     proptest! {
-        /// Random batches, DP, CP (documents spanning ranks), GA, ε, tile and ping-pong: the
-        /// plan checks, its FLOPs are the exact causal total, each group holds its GA
-        /// index's sequences with their samples on the contiguous CP layout of their
-        /// replica, Q and output bytes are the scheduler's and KV bytes at most the
+        /// Random batches, DP, CP (documents spanning ranks), GA, ε, tile, ping-pong and
+        /// scheduler: the plan checks, its FLOPs are the exact causal total, each group
+        /// holds its GA index's sequences with their samples on their replica's CP layout
+        /// (mirrored or contiguous, by scheduler), Q and output bytes are the scheduler's and KV bytes at most the
         /// scheduler's (moved and in place).
         #[test]
         fn random_steps_check(
@@ -357,12 +378,14 @@ mod tests {
             tile in prop_oneof![Just(1u32), Just(16), Just(128)],
             ping_pong in any::<bool>(),
             hkv in prop_oneof![Just(1u32), Just(2), Just(4)],
+            tight in any::<bool>(),
         ) {
             let shape = AttnShape { heads_q: 4, heads_kv: hkv, head_dim: 2, dtype_bytes: 2 };
             let n = (dp * ga) as usize;
             let batch: Vec<PackedSeq> =
                 (0..n).map(|i| seq(&lens[i % lens.len()], 100 * i as u64, i as u32 % 2)).collect();
-            let cfg = DistcaConfig::new(shape, eps, tile).unwrap();
+            let scheduler = if tight { DistcaScheduler::Tight } else { DistcaScheduler::Reference };
+            let cfg = DistcaConfig::new(shape, eps, tile).unwrap().with_scheduler(scheduler);
             let d = plan_step_cp(2, &batch, dp, cp, &cfg, ping_pong).unwrap();
             d.nano.validate(&d.plan).unwrap();
             let s = check(&d.plan);
@@ -377,10 +400,7 @@ mod tests {
                     prop_assert_eq!(sq.id / dp, g.ga);
                     prop_assert_eq!(&sq.samples, &b.lengths().collect::<Vec<_>>());
                     let replica = sq.id % dp;
-                    prop_assert_eq!(
-                        &sq.layout,
-                        &contiguous_layout(b.tokens(), b.capacity, &cp_group(replica, cp))
-                    );
+                    prop_assert_eq!(&sq.layout, &seq_layout(b, &cp_group(replica, cp), scheduler));
                 }
             }
             let (pq, pkv) = plan_bytes(&d.plan);

@@ -1,0 +1,794 @@
+//! DistCA's core-attention scheduler as the public repository implements it
+//! (hao-ai-lab/distca, `distca/planner/planner.py`): the arm `distca`.
+//!
+//! Owns the repository's layout of documents on the CP ranks, its greedy planner and its
+//! nano-batch split, with output in the parent module's [`DistcaSchedule`] (so `lower`,
+//! `pingpong` and `ticks` run it unchanged). May not touch `cost/` formulas, the engine or
+//! the tight scheduler; FLOPs and bytes come from [`AttnShape`] only. No I/O.
+//!
+//! # Layout (the repository's `batch_to_items_general`)
+//!
+//! Replica `r`'s packed sequence fills its CP ranks in document order, each rank a budget of
+//! ⌈max(L, tokens)/CP⌉ tokens. A document that fits whole into the rank it starts on is one
+//! *complete* item there. Any other document is cut into chunks, one per rank it reaches
+//! (the first chunk is what is left of the rank it starts on), and a chunk of `n` tokens
+//! is *mirrored*: its head is the next ⌊n/2⌋ queries from the document's front, its tail
+//! the next ⌈n/2⌉ from its back. A document of 8 tokens over two ranks of 4: rank 0 holds
+//! `[0,2)` and `[6,8)`, rank 1 `[2,4)` and `[4,6)`. Every rank holds its budget of tokens,
+//! and every chunk carries about the same causal work ([`home_items`], [`layout`]).
+//!
+//! # Planner (the repository's `plan_items`, `get_priority`, `split_item`)
+//!
+//! Loads are exact causal pairs; F̄ = total / P over the P = DP·CP servers; a server's
+//! surplus is F − F̄ (exact: integers scaled by P).
+//!
+//! 1. *Recipients* are the servers below F̄ at the start, largest deficit first (lowest
+//!    index on a tie). Each is planned to the end before the next.
+//! 2. *Stop rule per recipient:* it takes work while its need N (its deficit less what it
+//!    received) exceeds ε·F̄; it stops early when no server is in surplus, or when the best
+//!    candidate cannot move a single query.
+//! 3. *Candidates* are the items (with work) on *donors*, servers in surplus. An item's
+//!    *priority* is bytes per pair: with m = min(donor's surplus, N, item's pairs) and ℓ
+//!    the document's length, (Q bytes of m/(ℓ+1) tokens + K/V bytes of ℓ+1 tokens) / m,
+//!    i.e. q/(ℓ+1) + kv·(ℓ+1)/m with q, kv the bytes of one token's Q and K+V
+//!    ([`AttnShape::q_bytes`], [`AttnShape::kv_bytes`]). The lowest wins; ties go to the
+//!    item placed first.
+//! 4. *Split:* the item moves whole when m ≥ its pairs. Otherwise k = ⌊m / a⌋ queries move
+//!    from each side of its *inner* ends — the last k of its head and the first k of its
+//!    tail, a = head end + tail start + 1 pairs per query pair (ℓ + 1 on the repository's
+//!    even lengths) — so a complete document gives up its middle `[⌈ℓ/2⌉ − k, ⌈ℓ/2⌉ + k)`
+//!    and a chunk the queries nearest the middle of what it still holds. k = 0 ends the
+//!    recipient (rule 2).
+//!
+//! A recipient never exceeds F̄ (each move is at most N) and so never donates: received
+//! work never moves again. Moved tasks are priced as the parent module prices them: Q and
+//! output of the moved queries, K/V of the key prefix `[0, last query + 1)` the target
+//! neither holds nor received with an earlier move of the same document; a task left in
+//! place reads the part of its prefix other ranks hold.
+//!
+//! # Ping-pong
+//!
+//! Each server's items split into two nano-batches by pairs (heaviest first onto the
+//! lighter half, [`nano_splits`]); the items of a document spread over several ranks all go
+//! to nano-batch 0, since a chunk's tail reads keys of every other chunk's head and tail.
+//!
+//! # Where skewsim departs from the repository, and why
+//!
+//! - *Layout per replica.* The repository flattens a nano-batch's sequences over all
+//!   attention servers; skewsim lays each replica's sequence over that replica's CP ranks,
+//!   whose linear layers hold it. The two agree when every packed sequence fills its L.
+//! - *Odd lengths.* The repository supports only even document lengths (its `split_item`
+//!   asserts); skewsim moves k queries from each side with exact pairs k·a, at most what
+//!   the shorter side holds.
+//! - *Exact arithmetic.* The repository compares float FLOPs; skewsim keeps loads and
+//!   surpluses exact and computes the priority in its simplified form (the same value).
+//! - *Tolerance.* The repository's end-to-end script starts at ε = 0.05 and raises ε until
+//!   the largest rank's NVSHMEM buffer fits; skewsim runs the configured ε (`eps=`).
+//! - *Ping-pong.* The repository's two nano-batches are two sets of whole sequences, each
+//!   over all servers; skewsim splits each rank's own items (its linear layers keep their
+//!   tokens), as the tight scheduler does.
+//! - *No tile.* Like the repository, shards are whole queries; `DistcaConfig::tile` is
+//!   the tight scheduler's only.
+
+use std::collections::{BTreeSet, HashMap};
+
+use serde::{Deserialize, Serialize};
+
+use super::{
+    halves_by_pairs, range_pairs, servers_of, AttnTask, DistcaConfig, DistcaSchedule, SampleRef,
+    ServerWork, Stop, Transfer,
+};
+use crate::cost::AttnShape;
+use crate::error::{invalid, Result};
+use crate::plan::{Resident, WorkerId};
+use crate::workload::PackedSeq;
+
+/// One document's queries on one server, as placed: a head `[lo, hi)` and a tail `[lo, hi)`
+/// (a complete document is head `[0, ⌈ℓ/2⌉)` and tail `[⌈ℓ/2⌉, ℓ)`; either may be empty).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HomeItem {
+    /// The sample.
+    pub sample: SampleRef,
+    /// Head queries, sample-local.
+    pub head: (u32, u32),
+    /// Tail queries, sample-local.
+    pub tail: (u32, u32),
+    /// True when the document lies whole on this server.
+    pub complete: bool,
+}
+
+impl HomeItem {
+    /// Exact causal pairs.
+    pub fn pairs(&self) -> u64 {
+        range_pairs(self.head.0, self.head.1) + range_pairs(self.tail.0, self.tail.1)
+    }
+}
+
+/// The non-empty ranges of a head and a tail, merged when they touch.
+fn ranges(head: (u32, u32), tail: (u32, u32)) -> Vec<(u32, u32)> {
+    match (head.0 < head.1, tail.0 < tail.1) {
+        (true, true) if head.1 == tail.0 => vec![(head.0, tail.1)],
+        (true, true) => vec![head, tail],
+        (true, false) => vec![head],
+        (false, true) => vec![tail],
+        (false, false) => Vec::new(),
+    }
+}
+
+/// The repository's placement of one packed sequence on `cp` ranks: (rank, sample index,
+/// item) in placement order.
+fn place(seq: &PackedSeq, cp: u32) -> Vec<(u32, u32, HomeItem)> {
+    let cp = cp.max(1);
+    let per = u64::from(seq.capacity)
+        .max(seq.tokens())
+        .div_ceil(u64::from(cp))
+        .max(1);
+    let mut budget = vec![per; cp as usize];
+    let mut c = 0usize;
+    let mut out = Vec::new();
+    for (j, s) in seq.samples.iter().enumerate() {
+        let len = s.len;
+        let (mut rem, mut hp, mut ts) = (len, 0u32, len);
+        while rem > 0 {
+            while budget[c] == 0 {
+                c += 1;
+            }
+            let n = u64::from(rem).min(budget[c]) as u32;
+            let sample = SampleRef {
+                seq: 0,
+                index: j as u32,
+            };
+            let item = if n == len {
+                let mid = len.div_ceil(2);
+                HomeItem {
+                    sample,
+                    head: (0, mid),
+                    tail: (mid, len),
+                    complete: true,
+                }
+            } else {
+                let (hq, tq) = (n / 2, n - n / 2);
+                let it = HomeItem {
+                    sample,
+                    head: (hp, hp + hq),
+                    tail: (ts - tq, ts),
+                    complete: false,
+                };
+                hp += hq;
+                ts -= tq;
+                it
+            };
+            out.push((c as u32, j as u32, item));
+            budget[c] -= u64::from(n);
+            rem -= n;
+        }
+    }
+    out
+}
+
+/// The items of every server of `batch` (one packed sequence per replica) on `cp` ranks
+/// each: `out[r·CP + c]`, in placement order.
+pub fn home_items(batch: &[PackedSeq], cp: u32) -> Vec<Vec<HomeItem>> {
+    let cp = cp.max(1);
+    let mut out = vec![Vec::new(); batch.len() * cp as usize];
+    for (r, seq) in batch.iter().enumerate() {
+        for (c, _, mut it) in place(seq, cp) {
+            it.sample.seq = r as u32;
+            out[r * cp as usize + c as usize].push(it);
+        }
+    }
+    out
+}
+
+/// Where the repository's placement puts the tokens of `seq` on `ranks` (in rank order):
+/// layout pieces in position order, adjacent pieces of one worker merged.
+pub fn layout(seq: &PackedSeq, ranks: &[WorkerId]) -> Vec<Resident> {
+    let mut starts = Vec::with_capacity(seq.samples.len());
+    let mut at = 0u64;
+    for s in &seq.samples {
+        starts.push(at);
+        at += u64::from(s.len);
+    }
+    let mut pieces: Vec<Resident> = place(seq, ranks.len() as u32)
+        .into_iter()
+        .flat_map(|(c, j, it)| {
+            let s0 = starts[j as usize];
+            ranges(it.head, it.tail)
+                .into_iter()
+                .map(move |(a, b)| Resident {
+                    start: s0 + u64::from(a),
+                    end: s0 + u64::from(b),
+                    worker: ranks[c as usize],
+                })
+        })
+        .collect();
+    pieces.sort_unstable_by_key(|r| r.start);
+    let mut out: Vec<Resident> = Vec::with_capacity(pieces.len());
+    for p in pieces {
+        match out.last_mut() {
+            Some(l) if l.end == p.start && l.worker == p.worker => l.end = p.end,
+            _ => out.push(p),
+        }
+    }
+    out
+}
+
+/// Schedules one GA index: `batch[r]` is replica `r`'s micro-batch on its `cp` ranks.
+pub fn schedule(batch: &[PackedSeq], cp: u32, cfg: &DistcaConfig) -> Result<DistcaSchedule> {
+    schedule_items(batch, cp, &home_items(batch, cp.max(1)), cfg)
+}
+
+/// Each server's two nano-batches (module doc, "Ping-pong"): items of a document on
+/// several ranks in nano-batch 0, the rest by pairs.
+pub fn nano_splits(batch: &[PackedSeq], cp: u32) -> Vec<[Vec<HomeItem>; 2]> {
+    home_items(batch, cp)
+        .into_iter()
+        .map(|items| {
+            let pairs: Vec<u64> = items.iter().map(HomeItem::pairs).collect();
+            let pin = |i: usize| (!items[i].complete).then_some(0);
+            halves_by_pairs(&pairs, pin).map(|h| h.into_iter().map(|i| items[i]).collect())
+        })
+        .collect()
+}
+
+/// Ping-pong: both nano-batches of [`nano_splits`], each scheduled over all servers.
+pub fn schedule_ping_pong(
+    batch: &[PackedSeq],
+    cp: u32,
+    cfg: &DistcaConfig,
+) -> Result<[DistcaSchedule; 2]> {
+    if cp == 0 {
+        return Err(invalid("cp", cp, "at least 1 rank per replica"));
+    }
+    let splits = nano_splits(batch, cp);
+    let half = |h: usize| -> Vec<Vec<HomeItem>> { splits.iter().map(|s| s[h].clone()).collect() };
+    Ok([
+        schedule_items(batch, cp, &half(0), cfg)?,
+        schedule_items(batch, cp, &half(1), cfg)?,
+    ])
+}
+
+/// An item while planning.
+#[derive(Clone, Copy, Debug)]
+struct Item {
+    home: usize,
+    it: HomeItem,
+    /// Moved whole to another server.
+    gone: bool,
+}
+
+/// Per-token bytes and the priority formula (module doc, rule 3).
+struct Priority {
+    q: f64,
+    kv: f64,
+    servers: f64,
+}
+
+impl Priority {
+    fn new(shape: &AttnShape, servers: usize) -> Priority {
+        Priority {
+            q: shape.q_bytes(1, shape.heads_q) as f64,
+            kv: shape.kv_bytes(1, shape.heads_kv) as f64,
+            servers: servers as f64,
+        }
+    }
+
+    /// Bytes per pair for a document of `len` tokens when `m_scaled / P` pairs can move:
+    /// non-increasing in `m_scaled`, so `m_scaled` = the item's pairs × P bounds it below.
+    fn of(&self, len: u32, m_scaled: i128) -> f64 {
+        let l1 = f64::from(len) + 1.0;
+        let m = m_scaled as f64 / self.servers;
+        self.q / l1 + self.kv * l1 / m
+    }
+}
+
+/// Schedules per-server item lists (a subset of [`home_items`]`(batch, cp)`, e.g. one
+/// nano-batch). Errors: no server, CP of 0, a list per server other than `batch.len()·cp`,
+/// or an item outside its sample or not placed on its server.
+pub fn schedule_items(
+    batch: &[PackedSeq],
+    cp: u32,
+    lists: &[Vec<HomeItem>],
+    cfg: &DistcaConfig,
+) -> Result<DistcaSchedule> {
+    let p = servers_of(batch, cp, lists.len(), "item lists")?;
+    // What every server holds under the placement: its pieces per sample.
+    let placed = home_items(batch, cp);
+    let mut held: HashMap<(usize, SampleRef), HomeItem> = HashMap::new();
+    for (s, list) in placed.iter().enumerate() {
+        for it in list {
+            held.insert((s, it.sample), *it);
+        }
+    }
+    let mut items = Vec::new();
+    let mut by_server = vec![Vec::new(); p];
+    let mut load = vec![0u64; p];
+    for (s, list) in lists.iter().enumerate() {
+        for it in list {
+            if held.get(&(s, it.sample)) != Some(it) {
+                return Err(invalid(
+                    format!("server {s} item"),
+                    format!("{it:?}"),
+                    "an item of the repository's placement on that server",
+                ));
+            }
+            load[s] += it.pairs();
+            by_server[s].push(items.len());
+            items.push(Item {
+                home: s,
+                it: *it,
+                gone: false,
+            });
+        }
+    }
+    let shape = &cfg.shape;
+    let total: u64 = load.iter().sum();
+    let pp = p as i128;
+    let mut excess: Vec<i128> = load
+        .iter()
+        .map(|&l| i128::from(l) * pp - i128::from(total))
+        .collect();
+    let threshold = cfg.epsilon * total as f64;
+    let prio = Priority::new(shape, p);
+    let len_of =
+        |it: &HomeItem| batch[it.sample.seq as usize].samples[it.sample.index as usize].len;
+    let key_of = |it: &HomeItem| prio.of(len_of(it), i128::from(it.pairs()) * pp).to_bits();
+    // Candidates: items with work on donors, by their priority's lower bound, then order.
+    let mut cand: BTreeSet<(u64, usize)> = BTreeSet::new();
+    let mut key: Vec<Option<u64>> = vec![None; items.len()];
+    for (id, x) in items.iter().enumerate() {
+        if excess[x.home] > 0 && x.it.pairs() > 0 {
+            let k = key_of(&x.it);
+            cand.insert((k, id));
+            key[id] = Some(k);
+        }
+    }
+    let mut recipients: Vec<usize> = (0..p).filter(|&s| excess[s] < 0).collect();
+    recipients.sort_by_key(|&s| (excess[s], s));
+    /// A move: (recipient, queries moved, item id).
+    type Move = (usize, Vec<(u32, u32)>, usize);
+    let mut moves: Vec<Move> = Vec::new();
+    for t in recipients {
+        let mut need = -excess[t];
+        while need as f64 > threshold {
+            let mut best: Option<(f64, usize)> = None;
+            for &(kb, id) in &cand {
+                if best.is_some_and(|(bp, _)| f64::from_bits(kb) > bp) {
+                    break;
+                }
+                let x = &items[id];
+                let m = excess[x.home].min(need).min(i128::from(x.it.pairs()) * pp);
+                let pr = prio.of(len_of(&x.it), m);
+                if best.is_none_or(|(bp, bid)| pr < bp || (pr == bp && id < bid)) {
+                    best = Some((pr, id));
+                }
+            }
+            let Some((_, id)) = best else {
+                break;
+            };
+            let x = items[id];
+            let d = x.home;
+            let f = i128::from(x.it.pairs()) * pp;
+            let m = excess[d].min(need).min(f);
+            let (q_ranges, moved) = if m >= f {
+                items[id].gone = true;
+                (ranges(x.it.head, x.it.tail), x.it.pairs())
+            } else {
+                let (h, tl) = (x.it.head, x.it.tail);
+                let a = i128::from(h.1) + i128::from(tl.0) + 1;
+                let side = (h.1 - h.0).min(tl.1 - tl.0);
+                let k = (m / (pp * a)).min(i128::from(side)) as u32;
+                if k == 0 {
+                    break;
+                }
+                let head = (h.1 - k, h.1);
+                let tail = (tl.0, tl.0 + k);
+                items[id].it.head.1 -= k;
+                items[id].it.tail.0 += k;
+                (
+                    ranges(head, tail),
+                    range_pairs(head.0, head.1) + range_pairs(tail.0, tail.1),
+                )
+            };
+            let dm = i128::from(moved) * pp;
+            excess[d] -= dm;
+            excess[t] += dm;
+            need -= dm;
+            if let Some(k) = key[id].take() {
+                cand.remove(&(k, id));
+            }
+            if !items[id].gone && excess[d] > 0 {
+                let k = key_of(&items[id].it);
+                cand.insert((k, id));
+                key[id] = Some(k);
+            }
+            if excess[d] <= 0 {
+                for &j in &by_server[d] {
+                    if let Some(k) = key[j].take() {
+                        cand.remove(&(k, j));
+                    }
+                }
+            }
+            moves.push((t, q_ranges, id));
+        }
+    }
+    // Keys of `[0, x)` of a sample that server `s` lacks: outside its placed pieces and
+    // past the prefix `[0, d)` earlier moves delivered.
+    let missing = |s: usize, sample: SampleRef, d: u32, x: u32| -> u64 {
+        let d = d.min(x);
+        let mut have = 0;
+        if let Some(h) = held.get(&(s, sample)) {
+            for (a, b) in [h.head, h.tail] {
+                have += b.min(x).saturating_sub(a.max(d));
+            }
+        }
+        u64::from(x - d - have)
+    };
+    let task = |home: usize, it: &HomeItem, q_ranges: Vec<(u32, u32)>, kv_tokens: u64| {
+        let pairs: u64 = q_ranges.iter().map(|&(a, b)| range_pairs(a, b)).sum();
+        AttnTask {
+            sample: it.sample,
+            home: home as u32,
+            of: batch[it.sample.seq as usize].samples[it.sample.index as usize],
+            kv_prefix: q_ranges.last().map_or(0, |r| r.1),
+            q_ranges,
+            kv_bytes: shape.kv_bytes(kv_tokens, shape.heads_kv),
+            pairs,
+            flops: shape.fwd_flops(pairs, shape.heads_q),
+        }
+    };
+    let mut tasks: Vec<Vec<AttnTask>> = vec![Vec::new(); p];
+    for (s, ids) in by_server.iter().enumerate() {
+        for &id in ids {
+            let x = &items[id];
+            let q = ranges(x.it.head, x.it.tail);
+            if x.gone || q.is_empty() {
+                continue;
+            }
+            let e = q.last().map_or(0, |r| r.1);
+            let kv = missing(s, x.it.sample, 0, e);
+            tasks[s].push(task(s, &x.it, q, kv));
+        }
+    }
+    let mut delivered: HashMap<(usize, SampleRef), u32> = HashMap::new();
+    let mut transfers = Vec::with_capacity(moves.len());
+    for (t, q_ranges, id) in moves {
+        let x = &items[id];
+        let e = q_ranges.last().map_or(0, |r| r.1);
+        let d = delivered.entry((t, x.it.sample)).or_insert(0);
+        let kv = missing(t, x.it.sample, *d, e);
+        *d = (*d).max(e);
+        let q_tokens: u64 = q_ranges.iter().map(|&(a, b)| u64::from(b - a)).sum();
+        let q_bytes = shape.q_bytes(q_tokens, shape.heads_q);
+        let tk = task(x.home, &x.it, q_ranges, kv);
+        transfers.push(Transfer {
+            src: x.home as u32,
+            dst: t as u32,
+            task: tasks[t].len(),
+            q_bytes,
+            kv_bytes: tk.kv_bytes,
+            out_bytes: q_bytes,
+        });
+        tasks[t].push(tk);
+    }
+    let servers: Vec<ServerWork> = tasks
+        .into_iter()
+        .map(|tasks| {
+            let pairs: u64 = tasks.iter().map(|t| t.pairs).sum();
+            ServerWork {
+                tasks,
+                pairs,
+                flops: shape.fwd_flops(pairs, shape.heads_q),
+            }
+        })
+        .collect();
+    let balanced = excess.iter().all(|e| e.unsigned_abs() as f64 <= threshold);
+    Ok(DistcaSchedule {
+        servers,
+        transfers,
+        ideal_flops: shape.fwd_flops(1, shape.heads_q) * total as f64 / p as f64,
+        epsilon: cfg.epsilon,
+        cp,
+        stop: if balanced {
+            Stop::Balanced
+        } else {
+            Stop::NoMoveHelps
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::lower::plan_step_cp;
+    use super::super::DistcaScheduler;
+    use super::*;
+    use crate::plan::{check, Payload};
+    use proptest::prelude::*;
+
+    /// Unit shape (Q = out = 1 B per token, K+V = 2 B): priority 1/(ℓ+1) + 2(ℓ+1)/m.
+    fn cfg(eps: f64) -> DistcaConfig {
+        DistcaConfig::new(super::super::tests::unit(), eps, 128).unwrap()
+    }
+
+    fn seq(lens: &[u32], capacity: u32) -> PackedSeq {
+        PackedSeq::from_lengths(lens, capacity, 0)
+    }
+
+    type Moved = (u32, u32, u32, Vec<(u32, u32)>, u64);
+
+    /// (src, dst, sample index, ranges, bytes) per transfer.
+    fn moves(s: &DistcaSchedule) -> Vec<Moved> {
+        s.transfers
+            .iter()
+            .map(|t| {
+                let task = &s.servers[t.dst as usize].tasks[t.task];
+                (
+                    t.src,
+                    t.dst,
+                    task.sample.index,
+                    task.q_ranges.clone(),
+                    t.bytes(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn placement_mirrors_chunks_by_hand() {
+        // CP 2, capacity 8 (4 per rank), one 8-token document: rank 0 takes head [0,2) and
+        // tail [6,8), rank 1 head [2,4) and tail [4,6) (18 pairs each).
+        let one = [seq(&[8], 8)];
+        let hi = home_items(&one, 2);
+        type Placed = ((u32, u32), (u32, u32), bool);
+        let ht = |v: &[HomeItem]| -> Vec<Placed> {
+            v.iter().map(|i| (i.head, i.tail, i.complete)).collect()
+        };
+        assert_eq!(ht(&hi[0]), vec![((0, 2), (6, 8), false)]);
+        assert_eq!(ht(&hi[1]), vec![((2, 4), (4, 6), false)]);
+        assert_eq!((hi[0][0].pairs(), hi[1][0].pairs()), (18, 18));
+        let lay: Vec<(u64, u64, u32)> = layout(&one[0], &[5, 6])
+            .iter()
+            .map(|r| (r.start, r.end, r.worker))
+            .collect();
+        assert_eq!(lay, vec![(0, 2, 5), (2, 6, 6), (6, 8, 5)]);
+        // CP 3, capacity 12 (4 per rank), documents 3, 6, 3. Rank 0: the 3 whole (head
+        // [0,2), tail [2,3)), then 1 token of the 6: head ⌊1/2⌋ = 0, tail [5,6). Rank 1:
+        // 4 tokens: head [0,2), tail [3,5). Rank 2: the last token: head empty, tail
+        // [2,3); then the second 3 whole.
+        let b = [seq(&[3, 6, 3], 12)];
+        let hi = home_items(&b, 3);
+        assert_eq!(
+            ht(&hi[0]),
+            vec![((0, 2), (2, 3), true), ((0, 0), (5, 6), false)]
+        );
+        assert_eq!(ht(&hi[1]), vec![((0, 2), (3, 5), false)]);
+        assert_eq!(
+            ht(&hi[2]),
+            vec![((2, 2), (2, 3), false), ((0, 2), (2, 3), true)]
+        );
+        let lay: Vec<(u64, u64, u32)> = layout(&b[0], &[0, 1, 2])
+            .iter()
+            .map(|r| (r.start, r.end, r.worker))
+            .collect();
+        assert_eq!(
+            lay,
+            vec![
+                (0, 3, 0),
+                (3, 5, 1),
+                (5, 6, 2),
+                (6, 8, 1),
+                (8, 9, 0),
+                (9, 12, 2)
+            ]
+        );
+        // Nano-batches: the pieces of the 6 stay in nano-batch 0; the whole 3s go to the
+        // lighter half, 1.
+        let sp = nano_splits(&b, 3);
+        let idx = |v: &[HomeItem]| -> Vec<u32> { v.iter().map(|i| i.sample.index).collect() };
+        let got: Vec<(Vec<u32>, Vec<u32>)> = sp.iter().map(|[a, z]| (idx(a), idx(z))).collect();
+        assert_eq!(
+            got,
+            vec![(vec![1], vec![0]), (vec![1], vec![]), (vec![1], vec![2])]
+        );
+    }
+
+    #[test]
+    fn priority_split_whole_move_and_stop_by_hand() {
+        // CP 1, four servers: [6, 2] (21 + 3 pairs), [4] (10), [] (0), [2] (3). Total 37,
+        // F̄ = 9.25, ε = 0.1: a recipient stops at need ≤ 0.925. Surplus: +14.75, +0.75,
+        // −9.25, −6.25. Recipients by deficit: server 2, then 3.
+        // Server 2, N = 9.25; candidates (p = 1/(ℓ+1) + 2(ℓ+1)/m):
+        //   the 6: m = min(14.75, 9.25, 21) = 9.25, p = 1/7 + 14/9.25 = 1.656;
+        //   the 2: m = 3, p = 1/3 + 6/3 = 2.333; the 4: m = 0.75 (its server), p = 13.53.
+        //   The 6 splits: a = 3 + 3 + 1 = 7, k = ⌊9.25/7⌋ = 1: its middle [2,4) (7 pairs).
+        //   Loads 17 10 7 0; N = 2.25. The 6 (now [0,2) + [4,6), 14 pairs): p = 1/7 + 14/2.25
+        //   = 6.365; the 2: m = 2.25, p = 1/3 + 6/2.25 = 3.0 → best, but k = ⌊2.25/3⌋ = 0:
+        //   server 2 stops at 7.
+        // Server 3, N = 6.25: the 6: m = 6.25, p = 1/7 + 14/6.25 = 2.383; the 2: m = 3,
+        //   p = 2.333 → best, m ≥ 3: moves whole. Loads 14 10 7 6; N = 3.25: the 6 (p =
+        //   4.45) has a = 2 + 4 + 1 = 7, k = ⌊3.25/7⌋ = 0: stops.
+        let batch = [seq(&[6, 2], 8), seq(&[4], 8), seq(&[], 8), seq(&[2], 8)];
+        let s = schedule(&batch, 1, &cfg(0.1)).unwrap();
+        let loads: Vec<u64> = s.servers.iter().map(|w| w.pairs).collect();
+        assert_eq!(loads, vec![14, 10, 7, 6]);
+        assert_eq!(s.stop, Stop::NoMoveHelps);
+        // bytes: [2,4) Q 2 + out 2 + keys [0,4) 8 = 12; [0,2) 2 + 2 + 4 = 8
+        assert_eq!(
+            moves(&s),
+            vec![(0, 2, 0, vec![(2, 4)], 12), (0, 3, 1, vec![(0, 2)], 8)]
+        );
+        let kept = &s.servers[0].tasks;
+        assert_eq!(kept.len(), 1);
+        assert_eq!(
+            (
+                kept[0].q_ranges.clone(),
+                kept[0].kv_prefix,
+                kept[0].kv_bytes
+            ),
+            (vec![(0, 2), (4, 6)], 6, 0)
+        );
+        // ε = 1.0: every need (≤ 9.25) is within F̄·ε: nothing moves.
+        let loose = schedule(&batch, 1, &cfg(1.0)).unwrap();
+        assert!(loose.transfers.is_empty());
+        assert_eq!(loose.stop, Stop::NoMoveHelps);
+    }
+
+    #[test]
+    fn mirrored_chunks_give_their_inner_ends_and_lower_by_hand() {
+        // DP 2 × CP 2, capacity 8: replica 0 holds one 8-token document (server 0: [0,2) +
+        // [6,8), 18 pairs; server 1: [2,4) + [4,6), 18); replica 1 is empty. F̄ = 9.
+        // Server 2 (N = 9): both chunks have p = 1/9 + 18/9; the tie goes to server 0's
+        // (placed first): a = 2 + 6 + 1 = 9, k = 1: [1,2) + [6,7), 9 pairs. Server 0 is at
+        // F̄ and no longer donates. Server 3 (N = 9): server 1's chunk, a = 4 + 4 + 1 = 9,
+        // k = 1: [3,5). Balanced.
+        let batch = [seq(&[8], 8), seq(&[], 8)];
+        let c = cfg(0.1);
+        let s = schedule(&batch, 2, &c).unwrap();
+        assert_eq!(s.stop, Stop::Balanced);
+        assert!(s.servers.iter().all(|w| w.pairs == 9));
+        // Bytes: keys [0,7) and [0,5), none held by replica 1: 2 + 14 + 2 = 18 and 2 + 10 +
+        // 2 = 14. In place: server 0 keeps [0,1) + [7,8), reading keys [2,6) of server 1
+        // (8 B); server 1 keeps [2,3) + [5,6), reading [0,2) of server 0 (4 B).
+        assert_eq!(
+            moves(&s),
+            vec![
+                (0, 2, 0, vec![(1, 2), (6, 7)], 18),
+                (1, 3, 0, vec![(3, 5)], 14)
+            ]
+        );
+        let kept: Vec<(Vec<(u32, u32)>, u64)> = s.servers[..2]
+            .iter()
+            .map(|w| (w.tasks[0].q_ranges.clone(), w.tasks[0].kv_bytes))
+            .collect();
+        assert_eq!(
+            kept,
+            vec![(vec![(0, 1), (7, 8)], 8), (vec![(2, 3), (5, 6)], 4)]
+        );
+        assert_eq!(s.bytes(), 44);
+        // The plan: the mirrored layout, and the same 44 B (KV per (document, worker)
+        // once: worker 2 gets [0,2) + [6,7) from 0 and [2,6) from 1, 6 + 8 B).
+        let d = plan_step_cp(0, &batch, 2, 2, &c, false).unwrap();
+        let sum = check(&d.plan).unwrap();
+        assert_eq!((sum.units, sum.bytes), (7, 44));
+        let lay: Vec<(u64, u64, u32)> = d.plan.groups[0].sequences[0]
+            .layout
+            .iter()
+            .map(|r| (r.start, r.end, r.worker))
+            .collect();
+        assert_eq!(lay, vec![(0, 2, 0), (2, 6, 1), (6, 8, 0)]);
+        let kv_to_2: Vec<(u32, u32, u32, u64)> = d.plan.groups[0]
+            .transfers
+            .iter()
+            .filter(|t| t.dst == 2)
+            .filter_map(|t| match t.carries {
+                Payload::Kv { start, end, .. } => Some((t.src, start, end, t.bytes)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(kv_to_2, vec![(0, 0, 2, 4), (1, 2, 6, 8), (0, 6, 7, 2)]);
+        // The tight variant plans the same batch on contiguous slices.
+        let t = plan_step_cp(
+            0,
+            &batch,
+            2,
+            2,
+            &c.with_scheduler(DistcaScheduler::Tight),
+            false,
+        )
+        .unwrap();
+        assert_eq!(t.plan.groups[0].sequences[0].layout.len(), 2);
+    }
+
+    #[test]
+    fn bad_input_is_a_clear_error() {
+        let batch = [seq(&[4], 4)];
+        assert!(schedule(&batch, 0, &cfg(0.1)).is_err());
+        assert!(schedule(&[], 1, &cfg(0.1)).is_err());
+        let mut lists = home_items(&batch, 1);
+        lists[0][0].head.1 += 1;
+        let e = schedule_items(&batch, 1, &lists, &cfg(0.1))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("server 0 item"), "{e}");
+        assert!(schedule_items(&batch, 1, &[], &cfg(0.1)).is_err());
+    }
+
+    proptest! {
+        /// Random batches, DP, CP, ε and ping-pong: every query once, exact pairs, senders
+        /// never below F̄ and receivers never above it; the lowered plan checks, its FLOPs
+        /// are the exact causal total, its Q and output bytes are the scheduler's and its
+        /// KV bytes at most the scheduler's.
+        #[test]
+        fn random_batches_conserve_and_plans_check(
+            lens in proptest::collection::vec(proptest::collection::vec(1u32..400, 0..6), 1..7),
+            dp in 1u32..5,
+            cp in 1u32..5,
+            eps in 0.0f64..0.4,
+            slack in 0u32..200,
+            ping_pong in any::<bool>(),
+        ) {
+            let shape = AttnShape { heads_q: 4, heads_kv: 2, head_dim: 2, dtype_bytes: 2 };
+            let c = DistcaConfig::new(shape, eps, 128).unwrap();
+            let batch: Vec<PackedSeq> = (0..dp as usize)
+                .map(|i| {
+                    let l = &lens[i % lens.len()];
+                    PackedSeq::from_lengths(l, l.iter().sum::<u32>() + slack, 10 * i as u64)
+                })
+                .collect();
+            let exact: u64 = batch.iter().map(PackedSeq::causal_pairs).sum();
+            let scheds: Vec<DistcaSchedule> = if ping_pong {
+                schedule_ping_pong(&batch, cp, &c).unwrap().into()
+            } else {
+                vec![schedule(&batch, cp, &c).unwrap()]
+            };
+            let mut hit: Vec<Vec<Vec<u8>>> = batch
+                .iter()
+                .map(|q| q.samples.iter().map(|x| vec![0; x.len as usize]).collect())
+                .collect();
+            let mut total = 0;
+            for s in &scheds {
+                let p = s.servers.len() as u64;
+                let sum: u64 = s.servers.iter().map(|w| w.pairs).sum();
+                for w in &s.servers {
+                    for t in &w.tasks {
+                        let mut pairs = 0;
+                        for &(a, b) in &t.q_ranges {
+                            pairs += range_pairs(a, b);
+                            for q in a..b {
+                                hit[t.sample.seq as usize][t.sample.index as usize][q as usize] += 1;
+                            }
+                        }
+                        prop_assert_eq!(pairs, t.pairs);
+                    }
+                }
+                for t in &s.transfers {
+                    prop_assert!(s.servers[t.src as usize].pairs * p >= sum);
+                    prop_assert!(s.servers[t.dst as usize].pairs * p <= sum);
+                }
+                total += sum;
+            }
+            prop_assert_eq!(total, exact);
+            prop_assert!(hit.iter().flatten().flatten().all(|&h| h == 1));
+            let d = plan_step_cp(1, &batch, dp, cp, &c, ping_pong).unwrap();
+            d.nano.validate(&d.plan).unwrap();
+            let s = check(&d.plan);
+            prop_assert!(s.is_ok(), "{:?}", s);
+            let want = shape.fwd_flops(exact, 4);
+            prop_assert!((s.unwrap().flops - want).abs() <= 1e-9 * want.max(1.0));
+            let (mut pq, mut pkv) = (0, 0);
+            for t in d.plan.groups.iter().flat_map(|g| &g.transfers) {
+                match t.carries {
+                    Payload::Kv { .. } => pkv += t.bytes,
+                    _ => pq += t.bytes,
+                }
+            }
+            let sq: u64 = scheds.iter().flat_map(|s| &s.transfers).map(|t| t.q_bytes + t.out_bytes).sum();
+            let skv: u64 = scheds
+                .iter()
+                .map(|s| s.transfers.iter().map(|t| t.kv_bytes).sum::<u64>() + s.in_place_kv_bytes())
+                .sum();
+            prop_assert_eq!(pq, sq);
+            prop_assert!(pkv <= skv);
+        }
+    }
+}
