@@ -45,7 +45,6 @@ use skewsim::report::svg::{Chart, Scale, Series};
 use skewsim::schedule::compare::simulate_scheme_step_with;
 use skewsim::schedule::train::Workload;
 use skewsim::schedule::{NoVariance, Parallelism, PipelineKind, Placement};
-use skewsim::workload::corpus::Corpus;
 use skewsim::workload::pack::Packing;
 
 use super::exp_train::{NetChoice, BUILTIN_TOPOLOGIES};
@@ -267,18 +266,22 @@ fn load_model(name: &str, base: &Path, file: &str, layers: Option<u32>) -> Resul
     Ok(m)
 }
 
-/// Run a comparison experiment file.
-/// Run the experiment file at `path`; `calibration` (the `--calibration` flag) overrides
-/// the file's.
-pub fn run(path: &Path, dir: &Path, calibration: Option<&Path>, out: Output) -> Result<()> {
+/// Run the comparison experiment file at `path` from `text` (its contents, possibly with
+/// the corpus replaced); `calibration` (the `--calibration` flag) overrides the file's.
+pub fn run(
+    path: &Path,
+    text: &str,
+    dir: &Path,
+    calibration: Option<&Path>,
+    out: Output,
+) -> Result<()> {
     let file = path.display().to_string();
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {file}"))?;
     let title = path
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default();
     let base = path.parent().unwrap_or(Path::new("."));
-    let summary = run_text(&text, &file, &title, base, calibration)?;
+    let summary = run_text(text, &file, &title, base, calibration)?;
     write_outputs(dir, &summary)?;
     out.emit(
         &serde_json::json!({ "dir": dir.display().to_string() }),
@@ -416,7 +419,8 @@ pub fn run_text(
                 None => None,
             };
             for c in corpora.iter().flatten() {
-                let corpus = Corpus::from_spec(c).with_context(|| format!("{file}: corpus"))?;
+                let corpus =
+                    super::corpus::load_corpus(c).with_context(|| format!("{file}: corpus"))?;
                 let lens: Vec<u32> = if !f.sweep.seq_len.is_empty() {
                     f.sweep.seq_len.clone()
                 } else if let Some(l) = f.workload.seq_len {
@@ -563,7 +567,7 @@ fn run_arm(
         None => bail!("[network] topology is required (e.g. \"dgx-h200-roce\")"),
     };
     let wl = Workload::Corpus {
-        corpus: Corpus::from_spec(corpus)?,
+        corpus: super::corpus::load_corpus(corpus)?,
         seq_len,
         packing: Packing::Sequential,
         seed: f.workload.seed,
@@ -739,7 +743,7 @@ fn tolerance_rows(
     use skewsim::balance::pricing::distca_tolerance;
     let servers = (dp * f.parallel.cp) as usize;
     let wl = Workload::Corpus {
-        corpus: Corpus::from_spec(corpus)?,
+        corpus: super::corpus::load_corpus(corpus)?,
         seq_len,
         packing: Packing::Sequential,
         seed: f.workload.seed,

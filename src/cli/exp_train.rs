@@ -13,7 +13,8 @@
 //! [network]   # topology = "../topologies/dgx-h200-roce.toml", model = "analytical" | "flow"
 //!             # | "stub" (stub: alpha_us, intra_gbytes_per_s, inter_gbytes_per_s)
 //! [variance]  # the cluster's VarianceSpec (persistent, jitter, spike); absent: none
-//! [parallel]  # dp, pp, cp, ga, pipeline = "1f1b" | "gpipe", recompute, zero_stage, dp_buckets
+//! [parallel]  # dp, pp, cp, tp, sp, tp_overlap, ep, ga, pipeline = "1f1b" | "gpipe", recompute,
+//!             # zero_stage, dp_buckets (GPUs = TP·CP·DP·PP, TP innermost)
 //! [workload]  # seq_len, seed, and one of: corpus = "libra-1m" (+ packing = "sequential"),
 //!             # sequences = [[doc lengths], ...]; a distribution is a corpus spec:
 //!             # corpus = "lognormal:median=800,p99=30000"
@@ -43,7 +44,6 @@ use skewsim::report::trace::chrome_trace;
 use skewsim::schedule::plan_step::{simulate_scheme_batch, Scheme};
 use skewsim::schedule::train::Workload;
 use skewsim::schedule::{NoVariance, Parallelism, Placement, RankMap, RuntimeVariance};
-use skewsim::workload::corpus::Corpus;
 use skewsim::workload::pack::Packing;
 use skewsim::workload::PackedSeq;
 use std::sync::Arc;
@@ -228,7 +228,7 @@ struct SweepSpec {
 fn workload(w: &WorkloadSpec, seq_len: u32, file: &str) -> Result<Workload> {
     let wl = match (&w.sequences, &w.corpus) {
         (None, Some(c)) => Workload::Corpus {
-            corpus: Corpus::from_spec(c).with_context(|| format!("{file}: [workload] corpus"))?,
+            corpus: super::corpus::load_corpus(c).with_context(|| format!("{file}: [workload] corpus"))?,
             seq_len,
             packing: w
                 .packing
@@ -341,16 +341,22 @@ fn mean(v: impl Iterator<Item = f64>) -> f64 {
     }
 }
 
-/// Run a `train` experiment; `calibration` (the `--calibration` flag) overrides the file's.
-pub fn run(path: &Path, dir: &Path, calibration: Option<&Path>, out: Output) -> Result<()> {
+/// Run a `train` experiment from `text` (the file at `path`, possibly with its corpus
+/// replaced); `calibration` (the `--calibration` flag) overrides the file's.
+pub fn run(
+    path: &Path,
+    text: &str,
+    dir: &Path,
+    calibration: Option<&Path>,
+    out: Output,
+) -> Result<()> {
     let file = path.display().to_string();
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {file}"))?;
     let title = path
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default();
     let base = path.parent().unwrap_or(Path::new("."));
-    run_text(&text, &file, &title, base, dir, calibration, out)
+    run_text(text, &file, &title, base, dir, calibration, out)
 }
 
 /// Topologies shipped in `topologies/`, by name, for `topology = "NAME"`.
@@ -389,6 +395,11 @@ fn run_text(
     };
     let cost = super::calfile::cost_model(model, cal_path.as_deref())
         .with_context(|| format!("{file}: calibration"))?;
+    // Planners balance one TP rank's heads.
+    let rank_shape = cost
+        .tp_shard(f.parallel.tp, f.parallel.ep)
+        .with_context(|| format!("{file}: [parallel]"))?
+        .attn();
     if f.steps == 0 || f.steps > 10_000 {
         bail!("{file}: steps = {} must be in 1..=10000", f.steps);
     }
@@ -484,7 +495,7 @@ fn run_text(
             };
             for c in &corpora {
                 let lens = match c {
-                    Some(name) if s.seq_len.is_empty() => vec![Corpus::from_spec(name)
+                    Some(name) if s.seq_len.is_empty() => vec![super::corpus::load_corpus(name)
                         .with_context(|| format!("{file}: [sweep] corpus"))?
                         .default_seq_len()
                         .unwrap_or(f.workload.seq_len)],
@@ -548,7 +559,7 @@ fn run_text(
                     tile_tokens,
                     tau: v.tau,
                     chunks: v.chunks,
-                    shape: cost.attn(),
+                    shape: rank_shape,
                 }
                 .validate()
                 .with_context(|| format!("{file}: [libra] / [sweep]"))?;
@@ -578,7 +589,7 @@ fn run_text(
                     tile_tokens: lv.tile_tokens,
                     tau: lv.tau,
                     chunks: lv.chunks,
-                    shape: cost.attn(),
+                    shape: rank_shape,
                 },
             )?;
             let mut spec = f.workload.clone();
@@ -647,6 +658,15 @@ fn run_text(
             ),
         }
     );
+    if f.parallel.tp > 1 || f.parallel.ep > 1 {
+        summary += &format!(
+            "Tensor parallelism TP {} (sequence parallel: {}, TP communication overlapped: {}) \
+             innermost in each node; expert parallelism EP {} (dispatch and combine all-to-alls \
+             per MoE layer; expert gradients reduced over each expert-data-parallel group). Every \
+             scheme balances one TP rank's h_q/TP heads.\n\n",
+            f.parallel.tp, f.parallel.sp, f.parallel.tp_overlap, f.parallel.ep
+        );
+    }
     let table = if f.sweep.is_none() {
         let r = &results[0];
         std::fs::write(dir.join("steps.csv"), steps_csv(&r.steps))?;
@@ -761,7 +781,7 @@ fn run_text(
             let speedup = tps / base.1;
             let eff = speedup / (f64::from(r.dp) / f64::from(base.0));
             let it = mean(r.steps.iter().map(|s| s.iteration as f64 * 1e-9));
-            let gpus = r.dp * f.parallel.pp * f.parallel.cp;
+            let gpus = r.dp * f.parallel.pp * f.parallel.cp * f.parallel.tp;
             let mfu = mean(r.steps.iter().map(|s| s.mfu));
             let wait = mean(r.steps.iter().map(|s| s.wait_fraction));
             let comm = mean(r.steps.iter().map(|s| s.exposed_comm_fraction));

@@ -19,6 +19,11 @@ pub struct Args {
     /// cost figures, for kinds that price work.
     #[arg(long)]
     pub calibration: Option<PathBuf>,
+    /// Replace the experiment's corpus (`[workload] corpus` and any `[sweep] corpus`) with
+    /// this one: a built-in name, a length file (JSON, CSV, one length per line) or a
+    /// parametric spec. For `train` and the scheme comparisons.
+    #[arg(long)]
+    pub corpus: Option<String>,
 }
 
 /// The experiment kinds this build knows, as `kind = "..."` spells them.
@@ -45,6 +50,15 @@ pub fn run(args: Args, out: Output) -> Result<()> {
         ),
     };
     let dir = out_dir(&args.file, args.out.as_deref());
+    let text = match &args.corpus {
+        None => text,
+        Some(_) if !matches!(kind.as_str(), "train") && !super::exp_schemes::KINDS.contains(&kind.as_str()) => bail!(
+            "--corpus: experiment kind {kind:?} takes no corpus override (kinds that do: train, {})",
+            super::exp_schemes::KINDS.join(", ")
+        ),
+        Some(c) => with_corpus(doc, c)
+            .with_context(|| format!("{}: --corpus {c}", args.file.display()))?,
+    };
     match kind.as_str() {
         "pools" | "runtime-variance" if args.calibration.is_some() => bail!(
             "--calibration: experiment kind {kind:?} prices no GPU work (kinds that do: train, {})",
@@ -52,9 +66,9 @@ pub fn run(args: Args, out: Output) -> Result<()> {
         ),
         "pools" => super::exp_pools::run(&args.file, &text, &dir, out),
         "runtime-variance" => super::exp_variance::run(&args.file, &text, &dir, out),
-        "train" => super::exp_train::run(&args.file, &dir, args.calibration.as_deref(), out),
+        "train" => super::exp_train::run(&args.file, &text, &dir, args.calibration.as_deref(), out),
         k if super::exp_schemes::KINDS.contains(&k) => {
-            super::exp_schemes::run(&args.file, &dir, args.calibration.as_deref(), out)
+            super::exp_schemes::run(&args.file, &text, &dir, args.calibration.as_deref(), out)
         }
         _ => bail!(
             "{}: unknown experiment kind = {kind:?} (one of: {})",
@@ -62,6 +76,40 @@ pub fn run(args: Args, out: Output) -> Result<()> {
             KINDS.join(", ")
         ),
     }
+}
+
+/// The experiment `doc` with its corpus replaced by `corpus` (`[workload] corpus`, and
+/// `[sweep] corpus` when the file sweeps corpora), and a line saying so heading its
+/// description. A corpus that names an existing file is made absolute, so it is read from
+/// where the command was run.
+fn with_corpus(mut doc: toml::Table, corpus: &str) -> Result<String> {
+    let spec = match std::fs::canonicalize(corpus) {
+        Ok(p) if p.is_file() => p.display().to_string(),
+        _ => corpus.to_string(),
+    };
+    let Some(toml::Value::Table(w)) = doc.get_mut("workload") else {
+        bail!("the experiment has no [workload] section to take a corpus");
+    };
+    w.insert("corpus".into(), toml::Value::String(spec.clone()));
+    if let Some(toml::Value::Table(sw)) = doc.get_mut("sweep") {
+        if sw.contains_key("corpus") {
+            sw.insert(
+                "corpus".into(),
+                toml::Value::Array(vec![toml::Value::String(spec.clone())]),
+            );
+        }
+    }
+    let desc = match doc.get("description") {
+        Some(toml::Value::String(d)) => d.clone(),
+        _ => String::new(),
+    };
+    doc.insert(
+        "description".into(),
+        toml::Value::String(format!(
+            "Corpus `{corpus}`, given on the command line (`--corpus`), in place of the file's.\n\n{desc}"
+        )),
+    );
+    Ok(toml::to_string(&doc)?)
 }
 
 /// `runs/NAME` for `experiments/NAME.toml`, unless `--out` says otherwise.
