@@ -59,15 +59,7 @@ mod tests {
             zero_stage: 0,
             dp_buckets: 1,
         };
-        let map = RankMap::new(
-            par,
-            Placement {
-                gpus_per_node: 8,
-                nodes: 1,
-            },
-            "t",
-        )
-        .unwrap();
+        let map = RankMap::new(par, Placement::new(8, 1), "t").unwrap();
         let seq = PackedSeq {
             samples: vec![Sample {
                 doc: 0,

@@ -93,15 +93,7 @@ mod tests {
             zero_stage: 0,
             dp_buckets: 1,
         };
-        let map = RankMap::new(
-            par,
-            Placement {
-                gpus_per_node: 2,
-                nodes: 2,
-            },
-            "t",
-        )
-        .unwrap();
+        let map = RankMap::new(par, Placement::new(2, 2), "t").unwrap();
         let s = PackedSeq {
             samples: vec![Sample {
                 doc: 0,

@@ -26,6 +26,7 @@ use serde::{Deserialize, Serialize};
 use crate::cluster::VarianceModel;
 use crate::engine::OpClass;
 use crate::error::{invalid, Result};
+use crate::net::collective::CollectiveModel;
 use crate::net::GpuId;
 
 /// The pipeline schedule.
@@ -113,7 +114,7 @@ impl Parallelism {
 }
 
 /// The cluster as far as placement needs it: GPUs per node and node count (GPU ids are
-/// node-major, as in `net::GpuId`).
+/// node-major, as in `net::GpuId`), and how NCCL runs collectives on it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Placement {
@@ -121,9 +122,28 @@ pub struct Placement {
     pub gpus_per_node: u32,
     /// Nodes.
     pub nodes: u32,
+    /// NCCL's algorithm choice and latency on this cluster (default: no fabric known, rings
+    /// with no latency of their own); set from the topology with
+    /// [`Placement::with_collectives`].
+    #[serde(skip)]
+    pub coll: CollectiveModel,
 }
 
 impl Placement {
+    /// `nodes` nodes of `gpus_per_node` GPUs, no fabric known.
+    pub fn new(gpus_per_node: u32, nodes: u32) -> Self {
+        Self {
+            gpus_per_node,
+            nodes,
+            coll: CollectiveModel::default(),
+        }
+    }
+
+    /// The same cluster whose collectives run as `coll` says.
+    pub fn with_collectives(self, coll: CollectiveModel) -> Self {
+        Self { coll, ..self }
+    }
+
     /// The node of `gpu`.
     pub fn node(&self, gpu: GpuId) -> u32 {
         gpu / self.gpus_per_node.max(1)
@@ -281,15 +301,7 @@ mod tests {
 
     #[test]
     fn cp_fills_a_node_first_and_pp_goes_across_nodes() {
-        let m = RankMap::new(
-            par(2, 2, 8),
-            Placement {
-                gpus_per_node: 8,
-                nodes: 4,
-            },
-            "t",
-        )
-        .unwrap();
+        let m = RankMap::new(par(2, 2, 8), Placement::new(8, 4), "t").unwrap();
         // Replica 0 stage 0 is node 0; replica 1 stage 0 node 1; stage 1 nodes 2 and 3.
         assert_eq!(m.gpu(0, 0, 7), 7);
         assert_eq!(m.gpu(0, 1, 0), 8);
@@ -303,38 +315,14 @@ mod tests {
             d.contains("inside one node") && d.contains("PP stage 1: GPUs 16..31 on nodes 2..3"),
             "{d}"
         );
-        let m16 = RankMap::new(
-            par(1, 1, 16),
-            Placement {
-                gpus_per_node: 8,
-                nodes: 2,
-            },
-            "t",
-        )
-        .unwrap();
+        let m16 = RankMap::new(par(1, 1, 16), Placement::new(8, 2), "t").unwrap();
         assert!(m16.describe().contains("across 2 nodes"));
     }
 
     #[test]
     fn layouts_that_do_not_fit_are_rejected() {
-        let e = RankMap::new(
-            par(4, 2, 8),
-            Placement {
-                gpus_per_node: 8,
-                nodes: 4,
-            },
-            "x.toml",
-        )
-        .unwrap_err();
+        let e = RankMap::new(par(4, 2, 8), Placement::new(8, 4), "x.toml").unwrap_err();
         assert!(e.to_string().contains("32 GPUs"), "{e}");
-        assert!(RankMap::new(
-            par(0, 1, 1),
-            Placement {
-                gpus_per_node: 8,
-                nodes: 1
-            },
-            "x"
-        )
-        .is_err());
+        assert!(RankMap::new(par(0, 1, 1), Placement::new(8, 1), "x").is_err());
     }
 }
