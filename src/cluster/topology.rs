@@ -972,6 +972,10 @@ rail_optimized = true
             "efficiency = 1.5\nlatency_us = 1.0",
         ));
         assert!(e.contains("nvlink.efficiency = 1.5"), "{e}");
+        let e = err_of(&format!("{SMALL}\n[collectives]\nlatency_scale = 0.0\n"));
+        assert!(e.contains("collectives.latency_scale = 0"), "{e}");
+        let e = err_of(&format!("{SMALL}\n[collectives]\nnvls = \"off\"\n"));
+        assert!(e.contains("nvls"), "{e}");
         let t = small();
         let e = t.route(0, 16, 0).unwrap_err().to_string();
         assert!(e.contains("[0, 16)"), "{e}");

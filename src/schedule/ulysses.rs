@@ -14,17 +14,16 @@
 //! sequences, and that cross-replica skew waits at the DP gradient all-reduce.
 //!
 //! Collectives are lowered to point-to-point transfers the network model prices, all
-//! started together when the last rank arrives. On a node-aligned group (whole blocks of
-//! consecutive ranks per node, as the placement makes them):
-//! - all-to-all: each rank sends one aggregate over NVLink (the bytes for all same-node
-//!   peers, to the next rank of its node) and one over its NIC (the bytes for all remote
-//!   peers, to the rank at its position in the next node) — the per-GPU egress that
-//!   bounds an all-to-all on a non-blocking fabric, with destinations that are
-//!   permutations so no port receives two aggregates;
-//! - the DP gradient all-reduce: as the cluster's collective model lowers it
-//!   (`net::collective::CollectiveModel`: NCCL's ring, NVLS or tree, with its latency).
-//!
-//! Other groups' all-to-alls fall back to the first same-node and first remote peer.
+//! started together when the last rank arrives:
+//! - the DP gradient all-reduce as the cluster's collective model lowers it
+//!   (`net::collective::CollectiveModel`: NCCL's ring, NVLS or tree, and its latency);
+//! - all-to-all on a node-aligned group (whole blocks of consecutive ranks per node, as the
+//!   placement makes them): each rank sends one aggregate over NVLink (the bytes for all
+//!   same-node peers, to the next rank of its node) and one over its NIC (the bytes for all
+//!   remote peers, to the rank at its position in the next node) — the per-GPU egress that
+//!   bounds an all-to-all on a non-blocking fabric, with destinations that are permutations
+//!   so no port receives two aggregates; other groups send to their first same-node and
+//!   first remote peer.
 //!
 //! Recomputation adds each layer's forward compute to its backward compute (the
 //! all-to-alls are not repeated). Embedding lookup and the optimizer step are not priced.
