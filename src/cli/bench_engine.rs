@@ -114,14 +114,7 @@ fn qwen_step_input(
         ep: 1,
     };
     let nodes = (par.gpus() as u32).div_ceil(8);
-    let map = RankMap::new(
-        par,
-        Placement {
-            gpus_per_node: 8,
-            nodes,
-        },
-        "bench",
-    )?;
+    let map = RankMap::new(par, Placement::new(8, nodes), "bench")?;
     let corpus = Corpus::from_spec(corpus)?;
     let seqs = global_batch(
         &corpus,

@@ -17,7 +17,8 @@
 //!     # distca:signal (1-byte transfers: communication cost removed), distca:eps=0.15,
 //!     # wlbllm:per-document | per-sequence, libra:m=1; the first arm is the baseline
 //! [network]  topology = "dgx-h200-roce", model = "analytical" | "flow"
-//!            (nodes = DP·PP·CP / the topology's GPUs per node, per point)
+//!            (nodes = TP·CP·DP·PP / the topology's GPUs per node, per point),
+//!            nvls = true | false (NVLS collectives where the topology has them)
 //! [parallel] cp, ga, pp, tp, sp, tp_overlap, ep, pipeline, recompute, zero_stage, dp_buckets
 //!            (dp from [sweep]; GPUs = TP·CP·DP·PP, TP innermost inside one node)
 //! [workload] corpus = "libra-256k", seq_len = 262144, seed = 1
@@ -41,6 +42,7 @@ use skewsim::balance::schemes::{Scheme, SchemePlanner, SchemeSettings};
 use skewsim::balance::wlbllm::lower::ShardingMode;
 use skewsim::cluster::TopologySpec;
 use skewsim::cost::{CostModel, ModelConfig};
+use skewsim::net::collective::CollectiveModel;
 use skewsim::report::svg::{Chart, Scale, Series};
 use skewsim::schedule::compare::simulate_scheme_step_with;
 use skewsim::schedule::train::Workload;
@@ -88,6 +90,13 @@ fn one() -> u64 {
 struct NetFile {
     topology: Option<String>,
     model: Option<String>,
+    /// NVLink SHARP for collectives where the topology has it (`false`: NCCL_NVLS_ENABLE=0).
+    #[serde(default = "yes")]
+    nvls: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 #[derive(Deserialize)]
@@ -115,10 +124,6 @@ struct ParFile {
     tp_overlap: bool,
     #[serde(default = "one32")]
     ep: u32,
-}
-
-fn yes() -> bool {
-    true
 }
 
 fn one32() -> u32 {
@@ -551,13 +556,11 @@ fn run_arm(
         .and_then(|t| t.1.super_node.as_ref())
         .map_or(1, |s| s.nodes.max(1));
     let nodes = gpus.div_ceil(gpn).div_ceil(per_domain) * per_domain;
-    let place = Placement {
-        gpus_per_node: gpn,
-        nodes,
-    };
+    let mut place = Placement::new(gpn, nodes);
     let net = match topo {
         Some((_, spec)) => {
             let t = Arc::new(spec.build(Some(nodes))?);
+            place = place.with_collectives(CollectiveModel::of(&t, f.network.nvls));
             if net_model == "flow" {
                 NetChoice::Flow(t)
             } else {

@@ -11,7 +11,8 @@
 //! steps = 2
 //! [cluster]   # gpus_per_node, nodes
 //! [network]   # topology = "../topologies/dgx-h200-roce.toml", model = "analytical" | "flow"
-//!             # | "stub" (stub: alpha_us, intra_gbytes_per_s, inter_gbytes_per_s)
+//!             # | "stub" (stub: alpha_us, intra_gbytes_per_s, inter_gbytes_per_s),
+//!             # nvls = true | false (NVLS collectives where the topology has them)
 //! [variance]  # the cluster's VarianceSpec (persistent, jitter, spike); absent: none
 //! [parallel]  # dp, pp, cp, tp, sp, tp_overlap, ep, ga, pipeline = "1f1b" | "gpipe", recompute,
 //!             # zero_stage, dp_buckets (GPUs = TP·CP·DP·PP, TP innermost)
@@ -36,6 +37,7 @@ use skewsim::balance::libra::LibraParams;
 use skewsim::cluster::{Faults, Topology, TopologySpec, VarianceModel, VarianceSpec};
 use skewsim::cost::{CostModel, ModelConfig};
 use skewsim::engine::stub_net::StubNet;
+use skewsim::net::collective::CollectiveModel;
 use skewsim::net::{AnalyticalModel, FlowModel, NetworkModel};
 use skewsim::report::comm::cp_comm_busy;
 use skewsim::report::step::{gpus_csv, microbatches_csv, ms, step_report, steps_csv, StepReport};
@@ -122,6 +124,9 @@ pub(super) struct NetSpec {
     alpha_us: f64,
     intra_gbytes_per_s: f64,
     inter_gbytes_per_s: f64,
+    /// NVLink SHARP for collectives where the topology has it (`false`: the cluster runs
+    /// with NCCL_NVLS_ENABLE=0).
+    nvls: bool,
 }
 
 impl Default for NetSpec {
@@ -132,6 +137,7 @@ impl Default for NetSpec {
             alpha_us: 5.0,
             intra_gbytes_per_s: 450.0,
             inter_gbytes_per_s: 50.0,
+            nvls: true,
         }
     }
 }
@@ -446,6 +452,12 @@ fn run_text(
             Some(Arc::new(spec.build(Some(f.cluster.nodes))?))
         }
     };
+    let cluster = match &topo {
+        Some(t) => f
+            .cluster
+            .with_collectives(CollectiveModel::of(t, f.network.nvls)),
+        None => f.cluster,
+    };
     let net = match (f.network.model.as_deref(), &topo) {
         (None | Some("stub"), None) | (Some("stub"), Some(_)) => NetChoice::Stub(f.network.clone()),
         (None | Some("analytical"), Some(t)) => NetChoice::Analytical(t.clone()),
@@ -606,7 +618,7 @@ fn run_text(
                 &scheme,
                 &cost,
                 par,
-                f.cluster,
+                cluster,
                 &wl,
                 &net,
                 variance.clone(),

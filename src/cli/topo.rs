@@ -11,7 +11,8 @@ use serde::Serialize;
 use skewsim::cluster::analysis::{bisection_bandwidth, diameter};
 use skewsim::cluster::{LinkKind, Topology, TopologySpec};
 use skewsim::net::collective::{
-    analytical_phases, bus_bandwidth, lower, lower_on, BusBw, Collective, Transfer,
+    analytical_phases, bus_bandwidth, lower, lowered_time, BusBw, CollOp, Collective,
+    CollectiveModel, Transfer,
 };
 use skewsim::net::{AnalyticalModel, GpuId};
 
@@ -123,34 +124,46 @@ pub fn run(args: Args, out: Output) -> Result<()> {
     out.emit(&summary, || text_summary(&summary, &topo))
 }
 
-/// nccl-tests-style figures of the default lowering under the analytical model: inside the
-/// first NVLink domain (up to 8 GPUs), and one NIC between the first two domains.
+/// nccl-tests-style figures under the analytical model: all-gather, reduce-scatter and
+/// all-reduce on 2, 4 and 8 GPUs of the first NVLink domain as the collective model runs
+/// them (NCCL's algorithm, the one the step engine uses), an all-to-all, and one NIC
+/// between the first two domains.
 fn collectives(topo: &Arc<Topology>) -> Result<Vec<BusBw>> {
-    let n = topo.domain_gpus().min(8);
+    let coll = CollectiveModel::of(topo, true);
+    let mut model = AnalyticalModel::new(topo.clone());
     let mut rows = Vec::new();
-    let model = AnalyticalModel::new(topo.clone());
+    for n in [2u32, 4, 8]
+        .into_iter()
+        .filter(|&n| n <= topo.domain_gpus())
+    {
+        let group: Vec<GpuId> = (0..n).collect();
+        for op in [CollOp::AllGather, CollOp::ReduceScatter, CollOp::AllReduce] {
+            for bytes in [8u64 << 20, 64 << 20, 8 << 30] {
+                let lw = coll.lower(op, &group, bytes, topo.gpus_per_node);
+                let t = lowered_time(&mut model, &lw, 0);
+                rows.push(bus_bandwidth(
+                    op.collective(),
+                    Some(lw.algo),
+                    n as usize,
+                    bytes,
+                    t,
+                ));
+            }
+        }
+    }
+    let n = topo.domain_gpus().min(8);
     if n >= 2 {
         let group: Vec<GpuId> = (0..n).collect();
-        for (op, bytes, nccl) in [
-            (Collective::AllGather, 8u64 << 20, false),
-            (Collective::AllGather, 8 << 30, false),
-            (Collective::AllReduce, 8 << 20, false),
-            (Collective::AllReduce, 8 << 30, false),
-            (Collective::AllReduce, 8 << 20, true),
-            (Collective::AllReduce, 8 << 30, true),
-            (Collective::AllToAll, 8 << 30, false),
-        ] {
-            let (op, p) = if nccl {
-                lower_on(topo, op, &group, bytes)?
-            } else {
-                (op, lower(op, &group, bytes)?)
-            };
-            if nccl && op == Collective::AllReduce {
-                continue; // no NVLS on this fabric: the ring rows above are NCCL's choice
-            }
-            let t = analytical_phases(&model, &p, 0);
-            rows.push(bus_bandwidth(op, n as usize, bytes, t));
-        }
+        let bytes = 8u64 << 30;
+        let p = lower(Collective::AllToAll, &group, bytes)?;
+        let t = analytical_phases(&model, &p, 0);
+        rows.push(bus_bandwidth(
+            Collective::AllToAll,
+            None,
+            n as usize,
+            bytes,
+            t,
+        ));
     }
     if topo.domains() >= 2 {
         let bytes = 8u64 << 30;
@@ -161,6 +174,7 @@ fn collectives(topo: &Arc<Topology>) -> Result<Vec<BusBw>> {
         }]];
         rows.push(bus_bandwidth(
             Collective::SendRecv,
+            None,
             2,
             bytes,
             analytical_phases(&model, &p, 0),
@@ -208,9 +222,13 @@ fn text_summary(s: &Summary, topo: &Topology) -> String {
     }
     t += "\n  collective (analytical model)      ranks        size      time µs   algbw GB/s   busbw GB/s\n";
     for c in &s.collectives {
+        let name = match c.algo {
+            Some(a) => format!("{} ({})", c.op, a.name()),
+            None => c.op.to_string(),
+        };
         t += &format!(
             "  {:<32} {:>6} {:>11} {:>12.1} {:>12.1} {:>12.1}\n",
-            c.op,
+            name,
             c.ranks,
             human_bytes(c.bytes),
             c.time_us,

@@ -70,6 +70,10 @@ pub struct TopologySpec {
     /// Faults and stragglers to inject.
     #[serde(default)]
     pub faults: Option<FaultSpec>,
+    /// How NCCL's collectives run here (absent: NCCL's own latency table, NVLS where the
+    /// NVLink fabric has `sharp_efficiency`).
+    #[serde(default)]
+    pub collectives: CollectivesSpec,
     /// Where the text came from (a file name); set by [`TopologySpec::parse`].
     #[serde(skip)]
     pub source: String,
@@ -89,6 +93,28 @@ pub struct NvlinkSpec {
     /// NVLS all-reduce achieves, in (0, 1]. Absent: all-reduce uses the ring.
     #[serde(default)]
     pub sharp_efficiency: Option<f64>,
+}
+
+/// `[collectives]`: NCCL on this fabric (`net::collective::CollectiveModel`).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CollectivesSpec {
+    /// Multiplies NCCL's latency table (base + per-step latencies of each algorithm),
+    /// fitted to nccl-tests on this hardware; > 0.
+    pub latency_scale: f64,
+    /// NVLink SHARP (NVLS) for all-reduce, all-gather and reduce-scatter where NCCL would
+    /// pick it (needs `nvlink.sharp_efficiency`); `false` = the cluster runs with
+    /// `NCCL_NVLS_ENABLE=0`.
+    pub nvls: bool,
+}
+
+impl Default for CollectivesSpec {
+    fn default() -> Self {
+        Self {
+            latency_scale: 1.0,
+            nvls: true,
+        }
+    }
 }
 
 /// The NICs of one node.
@@ -301,6 +327,11 @@ impl TopologySpec {
         if let Some(e) = self.nvlink.sharp_efficiency {
             check_eff(s, "nvlink.sharp_efficiency", e)?;
         }
+        check_pos(
+            s,
+            "collectives.latency_scale",
+            self.collectives.latency_scale,
+        )?;
         if let Some(nic) = &self.nic {
             if nic.per_node == 0
                 || nic.per_node > self.gpus_per_node
@@ -941,6 +972,10 @@ rail_optimized = true
             "efficiency = 1.5\nlatency_us = 1.0",
         ));
         assert!(e.contains("nvlink.efficiency = 1.5"), "{e}");
+        let e = err_of(&format!("{SMALL}\n[collectives]\nlatency_scale = 0.0\n"));
+        assert!(e.contains("collectives.latency_scale = 0"), "{e}");
+        let e = err_of(&format!("{SMALL}\n[collectives]\nnvls = \"off\"\n"));
+        assert!(e.contains("nvls"), "{e}");
         let t = small();
         let e = t.route(0, 16, 0).unwrap_err().to_string();
         assert!(e.contains("[0, 16)"), "{e}");

@@ -16,7 +16,8 @@
 //! 3. Op kinds: `Compute` takes a fixed duration; `Send` moves bytes through the network
 //!    model; `Coll` is one GPU's part in a collective: the part *arrives* when it starts,
 //!    the collective's transfers start when the last part has arrived (the time between is
-//!    that GPU's synchronisation wait), and every part ends when the last transfer lands.
+//!    that GPU's synchronisation wait), and every part ends when the last transfer lands
+//!    (plus the collective's own latency, [`GraphBuilder::add_collective_with_latency`]).
 //!    A *grouped point-to-point* collective (an NCCL group of sends and receives,
 //!    [`GraphBuilder::add_grouped_p2p`]) couples a part only to the GPUs it exchanges data
 //!    with: its transfers start when it and every peer have arrived, and it ends when its
@@ -219,6 +220,9 @@ struct CollInfo {
     xfer_len: u32,
     /// Grouped point-to-point: the range of its peer pairs in `Graph::p2p_pairs`.
     p2p: Option<(u32, u32)>,
+    /// Time between the last transfer landing and the parts ending (the collective
+    /// algorithm's latency).
+    latency: Ps,
 }
 
 /// An op graph ready to run: ops in CSR form, per-stream issue order, collectives.
@@ -276,6 +280,12 @@ impl GraphBuilder {
     /// A new collective whose transfers are `xfers`; add its parts with
     /// [`GraphBuilder::add_op`] and `OpKind::Coll`.
     pub fn add_collective(&mut self, xfers: &[Xfer]) -> CollId {
+        self.add_collective_with_latency(xfers, 0)
+    }
+
+    /// [`GraphBuilder::add_collective`] whose parts end `latency` after its last transfer
+    /// lands (a collective algorithm's own latency, `net::collective::Lowered::latency`).
+    pub fn add_collective_with_latency(&mut self, xfers: &[Xfer], latency: Ps) -> CollId {
         let start = self.g.xfers.len() as u32;
         self.g.xfers.extend_from_slice(xfers);
         self.g.colls.push(CollInfo {
@@ -283,6 +293,7 @@ impl GraphBuilder {
             xfer_start: start,
             xfer_len: xfers.len() as u32,
             p2p: None,
+            latency,
         });
         (self.g.colls.len() - 1) as CollId
     }
@@ -728,7 +739,7 @@ impl Sim<'_, '_> {
                     self.t.coll_start[ci] = self.now;
                     self.pending[ci] = info.xfer_len;
                     if info.xfer_len == 0 {
-                        self.push(self.now, EV_COLL | u64::from(c));
+                        self.push(self.now + info.latency, EV_COLL | u64::from(c));
                     }
                     for x in &self.g.xfers
                         [info.xfer_start as usize..(info.xfer_start + info.xfer_len) as usize]
@@ -876,7 +887,10 @@ pub fn run(g: &Graph, net: &mut dyn NetworkModel) -> Result<Timeline> {
                     let c = (tag & !TAG_COLL) as usize;
                     sim.pending[c] -= 1;
                     if sim.pending[c] == 0 {
-                        sim.complete_coll(c as CollId);
+                        match g.colls[c].latency {
+                            0 => sim.complete_coll(c as CollId),
+                            l => sim.push(sim.now + l, EV_COLL | c as u64),
+                        }
                     }
                 } else if tag & TAG_PART != 0 {
                     let k = (tag & !TAG_PART) as u32;

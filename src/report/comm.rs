@@ -63,15 +63,7 @@ mod tests {
             tp_overlap: false,
             ep: 1,
         };
-        let map = RankMap::new(
-            par,
-            Placement {
-                gpus_per_node: 8,
-                nodes: 1,
-            },
-            "t",
-        )
-        .unwrap();
+        let map = RankMap::new(par, Placement::new(8, 1), "t").unwrap();
         let seq = PackedSeq {
             samples: vec![Sample {
                 doc: 0,

@@ -388,15 +388,7 @@ mod tests {
             tp_overlap: false,
             ep: 1,
         };
-        let map = RankMap::new(
-            par,
-            Placement {
-                gpus_per_node: 8,
-                nodes: 2,
-            },
-            "t",
-        )
-        .unwrap();
+        let map = RankMap::new(par, Placement::new(8, 2), "t").unwrap();
         let light = seq(&[1024; 32], 32_768);
         let heavy = seq(&[32_768], 32_768);
         let batch = vec![
@@ -466,15 +458,7 @@ mod tests {
             tp_overlap: false,
             ep: 1,
         };
-        let map = RankMap::new(
-            par,
-            Placement {
-                gpus_per_node: 8,
-                nodes: 2,
-            },
-            "t",
-        )
-        .unwrap();
+        let map = RankMap::new(par, Placement::new(8, 2), "t").unwrap();
         let wl = Workload::Corpus {
             corpus: crate::workload::corpus::Corpus::from_spec("lognormal:mu=6.68,sigma=1.5")
                 .unwrap(),
@@ -526,15 +510,7 @@ mod tests {
                 tp_overlap: false,
                 ep: 1,
             };
-            let map = RankMap::new(
-                par,
-                Placement {
-                    gpus_per_node: 1,
-                    nodes: 4,
-                },
-                "t",
-            )
-            .unwrap();
+            let map = RankMap::new(par, Placement::new(1, 4), "t").unwrap();
             let sg = build_step(&cost, map, &[vec![s.clone(); 8]], 0, &NoVariance).unwrap();
             let t = run(&sg.graph, &mut StubNet::new(1, 0, 1e30, 1e30)).unwrap();
             (step_report(&sg, &t, &cost, 0), sg.memory[0].activations)

@@ -97,15 +97,7 @@ mod tests {
             tp_overlap: false,
             ep: 1,
         };
-        let map = RankMap::new(
-            par,
-            Placement {
-                gpus_per_node: 2,
-                nodes: 2,
-            },
-            "t",
-        )
-        .unwrap();
+        let map = RankMap::new(par, Placement::new(2, 2), "t").unwrap();
         let s = PackedSeq {
             samples: vec![Sample {
                 doc: 0,

@@ -313,10 +313,7 @@ mod tests {
         let graph = b.build().unwrap();
         let mut net = StubNet::new(8, 0, 1e12, 1e12);
         let t = run(&graph, &mut net).unwrap();
-        let place = Placement {
-            gpus_per_node: 8,
-            nodes: 1,
-        };
+        let place = Placement::new(8, 1);
         let sg = StepGraph {
             graph,
             map: RankMap::new(par(2, 1, 1), place, "test").unwrap(),
@@ -400,10 +397,7 @@ mod tests {
             ..SchemeSettings::default()
         };
         let base = par(4, 4, 4);
-        let place = Placement {
-            gpus_per_node: 8,
-            nodes: 2,
-        };
+        let place = Placement::new(8, 2);
         let tokens: u64 = batch.iter().map(PackedSeq::tokens).sum();
         for sc in Scheme::ALL {
             let step = |signal: bool| {
@@ -447,10 +441,7 @@ mod tests {
         };
         let mut base = par(2, 2, 4);
         base.pp = 2;
-        let place = Placement {
-            gpus_per_node: 8,
-            nodes: 1,
-        };
+        let place = Placement::new(8, 1);
         let mut planner =
             SchemePlanner::new(Scheme::DistCa, set.clone(), &cost, 2, 8, 16_384).unwrap();
         let st = simulate_scheme_step(

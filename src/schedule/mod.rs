@@ -29,6 +29,7 @@ use serde::{Deserialize, Serialize};
 use crate::cluster::VarianceModel;
 use crate::engine::OpClass;
 use crate::error::{invalid, Result};
+use crate::net::collective::CollectiveModel;
 use crate::net::GpuId;
 
 /// The pipeline schedule.
@@ -169,7 +170,7 @@ impl Parallelism {
 }
 
 /// The cluster as far as placement needs it: GPUs per node and node count (GPU ids are
-/// node-major, as in `net::GpuId`).
+/// node-major, as in `net::GpuId`), and how NCCL runs collectives on it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Placement {
@@ -177,9 +178,28 @@ pub struct Placement {
     pub gpus_per_node: u32,
     /// Nodes.
     pub nodes: u32,
+    /// NCCL's algorithm choice and latency on this cluster (default: no fabric known, rings
+    /// with no latency of their own); set from the topology with
+    /// [`Placement::with_collectives`].
+    #[serde(skip)]
+    pub coll: CollectiveModel,
 }
 
 impl Placement {
+    /// `nodes` nodes of `gpus_per_node` GPUs, no fabric known.
+    pub fn new(gpus_per_node: u32, nodes: u32) -> Self {
+        Self {
+            gpus_per_node,
+            nodes,
+            coll: CollectiveModel::default(),
+        }
+    }
+
+    /// The same cluster whose collectives run as `coll` says.
+    pub fn with_collectives(self, coll: CollectiveModel) -> Self {
+        Self { coll, ..self }
+    }
+
     /// The node of `gpu`.
     pub fn node(&self, gpu: GpuId) -> u32 {
         gpu / self.gpus_per_node.max(1)
@@ -364,15 +384,7 @@ mod tests {
 
     #[test]
     fn cp_fills_a_node_first_and_pp_goes_across_nodes() {
-        let m = RankMap::new(
-            par(2, 2, 8),
-            Placement {
-                gpus_per_node: 8,
-                nodes: 4,
-            },
-            "t",
-        )
-        .unwrap();
+        let m = RankMap::new(par(2, 2, 8), Placement::new(8, 4), "t").unwrap();
         // Replica 0 stage 0 is node 0; replica 1 stage 0 node 1; stage 1 nodes 2 and 3.
         assert_eq!(m.gpu(0, 0, 7, 0), 7);
         assert_eq!(m.gpu(0, 1, 0, 0), 8);
@@ -386,15 +398,7 @@ mod tests {
             d.contains("inside one node") && d.contains("PP stage 1: GPUs 16..31 on nodes 2..3"),
             "{d}"
         );
-        let m16 = RankMap::new(
-            par(1, 1, 16),
-            Placement {
-                gpus_per_node: 8,
-                nodes: 2,
-            },
-            "t",
-        )
-        .unwrap();
+        let m16 = RankMap::new(par(1, 1, 16), Placement::new(8, 2), "t").unwrap();
         assert!(m16.describe().contains("across 2 nodes"));
     }
 
@@ -404,10 +408,7 @@ mod tests {
             tp: 8,
             ..Parallelism::plain(2, 2, 2, 1)
         };
-        let place = Placement {
-            gpus_per_node: 8,
-            nodes: 8,
-        };
+        let place = Placement::new(8, 8);
         let m = RankMap::new(par, place, "t").unwrap();
         assert_eq!(m.gpus(), 64);
         // A TP group is one node; CP rank 1 is the next node; replica 1 two nodes on.
@@ -425,10 +426,7 @@ mod tests {
                 tp: 16,
                 ..Parallelism::plain(1, 1, 1, 1)
             },
-            Placement {
-                gpus_per_node: 8,
-                nodes: 2,
-            },
+            Placement::new(8, 2),
             "x.toml",
         )
         .unwrap_err();
@@ -449,24 +447,8 @@ mod tests {
 
     #[test]
     fn layouts_that_do_not_fit_are_rejected() {
-        let e = RankMap::new(
-            par(4, 2, 8),
-            Placement {
-                gpus_per_node: 8,
-                nodes: 4,
-            },
-            "x.toml",
-        )
-        .unwrap_err();
+        let e = RankMap::new(par(4, 2, 8), Placement::new(8, 4), "x.toml").unwrap_err();
         assert!(e.to_string().contains("32 GPUs"), "{e}");
-        assert!(RankMap::new(
-            par(0, 1, 1),
-            Placement {
-                gpus_per_node: 8,
-                nodes: 1
-            },
-            "x"
-        )
-        .is_err());
+        assert!(RankMap::new(par(0, 1, 1), Placement::new(8, 1), "x").is_err());
     }
 }

@@ -14,25 +14,22 @@
 //! sequences, and that cross-replica skew waits at the DP gradient all-reduce.
 //!
 //! Collectives are lowered to point-to-point transfers the network model prices, all
-//! started together when the last rank arrives. On a node-aligned group (whole blocks of
-//! consecutive ranks per node, as the placement makes them):
-//! - all-to-all: each rank sends one aggregate over NVLink (the bytes for all same-node
-//!   peers, to the next rank of its node) and one over its NIC (the bytes for all remote
-//!   peers, to the rank at its position in the next node) — the per-GPU egress that
-//!   bounds an all-to-all on a non-blocking fabric, with destinations that are
-//!   permutations so no port receives two aggregates;
-//! - ring all-reduce of B bytes over n ranks (2(n−1)/n · B per rank), as NCCL runs it with
-//!   one channel per GPU of a node: 1/g of a rank's ring traffic crosses to the next node
-//!   through its own NIC, the rest goes over NVLink to the next rank of its node.
-//!
-//! Other groups fall back to the first same-node and first remote peer (all-to-all) and
-//! to a single ring over the group's order (all-reduce).
+//! started together when the last rank arrives:
+//! - the DP gradient all-reduce as the cluster's collective model lowers it
+//!   (`net::collective::CollectiveModel`: NCCL's ring, NVLS or tree, and its latency);
+//! - all-to-all on a node-aligned group (whole blocks of consecutive ranks per node, as the
+//!   placement makes them): each rank sends one aggregate over NVLink (the bytes for all
+//!   same-node peers, to the next rank of its node) and one over its NIC (the bytes for all
+//!   remote peers, to the rank at its position in the next node) — the per-GPU egress that
+//!   bounds an all-to-all on a non-blocking fabric, with destinations that are permutations
+//!   so no port receives two aggregates; other groups send to their first same-node and
+//!   first remote peer.
 //!
 //! Recomputation adds each layer's forward compute to its backward compute (the
 //! all-to-alls are not repeated). Embedding lookup and the optimizer step are not priced.
 
 use super::stage::{AttentionStage, AttnCall, StepEnv};
-use super::{Coords, PipelineKind, Placement, RankMap, RuntimeVariance};
+use super::{Coords, PipelineKind, RankMap, RuntimeVariance};
 use crate::cost::memory::{
     rank_memory, stage_expert_params, stage_grad_bytes, stage_rank_params, MemoryBreakdown,
     MemoryInputs, GRAD_BYTES_PER_PARAM,
@@ -42,6 +39,7 @@ use crate::engine::{
     CollId, Graph, GraphBuilder, OpClass, OpId, OpKind, OpLabel, StreamId, StreamKind, Xfer,
 };
 use crate::error::{invalid, Result};
+use crate::net::collective::{node_blocks, CollOp};
 use crate::net::{GpuId, Ps};
 use crate::workload::PackedSeq;
 
@@ -219,17 +217,17 @@ impl Ctx<'_> {
         out.clear();
         let n = gpus.len();
         let place = self.map.place;
-        if let Some(sh) = GroupShape::of(gpus, place) {
+        if let Some((nodes, per_node)) = node_blocks(gpus, place.gpus_per_node) {
             for (i, &src) in gpus.iter().enumerate() {
-                let (k, j) = (i / sh.per_node, i % sh.per_node);
-                let intra = gpus[k * sh.per_node + (j + 1) % sh.per_node];
-                let inter = gpus[((k + 1) % sh.nodes) * sh.per_node + j];
+                let (k, j) = (i / per_node, i % per_node);
+                let intra = gpus[k * per_node + (j + 1) % per_node];
+                let inter = gpus[((k + 1) % nodes) * per_node + j];
                 out.push(A2aRoute {
                     src,
                     d_in: intra,
-                    n_in: (sh.per_node - 1) as u64,
+                    n_in: (per_node - 1) as u64,
                     d_out: inter,
-                    n_out: (n - sh.per_node) as u64,
+                    n_out: (n - per_node) as u64,
                 });
             }
             return;
@@ -287,108 +285,26 @@ impl Ctx<'_> {
         c
     }
 
-    /// A ring all-reduce of `bytes` over `gpus`.
+    /// The all-reduce of `bytes` over `gpus`, lowered by the cluster's collective model.
     fn all_reduce(&mut self, gpus: &[GpuId], bytes: u64) -> CollId {
-        self.xf.clear();
-        let n = gpus.len();
-        if n > 1 {
-            let per = (2 * (n as u64 - 1) * bytes).div_ceil(n as u64);
-            match GroupShape::of(gpus, self.map.place) {
-                // NCCL's ring with one channel per GPU of a node: each channel crosses the
-                // node boundary through a different NIC, so a GPU moves 1/g of its ring
-                // traffic over its NIC (to the same position in the next node) and the
-                // rest over NVLink (to the next GPU of its node).
-                Some(sh) if sh.nodes > 1 => {
-                    let g = sh.per_node as u64;
-                    let inter = per.div_ceil(g);
-                    let intra = per - inter;
-                    for (i, &src) in gpus.iter().enumerate() {
-                        let (k, j) = (i / sh.per_node, i % sh.per_node);
-                        if sh.per_node > 1 {
-                            let dst = gpus[k * sh.per_node + (j + 1) % sh.per_node];
-                            self.xf.push(Xfer {
-                                src,
-                                dst,
-                                bytes: intra,
-                            });
-                        }
-                        let dst = gpus[((k + 1) % sh.nodes) * sh.per_node + j];
-                        self.xf.push(Xfer {
-                            src,
-                            dst,
-                            bytes: inter,
-                        });
-                    }
-                }
-                _ => {
-                    for (i, &src) in gpus.iter().enumerate() {
-                        self.xf.push(Xfer {
-                            src,
-                            dst: gpus[(i + 1) % n],
-                            bytes: per,
-                        });
-                    }
-                }
-            }
-        }
-        let xf = std::mem::take(&mut self.xf);
-        let c = self.b.add_collective(&xf);
-        self.xf = xf;
-        c
+        self.collective(CollOp::AllReduce, gpus, bytes)
     }
 
-    /// A ring all-gather or reduce-scatter (`per = (n−1)/n`) or all-reduce
-    /// (`per = 2(n−1)/n`) of `bytes` over `gpus`: each rank sends its share to the next.
-    fn ring(&mut self, gpus: &[GpuId], bytes: u64, all_reduce: bool) -> CollId {
+    /// `op` of `bytes` (nccl-tests' size) over `gpus`, lowered by the cluster's collective
+    /// model (NCCL's algorithm choice and latency).
+    fn collective(&mut self, op: CollOp, gpus: &[GpuId], bytes: u64) -> CollId {
+        let place = self.map.place;
+        let lw = place.coll.lower(op, gpus, bytes, place.gpus_per_node);
         self.xf.clear();
-        let n = gpus.len() as u64;
-        if n > 1 {
-            let per = ((1 + u64::from(all_reduce)) * (n - 1) * bytes).div_ceil(n);
-            for (i, &src) in gpus.iter().enumerate() {
-                self.xf.push(Xfer {
-                    src,
-                    dst: gpus[(i + 1) % gpus.len()],
-                    bytes: per,
-                });
-            }
-        }
+        self.xf.extend(lw.xfers.iter().map(|t| Xfer {
+            src: t.src,
+            dst: t.dst,
+            bytes: t.bytes,
+        }));
         let xf = std::mem::take(&mut self.xf);
-        let c = self.b.add_collective(&xf);
+        let c = self.b.add_collective_with_latency(&xf, lw.latency);
         self.xf = xf;
         c
-    }
-}
-
-/// A group laid out as `nodes` whole blocks of `per_node` consecutive members, each block
-/// on one node (CP and DP groups under the placement rule, whenever they fill nodes).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct GroupShape {
-    nodes: usize,
-    per_node: usize,
-}
-
-impl GroupShape {
-    fn of(gpus: &[GpuId], place: Placement) -> Option<GroupShape> {
-        let first = *gpus.first()?;
-        let per_node = gpus
-            .iter()
-            .take_while(|&&g| place.node(g) == place.node(first))
-            .count();
-        if per_node == 0 || gpus.len() % per_node != 0 {
-            return None;
-        }
-        let nodes = gpus.len() / per_node;
-        let mut prev: Option<u32> = None;
-        for block in gpus.chunks(per_node) {
-            let node = place.node(block[0]);
-            // Blocks on distinct nodes, in increasing node order (as the placement lays
-            // groups out); anything else takes the general lowering.
-            if block.iter().any(|&g| place.node(g) != node) || prev.is_some_and(|p| node <= p) {
-                return None;
-            }
-            prev = Some(node);
-        }
-        Some(GroupShape { nodes, per_node })
     }
 }
 
@@ -964,7 +880,12 @@ impl<'a> Emitter<'a> {
                                 self.cx.all_to_all(&routes, &bytes)
                             } else {
                                 let gpus = st.groups[base + g0..base + g0 + size].to_vec();
-                                self.cx.ring(&gpus, mult * d.tp_bytes, link == Link::Ar)
+                                let op = match link {
+                                    Link::Ag => CollOp::AllGather,
+                                    Link::Rs => CollOp::ReduceScatter,
+                                    _ => CollOp::AllReduce,
+                                };
+                                self.cx.collective(op, &gpus, mult * d.tp_bytes)
                             };
                             let class = if link == Link::Ep {
                                 OpClass::EpA2a

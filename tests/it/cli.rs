@@ -130,6 +130,49 @@ fn run_train(dir: &std::path::Path, threads: &str, body: &str) -> std::process::
     )
 }
 
+/// `[network] nvls = false` runs the DP all-reduce of one 8-GPU node as NCCL's ring instead
+/// of NVLS (a different step time); a value that is not a boolean is named.
+#[test]
+fn nvls_switch_changes_the_dp_all_reduce() {
+    let base = scratch("cli-nvls");
+    let body = TRAIN
+        .replace("nodes = 2", "nodes = 1")
+        .replace("model = \"flow\"", "model = \"analytical\"")
+        .replace("dp = 2\npp = 1\ncp = 8", "dp = 2\npp = 1\ncp = 4");
+    let steps = |name: &str, body: &str| {
+        let dir = base.join(name);
+        let out = run_train(&dir, "1", body);
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+            dir,
+        )
+    };
+    let (ok, err, on) = steps("on", &body);
+    assert!(ok, "{err}");
+    let off_body = body.replace(
+        "model = \"analytical\"",
+        "model = \"analytical\"\nnvls = false",
+    );
+    let (ok, err, off) = steps("off", &off_body);
+    assert!(ok, "{err}");
+    let read = |d: &std::path::Path| std::fs::read_to_string(d.join("out/steps.csv")).unwrap();
+    assert_ne!(
+        read(&on),
+        read(&off),
+        "NVLS on and off price the step alike"
+    );
+    let bad = body.replace(
+        "model = \"analytical\"",
+        "model = \"analytical\"\nnvls = \"no\"",
+    );
+    let (ok, err, _) = steps("bad", &bad);
+    assert!(
+        !ok && err.contains("nvls") && !err.contains("panicked"),
+        "{err}"
+    );
+}
+
 #[test]
 fn train_runs_are_byte_identical_across_runs_and_thread_counts() {
     let base = scratch("cli-train");

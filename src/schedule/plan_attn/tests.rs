@@ -26,10 +26,7 @@ fn map(cp: u32, gpus_per_node: u32) -> RankMap {
     };
     RankMap::new(
         par,
-        Placement {
-            gpus_per_node,
-            nodes: cp.div_ceil(gpus_per_node),
-        },
+        Placement::new(gpus_per_node, cp.div_ceil(gpus_per_node)),
         "test",
     )
     .unwrap()

@@ -42,10 +42,7 @@ fn rank_map(dp: u32, pp: u32, cp: u32, ga: u32) -> RankMap {
             tp_overlap: false,
             ep: 1,
         },
-        Placement {
-            gpus_per_node: 8,
-            nodes: 8,
-        },
+        Placement::new(8, 8),
         "test",
     )
     .unwrap()
@@ -214,10 +211,7 @@ fn distca_ping_pong_runs_each_nano_batch_under_the_others_linear_block() {
             tp_overlap: false,
             ep: 1,
         },
-        Placement {
-            gpus_per_node: 1,
-            nodes: 4,
-        },
+        Placement::new(1, 4),
         "test",
     )
     .unwrap();

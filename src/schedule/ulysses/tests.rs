@@ -30,15 +30,7 @@ fn qwen() -> CostModel {
 }
 
 fn go(cost: &CostModel, p: Parallelism, batch: &[Vec<PackedSeq>]) -> (StepGraph, Timeline) {
-    let map = RankMap::new(
-        p,
-        Placement {
-            gpus_per_node: 8,
-            nodes: 64,
-        },
-        "test",
-    )
-    .unwrap();
+    let map = RankMap::new(p, Placement::new(8, 64), "test").unwrap();
     let sg = build_step(cost, map, batch, 0, &NoVariance).unwrap();
     let t = run(&sg.graph, &mut StubNet::dgx_h200()).unwrap();
     (sg, t)
@@ -285,26 +277,10 @@ fn bucketed_allreduce_overlaps_backward() {
 #[test]
 fn wrong_batch_shapes_are_rejected() {
     let c = qwen();
-    let map = RankMap::new(
-        par(2, 1, 1, 1),
-        Placement {
-            gpus_per_node: 8,
-            nodes: 1,
-        },
-        "t",
-    )
-    .unwrap();
+    let map = RankMap::new(par(2, 1, 1, 1), Placement::new(8, 1), "t").unwrap();
     let e = build_step(&c, map, &[vec![seq(&[10], 10)]], 0, &NoVariance).unwrap_err();
     assert!(e.to_string().contains("dp = 2"), "{e}");
-    let map = RankMap::new(
-        par(1, 1, 3, 1),
-        Placement {
-            gpus_per_node: 8,
-            nodes: 1,
-        },
-        "t",
-    )
-    .unwrap();
+    let map = RankMap::new(par(1, 1, 3, 1), Placement::new(8, 1), "t").unwrap();
     assert!(build_step(&c, map, &[vec![seq(&[10], 12)]], 0, &NoVariance).is_err());
 }
 
@@ -332,15 +308,7 @@ fn runtime_variance_reaches_every_kernel() {
     let c = qwen();
     let s = seq(&[8192, 8192], 16_384);
     let batch = vec![vec![s.clone()], vec![s.clone()]];
-    let map = RankMap::new(
-        par(2, 1, 4, 1),
-        Placement {
-            gpus_per_node: 8,
-            nodes: 1,
-        },
-        "t",
-    )
-    .unwrap();
+    let map = RankMap::new(par(2, 1, 4, 1), Placement::new(8, 1), "t").unwrap();
     let sg = build_step(&c, map, &batch, 7, &Var).unwrap();
     let t = run(&sg.graph, &mut StubNet::dgx_h200()).unwrap();
     let attn = c.attn_fwd_ps([8192, 8192], 8);
@@ -411,15 +379,7 @@ fn cluster_variance_model_plugs_into_the_seam() {
     let c = qwen();
     let s = seq(&[4096, 4096], 8192);
     let batch = vec![vec![s.clone(), s.clone()], vec![s.clone(), s.clone()]];
-    let map = RankMap::new(
-        par(2, 1, 2, 2),
-        Placement {
-            gpus_per_node: 8,
-            nodes: 1,
-        },
-        "t",
-    )
-    .unwrap();
+    let map = RankMap::new(par(2, 1, 2, 2), Placement::new(8, 1), "t").unwrap();
     let time = |v: &dyn crate::schedule::RuntimeVariance| {
         let sg = build_step(&c, map, &batch, 3, v).unwrap();
         let t = run(&sg.graph, &mut StubNet::dgx_h200()).unwrap();
@@ -552,15 +512,7 @@ fn ticks_run_every_stage_in_the_tick_order_and_count_in_flight() {
     let c5 = CostModel::h200(m5).unwrap();
     let mut p5 = par(1, 2, 1, 3);
     p5.pipeline = PipelineKind::Ticks;
-    let map = RankMap::new(
-        p5,
-        Placement {
-            gpus_per_node: 8,
-            nodes: 1,
-        },
-        "t",
-    )
-    .unwrap();
+    let map = RankMap::new(p5, Placement::new(8, 1), "t").unwrap();
     let e = build_step(&c5, map, &batch, 0, &NoVariance)
         .unwrap_err()
         .to_string();
@@ -681,17 +633,7 @@ fn ep_all_to_all_bytes_per_token_by_hand() {
 #[test]
 fn bad_tp_and_ep_layouts_are_named() {
     let c = CostModel::h200(ModelConfig::builtin("llama3-8b").unwrap()).unwrap();
-    let map = |p: Parallelism| {
-        RankMap::new(
-            p,
-            Placement {
-                gpus_per_node: 8,
-                nodes: 8,
-            },
-            "t",
-        )
-        .unwrap()
-    };
+    let map = |p: Parallelism| RankMap::new(p, Placement::new(8, 8), "t").unwrap();
     let batch = [vec![seq(&[8192], 8192)]];
     let e = build_step(
         &c,
