@@ -25,12 +25,13 @@ use super::{Parallelism, PipelineKind, Placement, RankMap, RuntimeVariance};
 use crate::balance::distca::pingpong::NanoTable;
 use crate::balance::distca::pingpong::{pp_ticks, Phase};
 use crate::balance::distca::ticks::replica_batches;
+use crate::balance::megatron_dcp::rank_batches;
 use crate::balance::schemes::{Scheme, SchemePlanner, SchemeSettings};
 use crate::cost::CostModel;
 use crate::engine::{run, OpClass, Timeline};
 use crate::error::{invalid, Result};
 use crate::net::{NetworkModel, Ps};
-use crate::plan::Payload;
+use crate::plan::{Payload, Plan, PlanSeq};
 use crate::report::step::{step_report, StepReport};
 use crate::workload::PackedSeq;
 
@@ -54,6 +55,13 @@ pub struct SchemeStep {
 /// plan; so does Libra within its pools. Errors: DistCA on a layout with no GPU (DP·CP =
 /// 0: no attention server).
 pub fn scheme_parallelism(scheme: Scheme, base: Parallelism) -> Result<Parallelism> {
+    if scheme == Scheme::MegatronDcp && base.pipeline == PipelineKind::Ticks {
+        return Err(invalid(
+            "pipeline for megatron-dcp",
+            "ticks",
+            "gpipe or 1f1b (dynamic CP runs its own micro-batch counts)",
+        ));
+    }
     if scheme == Scheme::DistCa && base.dp * base.cp == 0 {
         return Err(invalid(
             "DP·CP for distca",
@@ -147,6 +155,40 @@ fn span_of(sg: &StepGraph, t: &Timeline, fwd_ticks: Option<&[bool]>) -> Ps {
         *m = (*m).max(e - s);
     }
     per_mb.values().sum()
+}
+
+/// Megatron dynamic CP's step on `base`'s DP × CP ranks: each rank is a replica of one
+/// (`megatron_dcp::rank_batches`: its shares of its CP groups' micro-batches, an empty
+/// micro-batch where it runs none, memory at `max_seqlen` tokens), GA = the plan's GA
+/// indices, the plan's attention through `plan_attn`; the DP gradient all-reduce over all
+/// of them waits for the rank with the most work.
+pub fn dcp_step(
+    cost: &CostModel,
+    base: Parallelism,
+    place: Placement,
+    plan: &Plan,
+    max_seqlen: u32,
+    var: &dyn RuntimeVariance,
+) -> Result<StepGraph> {
+    let ranks = base.dp * base.cp;
+    let (batch, ga) = rank_batches(plan, ranks, max_seqlen)?;
+    let par = Parallelism {
+        dp: ranks,
+        cp: 1,
+        ga,
+        ..base
+    };
+    let map = RankMap::new(par, place, "megatron-dcp")?;
+    let mut attn = PlanAttention::new(cost, plan, map, Overlap::HeadChunks(1))?;
+    let mut sg = build_step_with(cost, map, &batch, plan.step, var, Some(&mut attn))?;
+    // A rank's micro-batch holds pieces of samples: the step's exact pairs are the plan's.
+    sg.causal_pairs = plan
+        .groups
+        .iter()
+        .flat_map(|g| &g.sequences)
+        .map(PlanSeq::causal_pairs)
+        .sum();
+    Ok(sg)
 }
 
 /// Plan and simulate step `step` of `planner`'s scheme for its global batch on `net`.
@@ -245,6 +287,10 @@ pub fn simulate_scheme_step_with(
             }
             let mut attn = PlanAttention::pooled(cost, &sp.plan, map, overlap)?;
             build_step_with(cost, map, &batch, step, var, Some(&mut attn))?
+        } else if scheme == Scheme::MegatronDcp {
+            let seq_len = global.iter().map(|s| s.capacity).max().unwrap_or(0);
+            let s = set.dcp_config(base.dp, seq_len)?.max_seqlen_per_rank;
+            dcp_step(cost, par, place, &sp.plan, s, var)?
         } else {
             build_plan_step(cost, map, &sp.plan, &sp.trained, overlap, var)?
         };
