@@ -529,4 +529,61 @@ mod tests {
         let t = run(&sg.graph, &mut StubNet::dgx_h200()).unwrap();
         assert_eq!(t.makespan, st.report.iteration);
     }
+    #[test]
+    fn uneven_micro_batch_counts_wait_at_the_all_reduce() {
+        // Megatron dynamic CP on 2 ranks (DP 2 × CP 1), S = 1000, samples 900, 600, 500:
+        // rank 0 runs [900], rank 1 runs [600] then [500] (balance::megatron_dcp's hand
+        // test). Rank 0's second GA index is empty: no compute at all.
+        use crate::balance::megatron_dcp::{schedule, to_plan, DcpConfig};
+        let mut model = ModelConfig::builtin("llama3-8b").unwrap();
+        model.layers = 2;
+        let cost = CostModel::h200(model).unwrap();
+        let cfg = DcpConfig::new(2, 1000, 1).unwrap();
+        let batch = vec![PackedSeq::from_lengths(&[900, 600, 500], 2000, 0)];
+        let sched = schedule(&batch, &cfg).unwrap();
+        assert_eq!(sched.counts(2), vec![1, 2]);
+        let plan = to_plan(0, &sched, &cfg, &cost.attn());
+        let place = Placement {
+            gpus_per_node: 8,
+            nodes: 1,
+        };
+        let sg = dcp_step(&cost, par(2, 1, 1), place, &plan, 1000, &NoVariance).unwrap();
+        assert_eq!((sg.map.par.dp, sg.map.par.cp, sg.map.par.ga), (2, 1, 2));
+        assert_eq!(
+            (sg.tokens, sg.causal_pairs),
+            (2000, 405_450 + 180_300 + 125_250)
+        );
+        let t = run(&sg.graph, &mut StubNet::dgx_h200()).unwrap();
+        let gpu = |o: &crate::engine::Op| sg.graph.streams[o.stream as usize].gpu;
+        // per GPU: micro-batches with compute, the end of its last compute op, and its
+        // all-reduce part (arrival, end, the collective's start)
+        let mut mbs = [std::collections::BTreeSet::new(), Default::default()];
+        let mut last = [0; 2];
+        let mut ar = [(0, 0, 0); 2];
+        for (i, o) in sg.graph.ops.iter().enumerate() {
+            let g = gpu(o) as usize;
+            match o.kind {
+                OpKind::Compute(d) => {
+                    if d > 0 {
+                        mbs[g].insert(o.label.mb);
+                    }
+                    last[g] = last[g].max(t.end[i]);
+                }
+                OpKind::Coll(c) if o.label.class == OpClass::DpAllReduce => {
+                    ar[g] = (t.start[i], t.end[i], t.coll_start[c as usize]);
+                }
+                _ => {}
+            }
+        }
+        assert_eq!(mbs[0].iter().copied().collect::<Vec<_>>(), vec![0]);
+        assert_eq!(mbs[1].iter().copied().collect::<Vec<_>>(), vec![0, 1]);
+        // Rank 1 (1100 tokens in two micro-batches) finishes last; rank 0 arrives at the
+        // all-reduce when its one micro-batch is done and waits there for rank 1: the
+        // reduction starts at rank 1's last op and ends together on both.
+        assert!(last[0] < last[1], "{last:?}");
+        assert_eq!((ar[0].0, ar[1].0), (last[0], last[1]));
+        assert_eq!((ar[0].2, ar[1].2), (last[1], last[1]));
+        assert_eq!(ar[0].1, ar[1].1);
+        assert_eq!(t.makespan, ar[1].1);
+    }
 }
