@@ -21,8 +21,10 @@
 //! - **Rounds** (Megatron's "groups" of sub-samples, separated by a barrier over the DP × CP
 //!   ranks): samples longest first; each goes to the least-loaded open CP group of its size
 //!   in the round, or opens a new one while free ranks remain (a new group's load, 0, always
-//!   wins); a sample with neither is deferred to the next round. A rank's load is Σ ℓ²/c of
-//!   its samples (Megatron's workload estimate; here the exact causal pairs ℓ(ℓ+1)/2). Once
+//!   wins); a sample with neither is deferred to the next round. A rank's load is Σ w(ℓ)/c
+//!   of its samples, w the workload estimate ([`DcpLoad`]): Megatron's code uses ℓ² (here
+//!   the exact causal pairs ℓ(ℓ+1)/2); NVIDIA's blog describes a cost model of each
+//!   sample's execution time, here the forward attention + linear time. Once
 //!   every rank is in a group and the samples have reached a smaller CP size than the
 //!   round's first, the round closes as soon as the loads are within δ = 5 % (max − min ≤
 //!   δ·max), the rest deferred. Ranks left free when the samples run out are filled by
@@ -58,7 +60,7 @@ use std::collections::BinaryHeap;
 use serde::Serialize;
 
 use super::wlbllm::lower::sharded_group;
-use super::wlbllm::{rank_share, shard_per_document, CpConfig, KERNEL_TILE};
+use super::wlbllm::{rank_share, shard_per_document, CpConfig, LatencyModel, KERNEL_TILE};
 use crate::cost::AttnShape;
 use crate::error::{invalid, Result};
 use crate::plan::build::{GroupSite, KvReach};
@@ -188,8 +190,45 @@ struct OpenGroup {
     samples: Vec<usize>,
 }
 
-/// Schedule the samples of a step's global batch `batch` on the config's ranks.
-pub fn schedule(batch: &[PackedSeq], cfg: &DcpConfig) -> Result<DcpSchedule> {
+/// How the scheduler estimates a sample's work (its per-rank load is the work / c).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum DcpLoad {
+    /// Megatron-LM's code (`dcp_get_total_workload`: ℓ²/c): the exact causal pairs.
+    Pairs,
+    /// The NVIDIA blog's cost-model estimate: forward attention + linear time of the sample
+    /// (W_a + W_l, `LatencyModel::document_s`), so short samples weigh by their tokens too.
+    Latency,
+}
+
+impl std::str::FromStr for DcpLoad {
+    type Err = crate::error::Error;
+    fn from_str(s: &str) -> Result<DcpLoad> {
+        match s {
+            "pairs" => Ok(DcpLoad::Pairs),
+            "latency" => Ok(DcpLoad::Latency),
+            _ => Err(invalid("megatron-dcp load", s, "pairs or latency")),
+        }
+    }
+}
+
+/// The work of each sample length under `load` (integer: pairs, or picoseconds of `model`).
+pub fn sample_work<'m, M: LatencyModel + ?Sized>(
+    load: DcpLoad,
+    model: &'m M,
+) -> impl Fn(u32) -> u128 + 'm {
+    move |len| match load {
+        DcpLoad::Pairs => u128::from(causal_pairs(u64::from(len))),
+        DcpLoad::Latency => (model.document_s(len) * 1e12).round().max(1.0) as u128,
+    }
+}
+
+/// Schedule the samples of a step's global batch `batch` on the config's ranks, a sample of
+/// ℓ tokens weighing `work(ℓ)` (see [`sample_work`]).
+pub fn schedule(
+    batch: &[PackedSeq],
+    cfg: &DcpConfig,
+    work: impl Fn(u32) -> u128,
+) -> Result<DcpSchedule> {
     let samples: Vec<Sample> = batch
         .iter()
         .flat_map(|s| s.samples.iter().copied())
@@ -199,10 +238,7 @@ pub fn schedule(batch: &[PackedSeq], cfg: &DcpConfig) -> Result<DcpSchedule> {
         .iter()
         .map(|s| cfg.cp_size(s.len))
         .collect::<Result<Vec<u32>>>()?;
-    let pairs: Vec<u128> = samples
-        .iter()
-        .map(|s| u128::from(causal_pairs(u64::from(s.len))))
-        .collect();
+    let pairs: Vec<u128> = samples.iter().map(|s| work(s.len)).collect();
     let mut order: Vec<usize> = (0..samples.len()).collect();
     order.sort_by_key(|&i| (Reverse(samples[i].len), i));
     let mut micro_batches = Vec::new();

@@ -22,7 +22,7 @@ use super::distca::pingpong::NanoTable;
 use super::distca::{self, DistcaConfig};
 use super::grouping::{group, Policy};
 use super::libra::{self, LibraParams};
-use super::megatron_dcp::{self, DcpConfig};
+use super::megatron_dcp::{self, DcpConfig, DcpLoad};
 use super::pricing::CostLatency;
 use super::ulysses::{self, UlyssesParams};
 use super::wlbllm::lower::{to_plan, ShardingMode, WlbPlanParams};
@@ -109,6 +109,8 @@ pub struct SchemeSettings {
     pub max_seqlen_per_rank: Option<u32>,
     /// Megatron dynamic CP's `min_dynamic_context_parallel_size`.
     pub min_dynamic_cp: u32,
+    /// Megatron dynamic CP's workload estimate.
+    pub dcp_load: DcpLoad,
 }
 
 impl Default for SchemeSettings {
@@ -124,6 +126,7 @@ impl Default for SchemeSettings {
             seed: 0,
             max_seqlen_per_rank: None,
             min_dynamic_cp: 1,
+            dcp_load: DcpLoad::Pairs,
         }
     }
 }
@@ -290,7 +293,9 @@ impl<'a> SchemePlanner<'a> {
                         "built by new()",
                     ));
                 };
-                let sched = megatron_dcp::schedule(batch, cfg)?;
+                let model = CostLatency { cost: self.cost };
+                let work = megatron_dcp::sample_work(s.dcp_load, &model);
+                let sched = megatron_dcp::schedule(batch, cfg, work)?;
                 SchemePlan {
                     plan: megatron_dcp::to_plan(step, &sched, cfg, &shape),
                     nano: None,

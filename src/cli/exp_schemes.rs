@@ -15,7 +15,8 @@
 //!     # an arm is a scheme with optional `:`-separated tweaks: distca:no-ping-pong,
 //!     # distca:signal (1-byte transfers: communication cost removed), distca:eps=0.15,
 //!     # wlbllm:per-document | per-sequence, libra:m=1, megatron-dcp (Megatron-Core's
-//!     # dynamic CP):s=TOKENS (max_seqlen_per_dp_cp_rank), :min-cp=N; the first arm is the
+//!     # dynamic CP):s=TOKENS (max_seqlen_per_dp_cp_rank), :min-cp=N, :load=pairs (ℓ², the
+//!     # code's) | latency (attention + linear time, the blog's); the first arm is the
 //!     # baseline
 //! [network]  topology = "dgx-h200-roce", model = "analytical" | "flow"
 //!            (nodes = DP·PP·CP / the topology's GPUs per node, per point)
@@ -188,6 +189,9 @@ fn parse_arm(s: &str, base: &SchemeSettings, file: &str) -> Result<Arm> {
                     anyhow::anyhow!("{file}: arms: {s:?}: s = {:?} is not a count", &x[2..])
                 })?);
             }
+            (Scheme::MegatronDcp, x) if x.starts_with("load=") => {
+                set.dcp_load = x[5..].parse()?;
+            }
             (Scheme::MegatronDcp, x) if x.starts_with("min-cp=") => {
                 set.min_dynamic_cp = x[7..].parse().map_err(|_| {
                     anyhow::anyhow!("{file}: arms: {s:?}: min-cp = {:?} is not a count", &x[7..])
@@ -196,7 +200,7 @@ fn parse_arm(s: &str, base: &SchemeSettings, file: &str) -> Result<Arm> {
             _ => bail!(
                 "{file}: arms: {s:?}: unknown tweak {t:?} for {name} (distca: no-ping-pong, \
                  signal, eps=X; wlbllm: adaptive, per-document, per-sequence; libra: m=N; \
-                 megatron-dcp: s=TOKENS, min-cp=N)"
+                 megatron-dcp: s=TOKENS, min-cp=N, load=pairs|latency)"
             ),
         }
     }
@@ -357,6 +361,7 @@ pub fn run_text(
         seed: f.workload.seed,
         max_seqlen_per_rank: s.max_seqlen_per_dp_cp_rank,
         min_dynamic_cp: s.min_dynamic_cp.unwrap_or(d.min_dynamic_cp),
+        dcp_load: d.dcp_load,
     };
     if !(set.epsilon.is_finite() && set.epsilon >= 0.0) {
         bail!(

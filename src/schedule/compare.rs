@@ -540,7 +540,10 @@ mod tests {
         let cost = CostModel::h200(model).unwrap();
         let cfg = DcpConfig::new(2, 1000, 1).unwrap();
         let batch = vec![PackedSeq::from_lengths(&[900, 600, 500], 2000, 0)];
-        let sched = schedule(&batch, &cfg).unwrap();
+        let sched = schedule(&batch, &cfg, |l| {
+            u128::from(crate::workload::causal_pairs(u64::from(l)))
+        })
+        .unwrap();
         assert_eq!(sched.counts(2), vec![1, 2]);
         let plan = to_plan(0, &sched, &cfg, &cost.attn());
         let place = Placement {

@@ -9,6 +9,10 @@ const TINY: AttnShape = AttnShape {
     dtype_bytes: 2,
 };
 
+fn pairs_work(len: u32) -> u128 {
+    u128::from(causal_pairs(u64::from(len)))
+}
+
 fn seqs(lens: &[&[u32]], cap: u32) -> Vec<PackedSeq> {
     let mut doc = 0;
     lens.iter()
@@ -54,7 +58,7 @@ fn short_samples_run_on_one_rank_each_with_no_cp_traffic() {
     // one round, LPT gives each rank 4 samples = 4000 tokens ≤ S: one micro-batch each.
     let cfg = DcpConfig::new(4, 4096, 1).unwrap();
     let b = seqs(&[&[1000; 8], &[1000; 8]], 8192);
-    let s = schedule(&b, &cfg).unwrap();
+    let s = schedule(&b, &cfg, pairs_work).unwrap();
     assert_eq!((s.rounds, s.slots), (1, 1));
     assert!(s
         .micro_batches
@@ -77,7 +81,7 @@ fn a_long_sample_gets_the_cp_size_the_rule_says() {
     // The CP-4 group opens first (ranks 0–3), the short samples fill ranks 4–7.
     let cfg = DcpConfig::new(8, 1000, 1).unwrap();
     let b = seqs(&[&[2500, 900], &[800, 700, 600]], 4000);
-    let s = schedule(&b, &cfg).unwrap();
+    let s = schedule(&b, &cfg, pairs_work).unwrap();
     let long = s
         .micro_batches
         .iter()
@@ -111,7 +115,7 @@ fn a_long_sample_gets_the_cp_size_the_rule_says() {
     check_resident(&plan, 1000).unwrap();
     assert!(check_resident(&plan, 899).is_err());
     // Alone, the long sample is doubled into the free ranks: CP 8 (never fewer than 4).
-    let alone = schedule(&seqs(&[&[2500]], 4000), &cfg).unwrap();
+    let alone = schedule(&seqs(&[&[2500]], 4000), &cfg, pairs_work).unwrap();
     assert_eq!(alone.micro_batches[0].cp, 8);
 }
 
@@ -121,7 +125,7 @@ fn uneven_micro_batch_counts_by_hand() {
     // rank 1's; 500 joins the less-loaded rank 1 (600² < 900²), but 600 + 500 > S: two
     // micro-batches there. Rank 0 runs one, rank 1 two; GA indices 0 and 1.
     let cfg = DcpConfig::new(2, 1000, 1).unwrap();
-    let s = schedule(&seqs(&[&[900, 600, 500]], 2000), &cfg).unwrap();
+    let s = schedule(&seqs(&[&[900, 600, 500]], 2000), &cfg, pairs_work).unwrap();
     let mbs: Vec<(u32, u32, Vec<usize>)> = s
         .micro_batches
         .iter()
@@ -151,7 +155,7 @@ fn a_round_closes_once_balanced_below_its_first_cp_size() {
     let mut lens = vec![2000];
     lens.extend(std::iter::repeat_n(100, 400));
     let b = seqs(&[&lens], 50_000);
-    let s = schedule(&b, &cfg).unwrap();
+    let s = schedule(&b, &cfg, pairs_work).unwrap();
     assert!(s.rounds >= 2, "{}", s.rounds);
     let plan = to_plan(0, &s, &cfg, &TINY);
     check(&plan).unwrap();
@@ -188,7 +192,7 @@ proptest! {
         let min_cp = (1u32 << min_exp).min(n);
         let cfg = DcpConfig::new(n, s, min_cp).unwrap();
         let b = vec![PackedSeq::from_lengths(&lens, lens.iter().sum(), 0)];
-        let Ok(sched) = schedule(&b, &cfg) else {
+        let Ok(sched) = schedule(&b, &cfg, pairs_work) else {
             // only a sample longer than N · S is refused
             prop_assert!(lens.iter().any(|&l| u64::from(l) > u64::from(n) * u64::from(s)));
             return Ok(());
