@@ -27,7 +27,8 @@
 //!   sample's execution time, here the forward attention + linear time. Once
 //!   every rank is in a group and the samples have reached a smaller CP size than the
 //!   round's first, the round closes as soon as the loads are within δ = 5 % (max − min ≤
-//!   δ·max), the rest deferred. Ranks left free when the samples run out are filled by
+//!   δ·max, the minimum over the groups that can still grow: those of a size some
+//!   remaining sample has), the rest deferred. Ranks left free when the samples run out are filled by
 //!   doubling CP groups (Megatron's `fill_empty_gpus`), so a sample may run on more ranks
 //!   than its rule asks (never fewer).
 //! - **Micro-batches.** A CP group's samples in a round are packed in order into THD
@@ -44,6 +45,9 @@
 //!
 //! # Choices where the sources leave one open
 //! - Deferral keeps the longest-first order (Megatron's buckets also keep it).
+//! - The balance test skips groups that can no longer grow (Megatron compares every rank,
+//!   so one lone group of a size no other sample has keeps its round open until every
+//!   sample is in it).
 //! - When free ranks remain, the most-loaded group that fits in them is doubled (Megatron
 //!   doubles the first group of the smallest size); groups are then laid on aligned blocks
 //!   in decreasing size (power-of-two sizes summing to ≤ N always fit that way).
@@ -311,9 +315,16 @@ fn round(order: &[usize], cps: &[u32], pairs: &[u128], n: u32) -> (Vec<OpenGroup
         }
         None
     }
+    // samples of each size exponent not yet reached: a group whose size has none left can
+    // no longer grow, and does not hold the round open
+    let mut left = vec![0usize; sizes];
+    for &i in order {
+        left[cps[i].trailing_zeros() as usize] += 1;
+    }
     for (k, &i) in order.iter().enumerate() {
         let c = cps[i];
         let e = c.trailing_zeros() as usize;
+        left[e] -= 1;
         let g = if used + c <= n {
             used += c;
             groups.push(OpenGroup {
@@ -336,9 +347,10 @@ fn round(order: &[usize], cps: &[u32], pairs: &[u128], n: u32) -> (Vec<OpenGroup
         let first_c = *first.get_or_insert(c);
         if used == n && c < first_c && k + 1 < order.len() {
             let min = (0..sizes)
+                .filter(|&s| left[s] > 0)
                 .filter_map(|s| live_min(&mut heaps[s], &groups).map(|x| x.0))
                 .min()
-                .unwrap_or(0);
+                .unwrap_or(max_load);
             if (max_load - min) * BALANCE_SLACK_DIV <= max_load {
                 deferred.extend_from_slice(&order[k + 1..]);
                 break;
