@@ -9,6 +9,7 @@
 pub mod distca;
 pub mod grouping;
 pub mod libra;
+pub mod megatron_dcp;
 pub mod pricing;
 pub mod schemes;
 pub mod ulysses;

@@ -1,4 +1,4 @@
-//! The four schemes behind one planner: a step's global batch in, a checked-shape
+//! The schemes behind one planner: a step's global batch in, a checked-shape
 //! [`Plan`] (and, for DistCA with ping-pong, its [`NanoTable`]) out.
 //!
 //! Owns the choice of settings each scheme gets when compared on one cluster, and nothing
@@ -9,7 +9,8 @@
 //!
 //! # One cluster, one layout
 //! Every scheme runs DP replicas × CP ranks with the same GA (Libra pools P replicas).
-//! DistCA keeps the baseline's contiguous CP layout for its linear layers (paper: in-place
+//! Megatron's dynamic CP pools the DP·CP ranks into CP groups of its own per sample and
+//! runs as many micro-batches as its schedule makes (`balance::megatron_dcp`). DistCA keeps the baseline's contiguous CP layout for its linear layers (paper: in-place
 //! attention servers) and pools the core attention of all DP·CP GPUs
 //! ([`SchemeSettings::layout`]).
 //!
@@ -21,6 +22,7 @@ use super::distca::pingpong::NanoTable;
 use super::distca::{self, DistcaConfig, DistcaScheduler};
 use super::grouping::{group, Policy};
 use super::libra::{self, LibraParams};
+use super::megatron_dcp::{self, DcpConfig, DcpLoad};
 use super::pricing::CostLatency;
 use super::ulysses::{self, UlyssesParams};
 use super::wlbllm::lower::{to_plan, ShardingMode, WlbPlanParams};
@@ -41,15 +43,18 @@ pub enum Scheme {
     DistCa,
     /// Libra: VRSP pools + TAP placement + exchange.
     Libra,
+    /// Megatron-Core's dynamic (hybrid DP × CP) context parallelism.
+    MegatronDcp,
 }
 
 impl Scheme {
-    /// All four, in the order tables print them.
-    pub const ALL: [Scheme; 4] = [
+    /// All of them, in the order tables print them.
+    pub const ALL: [Scheme; 5] = [
         Scheme::Ulysses,
         Scheme::WlbLlm,
         Scheme::DistCa,
         Scheme::Libra,
+        Scheme::MegatronDcp,
     ];
 
     /// The name files and tables use.
@@ -59,6 +64,7 @@ impl Scheme {
             Scheme::WlbLlm => "wlbllm",
             Scheme::DistCa => "distca",
             Scheme::Libra => "libra",
+            Scheme::MegatronDcp => "megatron-dcp",
         }
     }
 }
@@ -69,7 +75,13 @@ impl std::str::FromStr for Scheme {
         Scheme::ALL
             .into_iter()
             .find(|x| x.name() == s)
-            .ok_or_else(|| invalid("scheme", s, "ulysses, wlbllm, distca or libra"))
+            .ok_or_else(|| {
+                invalid(
+                    "scheme",
+                    s,
+                    "ulysses, wlbllm, distca, libra or megatron-dcp",
+                )
+            })
     }
 }
 
@@ -94,6 +106,13 @@ pub struct SchemeSettings {
     pub libra: LibraParams,
     /// Seed of Libra's grouping stream (VRSP does not draw; kept for `random`).
     pub seed: u64,
+    /// Megatron dynamic CP's `max_seqlen_per_dp_cp_rank` (None: ⌈L / CP⌉, static CP's
+    /// tokens per rank).
+    pub max_seqlen_per_rank: Option<u32>,
+    /// Megatron dynamic CP's `min_dynamic_context_parallel_size`.
+    pub min_dynamic_cp: u32,
+    /// Megatron dynamic CP's workload estimate.
+    pub dcp_load: DcpLoad,
 }
 
 impl Default for SchemeSettings {
@@ -108,6 +127,9 @@ impl Default for SchemeSettings {
             distca_scheduler: DistcaScheduler::Reference,
             libra: LibraParams::default(),
             seed: 0,
+            max_seqlen_per_rank: None,
+            min_dynamic_cp: 1,
+            dcp_load: DcpLoad::Pairs,
         }
     }
 }
@@ -118,6 +140,15 @@ impl SchemeSettings {
     /// layout).
     pub fn layout(&self, _scheme: Scheme, dp: u32) -> (u32, u32) {
         (dp, self.cp)
+    }
+
+    /// Megatron dynamic CP's settings on `dp` replicas × `self.cp` ranks for sequences of
+    /// `seq_len` tokens: S = `max_seqlen_per_rank` or ⌈L / CP⌉.
+    pub fn dcp_config(&self, dp: u32, seq_len: u32) -> Result<DcpConfig> {
+        let s = self
+            .max_seqlen_per_rank
+            .unwrap_or(seq_len.div_ceil(self.cp.max(1)));
+        DcpConfig::new(dp.saturating_mul(self.cp), s, self.min_dynamic_cp)
     }
 }
 
@@ -141,6 +172,7 @@ pub struct SchemePlanner<'a> {
     cost: &'a CostModel,
     dp: u32,
     wlb: Option<WlbPacker<CostLatency<'a>>>,
+    dcp: Option<DcpConfig>,
 }
 
 impl<'a> SchemePlanner<'a> {
@@ -174,12 +206,17 @@ impl<'a> SchemePlanner<'a> {
             }
             _ => None,
         };
+        let dcp = match scheme {
+            Scheme::MegatronDcp => Some(set.dcp_config(dp, seq_len)?),
+            _ => None,
+        };
         Ok(SchemePlanner {
             scheme,
             set,
             cost,
             dp,
             wlb,
+            dcp,
         })
     }
 
@@ -250,6 +287,23 @@ impl<'a> SchemePlanner<'a> {
                 SchemePlan {
                     plan: d.plan,
                     nano: Some(d.nano),
+                    trained: batch.to_vec(),
+                }
+            }
+            Scheme::MegatronDcp => {
+                let Some(cfg) = self.dcp.as_ref() else {
+                    return Err(invalid(
+                        "megatron-dcp settings",
+                        "missing",
+                        "built by new()",
+                    ));
+                };
+                let model = CostLatency { cost: self.cost };
+                let work = megatron_dcp::sample_work(s.dcp_load, &model);
+                let sched = megatron_dcp::schedule(batch, cfg, work)?;
+                SchemePlan {
+                    plan: megatron_dcp::to_plan(step, &sched, cfg, &shape),
+                    nano: None,
                     trained: batch.to_vec(),
                 }
             }

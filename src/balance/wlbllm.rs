@@ -571,6 +571,15 @@ pub fn rank_chunks(n: u64, cp: u32, r: u32) -> [(u64, u64); 2] {
     [b[r], b[b.len() - 1 - r]]
 }
 
+/// Tokens rank `r` holds of `n` tokens cut as [`rank_chunks`] cuts them (its two chunks),
+/// in O(1): chunk r carries one of the e = n mod 2·CP remainder tokens when r < e, chunk
+/// 2·CP−1−r when CP + r < e.
+pub fn rank_share(n: u64, cp: u32, r: u32) -> u64 {
+    let (cp, r) = (u64::from(cp), u64::from(r));
+    let (b, e) = (n / (2 * cp), n % (2 * cp));
+    2 * b + u64::from(r < e) + u64::from(cp + r < e)
+}
+
 /// Per-document sharding: every sample cut into 2·CP chunks, rank `r` takes chunks `r` and
 /// `2·CP−1−r` (empty chunks are dropped).
 pub fn shard_per_document(samples: &[Sample], cp: CpConfig) -> CpRanks {
@@ -991,6 +1000,18 @@ mod tests {
             .iter()
             .map(|r| r.iter().map(CpPiece::pairs).sum())
             .collect()
+    }
+
+    #[test]
+    fn rank_share_is_the_two_chunks() {
+        for n in 0..70u64 {
+            for cp in 1..6u32 {
+                for r in 0..cp {
+                    let [a, b] = rank_chunks(n, cp, r);
+                    assert_eq!(rank_share(n, cp, r), a.1 + b.1, "n {n} cp {cp} r {r}");
+                }
+            }
+        }
     }
 
     #[test]

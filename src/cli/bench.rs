@@ -77,6 +77,13 @@ pub const ARMS: &[Arm] = &[
         setup: super::bench_schemes::distca_512_256k,
     },
     Arm {
+        name: "megatron-dcp-512x8",
+        what: "Megatron dynamic-CP planner (schedule + Plan), 64 replicas × CP 8 = 512 ranks, GA 8: GBS 512 × 128K (wlbllm), S = 16K",
+        target_s: Some(0.1),
+        runs: 20,
+        setup: super::bench_schemes::megatron_dcp_512x8,
+    },
+    Arm {
         name: "wlbllm-step",
         what: "WLB-LLM variable-length packing, 512 micro-batches × 128K tokens (wlbllm)",
         target_s: None,

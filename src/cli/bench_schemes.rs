@@ -1,9 +1,10 @@
-//! Benchmark arms of the WLB-LLM and DistCA planners (issue 6) for `skewsim bench`: each
-//! setup builds its input untimed and returns the closure that `bench` times.
+//! Benchmark arms of the WLB-LLM, DistCA and Megatron dynamic-CP planners for `skewsim
+//! bench`: each setup builds its input untimed and returns the closure that `bench` times.
 
 use anyhow::Result;
 
 use skewsim::balance::distca::{self, DistcaConfig, DistcaScheduler, DEFAULT_EPSILON};
+use skewsim::balance::megatron_dcp::{self, DcpConfig, DcpLoad};
 use skewsim::balance::wlbllm::{ConstantThroughput, WlbConfig, WlbPacker};
 use skewsim::workload::corpus::Corpus;
 use skewsim::workload::pack::{global_batch, Packing};
@@ -121,6 +122,38 @@ pub fn wlbllm_step() -> Result<Timed> {
             "estimated straggler {:.2} ms, {} carried",
             out.max_latency_s() * 1e3,
             out.carried.len()
+        ))
+    }))
+}
+
+/// Megatron dynamic CP's planner for one step (the schedule and its Plan): DP 64 × CP 8 =
+/// 512 ranks, GA 8, a global batch of 512 sequences of 128K tokens (wlbllm), S = 128K / 8,
+/// Megatron's ℓ² workload estimate.
+pub fn megatron_dcp_512x8() -> Result<Timed> {
+    let (ranks, seq_len) = (512u32, 131_072u32);
+    let b = batch("wlbllm", 512, seq_len)?;
+    let cfg = DcpConfig::new(ranks, seq_len / 8, 1)?;
+    let model = ConstantThroughput::h200_llama3_8b();
+    let shape = model.shape;
+    Ok(Box::new(move || {
+        let work = megatron_dcp::sample_work(DcpLoad::Pairs, &model);
+        let s = megatron_dcp::schedule(&b, &cfg, work)?;
+        let plan = megatron_dcp::to_plan(0, &s, &cfg, &shape);
+        let counts = s.counts(ranks);
+        let bytes: u64 = plan
+            .groups
+            .iter()
+            .flat_map(|g| &g.transfers)
+            .map(|t| t.bytes)
+            .sum();
+        Ok(format!(
+            "{} samples, {} rounds, GA {}, micro-batches per rank {}–{}, {:.2} GB per layer",
+            s.samples.len(),
+            s.rounds,
+            s.slots,
+            counts.iter().min().unwrap_or(&0),
+            counts.iter().max().unwrap_or(&0),
+            bytes as f64 / 1e9
         ))
     }))
 }

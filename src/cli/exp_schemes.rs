@@ -15,7 +15,10 @@
 //!     # an arm is a scheme with optional `:`-separated tweaks: distca:tight (skewsim's
 //!     # scheduler instead of the repository's), distca:no-ping-pong,
 //!     # distca:signal (1-byte transfers: communication cost removed), distca:eps=0.15,
-//!     # wlbllm:per-document | per-sequence, libra:m=1; the first arm is the baseline
+//!     # wlbllm:per-document | per-sequence, libra:m=1, megatron-dcp (Megatron-Core's
+//!     # dynamic CP):s=TOKENS (max_seqlen_per_dp_cp_rank), :min-cp=N, :load=pairs (ℓ², the
+//!     # code's) | latency (attention + linear time, the blog's); the first arm is the
+//!     # baseline
 //! [network]  topology = "dgx-h200-roce", model = "analytical" | "flow"
 //!            (nodes = TP·CP·DP·PP / the topology's GPUs per node, per point),
 //!            nvls = true | false (NVLS collectives where the topology has them)
@@ -23,7 +26,7 @@
 //!            (dp from [sweep]; GPUs = TP·CP·DP·PP, TP innermost inside one node)
 //! [workload] corpus = "libra-256k", seq_len = 262144, seed = 1
 //! [settings] epsilon, ping_pong, s_max, sharding, pool_size, head_shards, tile_tokens,
-//!            tau, chunks
+//!            tau, chunks, max_seqlen_per_dp_cp_rank (default ⌈L / CP⌉), min_dynamic_cp
 //! [sweep]    dp = [...], corpus = [...], seq_len = [...], topology = [...], model = [...]
 //! calibration = "cal.json"           # optional (`skewsim calibrate`; `--calibration` wins):
 //!                                    # prices attention by the measured GPU, planners included
@@ -152,6 +155,8 @@ struct SettingsFile {
     tile_tokens: Option<u32>,
     tau: Option<f64>,
     chunks: Option<u32>,
+    max_seqlen_per_dp_cp_rank: Option<u32>,
+    min_dynamic_cp: Option<u32>,
 }
 
 #[derive(Deserialize, Default)]
@@ -199,9 +204,23 @@ fn parse_arm(s: &str, base: &SchemeSettings, file: &str) -> Result<Arm> {
                     anyhow::anyhow!("{file}: arms: {s:?}: m = {:?} is not a count", &m[2..])
                 })?;
             }
+            (Scheme::MegatronDcp, x) if x.starts_with("s=") => {
+                set.max_seqlen_per_rank = Some(x[2..].parse().map_err(|_| {
+                    anyhow::anyhow!("{file}: arms: {s:?}: s = {:?} is not a count", &x[2..])
+                })?);
+            }
+            (Scheme::MegatronDcp, x) if x.starts_with("load=") => {
+                set.dcp_load = x[5..].parse()?;
+            }
+            (Scheme::MegatronDcp, x) if x.starts_with("min-cp=") => {
+                set.min_dynamic_cp = x[7..].parse().map_err(|_| {
+                    anyhow::anyhow!("{file}: arms: {s:?}: min-cp = {:?} is not a count", &x[7..])
+                })?;
+            }
             _ => bail!(
                 "{file}: arms: {s:?}: unknown tweak {t:?} for {name} (distca: tight, \
-                 no-ping-pong, signal, eps=X; wlbllm: adaptive, per-document, per-sequence; libra: m=N)"
+                 no-ping-pong, signal, eps=X; wlbllm: adaptive, per-document, per-sequence; libra: m=N; \
+                 megatron-dcp: s=TOKENS, min-cp=N, load=pairs|latency)"
             ),
         }
     }
@@ -335,7 +354,10 @@ pub fn run_text(
         bail!("{file}: steps = {} must be in 1..=1000", f.steps);
     }
     if f.arms.is_empty() {
-        bail!("{file}: arms must name at least one scheme (ulysses, wlbllm, distca, libra)");
+        bail!(
+            "{file}: arms must name at least one scheme (ulysses, wlbllm, distca, libra, \
+             megatron-dcp)"
+        );
     }
     let s = &f.settings;
     let d = SchemeSettings::default();
@@ -362,6 +384,9 @@ pub fn run_text(
             ..dl
         },
         seed: f.workload.seed,
+        max_seqlen_per_rank: s.max_seqlen_per_dp_cp_rank,
+        min_dynamic_cp: s.min_dynamic_cp.unwrap_or(d.min_dynamic_cp),
+        dcp_load: d.dcp_load,
     };
     if !(set.epsilon.is_finite() && set.epsilon >= 0.0) {
         bail!(

@@ -2,9 +2,10 @@
 //! checked plan of one training step for scheme S: `libra` (default: VRSP pools, TAP,
 //! exchange), `ulysses` (CP all-to-all to head shards), `wlbllm` (variable-length packing
 //! over the step's GBS micro-batches, adaptive CP sharding, outlier delay off unless
-//! `--outlier-thresholds`) or `distca` (in-place attention servers, one per DP replica,
+//! `--outlier-thresholds`), `distca` (in-place attention servers, one per DP replica,
 //! CP = 1, the public repository's planner unless `--tight`, ping-pong nano-batches
-//! unless `--no-ping-pong`).
+//! unless `--no-ping-pong`) or `megatron-dcp` (Megatron's dynamic CP over the DP·CP ranks,
+//! max_seqlen_per_dp_cp_rank = ⌈L / CP⌉, ℓ² workload).
 //!
 //! Settings come from flags; an experiment file (TOML) may give them instead — its
 //! `[libra]` table if it has one, else its top level, with the flags' names in snake_case
@@ -22,6 +23,7 @@ use serde::Serialize;
 
 use skewsim::balance::distca::{self, DistcaConfig, DistcaScheduler, DEFAULT_EPSILON};
 use skewsim::balance::libra::{exchange, pipeliner, plan_step, step_shape, LibraParams};
+use skewsim::balance::megatron_dcp::{self, DcpConfig, DcpLoad};
 use skewsim::balance::ulysses::{self, UlyssesParams};
 use skewsim::balance::wlbllm::lower::{ShardingMode, WlbPlanParams};
 use skewsim::balance::wlbllm::{self, ConstantThroughput, WlbConfig, WlbPacker, KERNEL_TILE};
@@ -257,7 +259,7 @@ pub struct Args {
 /// The scheme and the knobs of the schemes other than Libra.
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct SchemeArgs {
-    /// Scheme: libra, ulysses, wlbllm or distca [default: libra].
+    /// Scheme: libra, ulysses, wlbllm, distca or megatron-dcp [default: libra].
     #[arg(long)]
     pub scheme: Option<String>,
     /// WLB-LLM memory cap S_max, tokens per micro-batch (2·CP must divide it)
@@ -325,7 +327,7 @@ pub struct SchemeSettings {
 }
 
 /// The schemes `plan` knows.
-pub const SCHEMES: &str = "libra, ulysses, wlbllm or distca";
+pub const SCHEMES: &str = "libra, ulysses, wlbllm, distca or megatron-dcp";
 
 /// One group's line in the report.
 #[derive(Serialize)]
@@ -487,6 +489,19 @@ pub fn build_scheme(
                 !a.no_ping_pong,
             )?
             .plan
+        }
+        "megatron-dcp" => {
+            // Megatron's dynamic CP over the DP·CP ranks, S = ⌈L / CP⌉, ℓ² workload.
+            let cp = r.params.cp.max(1);
+            let cfg = DcpConfig::new(r.dp.saturating_mul(cp), r.seq_len.div_ceil(cp), 1)?;
+            let steps = load_batches(r, step + 1, gbs_dp)?;
+            let model = ConstantThroughput {
+                shape,
+                ..ConstantThroughput::h200_llama3_8b()
+            };
+            let work = megatron_dcp::sample_work(DcpLoad::Pairs, &model);
+            let sched = megatron_dcp::schedule(&steps[step as usize], &cfg, work)?;
+            megatron_dcp::to_plan(step, &sched, &cfg, &shape)
         }
         other => bail!("invalid scheme = {other}: {SCHEMES}"),
     };

@@ -219,6 +219,17 @@ pub enum ViolationKind {
         /// Σ sequences Σ ℓ(ℓ+1)/2 · h_q.
         expected: u128,
     },
+    /// A worker holds more tokens at one GA index than a memory-bounded planner allows
+    /// ([`check_resident`]).
+    #[error("worker {worker} holds {tokens} tokens at this GA index, over the cap of {cap}")]
+    OverResident {
+        /// The worker.
+        worker: WorkerId,
+        /// Its resident tokens over the GA index's groups.
+        tokens: u64,
+        /// The cap.
+        cap: u64,
+    },
 }
 
 /// What a plan that passed holds.
@@ -236,6 +247,36 @@ pub struct CheckSummary {
     pub flops: f64,
     /// Total bytes moved.
     pub bytes: u64,
+}
+
+/// Check that no worker holds more than `cap` tokens (Q, K and V before attention: its
+/// layout ranges over every group) at any one GA index — a memory bound such as
+/// Megatron's `max_seqlen_per_dp_cp_rank`; the first worker over it, by (GA index, worker).
+/// Run it beside [`check`], which proves the plan correct.
+pub fn check_resident(plan: &Plan, cap: u64) -> Result<(), Violation> {
+    let mut held: std::collections::BTreeMap<(u32, WorkerId), (u64, u32)> = Default::default();
+    for g in &plan.groups {
+        for r in plan_layouts(g) {
+            let e = held.entry((g.ga, r.worker)).or_insert((0, g.pool));
+            e.0 += r.end.saturating_sub(r.start);
+        }
+    }
+    match held.into_iter().find(|(_, (t, _))| *t > cap) {
+        None => Ok(()),
+        Some(((ga, worker), (tokens, pool))) => Err(Violation {
+            ga,
+            pool,
+            kind: ViolationKind::OverResident {
+                worker,
+                tokens,
+                cap,
+            },
+        }),
+    }
+}
+
+fn plan_layouts(g: &super::Group) -> impl Iterator<Item = &super::Resident> {
+    g.sequences.iter().flat_map(|s| &s.layout)
 }
 
 /// Check a plan; the first violation found, or a summary of a correct plan.

@@ -25,12 +25,13 @@ use super::{Parallelism, PipelineKind, Placement, RankMap, RuntimeVariance};
 use crate::balance::distca::pingpong::NanoTable;
 use crate::balance::distca::pingpong::{pp_ticks, Phase};
 use crate::balance::distca::ticks::replica_batches;
+use crate::balance::megatron_dcp::rank_batches;
 use crate::balance::schemes::{Scheme, SchemePlanner, SchemeSettings};
 use crate::cost::CostModel;
 use crate::engine::{run, OpClass, Timeline};
 use crate::error::{invalid, Result};
 use crate::net::{NetworkModel, Ps};
-use crate::plan::Payload;
+use crate::plan::{Payload, Plan, PlanSeq};
 use crate::report::step::{step_report, StepReport};
 use crate::workload::PackedSeq;
 
@@ -54,6 +55,13 @@ pub struct SchemeStep {
 /// plan; so does Libra within its pools. Errors: DistCA on a layout with no GPU (DP·CP =
 /// 0: no attention server).
 pub fn scheme_parallelism(scheme: Scheme, base: Parallelism) -> Result<Parallelism> {
+    if scheme == Scheme::MegatronDcp && base.pipeline == PipelineKind::Ticks {
+        return Err(invalid(
+            "pipeline for megatron-dcp",
+            "ticks",
+            "gpipe or 1f1b (dynamic CP runs its own micro-batch counts)",
+        ));
+    }
     if scheme == Scheme::DistCa && base.dp * base.cp == 0 {
         return Err(invalid(
             "DP·CP for distca",
@@ -147,6 +155,40 @@ fn span_of(sg: &StepGraph, t: &Timeline, fwd_ticks: Option<&[bool]>) -> Ps {
         *m = (*m).max(e - s);
     }
     per_mb.values().sum()
+}
+
+/// Megatron dynamic CP's step on `base`'s DP × CP ranks: each rank is a replica of one
+/// (`megatron_dcp::rank_batches`: its shares of its CP groups' micro-batches, an empty
+/// micro-batch where it runs none, memory at `max_seqlen` tokens), GA = the plan's GA
+/// indices, the plan's attention through `plan_attn`; the DP gradient all-reduce over all
+/// of them waits for the rank with the most work.
+pub fn dcp_step(
+    cost: &CostModel,
+    base: Parallelism,
+    place: Placement,
+    plan: &Plan,
+    max_seqlen: u32,
+    var: &dyn RuntimeVariance,
+) -> Result<StepGraph> {
+    let ranks = base.dp * base.cp;
+    let (batch, ga) = rank_batches(plan, ranks, max_seqlen)?;
+    let par = Parallelism {
+        dp: ranks,
+        cp: 1,
+        ga,
+        ..base
+    };
+    let map = RankMap::new(par, place, "megatron-dcp")?;
+    let mut attn = PlanAttention::new(cost, plan, map, Overlap::HeadChunks(1))?;
+    let mut sg = build_step_with(cost, map, &batch, plan.step, var, Some(&mut attn))?;
+    // A rank's micro-batch holds pieces of samples: the step's exact pairs are the plan's.
+    sg.causal_pairs = plan
+        .groups
+        .iter()
+        .flat_map(|g| &g.sequences)
+        .map(PlanSeq::causal_pairs)
+        .sum();
+    Ok(sg)
 }
 
 /// Plan and simulate step `step` of `planner`'s scheme for its global batch on `net`.
@@ -247,6 +289,10 @@ pub fn simulate_scheme_step_with(
             }
             let mut attn = PlanAttention::pooled(cost, &sp.plan, map, overlap)?;
             build_step_with(cost, map, &batch, step, var, Some(&mut attn))?
+        } else if scheme == Scheme::MegatronDcp {
+            let seq_len = global.iter().map(|s| s.capacity).max().unwrap_or(0);
+            let s = set.dcp_config(base.dp, seq_len)?.max_seqlen_per_rank;
+            dcp_step(cost, par, place, &sp.plan, s, var)?
         } else {
             build_plan_step(cost, map, &sp.plan, &sp.trained, overlap, var)?
         };
@@ -479,5 +525,65 @@ mod tests {
         assert!(tick0_attn.iter().any(|&g| g >= 4), "{tick0_attn:?}");
         let t = run(&sg.graph, &mut StubNet::dgx_h200()).unwrap();
         assert_eq!(t.makespan, st.report.iteration);
+    }
+    #[test]
+    fn uneven_micro_batch_counts_wait_at_the_all_reduce() {
+        // Megatron dynamic CP on 2 ranks (DP 2 × CP 1), S = 1000, samples 900, 600, 500:
+        // rank 0 runs [900], rank 1 runs [600] then [500] (balance::megatron_dcp's hand
+        // test). Rank 0's second GA index is empty: no compute at all.
+        use crate::balance::megatron_dcp::{schedule, to_plan, DcpConfig};
+        let mut model = ModelConfig::builtin("llama3-8b").unwrap();
+        model.layers = 2;
+        let cost = CostModel::h200(model).unwrap();
+        let cfg = DcpConfig::new(2, 1000, 1).unwrap();
+        let batch = vec![PackedSeq::from_lengths(&[900, 600, 500], 2000, 0)];
+        let sched = schedule(&batch, &cfg, |l| {
+            u128::from(crate::workload::causal_pairs(u64::from(l)))
+        })
+        .unwrap();
+        assert_eq!(sched.counts(2), vec![1, 2]);
+        let plan = to_plan(0, &sched, &cfg, &cost.attn());
+        let place = Placement {
+            gpus_per_node: 8,
+            nodes: 1,
+        };
+        let sg = dcp_step(&cost, par(2, 1, 1), place, &plan, 1000, &NoVariance).unwrap();
+        assert_eq!((sg.map.par.dp, sg.map.par.cp, sg.map.par.ga), (2, 1, 2));
+        assert_eq!(
+            (sg.tokens, sg.causal_pairs),
+            (2000, 405_450 + 180_300 + 125_250)
+        );
+        let t = run(&sg.graph, &mut StubNet::dgx_h200()).unwrap();
+        let gpu = |o: &crate::engine::Op| sg.graph.streams[o.stream as usize].gpu;
+        // per GPU: micro-batches with compute, the end of its last compute op, and its
+        // all-reduce part (arrival, end, the collective's start)
+        let mut mbs = [std::collections::BTreeSet::new(), Default::default()];
+        let mut last = [0; 2];
+        let mut ar = [(0, 0, 0); 2];
+        for (i, o) in sg.graph.ops.iter().enumerate() {
+            let g = gpu(o) as usize;
+            match o.kind {
+                OpKind::Compute(d) => {
+                    if d > 0 {
+                        mbs[g].insert(o.label.mb);
+                    }
+                    last[g] = last[g].max(t.end[i]);
+                }
+                OpKind::Coll(c) if o.label.class == OpClass::DpAllReduce => {
+                    ar[g] = (t.start[i], t.end[i], t.coll_start[c as usize]);
+                }
+                _ => {}
+            }
+        }
+        assert_eq!(mbs[0].iter().copied().collect::<Vec<_>>(), vec![0]);
+        assert_eq!(mbs[1].iter().copied().collect::<Vec<_>>(), vec![0, 1]);
+        // Rank 1 (1100 tokens in two micro-batches) finishes last; rank 0 arrives at the
+        // all-reduce when its one micro-batch is done and waits there for rank 1: the
+        // reduction starts at rank 1's last op and ends together on both.
+        assert!(last[0] < last[1], "{last:?}");
+        assert_eq!((ar[0].0, ar[1].0), (last[0], last[1]));
+        assert_eq!((ar[0].2, ar[1].2), (last[1], last[1]));
+        assert_eq!(ar[0].1, ar[1].1);
+        assert_eq!(t.makespan, ar[1].1);
     }
 }

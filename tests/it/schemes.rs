@@ -87,6 +87,11 @@ fn attention_microbench_and_distca_4d_reproduce() {
 }
 
 #[test]
+fn megatron_dcp_blog_reproduces() {
+    reproduces("megatron-dcp-blog", Some("1"));
+}
+
+#[test]
 fn a_slice_of_distca_3d_reproduces_its_committed_rows() {
     // llama3-8b, 64 GPUs, 128K only: the same rows as the committed points.csv.
     let text = read(&root().join("experiments/distca-3d.toml"));

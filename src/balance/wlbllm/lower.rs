@@ -20,14 +20,14 @@
 use serde::{Deserialize, Serialize};
 
 use super::{
-    choose_sharding, shard_per_document, shard_per_sequence, CpConfig, CpSharding, LatencyModel,
-    WlbStep,
+    choose_sharding, shard_per_document, shard_per_sequence, CpConfig, CpRanks, CpSharding,
+    LatencyModel, WlbStep,
 };
 use crate::balance::ulysses::cp_group;
 use crate::cost::AttnShape;
 use crate::error::{invalid, Result};
 use crate::plan::build::{build_group, GroupSite, KvReach, UnitSpec};
-use crate::plan::{Plan, PlanSeq, Resident, PLAN_VERSION};
+use crate::plan::{Group, Plan, PlanSeq, Resident, PLAN_VERSION};
 
 use crate::balance::libra::MAX_WORKERS;
 
@@ -143,49 +143,7 @@ pub fn to_plan<M: LatencyModel + ?Sized>(
             }
         };
         shardings.push(sharding);
-        let mut starts = Vec::with_capacity(samples.len());
-        let mut at = 0u64;
-        for x in &samples {
-            starts.push(at);
-            at += u64::from(x.len);
-        }
-        // pieces as global position ranges on their rank, in position order, merged
-        let mut ranges: Vec<(u64, u64, u32)> = ranks
-            .iter()
-            .enumerate()
-            .flat_map(|(r, pieces)| {
-                let (starts, workers) = (&starts, &workers);
-                pieces.iter().map(move |pc| {
-                    let a = starts[pc.sample] + u64::from(pc.start);
-                    (a, a + u64::from(pc.len), workers[r])
-                })
-            })
-            .filter(|r| r.0 < r.1)
-            .collect();
-        ranges.sort_unstable();
-        let mut layout: Vec<Resident> = Vec::with_capacity(ranges.len());
-        for (start, end, worker) in ranges {
-            match layout.last_mut() {
-                Some(last) if last.worker == worker && last.end == start => last.end = end,
-                _ => layout.push(Resident { start, end, worker }),
-            }
-        }
-        let units: Vec<UnitSpec> = layout
-            .iter()
-            .map(|r| UnitSpec {
-                seq: 0,
-                q_start: r.start,
-                q_end: r.end,
-                shard: 0,
-                worker: r.worker,
-            })
-            .collect();
-        let seq = PlanSeq {
-            id: m32,
-            samples: samples.iter().map(|x| x.len).collect(),
-            capacity: p.s_max,
-            layout,
-        };
+        let lens: Vec<u32> = samples.iter().map(|x| x.len).collect();
         let site = GroupSite {
             ga,
             pool: replica,
@@ -194,7 +152,7 @@ pub fn to_plan<M: LatencyModel + ?Sized>(
             head_shards: 1,
             kv: KvReach::AllGather,
         };
-        groups.push(build_group(&site, vec![seq], &units));
+        groups.push(sharded_group(&site, m32, lens, p.s_max, &ranks));
     }
     Ok(WlbPlan {
         plan: Plan {
@@ -207,6 +165,64 @@ pub fn to_plan<M: LatencyModel + ?Sized>(
         },
         shardings,
     })
+}
+
+/// One sequence (Plan id `id`, sample lengths `lens`, capacity `capacity`) sharded over
+/// `site.workers` as `ranks` says (rank i's pieces on worker i) as a plan group: each
+/// piece's Q, K and V live on its rank, each maximal run of positions on one rank is one
+/// unit over all heads (H = 1) computed where it lives, and KV moves as `site.kv` says.
+pub fn sharded_group(
+    site: &GroupSite<'_>,
+    id: u32,
+    lens: Vec<u32>,
+    capacity: u32,
+    ranks: &CpRanks,
+) -> Group {
+    let mut starts = Vec::with_capacity(lens.len());
+    let mut at = 0u64;
+    for &l in &lens {
+        starts.push(at);
+        at += u64::from(l);
+    }
+    // pieces as global position ranges on their rank, in position order, merged
+    let mut ranges: Vec<(u64, u64, u32)> = ranks
+        .iter()
+        .enumerate()
+        .flat_map(|(r, pieces)| {
+            let starts = &starts;
+            let w = site.workers[r];
+            pieces.iter().map(move |pc| {
+                let a = starts[pc.sample] + u64::from(pc.start);
+                (a, a + u64::from(pc.len), w)
+            })
+        })
+        .filter(|r| r.0 < r.1)
+        .collect();
+    ranges.sort_unstable();
+    let mut layout: Vec<Resident> = Vec::with_capacity(ranges.len());
+    for (start, end, worker) in ranges {
+        match layout.last_mut() {
+            Some(last) if last.worker == worker && last.end == start => last.end = end,
+            _ => layout.push(Resident { start, end, worker }),
+        }
+    }
+    let units: Vec<UnitSpec> = layout
+        .iter()
+        .map(|r| UnitSpec {
+            seq: 0,
+            q_start: r.start,
+            q_end: r.end,
+            shard: 0,
+            worker: r.worker,
+        })
+        .collect();
+    let seq = PlanSeq {
+        id,
+        samples: lens,
+        capacity,
+        layout,
+    };
+    build_group(site, vec![seq], &units)
 }
 
 #[cfg(test)]
