@@ -543,10 +543,7 @@ mod tests {
         .unwrap();
         assert_eq!(sched.counts(2), vec![1, 2]);
         let plan = to_plan(0, &sched, &cfg, &cost.attn());
-        let place = Placement {
-            gpus_per_node: 8,
-            nodes: 1,
-        };
+        let place = Placement::new(8, 1);
         let sg = dcp_step(&cost, par(2, 1, 1), place, &plan, 1000, &NoVariance).unwrap();
         assert_eq!((sg.map.par.dp, sg.map.par.cp, sg.map.par.ga), (2, 1, 2));
         assert_eq!(
