@@ -13,7 +13,7 @@ use std::collections::BinaryHeap;
 use std::sync::Arc;
 
 use crate::cluster::{LinkId, Route, Topology};
-use crate::net::{transfer_ps, GpuId, NetworkModel, Ps};
+use crate::net::{transfer_ps, FixedDurations, GpuId, NetworkModel, Ps};
 
 /// Alpha–beta model over a [`Topology`].
 #[derive(Clone, Debug)]
@@ -23,8 +23,6 @@ pub struct AnalyticalModel {
     local_latency: Ps,
     queue: BinaryHeap<Reverse<(Ps, u64, u64)>>,
     seq: u64,
-    /// Transfers whose endpoints were not GPUs of the topology (finished as local).
-    pub bad_endpoints: u64,
 }
 
 impl AnalyticalModel {
@@ -37,7 +35,6 @@ impl AnalyticalModel {
             local_latency: 0,
             queue: BinaryHeap::new(),
             seq: 0,
-            bad_endpoints: 0,
         }
     }
 
@@ -90,18 +87,24 @@ impl AnalyticalModel {
     }
 }
 
+impl FixedDurations for AnalyticalModel {
+    /// [`AnalyticalModel::transfer_time`] with the tag as ECMP flow id; endpoints that are
+    /// not GPUs of the topology finish as a local transfer.
+    fn duration(&self, src: GpuId, dst: GpuId, bytes: u64, tag: u64) -> Ps {
+        self.transfer_time(src, dst, bytes, tag)
+            .unwrap_or(self.local_latency)
+    }
+}
+
 impl NetworkModel for AnalyticalModel {
     fn start(&mut self, now: Ps, src: GpuId, dst: GpuId, bytes: u64, tag: u64) {
         self.seq += 1;
-        let d = match self.transfer_time(src, dst, bytes, tag) {
-            Some(d) => d,
-            None => {
-                self.bad_endpoints += 1;
-                self.local_latency
-            }
-        };
-        self.queue
-            .push(Reverse((now.saturating_add(d), self.seq, tag)));
+        let end = now.saturating_add(self.duration(src, dst, bytes, tag));
+        self.queue.push(Reverse((end, self.seq, tag)));
+    }
+
+    fn fixed_durations(&self) -> Option<&dyn FixedDurations> {
+        Some(self)
     }
 
     fn next_completion(&self) -> Option<Ps> {
@@ -151,7 +154,7 @@ mod tests {
         a.advance(5, &mut done);
         assert_eq!(done, vec![8]);
         assert_eq!(a.next_completion(), Some(21_000_005));
-        a.start(6, 0, 99, 10, 7);
-        assert_eq!(a.bad_endpoints, 1);
+        // An endpoint outside the topology finishes as a local transfer.
+        assert_eq!(a.duration(0, 99, 10, 7), 0);
     }
 }
