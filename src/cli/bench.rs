@@ -37,7 +37,7 @@ pub const ARMS: &[Arm] = &[
     Arm {
         name: "vrsp-1m",
         what: "VRSP (Libra Alg. 1) over D = 1,000,000 sequences, P = 8",
-        target_s: Some(1.0),
+        target_s: Some(0.2),
         runs: 5,
         setup: vrsp_1m,
     },
@@ -58,7 +58,7 @@ pub const ARMS: &[Arm] = &[
     Arm {
         name: "distca-512-cp8",
         what: "DistCA scheduler, 64 replicas × CP 8 = 512 servers, GBS 512 × 128K (wlbllm), GA 8",
-        target_s: Some(0.1),
+        target_s: Some(0.05),
         runs: 20,
         setup: super::bench_schemes::distca_512_cp8,
     },
@@ -177,7 +177,7 @@ pub const ARMS: &[Arm] = &[
     Arm {
         name: "libra-tap-1m",
         what: "TAP tiling + Algorithm 2 placement of one 1M-token pool (P=8, CP=16, B=4096, H=4)",
-        target_s: Some(0.05),
+        target_s: Some(0.01),
         runs: 11,
         setup: super::bench_libra::tap_pool_1m,
     },

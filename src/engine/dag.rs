@@ -182,12 +182,13 @@ impl Dag<'_> {
     }
 }
 
+// Converted in place (same layout), so no second copy is ever held.
 fn atomics32(v: Vec<u32>) -> Vec<AtomicU32> {
     v.into_iter().map(AtomicU32::new).collect()
 }
 
 fn atomics64(n: usize, x: u64) -> Vec<AtomicU64> {
-    (0..n).map(|_| AtomicU64::new(x)).collect()
+    (0..n).into_par_iter().map(|_| AtomicU64::new(x)).collect()
 }
 
 fn plain64(v: Vec<AtomicU64>) -> Vec<u64> {
@@ -207,7 +208,10 @@ pub fn run_dag(g: &Graph, net: &dyn FixedDurations) -> Result<Timeline> {
             wait[op.next as usize] += 1;
         }
     }
-    let mut frontier: Vec<OpId> = (0..n as OpId).filter(|&o| wait[o as usize] == 0).collect();
+    let mut frontier: Vec<OpId> = (0..n as OpId)
+        .into_par_iter()
+        .filter(|&o| wait[o as usize] == 0)
+        .collect();
     let peers = |k: u32| 1 + g.part_nbrs(k).len() as u32;
     let dag = Dag {
         g,

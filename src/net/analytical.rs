@@ -19,7 +19,10 @@ use crate::net::{transfer_ps, FixedDurations, GpuId, NetworkModel, Ps};
 #[derive(Clone, Debug)]
 pub struct AnalyticalModel {
     topo: Arc<Topology>,
-    scale: Vec<f64>,
+    /// Per link: its capacity now (nominal × efficiency × any fault scale) and its latency, kept
+    /// apart from the topology's link records so a route touches two small arrays.
+    cap: Vec<f64>,
+    lat: Vec<Ps>,
     local_latency: Ps,
     queue: BinaryHeap<Reverse<(Ps, u64, u64)>>,
     seq: u64,
@@ -28,10 +31,12 @@ pub struct AnalyticalModel {
 impl AnalyticalModel {
     /// The model over `topo`; local transfers (`src == dst`, 0 bytes) take 0 ps.
     pub fn new(topo: Arc<Topology>) -> AnalyticalModel {
-        let scale = vec![1.0; topo.links.len()];
+        let cap = topo.links.iter().map(|l| l.capacity()).collect();
+        let lat = topo.links.iter().map(|l| l.latency).collect();
         AnalyticalModel {
             topo,
-            scale,
+            cap,
+            lat,
             local_latency: 0,
             queue: BinaryHeap::new(),
             seq: 0,
@@ -52,14 +57,15 @@ impl AnalyticalModel {
     /// Run `link` at `scale` × its bandwidth for transfers started from now on (fault
     /// injection; `scale` in (0, 1]).
     pub fn scale_link(&mut self, _now: Ps, link: LinkId, scale: f64) {
-        if let Some(s) = self.scale.get_mut(link as usize) {
-            *s = scale;
+        let l = link as usize;
+        if let (Some(c), Some(link)) = (self.cap.get_mut(l), self.topo.links.get(l)) {
+            *c = link.capacity() * scale;
         }
     }
 
     /// Capacity of `link` now, bytes/s.
     pub fn link_capacity(&self, link: LinkId) -> f64 {
-        self.topo.links[link as usize].capacity() * self.scale[link as usize]
+        self.cap[link as usize]
     }
 
     /// Bottleneck capacity of a route, bytes/s.
@@ -75,9 +81,8 @@ impl AnalyticalModel {
         if bytes == 0 || r.links().is_empty() {
             return self.local_latency;
         }
-        self.topo
-            .route_latency(r)
-            .saturating_add(transfer_ps(bytes as f64, self.route_capacity(r)))
+        let alpha: Ps = r.links().iter().map(|&l| self.lat[l as usize]).sum();
+        alpha.saturating_add(transfer_ps(bytes as f64, self.route_capacity(r)))
     }
 
     /// Duration of a transfer from `src` to `dst` (ECMP choice by `flow_id`).
