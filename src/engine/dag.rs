@@ -246,7 +246,8 @@ pub fn run_dag(g: &Graph, net: &dyn FixedDurations) -> Result<Timeline> {
             .collect();
         frontier = rounds.concat();
     }
-    for s in 0..g.streams.len() as u32 {
+    let finished = dag.wait.par_iter().all(|w| w.load(Relaxed) == DONE);
+    for s in (0..g.streams.len() as u32).filter(|_| !finished) {
         if let Some(&op) = g
             .stream_ops(s)
             .iter()
