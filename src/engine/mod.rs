@@ -23,6 +23,10 @@
 //!    own transfers and every peer's have landed — no barrier across the whole group.
 //!
 //! # Performance
+//! With a network model whose transfer durations are fixed by the transfer alone (the
+//! analytical model), [`run`] needs no events: [`dag::run_dag`] times the graph by one
+//! parallel sweep in topological order, equal to the event engine to the picosecond. With
+//! the flow model, [`run_events`] runs.
 //! Events are small `Copy` values in one `BinaryHeap` keyed by (time, sequence number), so
 //! equal times pop in FIFO order and runs are deterministic. All state lives in `Vec`s
 //! indexed by op, stream and collective ids (arena style); nothing is allocated per event.
