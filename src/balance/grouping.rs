@@ -176,10 +176,16 @@ pub fn vrsp(loads: &[u64], pool_size: usize) -> Result<Vec<Vec<usize>>> {
 
 /// Sequence indices by load descending, index ascending (Algorithm 1, line 4).
 fn heavy_first(loads: &[u64]) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..loads.len()).collect();
-    // Keys are unique (the index breaks ties), so an unstable sort is deterministic.
-    order.sort_unstable_by_key(|&i| (Reverse(loads[i]), i));
-    order
+    use rayon::slice::ParallelSliceMut;
+    // The keys themselves are sorted (no lookup per comparison). They are unique (the
+    // index breaks ties), so an unstable parallel sort is deterministic at any thread count.
+    let mut keys: Vec<(Reverse<u64>, usize)> = loads
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| (Reverse(l), i))
+        .collect();
+    keys.par_sort_unstable();
+    keys.into_iter().map(|(_, i)| i).collect()
 }
 
 fn vrsp_unchecked(loads: &[u64], pool_size: usize, k: usize) -> Vec<Vec<usize>> {

@@ -12,8 +12,11 @@ use std::time::Instant;
 
 use skewsim::cluster::{Topology, TopologySpec};
 use skewsim::cost::{CostModel, ModelConfig};
+use skewsim::engine::dag::run_dag;
 use skewsim::engine::stub_net::StubNet;
-use skewsim::engine::{run as run_graph, GraphBuilder, OpClass, OpKind, OpLabel, StreamKind};
+use skewsim::engine::{
+    run as run_graph, run_events, GraphBuilder, OpClass, OpKind, OpLabel, StreamKind,
+};
 use skewsim::net::{AnalyticalModel, FlowModel, NetworkModel};
 use skewsim::report::step::step_report;
 use skewsim::schedule::train::split_replicas;
@@ -89,9 +92,11 @@ fn dgx(nodes: u32) -> Result<Arc<Topology>> {
 /// qwen3-30b-a3b with Ulysses (PP 1, 1F1B, ZeRO-3, 8 gradient buckets) on nodes of 8
 /// GPUs: the cost model, the rank map and one global batch of `corpus` packed to `seq_len`,
 /// split into DP replicas of GA micro-batches.
+#[allow(clippy::too_many_arguments)]
 fn qwen_step_input(
     dp: u32,
     cp: u32,
+    tp: u32,
     ga: u32,
     seq_len: u32,
     recompute: bool,
@@ -108,7 +113,7 @@ fn qwen_step_input(
         recompute,
         zero_stage: 3,
         dp_buckets: 8,
-        tp: 1,
+        tp,
         sp: true,
         tp_overlap: false,
         ep: 1,
@@ -132,7 +137,7 @@ fn qwen_step_input(
 pub fn full_step(dp: u32, cp: u32, ga: u32, seq_len: u32) -> Result<Vec<BenchRow>> {
     // Documents: lognormal, median 1,024 tokens, σ 1.6 (ln 1024 = 6.9315).
     let corpus = "lognormal:mu=6.9315,sigma=1.6";
-    let (cost, map, batch) = qwen_step_input(dp, cp, ga, seq_len, false, corpus, 1)?;
+    let (cost, map, batch) = qwen_step_input(dp, cp, 1, ga, seq_len, false, corpus, 1)?;
     let gpus = map.gpus();
     let (t0, c0) = (Instant::now(), thread_cpu_s());
     let sg = build_step(&cost, map, &batch, 0, &NoVariance)?;
@@ -271,29 +276,80 @@ pub fn arm_engine_throughput() -> Result<Timed> {
     }))
 }
 
-fn arm_step(gpus: u32, flow: bool) -> Result<Timed> {
-    let (dp, cp, ga, seq_len) = (gpus / 16, 16, 8, 262_144);
-    let (cost, map, batch) = qwen_step_input(dp, cp, ga, seq_len, true, "libra-256k", 0)?;
+/// CPU time of this whole process (all threads) so far, in seconds (Linux `/proc/self/stat`,
+/// clock ticks of 10 ms).
+fn process_cpu_s() -> f64 {
+    std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| {
+            // Fields after the command name (which may hold spaces): utime and stime are
+            // the 12th and 13th.
+            let rest = s.rsplit_once(')')?.1;
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            let ticks = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+            Some(ticks / 100.0)
+        })
+        .unwrap_or(f64::NAN)
+}
+
+/// Wall and process CPU seconds of `f`.
+fn timed<T>(f: impl FnOnce() -> Result<T>) -> Result<(T, f64, f64)> {
+    let (t0, c0) = (Instant::now(), process_cpu_s());
+    let v = f()?;
+    Ok((v, t0.elapsed().as_secs_f64(), process_cpu_s() - c0))
+}
+
+fn arm_step(gpus: u32, flow: bool, tp: u32) -> Result<Timed> {
+    // TP 8 leaves 4 query heads per rank: Ulysses' CP 4.
+    let (cp, ga, seq_len) = (16 / tp.min(4), 8, 262_144);
+    let dp = gpus / (cp * tp);
+    let (cost, map, batch) = qwen_step_input(dp, cp, tp, ga, seq_len, true, "libra-256k", 0)?;
     let topo = dgx(gpus.div_ceil(8))?;
     Ok(Box::new(move || {
-        let sg = build_step(&cost, map, &batch, 0, &NoVariance)?;
-        let t0 = Instant::now();
+        let (sg, t_build, c_build) = timed(|| Ok(build_step(&cost, map, &batch, 0, &NoVariance)?))?;
         let mut net: Box<dyn NetworkModel> = if flow {
             Box::new(FlowModel::new(topo.clone()))
         } else {
             Box::new(AnalyticalModel::new(topo.clone()))
         };
-        let tl = run_graph(&sg.graph, net.as_mut())?;
-        let s = t0.elapsed().as_secs_f64();
-        let rep = step_report(&sg, &tl, &cost, 0);
+        let engine = if net.fixed_durations().is_some() {
+            "DAG sweep"
+        } else {
+            "event engine"
+        };
+        let (tl, t_run, c_run) = timed(|| Ok(run_graph(&sg.graph, net.as_mut())?))?;
+        let (rep, t_rep, c_rep) = timed(|| Ok(step_report(&sg, &tl, &cost, 0)))?;
         Ok(format!(
-            "{gpus} GPUs (CP {cp}, DP {dp}, GA {ga}, libra-256k, {} network): {} ops, {} events, simulate {:.1} M events/s, simulated iteration {:.1} s, peak RSS {:.2} GiB",
+            "{gpus} GPUs (TP {tp}, CP {cp}, DP {dp}, GA {ga}, libra-256k, {} network, {engine}): {} ops, {} events; build {t_build:.2} s ({c_build:.2} cpu), simulate {t_run:.2} s ({c_run:.2} cpu), report {t_rep:.2} s ({c_rep:.2} cpu); simulated iteration {:.1} s, peak RSS {:.2} GiB",
             if flow { "flow" } else { "analytical" },
             sg.graph.ops.len(),
             tl.events,
-            tl.events as f64 / s / 1e6,
             rep.iteration as f64 * 1e-12,
             peak_rss_gib()
+        ))
+    }))
+}
+
+/// Arm `engine-fast-path`: the step-4096 graph timed by the event engine and by the DAG
+/// sweep (built untimed); the timed run is both; errors unless the timelines are equal.
+pub fn arm_engine_fast_path() -> Result<Timed> {
+    let (dp, cp, ga, seq_len) = (256, 16, 8, 262_144);
+    let (cost, map, batch) = qwen_step_input(dp, cp, 1, ga, seq_len, true, "libra-256k", 0)?;
+    let topo = dgx(512)?;
+    let sg = build_step(&cost, map, &batch, 0, &NoVariance)?;
+    Ok(Box::new(move || {
+        let net = AnalyticalModel::new(topo.clone());
+        let (ev, t_ev, c_ev) = timed(|| Ok(run_events(&sg.graph, &mut net.clone())?))?;
+        let (dag, t_dag, c_dag) = timed(|| Ok(run_dag(&sg.graph, &net)?))?;
+        anyhow::ensure!(
+            ev == dag,
+            "the DAG sweep's timeline differs from the event engine's"
+        );
+        Ok(format!(
+            "4096 GPUs, {} ops, {} events: event engine {t_ev:.2} s ({c_ev:.2} cpu), DAG sweep {t_dag:.2} s ({c_dag:.2} cpu), {:.1}x; timelines equal",
+            sg.graph.ops.len(),
+            ev.events,
+            t_ev / t_dag
         ))
     }))
 }
@@ -302,24 +358,33 @@ fn arm_step(gpus: u32, flow: bool) -> Result<Timed> {
 /// GA 8, libra-256k at L = 256K, all layers fwd + bwd, every rank): build + simulate +
 /// report.
 pub fn arm_step_4096() -> Result<Timed> {
-    arm_step(4096, false)
+    arm_step(4096, false, 1)
+}
+
+/// Arm `step-4096-tp8`: the step-4096 step under tensor parallelism: TP 8 inside each node
+/// (sequence parallel: every layer's TP all-gathers and reduce-scatters), CP 4, DP 128.
+pub fn arm_step_4096_tp8() -> Result<Timed> {
+    arm_step(4096, false, 8)
 }
 
 /// Arm `step-4096-flow`: the same step on the flow-level network model.
 pub fn arm_step_4096_flow() -> Result<Timed> {
-    arm_step(4096, true)
+    arm_step(4096, true, 1)
 }
 
 /// Arm `step-16384`: the same on 16,384 GPUs (DP 1,024).
 pub fn arm_step_16384() -> Result<Timed> {
-    arm_step(16384, false)
+    arm_step(16384, false, 1)
 }
 
-/// Arm `engine-scaling`: wall time of one full step against GPU count (256 … 16,384) and
+/// Arm `engine-scaling`: wall time of one full step against GPU count (256 … 65,536) and
 /// the fitted exponent.
 pub fn arm_engine_scaling() -> Result<Timed> {
     Ok(Box::new(|| {
-        let rows = scaling(&[256, 512, 1024, 2048, 4096, 8192, 16384], 262_144)?;
+        let rows = scaling(
+            &[256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536],
+            262_144,
+        )?;
         let mut d = String::new();
         for r in &rows {
             let n = r.note.split_whitespace().next().unwrap_or("?");
@@ -333,4 +398,118 @@ pub fn arm_engine_scaling() -> Result<Timed> {
         }
         Ok(d)
     }))
+}
+
+/// Arm `step-65536`: the step-4096 step on 65,536 GPUs (DP 4,096).
+pub fn arm_step_65536() -> Result<Timed> {
+    arm_step(65536, false, 1)
+}
+
+/// Arm `step-16384-speedup`: the step-16384 step (built once, untimed) simulated and
+/// reported in a pool of one thread and in the default pool (every core, or
+/// `RAYON_NUM_THREADS`); the timed run is both; errors unless the reports are equal.
+pub fn arm_step_16384_speedup() -> Result<Timed> {
+    let (dp, cp, ga, seq_len) = (1024, 16, 8, 262_144);
+    let (cost, map, batch) = qwen_step_input(dp, cp, 1, ga, seq_len, true, "libra-256k", 0)?;
+    let topo = dgx(2048)?;
+    let sg = build_step(&cost, map, &batch, 0, &NoVariance)?;
+    Ok(Box::new(move || {
+        let step = || -> Result<_> {
+            let tl = run_graph(&sg.graph, &mut AnalyticalModel::new(topo.clone()))?;
+            Ok(step_report(&sg, &tl, &cost, 0))
+        };
+        let one = rayon::ThreadPoolBuilder::new().num_threads(1).build()?;
+        let (r1, t1, _) = timed(|| one.install(step))?;
+        let (rn, tn, _) = timed(step)?;
+        anyhow::ensure!(r1 == rn, "the step's report depends on the thread count");
+        Ok(format!(
+            "16384 GPUs, {} ops: simulate + report {t1:.2} s on 1 thread, {tn:.2} s on {} threads: {:.1}x (target >= 6x on 16 cores)",
+            sg.graph.ops.len(),
+            rayon::current_num_threads(),
+            t1 / tn
+        ))
+    }))
+}
+
+/// One step of each of the four schemes (Ulysses, WLB-LLM, DistCA, Libra) on `gpus` GPUs
+/// of DGX H200 + RoCE, analytical network: llama3-8b, CP 8, GA 8, full recomputation,
+/// ZeRO-3, wlbllm corpus at L = 128K (the four-way experiment's settings), planning and
+/// simulation timed, the global batch drawn untimed.
+fn schemes(gpus: u32) -> Result<Timed> {
+    use skewsim::balance::libra::LibraParams;
+    use skewsim::balance::schemes::{Scheme, SchemePlanner, SchemeSettings};
+    use skewsim::schedule::compare::simulate_scheme_step;
+    let (cp, ga, seq_len) = (8, 8, 131_072);
+    let dp = gpus / cp;
+    let cost = CostModel::h200(ModelConfig::builtin("llama3-8b")?)?;
+    let base = Parallelism {
+        recompute: true,
+        zero_stage: 3,
+        dp_buckets: 4,
+        ..Parallelism::plain(dp, 1, cp, ga)
+    };
+    let place = Placement::new(8, gpus / 8);
+    let mut set = SchemeSettings {
+        cp,
+        libra: LibraParams {
+            pool_size: 4,
+            head_shards: 4,
+            tile_tokens: 4096,
+            chunks: 2,
+            ..LibraParams::default()
+        },
+        seed: 1,
+        ..SchemeSettings::default()
+    };
+    set.libra.cp = cp;
+    let gbs = (dp * ga) as usize;
+    let global = global_batch(
+        &Corpus::from_spec("wlbllm")?,
+        seq_len,
+        gbs,
+        Packing::Sequential,
+        1,
+        0,
+    )?;
+    let topo = dgx(gpus / 8)?;
+    Ok(Box::new(move || {
+        let mut d = Vec::new();
+        for sc in Scheme::ALL {
+            let (r, t, _) = timed(|| {
+                let mut planner = SchemePlanner::new(sc, set.clone(), &cost, dp, gbs, seq_len)?;
+                let mut net = AnalyticalModel::new(topo.clone());
+                Ok(simulate_scheme_step(
+                    &cost,
+                    &mut planner,
+                    &set,
+                    base,
+                    place,
+                    0,
+                    &global,
+                    &mut net,
+                    &NoVariance,
+                )?)
+            })?;
+            d.push(format!(
+                "{} {t:.1} s (iteration {:.2} s)",
+                sc.name(),
+                r.report.iteration as f64 * 1e-12
+            ));
+        }
+        Ok(format!(
+            "{gpus} GPUs (CP {cp}, DP {dp}, GA {ga}, llama3-8b, wlbllm 128K): {}; peak RSS {:.2} GiB",
+            d.join(", "),
+            peak_rss_gib()
+        ))
+    }))
+}
+
+/// Arm `schemes-4096`: [`schemes`] on 4,096 GPUs (DP 512).
+pub fn arm_schemes_4096() -> Result<Timed> {
+    schemes(4096)
+}
+
+/// Arm `schemes-16384`: [`schemes`] on 16,384 GPUs (DP 2,048).
+pub fn arm_schemes_16384() -> Result<Timed> {
+    schemes(16384)
 }

@@ -24,6 +24,10 @@
 //!    own transfers and every peer's have landed — no barrier across the whole group.
 //!
 //! # Performance
+//! With a network model whose transfer durations are fixed by the transfer alone (the
+//! analytical model), [`run`] needs no events: [`dag::run_dag`] times the graph by one
+//! parallel sweep in topological order, equal to the event engine to the picosecond. With
+//! the flow model, [`run_events`] runs.
 //! Events are small `Copy` values in one `BinaryHeap` keyed by (time, sequence number), so
 //! equal times pop in FIFO order and runs are deterministic. All state lives in `Vec`s
 //! indexed by op, stream and collective ids (arena style); nothing is allocated per event.
@@ -31,6 +35,7 @@
 //! Architecture invariant: simulated time is integer picoseconds and every tie is broken
 //! by (time, sequence number), so the same graph and network give the same timeline.
 
+pub mod dag;
 pub mod stub_net;
 
 use std::cmp::Reverse;
@@ -822,11 +827,51 @@ impl Sim<'_, '_> {
     }
 }
 
-/// Run `g` on `net` from time 0 and record every op's start and end.
+/// Run `g` on `net` from time 0 and record every op's start and end: by one sweep of the
+/// DAG ([`dag::run_dag`]) when the model fixes every transfer's duration by the transfer
+/// alone ([`NetworkModel::fixed_durations`]), else by the event engine ([`run_events`]).
+/// Both give the same timeline.
 ///
 /// Errors when the graph cannot finish (a stream's head waits on an op that never runs,
 /// or a collective whose parts are not all issued): the message names the stuck op.
 pub fn run(g: &Graph, net: &mut dyn NetworkModel) -> Result<Timeline> {
+    let Some(d) = net.fixed_durations() else {
+        return run_events(g, net);
+    };
+    let t = dag::run_dag(g, d);
+    // In the crate's own tests every step simulated through here is also a differential
+    // test of the DAG sweep against the event engine.
+    #[cfg(test)]
+    assert_eq!(
+        t,
+        run_events(g, net),
+        "the DAG sweep and the event engine disagree"
+    );
+    t
+}
+
+/// The error for a graph that cannot finish: stream `s`'s op `op` never ran.
+fn stuck_error(g: &Graph, s: StreamId, op: OpId) -> crate::error::Error {
+    let o = g.ops[op as usize];
+    let si = s as usize;
+    invalid(
+        "op graph",
+        format!(
+            "op {op} ({} mb {} layer {}) on GPU {} {} never ran",
+            o.label.class.name(),
+            o.label.mb,
+            o.label.layer,
+            g.streams[si].gpu,
+            g.streams[si].kind.name()
+        ),
+        "a graph whose dependencies and collectives can all be met (no deadlock)",
+    )
+}
+
+/// The event engine: run `g` on `net` by processing events in (time, sequence) order. The
+/// reference for [`dag::run_dag`]; [`run`] picks it for models whose transfers share
+/// bandwidth.
+pub fn run_events(g: &Graph, net: &mut dyn NetworkModel) -> Result<Timeline> {
     let n = g.ops.len();
     let ns = g.streams.len();
     let nc = g.colls.len();
@@ -917,20 +962,7 @@ pub fn run(g: &Graph, net: &mut dyn NetworkModel) -> Result<Timeline> {
     }
     for s in 0..ns {
         if sim.st[s].head != OpId::MAX {
-            let op = sim.st[s].head;
-            let o = g.ops[op as usize];
-            return Err(invalid(
-                "op graph",
-                format!(
-                    "op {op} ({} mb {} layer {}) on GPU {} {} never ran",
-                    o.label.class.name(),
-                    o.label.mb,
-                    o.label.layer,
-                    g.streams[s].gpu,
-                    g.streams[s].kind.name()
-                ),
-                "a graph whose dependencies and collectives can all be met (no deadlock)",
-            ));
+            return Err(stuck_error(g, s as StreamId, sim.st[s].head));
         }
     }
     sim.t.makespan = sim.t.end.iter().copied().max().unwrap_or(0);

@@ -6,7 +6,7 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use crate::net::{GpuId, NetworkModel, Ps};
+use crate::net::{FixedDurations, GpuId, NetworkModel, Ps};
 
 /// Fixed alpha + bytes / bandwidth, intra- or inter-node.
 #[derive(Clone, Debug)]
@@ -61,11 +61,21 @@ impl StubNet {
     }
 }
 
+impl FixedDurations for StubNet {
+    fn duration(&self, src: GpuId, dst: GpuId, bytes: u64, _tag: u64) -> Ps {
+        StubNet::duration(self, src, dst, bytes)
+    }
+}
+
 impl NetworkModel for StubNet {
     fn start(&mut self, now: Ps, src: GpuId, dst: GpuId, bytes: u64, tag: u64) {
         self.seq += 1;
-        let t = now + self.duration(src, dst, bytes);
+        let t = now.saturating_add(StubNet::duration(self, src, dst, bytes));
         self.active.push(Reverse((t, self.seq, tag)));
+    }
+
+    fn fixed_durations(&self) -> Option<&dyn FixedDurations> {
+        Some(self)
     }
 
     fn next_completion(&self) -> Option<Ps> {

@@ -413,3 +413,167 @@ fn grouped_p2p_wait_ends_when_the_last_peer_arrives() {
     assert_eq!(g.xfer_start(&t, p[1]), 300);
     assert_eq!(g.xfer_start(&t, p[2]), 5);
 }
+
+/// The DAG sweep against the event engine on random graphs: compute ops (some of zero
+/// time), sends (some local or empty), whole-group collectives and grouped send/recv over
+/// random GPU subsets, random dependencies (some forward, so some graphs deadlock), on the
+/// stub and on the analytical model of a topology with random links slowed (faults) and
+/// ECMP routes picked by tag. Timelines (or errors) must be equal, and equal at 1 and 4
+/// threads.
+mod differential {
+    use super::*;
+    use crate::cluster::{Topology, TopologySpec};
+    use crate::net::AnalyticalModel;
+    use rand::Rng;
+    use std::sync::Arc;
+
+    fn random_graph(seed: u64, gpus: u32) -> Graph {
+        let mut rng = crate::rng::stream(seed, "engine-differential", 0);
+        let mut b = GraphBuilder::default();
+        let streams: Vec<[StreamId; 3]> = (0..gpus)
+            .map(|g| {
+                [
+                    b.add_stream(g, StreamKind::Compute),
+                    b.add_stream(g, StreamKind::CpComm),
+                    b.add_stream(g, StreamKind::DpComm),
+                ]
+            })
+            .collect();
+        let bytes = |rng: &mut rand_chacha::ChaCha8Rng| match rng.random_range(0..8) {
+            0 => 0,
+            1 => 1,
+            _ => rng.random_range(1..50_000_000u64),
+        };
+        let steps = rng.random_range(1..40);
+        let mut late: Vec<(OpId, OpId)> = Vec::new();
+        for _ in 0..steps {
+            let n = b.len() as u32;
+            let dep = |rng: &mut rand_chacha::ChaCha8Rng| -> Vec<OpId> {
+                (0..rng.random_range(0..3))
+                    .filter(|_| n > 0)
+                    .map(|_| rng.random_range(0..n))
+                    .collect::<std::collections::BTreeSet<_>>()
+                    .into_iter()
+                    .collect()
+            };
+            let g = rng.random_range(0..gpus);
+            match rng.random_range(0..6) {
+                0 | 1 => {
+                    let d = match rng.random_range(0..5) {
+                        0 => 0,
+                        _ => rng.random_range(1..3_000_000u64),
+                    };
+                    let deps = dep(&mut rng);
+                    b.add_op(
+                        streams[g as usize][0],
+                        OpKind::Compute(d),
+                        lab(OpClass::LinearFwd),
+                        &deps,
+                    );
+                }
+                2 => {
+                    let x = b.add_xfer(Xfer {
+                        src: g,
+                        dst: rng.random_range(0..gpus),
+                        bytes: bytes(&mut rng),
+                    });
+                    let s = streams[g as usize][rng.random_range(1..3)];
+                    let deps = dep(&mut rng);
+                    b.add_op(s, OpKind::Send(x), lab(OpClass::PpSendFwd), &deps);
+                }
+                k => {
+                    let members: Vec<GpuId> = (0..gpus)
+                        .filter(|&m| m == g || rng.random_bool(0.5))
+                        .collect();
+                    let mut xfers = Vec::new();
+                    let mut pairs = Vec::new();
+                    for _ in 0..rng.random_range(0..2 * members.len()) {
+                        let (s, d) = (
+                            members[rng.random_range(0..members.len())],
+                            members[rng.random_range(0..members.len())],
+                        );
+                        xfers.push(Xfer {
+                            src: s,
+                            dst: d,
+                            bytes: bytes(&mut rng),
+                        });
+                        pairs.push((s, d));
+                    }
+                    let c = if k == 5 {
+                        b.add_grouped_p2p(&xfers, &pairs)
+                    } else {
+                        b.add_collective(&xfers)
+                    };
+                    let kind = rng.random_range(1..3);
+                    for &m in &members {
+                        let deps = dep(&mut rng);
+                        b.add_op(
+                            streams[m as usize][kind],
+                            OpKind::Coll(c),
+                            lab(OpClass::A2aIn),
+                            &deps,
+                        );
+                    }
+                }
+            }
+            if n > 1 && rng.random_bool(0.03) {
+                // A dependency on a later op: may close a cycle.
+                late.push((rng.random_range(n / 2..n), rng.random_range(0..n / 2)));
+            }
+        }
+        for (d, s) in late {
+            b.add_dep(d, s);
+        }
+        b.build().unwrap()
+    }
+
+    fn topo() -> Arc<Topology> {
+        let text = include_str!("../../topologies/test-small.toml");
+        Arc::new(
+            TopologySpec::parse(text, "test-small")
+                .unwrap()
+                .build(None)
+                .unwrap(),
+        )
+    }
+
+    fn both(g: &Graph, net: &mut dyn NetworkModel) -> (Result<Timeline>, Result<Timeline>) {
+        let d = net.fixed_durations().expect("a model with fixed durations");
+        let in_pool = |threads| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap()
+                .install(|| dag::run_dag(g, d))
+        };
+        let (one, four) = (in_pool(1), in_pool(4));
+        assert_eq!(one, four, "the DAG sweep depends on the thread count");
+        (one, run_events(g, net))
+    }
+
+    #[test]
+    fn dag_sweep_equals_the_event_engine_on_random_graphs() {
+        let topo = topo();
+        let (mut ok, mut stuck) = (0, 0);
+        for seed in 0..400u64 {
+            let gpus = 1 + (seed % 16) as u32;
+            let g = random_graph(seed, gpus);
+            let (dag, ev) = both(&g, &mut net());
+            assert_eq!(dag, ev, "stub network, seed {seed}");
+            let mut a = AnalyticalModel::new(topo.clone());
+            let mut rng = crate::rng::stream(seed, "engine-differential-faults", 0);
+            for _ in 0..rng.random_range(0..6) {
+                let l = rng.random_range(0..topo.links.len() as u32);
+                a.set_link_scale(0, l, rng.random_range(0.05..1.0));
+            }
+            let (dag, ev) = both(&g, &mut a);
+            assert_eq!(dag, ev, "analytical network, seed {seed}");
+            match ev {
+                Ok(_) => ok += 1,
+                Err(_) => stuck += 1,
+            }
+        }
+        // Both outcomes are exercised.
+        assert!(ok > 100 && stuck > 20, "{ok} finished, {stuck} stuck");
+    }
+}

@@ -13,31 +13,33 @@ use std::collections::BinaryHeap;
 use std::sync::Arc;
 
 use crate::cluster::{LinkId, Route, Topology};
-use crate::net::{transfer_ps, GpuId, NetworkModel, Ps};
+use crate::net::{transfer_ps, FixedDurations, GpuId, NetworkModel, Ps};
 
 /// Alpha–beta model over a [`Topology`].
 #[derive(Clone, Debug)]
 pub struct AnalyticalModel {
     topo: Arc<Topology>,
-    scale: Vec<f64>,
+    /// Per link: its capacity now (nominal × efficiency × any fault scale) and its latency, kept
+    /// apart from the topology's link records so a route touches two small arrays.
+    cap: Vec<f64>,
+    lat: Vec<Ps>,
     local_latency: Ps,
     queue: BinaryHeap<Reverse<(Ps, u64, u64)>>,
     seq: u64,
-    /// Transfers whose endpoints were not GPUs of the topology (finished as local).
-    pub bad_endpoints: u64,
 }
 
 impl AnalyticalModel {
     /// The model over `topo`; local transfers (`src == dst`, 0 bytes) take 0 ps.
     pub fn new(topo: Arc<Topology>) -> AnalyticalModel {
-        let scale = vec![1.0; topo.links.len()];
+        let cap = topo.links.iter().map(|l| l.capacity()).collect();
+        let lat = topo.links.iter().map(|l| l.latency).collect();
         AnalyticalModel {
             topo,
-            scale,
+            cap,
+            lat,
             local_latency: 0,
             queue: BinaryHeap::new(),
             seq: 0,
-            bad_endpoints: 0,
         }
     }
 
@@ -55,14 +57,15 @@ impl AnalyticalModel {
     /// Run `link` at `scale` × its bandwidth for transfers started from now on (fault
     /// injection; `scale` in (0, 1]).
     pub fn scale_link(&mut self, _now: Ps, link: LinkId, scale: f64) {
-        if let Some(s) = self.scale.get_mut(link as usize) {
-            *s = scale;
+        let l = link as usize;
+        if let (Some(c), Some(link)) = (self.cap.get_mut(l), self.topo.links.get(l)) {
+            *c = link.capacity() * scale;
         }
     }
 
     /// Capacity of `link` now, bytes/s.
     pub fn link_capacity(&self, link: LinkId) -> f64 {
-        self.topo.links[link as usize].capacity() * self.scale[link as usize]
+        self.cap[link as usize]
     }
 
     /// Bottleneck capacity of a route, bytes/s.
@@ -78,9 +81,8 @@ impl AnalyticalModel {
         if bytes == 0 || r.links().is_empty() {
             return self.local_latency;
         }
-        self.topo
-            .route_latency(r)
-            .saturating_add(transfer_ps(bytes as f64, self.route_capacity(r)))
+        let alpha: Ps = r.links().iter().map(|&l| self.lat[l as usize]).sum();
+        alpha.saturating_add(transfer_ps(bytes as f64, self.route_capacity(r)))
     }
 
     /// Duration of a transfer from `src` to `dst` (ECMP choice by `flow_id`).
@@ -90,18 +92,24 @@ impl AnalyticalModel {
     }
 }
 
+impl FixedDurations for AnalyticalModel {
+    /// [`AnalyticalModel::transfer_time`] with the tag as ECMP flow id; endpoints that are
+    /// not GPUs of the topology finish as a local transfer.
+    fn duration(&self, src: GpuId, dst: GpuId, bytes: u64, tag: u64) -> Ps {
+        self.transfer_time(src, dst, bytes, tag)
+            .unwrap_or(self.local_latency)
+    }
+}
+
 impl NetworkModel for AnalyticalModel {
     fn start(&mut self, now: Ps, src: GpuId, dst: GpuId, bytes: u64, tag: u64) {
         self.seq += 1;
-        let d = match self.transfer_time(src, dst, bytes, tag) {
-            Some(d) => d,
-            None => {
-                self.bad_endpoints += 1;
-                self.local_latency
-            }
-        };
-        self.queue
-            .push(Reverse((now.saturating_add(d), self.seq, tag)));
+        let end = now.saturating_add(self.duration(src, dst, bytes, tag));
+        self.queue.push(Reverse((end, self.seq, tag)));
+    }
+
+    fn fixed_durations(&self) -> Option<&dyn FixedDurations> {
+        Some(self)
     }
 
     fn next_completion(&self) -> Option<Ps> {
@@ -151,7 +159,7 @@ mod tests {
         a.advance(5, &mut done);
         assert_eq!(done, vec![8]);
         assert_eq!(a.next_completion(), Some(21_000_005));
-        a.start(6, 0, 99, 10, 7);
-        assert_eq!(a.bad_endpoints, 1);
+        // An endpoint outside the topology finishes as a local transfer.
+        assert_eq!(a.duration(0, 99, 10, 7), 0);
     }
 }

@@ -39,6 +39,24 @@ pub trait NetworkModel {
     fn set_link_scale(&mut self, now: Ps, link: u32, scale: f64) {
         let _ = (now, link, scale);
     }
+
+    /// The model's transfer durations when each is fixed by the transfer alone (never by
+    /// other traffic or by when it starts): the engine then times a graph as a DAG
+    /// (`engine::dag`), with no events. A model that returns them must finish every transfer
+    /// [`FixedDurations::duration`] after its start (adding with saturation). The default
+    /// (transfers share bandwidth) returns `None`.
+    fn fixed_durations(&self) -> Option<&dyn FixedDurations> {
+        None
+    }
+}
+
+/// Transfer durations that depend only on the transfer: the one definition of what a
+/// transfer costs in a model without contention, shared by its event-driven
+/// [`NetworkModel::start`] and the engine's DAG sweep.
+pub trait FixedDurations: Sync {
+    /// Picoseconds to move `bytes` from `src` to `dst`; `tag` as in
+    /// [`NetworkModel::start`] (a model may pick the route by it).
+    fn duration(&self, src: GpuId, dst: GpuId, bytes: u64, tag: u64) -> Ps;
 }
 
 pub mod analytical;

@@ -1,7 +1,8 @@
 //! Perfetto / Chrome trace (`trace.json`, the Trace Event Format): one process per node,
 //! one thread (track) per GPU stream, one complete ("X") event per op. Timestamps are
 //! microseconds printed exactly from integer picoseconds, so equal timelines give
-//! byte-identical files.
+//! byte-identical files. A trace may hold only the first GPUs (a sample of a large run);
+//! its `otherData` says which GPUs it holds out of how many.
 
 use crate::engine::{OpKind, Timeline};
 use crate::net::Ps;
@@ -19,7 +20,11 @@ pub fn chrome_trace(sg: &StepGraph, t: &Timeline, max_gpus: u32) -> String {
     } else {
         max_gpus.min(sg.map.gpus())
     };
-    let mut s = String::from("{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n");
+    let mut s = format!(
+        "{{\"displayTimeUnit\":\"ns\",\"otherData\":{{\"gpus_traced\":\"0-{}\",\"gpus\":{}}},\"traceEvents\":[\n",
+        n.saturating_sub(1),
+        sg.map.gpus()
+    );
     let mut first = true;
     let mut push = |s: &mut String, e: String| {
         if !first {
@@ -118,8 +123,11 @@ mod tests {
         let threads = ev.iter().filter(|e| e["name"] == "thread_name").count();
         assert_eq!((procs, threads), (2, 16));
         assert_eq!(us(1_234_567), "1.234567");
-        // Only the first GPU.
+        assert_eq!(v["otherData"]["gpus_traced"], "0-3");
+        // Only the first GPU, and the trace says so.
         let one: serde_json::Value = serde_json::from_str(&chrome_trace(&sg, &t, 1)).unwrap();
+        assert_eq!(one["otherData"]["gpus_traced"], "0-0");
+        assert_eq!(one["otherData"]["gpus"], 4);
         assert!(one["traceEvents"]
             .as_array()
             .unwrap()

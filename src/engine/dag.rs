@@ -1,0 +1,302 @@
+//! The exact fast path: a graph timed as a DAG, with no event queue.
+//!
+//! When the network model fixes each transfer's duration by the transfer alone
+//! ([`FixedDurations`]: the analytical model, the stub), nothing in a step depends on the
+//! order in which simultaneous events are handled, and every time is a max-plus function of
+//! earlier ones:
+//! - an op starts at the latest end among its stream predecessor and its dependencies (a
+//!   collective part: its arrival);
+//! - a compute op ends its duration later, a send its transfer's duration later;
+//! - a whole-group collective's transfers start at its last arrival and every part ends
+//!   the collective's latency after the last one lands (no transfer: after the last
+//!   arrival);
+//! - a grouped send/recv part's transfers start at the last arrival among it and its peers,
+//!   the part drains when they have landed, and it ends when it and every peer have
+//!   drained.
+//!
+//! [`run_dag`] evaluates these in topological order (Kahn): the event engine's timeline to
+//! the picosecond, with the same transfer durations (the model's one
+//! [`FixedDurations::duration`], called with the same tags) and the same event count.
+//!
+//! # Parallelism
+//! The sweep runs in rounds. The ops ready at the start of a round are processed in parallel
+//! (rayon); each follows its stream as long as the next op becomes ready, and the ops it
+//! makes ready elsewhere form the next round. Dependency counters and latest-end times are
+//! atomics; `max` and `+` do not care in which order they are applied, so the timeline is
+//! the same at any thread count, byte for byte.
+//!
+//! Architecture invariant: the same graph and durations give the event engine's timeline;
+//! a graph that cannot finish is the same error, naming the same stuck op.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
+
+use rayon::prelude::*;
+
+use super::{stuck_error, Graph, OpId, OpKind, Timeline, TAG_COLL, TAG_PART};
+use crate::error::Result;
+use crate::net::{FixedDurations, Ps};
+
+/// A dependency counter's value once its op has ended.
+const DONE: u32 = u32::MAX;
+
+/// Whole-group collectives with more transfers than this take their latest landing in
+/// parallel.
+const PAR_XFERS: usize = 4096;
+
+struct Dag<'a> {
+    g: &'a Graph,
+    net: &'a dyn FixedDurations,
+    /// Per op: predecessors (stream predecessor and dependencies) not yet ended; `DONE`
+    /// once the op has ended.
+    wait: Vec<AtomicU32>,
+    /// Per op: the latest end among its ended predecessors (its start once `wait` is 0).
+    start: Vec<AtomicU64>,
+    end: Vec<AtomicU64>,
+    /// Per collective: parts arrived (whole-group).
+    arrived: Vec<AtomicU32>,
+    /// Per collective: last arrival (whole-group) or earliest part start (grouped).
+    coll_start: Vec<AtomicU64>,
+    /// Per grouped send/recv part: arrivals (it and its peers) still awaited, and the
+    /// latest so far.
+    part_wait: Vec<AtomicU32>,
+    part_go: Vec<AtomicU64>,
+    /// Per grouped send/recv part: drains (it and its peers) still awaited, and the latest
+    /// so far.
+    part_end_wait: Vec<AtomicU32>,
+    part_drain: Vec<AtomicU64>,
+}
+
+impl Dag<'_> {
+    /// Run `op` (ready: every predecessor has ended) and the ops of its stream after it
+    /// while each becomes ready; push the ops made ready on other streams onto `out`.
+    fn follow(&self, op: OpId, out: &mut Vec<OpId>) {
+        let mut cur = Some(op);
+        while let Some(op) = cur.take() {
+            self.run_op(op, &mut cur, out);
+        }
+    }
+
+    fn run_op(&self, op: OpId, next: &mut Option<OpId>, out: &mut Vec<OpId>) {
+        let g = self.g;
+        let t = self.start[op as usize].load(Relaxed);
+        match g.ops[op as usize].kind {
+            OpKind::Compute(d) => self.finish(op, t + d, next, out),
+            OpKind::Send(x) => {
+                let x = g.xfers[x as usize];
+                let d = self.net.duration(x.src, x.dst, x.bytes, u64::from(op));
+                self.finish(op, t.saturating_add(d), next, out);
+            }
+            OpKind::Coll(c) if g.colls[c as usize].p2p.is_some() => {
+                let k = g.part_of(c, op);
+                for q in std::iter::once(k).chain(g.part_nbrs(k).iter().copied()) {
+                    let qi = q as usize;
+                    self.part_go[qi].fetch_max(t, Relaxed);
+                    if self.part_wait[qi].fetch_sub(1, AcqRel) == 1 {
+                        self.start_part(c, q, next, out);
+                    }
+                }
+            }
+            OpKind::Coll(c) => {
+                let ci = c as usize;
+                self.coll_start[ci].fetch_max(t, Relaxed);
+                if self.arrived[ci].fetch_add(1, AcqRel) + 1 == g.colls[ci].parts {
+                    let cs = self.coll_start[ci].load(Relaxed);
+                    let tag = TAG_COLL | u64::from(c);
+                    let xf = g.coll_xfers(c);
+                    let land = |x: &super::Xfer| {
+                        cs.saturating_add(self.net.duration(x.src, x.dst, x.bytes, tag))
+                    };
+                    let end = if xf.len() > PAR_XFERS {
+                        xf.par_iter().map(land).max()
+                    } else {
+                        xf.iter().map(land).max()
+                    }
+                    .unwrap_or(cs)
+                    .saturating_add(g.colls[ci].latency);
+                    let (a, b) = (
+                        g.coll_part_off[ci] as usize,
+                        g.coll_part_off[ci + 1] as usize,
+                    );
+                    for &p in &g.coll_parts[a..b] {
+                        self.finish(p, end, next, out);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Part `k` of grouped send/recv `c` and its peers have all arrived: its transfers
+    /// start; once they land it drains, for itself and each peer.
+    fn start_part(&self, c: u32, k: u32, next: &mut Option<OpId>, out: &mut Vec<OpId>) {
+        let g = self.g;
+        let go = self.part_go[k as usize].load(Relaxed);
+        self.coll_start[c as usize].fetch_min(go, Relaxed);
+        let tag = TAG_PART | u64::from(k);
+        let drain = g
+            .part_xfers(k)
+            .iter()
+            .map(|&x| {
+                let x = g.xfers[x as usize];
+                go.saturating_add(self.net.duration(x.src, x.dst, x.bytes, tag))
+            })
+            .max()
+            .unwrap_or(go);
+        for q in std::iter::once(k).chain(g.part_nbrs(k).iter().copied()) {
+            let qi = q as usize;
+            self.part_drain[qi].fetch_max(drain, Relaxed);
+            if self.part_end_wait[qi].fetch_sub(1, AcqRel) == 1 {
+                let end = self.part_drain[qi].load(Relaxed);
+                self.finish(g.coll_parts[qi], end, next, out);
+            }
+        }
+    }
+
+    /// `op` ends at `end`: tell its successors and the next op on its stream.
+    fn finish(&self, op: OpId, end: Ps, next: &mut Option<OpId>, out: &mut Vec<OpId>) {
+        let g = self.g;
+        let oi = op as usize;
+        self.end[oi].store(end, Relaxed);
+        self.wait[oi].store(DONE, Relaxed);
+        let (a, b) = (g.succ_off[oi] as usize, g.succ_off[oi + 1] as usize);
+        let stream_next = g.ops[oi].next;
+        let after = (stream_next != OpId::MAX).then_some(stream_next);
+        for s in after.into_iter().chain(g.succ[a..b].iter().copied()) {
+            let si = s as usize;
+            let ready = if self.wait[si].load(Acquire) == 1 {
+                // This is its last predecessor (counters only fall, and this one has not
+                // counted yet): nobody else touches it, so no read-modify-write.
+                let t = self.start[si].load(Relaxed).max(end);
+                self.start[si].store(t, Relaxed);
+                self.wait[si].store(0, Relaxed);
+                true
+            } else {
+                self.start[si].fetch_max(end, Relaxed);
+                self.wait[si].fetch_sub(1, AcqRel) == 1
+            };
+            if ready {
+                if next.is_none() {
+                    *next = Some(s);
+                } else {
+                    out.push(s);
+                }
+            }
+        }
+    }
+}
+
+// Converted in place (same layout), so no second copy is ever held.
+fn atomics32(v: Vec<u32>) -> Vec<AtomicU32> {
+    v.into_iter().map(AtomicU32::new).collect()
+}
+
+fn atomics64(n: usize, x: u64) -> Vec<AtomicU64> {
+    (0..n).into_par_iter().map(|_| AtomicU64::new(x)).collect()
+}
+
+fn plain64(v: Vec<AtomicU64>) -> Vec<u64> {
+    v.into_iter().map(AtomicU64::into_inner).collect()
+}
+
+/// Time `g` with the fixed transfer durations of `net` by one sweep in topological order;
+/// the same timeline (and error) as the event engine, [`super::run_events`].
+pub fn run_dag(g: &Graph, net: &dyn FixedDurations) -> Result<Timeline> {
+    let n = g.ops.len();
+    let nc = g.colls.len();
+    let np = g.part_count();
+    // A stream's ops after its first also wait for their predecessor.
+    let mut wait = g.ndeps.clone();
+    for op in &g.ops {
+        if op.next != OpId::MAX {
+            wait[op.next as usize] += 1;
+        }
+    }
+    let mut frontier: Vec<OpId> = (0..n as OpId)
+        .into_par_iter()
+        .filter(|&o| wait[o as usize] == 0)
+        .collect();
+    let peers = |k: u32| 1 + g.part_nbrs(k).len() as u32;
+    let dag = Dag {
+        g,
+        net,
+        wait: atomics32(wait),
+        start: atomics64(n, 0),
+        end: atomics64(n, 0),
+        arrived: (0..nc).map(|_| AtomicU32::new(0)).collect(),
+        coll_start: g
+            .colls
+            .iter()
+            .map(|c| {
+                AtomicU64::new(if c.p2p.is_some() && c.parts > 0 {
+                    Ps::MAX
+                } else {
+                    0
+                })
+            })
+            .collect(),
+        part_wait: (0..np as u32).map(|k| AtomicU32::new(peers(k))).collect(),
+        part_go: atomics64(np, 0),
+        part_end_wait: (0..np as u32).map(|k| AtomicU32::new(peers(k))).collect(),
+        part_drain: atomics64(np, 0),
+    };
+    while !frontier.is_empty() {
+        let rounds: Vec<Vec<OpId>> = frontier
+            .par_iter()
+            .fold(Vec::new, |mut out, &op| {
+                dag.follow(op, &mut out);
+                out
+            })
+            .collect();
+        frontier = rounds.concat();
+    }
+    let finished = dag.wait.par_iter().all(|w| w.load(Relaxed) == DONE);
+    for s in (0..g.streams.len() as u32).filter(|_| !finished) {
+        if let Some(&op) = g
+            .stream_ops(s)
+            .iter()
+            .find(|&&o| dag.wait[o as usize].load(Relaxed) != DONE)
+        {
+            return Err(stuck_error(g, s, op));
+        }
+    }
+    let events = event_count(g);
+    let Dag {
+        start,
+        end,
+        coll_start,
+        ..
+    } = dag;
+    let end = plain64(end);
+    let makespan = end.par_iter().copied().max().unwrap_or(0);
+    Ok(Timeline {
+        start: plain64(start),
+        end,
+        coll_start: plain64(coll_start),
+        makespan,
+        events,
+    })
+}
+
+/// The events the event engine processes on a graph that finishes: one per compute op and
+/// per transfer, and one for each collective or grouped part without transfers.
+fn event_count(g: &Graph) -> u64 {
+    let ops: u64 = g
+        .ops
+        .par_iter()
+        .enumerate()
+        .map(|(i, o)| match o.kind {
+            OpKind::Compute(_) | OpKind::Send(_) => 1,
+            OpKind::Coll(c) if g.colls[c as usize].p2p.is_some() => {
+                let k = g.part_of(c, i as OpId);
+                g.part_xfers(k).len().max(1) as u64
+            }
+            OpKind::Coll(_) => 0,
+        })
+        .sum();
+    let colls: u64 = g
+        .colls
+        .iter()
+        .filter(|c| c.p2p.is_none() && c.parts > 0)
+        .map(|c| u64::from(c.xfer_len.max(1)) + u64::from(c.latency > 0 && c.xfer_len > 0))
+        .sum();
+    ops + colls
+}
