@@ -349,9 +349,6 @@ pub struct SchemeSettings {
     pub ping_pong: Option<bool>,
 }
 
-/// The schemes `plan` knows.
-pub const SCHEMES: &str = "libra, ulysses, wlbllm or distca";
-
 /// One group's line in the report.
 #[derive(Serialize)]
 struct GroupLine {
@@ -504,7 +501,10 @@ pub fn build_scheme(
             set.ping_pong = Some(!a.no_ping_pong);
             distca::lower::plan_step_cp(step, batch, r.dp, cp, &cfg, !a.no_ping_pong)?.plan
         }
-        other => bail!("invalid scheme = {other}: {SCHEMES}"),
+        other => bail!(
+            "invalid scheme = {other}: one of {}",
+            super::check_plan::SCHEMES.join(", ")
+        ),
     };
     Ok((plan, set))
 }
