@@ -365,6 +365,14 @@ pub fn run_text(
     } else {
         f.sweep.dp.clone()
     };
+    for &dp in &dps {
+        let p = &f.parallel;
+        super::limits::check_layout(file, "[parallel]/[sweep]", dp, p.pp, p.cp, p.ga)?;
+    }
+    // A [network] topology that [sweep] overrides must still exist.
+    if let (Some(t), false) = (&f.network.topology, f.sweep.topology.is_empty()) {
+        load_topology(t, base, file).context("[network] topology")?;
+    }
     let net_model = f
         .network
         .model
