@@ -83,12 +83,58 @@ pub struct Resolved {
     pub params: LibraParams,
 }
 
-/// The table of an experiment file that holds Libra settings.
+/// A settings file of `plan` and `libra-config` (a file without a `kind`): the flags'
+/// names in snake_case, libra-config's candidate lists, nothing else.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)] // read for its schema; values are taken by `get`
+struct SettingsFile {
+    description: Option<String>,
+    corpus: Option<String>,
+    seq_len: Option<u32>,
+    gbs: Option<usize>,
+    dp: Option<u32>,
+    cp: Option<u32>,
+    tau: Option<f64>,
+    chunks: Option<u32>,
+    seed: Option<u64>,
+    packing: Option<String>,
+    grouping: Option<String>,
+    pool_size: Option<u32>,
+    head_shards: Option<u32>,
+    tile_tokens: Option<u32>,
+    scheme: Option<String>,
+    s_max: Option<u32>,
+    sharding: Option<String>,
+    outlier_thresholds: Option<Vec<u32>>,
+    epsilon: Option<f64>,
+    ping_pong: Option<bool>,
+    pool_sizes: Option<Vec<u32>>,
+    head_shards_list: Option<Vec<u32>>,
+    tile_tokens_list: Option<Vec<u32>>,
+    /// The same settings in a table of their own.
+    libra: Option<Box<SettingsFile>>,
+}
+
+/// The table of an experiment file that holds Libra settings: an experiment of a kind
+/// `run` knows is checked against that kind's schema (as `run` does), a file without a
+/// `kind` against the settings schema; unknown and mistyped fields are refused by both.
 pub fn experiment_table(file: &Path) -> Result<toml::Table> {
     let text = std::fs::read_to_string(file)
         .with_context(|| format!("reading experiment file {}", file.display()))?;
     let doc: toml::Table =
         toml::from_str(&text).with_context(|| format!("{} is not valid TOML", file.display()))?;
+    if doc.contains_key("kind") {
+        super::run::check_schema(file, &text, &doc)?;
+    } else {
+        toml::from_str::<SettingsFile>(&text).with_context(|| {
+            format!(
+                "{}: not a valid settings file (a file without `kind` holds the flags' names \
+                 in snake_case)",
+                file.display()
+            )
+        })?;
+    }
     Ok(match doc.get("libra") {
         Some(toml::Value::Table(t)) => t.clone(),
         _ => doc,
@@ -663,7 +709,7 @@ mod tests {
     fn settings_come_from_flags_then_file_then_defaults() {
         let f = temp(
             "exp.toml",
-            "kind = \"libra-dp-scaling\"\n[libra]\ncorpus = \"wlbllm\"\ngbs = 16\ncp = 4\ntau = 0.1\n",
+            "[libra]\ncorpus = \"wlbllm\"\ngbs = 16\ncp = 4\ntau = 0.1\n",
         );
         let w = Workload {
             cp: Some(2),
