@@ -453,6 +453,7 @@ mod tests {
                 prior_weight: 1e-5,
                 blocks: None,
                 bwd_blocks: None,
+                ..FitOptions::default()
             },
         )
         .unwrap();

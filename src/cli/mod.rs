@@ -18,6 +18,8 @@ mod exp_pools;
 mod exp_schemes;
 mod exp_train;
 mod exp_variance;
+#[cfg(test)]
+mod fuzz;
 mod libra_config;
 pub mod limits;
 mod plan;
