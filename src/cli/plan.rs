@@ -731,7 +731,10 @@ mod tests {
                 .resolve(Some(&bad), None, None, None)
                 .unwrap_err()
         );
-        assert!(e.contains("bad.toml: field `gbs` = \"many\""), "{e}");
+        assert!(
+            e.contains("bad.toml: not a valid settings file") && e.contains("invalid type"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -752,14 +755,11 @@ mod tests {
         assert_eq!(a.outlier_thresholds.as_deref(), Some("10,20"));
         assert_eq!((a.epsilon, a.no_ping_pong), (Some(0.2), true));
         let bad = temp("scheme-bad.toml", "epsilon = \"tight\"\n");
-        let t = experiment_table(&bad).unwrap();
-        let e = format!(
-            "{:#}",
-            SchemeArgs::default()
-                .with_file(Some(&t), Some(&bad))
-                .unwrap_err()
+        let e = format!("{:#}", experiment_table(&bad).unwrap_err());
+        assert!(
+            e.contains("scheme-bad.toml: not a valid settings file") && e.contains("epsilon"),
+            "{e}"
         );
-        assert!(e.contains("scheme-bad.toml: field `epsilon`"), "{e}");
     }
 
     #[test]

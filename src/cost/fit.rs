@@ -2008,6 +2008,7 @@ mod tests {
             prior_weight: 1e-5,
             blocks: None,
             bwd_blocks: None,
+            ..FitOptions::default()
         };
         let f = fit(&rows, &start, &opts).unwrap();
         let c = &f.calibration;
@@ -2112,6 +2113,7 @@ mod tests {
             prior_weight: 1e-5,
             blocks: None,
             bwd_blocks: None,
+            ..FitOptions::default()
         };
         let f = fit(&rows, &start, &opts).unwrap();
         assert_eq!((f.attn_rows, f.bwd_rows), (48, 48));
