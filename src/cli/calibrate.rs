@@ -59,7 +59,8 @@ pub struct Args {
     #[arg(long, value_delimiter = ',')]
     pub lens: Option<Vec<u32>>,
     /// Pull of the fit towards the starting table (see `FitOptions::prior_weight`).
-    #[arg(long, default_value_t = 0.03)]
+    #[arg(long, default_value_t = 0.03, allow_hyphen_values = true,
+          value_parser = super::limits::non_negative)]
     pub prior_weight: f64,
     /// How the calibration prices an attention call, forward and backward: `blocks` (the
     /// kernels' thread blocks list-scheduled onto the SMs, `cost::blocks`; fitted beside the
@@ -452,6 +453,7 @@ mod tests {
                 prior_weight: 1e-5,
                 blocks: None,
                 bwd_blocks: None,
+                ..FitOptions::default()
             },
         )
         .unwrap();

@@ -3,11 +3,14 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 
 use skewsim::plan::{check, CheckSummary, Plan};
 
 use super::Output;
+
+/// The schemes whose planners write plan files (`plan --scheme`).
+pub const SCHEMES: &[&str] = &["libra", "ulysses", "wlbllm", "distca", "megatron-dcp"];
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -21,6 +24,16 @@ pub fn check_file(file: &Path) -> Result<(Plan, CheckSummary)> {
     let name = file.display().to_string();
     let text = std::fs::read_to_string(file).with_context(|| format!("reading plan {name}"))?;
     let plan = Plan::from_json(&text, &name)?;
+    if !SCHEMES.contains(&plan.scheme.as_str()) {
+        bail!(
+            "{name}: invalid scheme = {:?}: one of {} (the planners that write plans)",
+            plan.scheme,
+            SCHEMES.join(", ")
+        );
+    }
+    if plan.groups.is_empty() {
+        bail!("{name}: invalid groups = []: a plan has at least one group (GA index × pool)");
+    }
     let summary = check(&plan).map_err(|v| anyhow::anyhow!("{name}: plan is wrong: {v}"))?;
     Ok((plan, summary))
 }

@@ -10,7 +10,7 @@ use skewsim::workload::corpus::Corpus;
 use skewsim::workload::pack::{global_batch, Packing};
 use skewsim::workload::stats::{length_stats, pack_stats, LengthStats, PackStats};
 
-use super::Output;
+use super::{limits, Output};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -21,10 +21,12 @@ pub struct Args {
     #[arg(long)]
     pub seq_len: Option<u32>,
     /// Packed sequences to measure the load spread over.
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = 1024,
+          value_parser = limits::count::<usize>(1, limits::MAX_SEQUENCES))]
     pub sequences: usize,
     /// Documents drawn for the length statistics of a distribution (a trace uses all).
-    #[arg(long, default_value_t = 200_000)]
+    #[arg(long, default_value_t = 200_000,
+          value_parser = limits::count::<usize>(1, limits::MAX_SAMPLES))]
     pub samples: usize,
     /// Packing: sequential, best-fit or best-fit:W.
     #[arg(long, default_value = "sequential")]
@@ -52,6 +54,29 @@ pub fn load_corpus(spec: &str) -> Result<Corpus> {
     Ok(Corpus::from_spec(spec)?)
 }
 
+/// Refuse a batch of `n` packed sequences of `seq_len` tokens whose estimated memory
+/// exceeds the limit (`flag` names the knob); the mean document length comes from the
+/// stream's first documents.
+pub fn check_batch_memory(
+    corpus: &Corpus,
+    seq_len: u32,
+    n: usize,
+    seed: u64,
+    flag: &str,
+) -> Result<()> {
+    const PROBE: usize = 4096;
+    let mean = corpus
+        .documents(seed, 0)
+        .take(PROBE)
+        .map(|l| f64::from(l.min(seq_len.max(1))))
+        .sum::<f64>()
+        / PROBE as f64;
+    limits::check_memory(
+        &format!("{flag} {n} at L = {seq_len}"),
+        limits::packed_bytes(n as u64, seq_len, mean),
+    )
+}
+
 #[derive(Serialize)]
 struct Report {
     corpus: String,
@@ -66,19 +91,17 @@ pub fn run(args: Args, out: Output) -> Result<()> {
     let seq_len = args.seq_len.or(corpus.default_seq_len()).unwrap_or(131_072);
     let lengths: Vec<u32> = match corpus.trace() {
         Some(t) => t.to_vec(),
-        None => corpus
-            .documents(args.seed, 0)
-            .take(args.samples.max(1))
-            .collect(),
+        None => {
+            // the lengths and their sorted copy
+            limits::check_memory(
+                &format!("--samples {}", args.samples),
+                8.0 * args.samples as f64,
+            )?;
+            corpus.documents(args.seed, 0).take(args.samples).collect()
+        }
     };
-    let seqs = global_batch(
-        &corpus,
-        seq_len,
-        args.sequences.max(1),
-        packing,
-        args.seed,
-        0,
-    )?;
+    check_batch_memory(&corpus, seq_len, args.sequences, args.seed, "--sequences")?;
+    let seqs = global_batch(&corpus, seq_len, args.sequences, packing, args.seed, 0)?;
     let report = Report {
         corpus: corpus.name().to_string(),
         documents: length_stats(&lengths),

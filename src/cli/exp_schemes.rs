@@ -333,6 +333,15 @@ fn write_outputs(dir: &Path, s: &CompareOutput) -> Result<()> {
     Ok(())
 }
 
+fn parse(text: &str, file: &str) -> Result<CompareFile> {
+    toml::from_str(text).with_context(|| format!("{file}: not a valid comparison experiment"))
+}
+
+/// Check `text` against the comparison kinds' schema (as [`run`] does) without running it.
+pub fn check(text: &str, file: &str) -> Result<()> {
+    parse(text, file).map(|_| ())
+}
+
 /// Run the experiment text; `file` names it in messages, `title` heads the summary,
 /// relative paths resolve against `base`; `calibration` replaces the file's `calibration`.
 pub fn run_text(
@@ -342,8 +351,7 @@ pub fn run_text(
     base: &Path,
     calibration: Option<&Path>,
 ) -> Result<CompareOutput> {
-    let f: CompareFile = toml::from_str(text)
-        .with_context(|| format!("{file}: not a valid comparison experiment"))?;
+    let f = parse(text, file)?;
     let cal = calibration
         .map(Path::to_path_buf)
         .or_else(|| f.calibration.as_ref().map(|c| base.join(c)));
@@ -415,6 +423,14 @@ pub fn run_text(
     } else {
         f.sweep.dp.clone()
     };
+    for &dp in &dps {
+        let p = &f.parallel;
+        super::limits::check_layout(file, "[parallel]/[sweep]", dp, p.pp, p.cp, p.ga)?;
+    }
+    // A [network] topology that [sweep] overrides must still exist.
+    if let (Some(t), false) = (&f.network.topology, f.sweep.topology.is_empty()) {
+        load_topology(t, base, file).context("[network] topology")?;
+    }
     let net_model = f
         .network
         .model

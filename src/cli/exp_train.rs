@@ -373,6 +373,26 @@ pub(super) const BUILTIN_TOPOLOGIES: &[(&str, &str)] = &[(
 
 /// Run a `train` experiment from its text; `file` names it in messages, `title` heads the
 /// summary, relative paths inside it resolve against `base`.
+/// The file as `run` reads it: unknown and mistyped fields refused, and no zero in a
+/// `[sweep]` list of degrees, batch sizes or lengths.
+fn parse(text: &str, file: &str) -> Result<TrainFile> {
+    let f: TrainFile =
+        toml::from_str(text).with_context(|| format!("{file}: not a valid `train` experiment"))?;
+    if let Some(s) = &f.sweep {
+        for (k, v) in [("dp", &s.dp), ("gbs", &s.gbs), ("seq_len", &s.seq_len)] {
+            if v.contains(&0) {
+                bail!("{file}: [sweep] {k} = {v:?}: every entry ≥ 1");
+            }
+        }
+    }
+    Ok(f)
+}
+
+/// Check `text` against the `train` schema (as [`run`] does) without running it.
+pub fn check(text: &str, file: &str) -> Result<()> {
+    parse(text, file).map(|_| ())
+}
+
 fn run_text(
     text: &str,
     file: &str,
@@ -384,8 +404,7 @@ fn run_text(
 ) -> Result<()> {
     let file = file.to_string();
     let path = base;
-    let f: TrainFile =
-        toml::from_str(text).with_context(|| format!("{file}: not a valid `train` experiment"))?;
+    let f = parse(text, &file)?;
     let model = if f.model.ends_with(".toml") {
         let p = path.join(&f.model);
         let t = std::fs::read_to_string(&p)

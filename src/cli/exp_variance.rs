@@ -48,6 +48,9 @@ pub struct Experiment {
     pub variance: Option<VarianceSpec>,
 }
 
+/// Kernel times one experiment may draw (GPUs × steps × kernels per step × seeds).
+const MAX_DRAWS: u64 = 1 << 26;
+
 fn one() -> u32 {
     1
 }
@@ -97,6 +100,18 @@ pub fn simulate(text: &str, source: &str) -> Result<(Experiment, SpreadStudy, Se
     if !(1..=64).contains(&exp.seeds) {
         anyhow::bail!(
             "{source}: invalid seeds = {}: an integer in [1, 64]",
+            exp.seeds
+        );
+    }
+    let draws =
+        u64::from(exp.gpus) * exp.steps * u64::from(exp.kernels_per_step) * u64::from(exp.seeds);
+    if draws > MAX_DRAWS {
+        anyhow::bail!(
+            "{source}: invalid gpus × steps × kernels_per_step × seeds = {} × {} × {} × {} = \
+             {draws} kernel times: at most {MAX_DRAWS} (a few seconds of drawing)",
+            exp.gpus,
+            exp.steps,
+            exp.kernels_per_step,
             exp.seeds
         );
     }

@@ -16,7 +16,7 @@ use skewsim::report::svg::{Chart, Mark, Scale, Series};
 use skewsim::report::table::{sig, Table};
 
 use super::plan::{get, policy, Resolved, Workload};
-use super::Output;
+use super::{limits, Output};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -35,7 +35,7 @@ pub struct Args {
     #[arg(long, value_delimiter = ',')]
     pub tile_tokens: Vec<u32>,
     /// Global batches (steps) to replay.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = limits::count::<u64>(1, limits::MAX_STEPS))]
     pub steps: u64,
     /// Imbalance target (inter- and intra-pool, as max/mean − 1) the recommendation must
     /// meet.

@@ -2,7 +2,7 @@
 //! the global `--json` (print the result table as JSON on stdout instead of text).
 
 use anyhow::Result;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use serde::Serialize;
 
 pub mod bench;
@@ -18,7 +18,10 @@ mod exp_pools;
 mod exp_schemes;
 mod exp_train;
 mod exp_variance;
+#[cfg(test)]
+mod fuzz;
 mod libra_config;
+pub mod limits;
 mod plan;
 pub mod pools;
 mod run;
@@ -35,6 +38,10 @@ pub struct Cli {
     /// Print the result as JSON on stdout instead of a text table.
     #[arg(long, global = true)]
     pub json: bool,
+    /// Memory the run may plan to use (e.g. 16G, 512M); a command whose estimate exceeds it
+    /// is refused before allocating [default: half of this machine's memory].
+    #[arg(long, global = true, value_parser = limits::parse_bytes)]
+    pub max_memory: Option<u64>,
     /// Without a subcommand: the built-in four-way comparison (Ulysses, WLB-LLM, DistCA,
     /// Libra on 8 and 16 simulated H200 GPUs), its table printed and runs/default/ written.
     #[command(subcommand)]
@@ -111,7 +118,13 @@ impl Progress {
 }
 
 pub fn main() -> Result<()> {
-    let cli = Cli::parse();
+    // Negative numbers reach the value parsers, which refuse them by name with the
+    // allowed range (instead of clap's "unexpected argument '-5'").
+    let cmd = Cli::command()
+        .allow_negative_numbers(true)
+        .mut_subcommands(|c| c.allow_negative_numbers(true));
+    let cli = Cli::from_arg_matches(&cmd.get_matches()).unwrap_or_else(|e| e.exit());
+    limits::set_max_memory(cli.max_memory);
     let out = Output { json: cli.json };
     let Some(command) = cli.command else {
         return exp_schemes::run_default(out);

@@ -32,8 +32,9 @@ use skewsim::plan::{check, CheckSummary, Plan};
 use skewsim::workload::pack::{batches, Packing};
 use skewsim::workload::PackedSeq;
 
+use super::corpus::check_batch_memory;
 use super::corpus::load_corpus;
-use super::Output;
+use super::{limits, Output};
 
 /// The workload and cluster settings shared by `plan` and `libra-config`.
 #[derive(clap::Args, Clone, Debug, Default)]
@@ -43,22 +44,22 @@ pub struct Workload {
     #[arg(long)]
     pub corpus: Option<String>,
     /// Sequence length L [default: the corpus's own, else 262144].
-    #[arg(long)]
+    #[arg(long, value_parser = limits::count::<u32>(1, u64::from(u32::MAX)))]
     pub seq_len: Option<u32>,
-    /// Global batch size, packed sequences per step [default: 32].
-    #[arg(long)]
+    /// Global batch size, packed sequences per step (at most 65536) [default: 32].
+    #[arg(long, value_parser = limits::count::<usize>(1, limits::MAX_SEQUENCES))]
     pub gbs: Option<usize>,
-    /// DP degree [default: 8].
-    #[arg(long)]
+    /// DP degree (at most 65536) [default: 8].
+    #[arg(long, value_parser = limits::count::<u32>(1, limits::MAX_GPUS))]
     pub dp: Option<u32>,
-    /// CP degree, workers per DP replica [default: 16].
-    #[arg(long)]
+    /// CP degree, workers per DP replica (at most 65536) [default: 16].
+    #[arg(long, value_parser = limits::count::<u32>(1, limits::MAX_GPUS))]
     pub cp: Option<u32>,
     /// Soft-cap slack τ ≥ 0 of Algorithm 2 [default: 0.03].
     #[arg(long, allow_hyphen_values = true)]
     pub tau: Option<f64>,
     /// Pipeliner head chunks M, dividing h_q/H [default: 4].
-    #[arg(long)]
+    #[arg(long, value_parser = limits::count::<u32>(1, u64::from(u32::MAX)))]
     pub chunks: Option<u32>,
     /// Seed of the document stream (and of `random` grouping) [default: 0].
     #[arg(long)]
@@ -85,12 +86,58 @@ pub struct Resolved {
     pub params: LibraParams,
 }
 
-/// The table of an experiment file that holds Libra settings.
+/// A settings file of `plan` and `libra-config` (a file without a `kind`): the flags'
+/// names in snake_case, libra-config's candidate lists, nothing else.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)] // read for its schema; values are taken by `get`
+struct SettingsFile {
+    description: Option<String>,
+    corpus: Option<String>,
+    seq_len: Option<u32>,
+    gbs: Option<usize>,
+    dp: Option<u32>,
+    cp: Option<u32>,
+    tau: Option<f64>,
+    chunks: Option<u32>,
+    seed: Option<u64>,
+    packing: Option<String>,
+    grouping: Option<String>,
+    pool_size: Option<u32>,
+    head_shards: Option<u32>,
+    tile_tokens: Option<u32>,
+    scheme: Option<String>,
+    s_max: Option<u32>,
+    sharding: Option<String>,
+    outlier_thresholds: Option<Vec<u32>>,
+    epsilon: Option<f64>,
+    ping_pong: Option<bool>,
+    pool_sizes: Option<Vec<u32>>,
+    head_shards_list: Option<Vec<u32>>,
+    tile_tokens_list: Option<Vec<u32>>,
+    /// The same settings in a table of their own.
+    libra: Option<Box<SettingsFile>>,
+}
+
+/// The table of an experiment file that holds Libra settings: an experiment of a kind
+/// `run` knows is checked against that kind's schema (as `run` does), a file without a
+/// `kind` against the settings schema; unknown and mistyped fields are refused by both.
 pub fn experiment_table(file: &Path) -> Result<toml::Table> {
     let text = std::fs::read_to_string(file)
         .with_context(|| format!("reading experiment file {}", file.display()))?;
     let doc: toml::Table =
         toml::from_str(&text).with_context(|| format!("{} is not valid TOML", file.display()))?;
+    if doc.contains_key("kind") {
+        super::run::check_schema(file, &text, &doc)?;
+    } else {
+        toml::from_str::<SettingsFile>(&text).with_context(|| {
+            format!(
+                "{}: not a valid settings file (a file without `kind` holds the flags' names \
+                 in snake_case)",
+                file.display()
+            )
+        })?;
+    }
     Ok(match doc.get("libra") {
         Some(toml::Value::Table(t)) => t.clone(),
         _ => doc,
@@ -140,6 +187,13 @@ impl Workload {
             Some(v) => Some(v),
             None => get(t, "seq_len", f)?,
         };
+        if seq_len == Some(0) {
+            bail!(
+                "{}: invalid seq_len = 0: a sequence length L ≥ 1 token (leave it out for the \
+                 corpus's own)",
+                f.display()
+            );
+        }
         let d = LibraParams::default();
         let params = LibraParams {
             pool_size: pick!(pool_size, "pool_size", d.pool_size),
@@ -193,17 +247,24 @@ pub fn pools_of(
 /// The global batches of steps 0..n of a resolved workload (corpus loaded, L defaulted),
 /// its GBS, DP and Libra settings checked.
 pub fn load_steps(r: &mut Resolved, n: u64) -> Result<Vec<Vec<PackedSeq>>> {
-    load_batches(
-        r,
-        n,
-        |r| Ok(step_shape(r.gbs, r.dp, &r.params).map(|_| ())?),
-    )
+    load_batches(r, n, Keep::All, |r| {
+        Ok(step_shape(r.gbs, r.dp, &r.params).map(|_| ())?)
+    })
 }
 
-/// The global batches of steps 0..n after `validate` accepted the resolved settings.
+/// Which of the batches walked through are kept.
+#[derive(Clone, Copy, PartialEq)]
+enum Keep {
+    All,
+    Last,
+}
+
+/// The global batches of steps 0..n (all, or the last only) after `validate` accepted the
+/// resolved settings; the kept batches' memory is checked first.
 fn load_batches(
     r: &mut Resolved,
     n: u64,
+    keep: Keep,
     validate: impl FnOnce(&Resolved) -> Result<()>,
 ) -> Result<Vec<Vec<PackedSeq>>> {
     let corpus = load_corpus(&r.corpus)?;
@@ -212,10 +273,25 @@ fn load_batches(
     }
     let packing: Packing = r.packing.parse()?;
     validate(r)?;
-    let steps: Vec<Vec<PackedSeq>> = batches(&corpus, r.seq_len, r.gbs, packing, r.seed, 0)?
-        .take(n as usize)
-        .collect();
-    if (steps.len() as u64) < n {
+    if n > limits::MAX_STEPS {
+        bail!(
+            "invalid steps = {n}: at most {} global batches are walked through",
+            limits::MAX_STEPS
+        );
+    }
+    let kept = if keep == Keep::All { n } else { 1 };
+    let flag = format!("--gbs {} × {kept} step(s) kept: GBS", r.gbs);
+    check_batch_memory(&corpus, r.seq_len, r.gbs * kept as usize, r.seed, &flag)?;
+    let mut walked = 0u64;
+    let mut steps: Vec<Vec<PackedSeq>> = Vec::new();
+    for b in batches(&corpus, r.seq_len, r.gbs, packing, r.seed, 0)?.take(n as usize) {
+        walked += 1;
+        if keep == Keep::Last {
+            steps.clear();
+        }
+        steps.push(b);
+    }
+    if walked < n {
         bail!(
             "corpus {} yields only {} global batches of {} sequences at L = {}; asked for {n}",
             r.corpus,
@@ -234,16 +310,17 @@ pub struct Args {
     #[command(flatten)]
     pub workload: Workload,
     /// Pool size P, DP replicas per pool (divides DP) [default: 8].
-    #[arg(long)]
+    #[arg(long, value_parser = limits::count::<u32>(1, u64::from(u32::MAX)))]
     pub pool_size: Option<u32>,
     /// Head shards H, dividing h_q = 32 [default: 4].
-    #[arg(long)]
+    #[arg(long, value_parser = limits::count::<u32>(1, u64::from(u32::MAX)))]
     pub head_shards: Option<u32>,
     /// Tile tokens B ≥ 1 [default: 4096].
-    #[arg(long)]
+    #[arg(long, value_parser = limits::count::<u32>(1, u64::from(u32::MAX)))]
     pub tile_tokens: Option<u32>,
-    /// The step (global batch index) to plan.
-    #[arg(long, default_value_t = 0)]
+    /// The step (global batch index) to plan, at most 65535 (the document stream is
+    /// packed from its start up to it).
+    #[arg(long, default_value_t = 0, value_parser = limits::count::<u64>(0, limits::MAX_STEPS - 1))]
     pub step: u64,
     /// Where to write the plan.
     #[arg(short = 'o', long, default_value = "plan.json")]
@@ -326,9 +403,6 @@ pub struct SchemeSettings {
     pub ping_pong: Option<bool>,
 }
 
-/// The schemes `plan` knows.
-pub const SCHEMES: &str = "libra, ulysses, wlbllm, distca or megatron-dcp";
-
 /// One group's line in the report.
 #[derive(Serialize)]
 struct GroupLine {
@@ -372,8 +446,10 @@ fn group_imbalance(g: &skewsim::plan::Group) -> f64 {
 /// Build the plan of `step` for resolved settings.
 pub fn build(r: &mut Resolved, step: u64) -> Result<Plan> {
     let pol = policy(&r.grouping)?;
-    let steps = load_steps(r, step + 1)?;
-    let batch = &steps[step as usize];
+    let steps = load_batches(r, step + 1, Keep::Last, |r| {
+        Ok(step_shape(r.gbs, r.dp, &r.params).map(|_| ())?)
+    })?;
+    let batch = steps.last().context("no step to plan")?;
     let pools = pools_of(batch, r.params.pool_size, pol, r.seed, step)?;
     Ok(plan_step(step, batch, &pools, r.dp, &r.params)?)
 }
@@ -413,11 +489,12 @@ pub fn build_scheme(
                 shape,
             };
             p.validate()?;
-            let steps = load_batches(r, step + 1, gbs_dp)?;
-            ulysses::plan_step(step, &steps[step as usize], r.dp, &p)?
+            let steps = load_batches(r, step + 1, Keep::Last, gbs_dp)?;
+            let batch = steps.last().context("no step to plan")?;
+            ulysses::plan_step(step, batch, r.dp, &p)?
         }
         "wlbllm" => {
-            let steps = load_batches(r, step + 1, gbs_dp)?;
+            let steps = load_batches(r, step + 1, Keep::All, gbs_dp)?;
             let s_max = match a.s_max {
                 Some(v) => v,
                 None => r.seq_len.saturating_mul(2),
@@ -477,33 +554,30 @@ pub fn build_scheme(
                 DistcaScheduler::Reference
             };
             let cfg = DistcaConfig::new(shape, epsilon, KERNEL_TILE)?.with_scheduler(scheduler);
-            let steps = load_batches(r, step + 1, gbs_dp)?;
+            let steps = load_batches(r, step + 1, Keep::Last, gbs_dp)?;
+            let batch = steps.last().context("no step to plan")?;
             set.epsilon = Some(epsilon);
             set.ping_pong = Some(!a.no_ping_pong);
-            distca::lower::plan_step_cp(
-                step,
-                &steps[step as usize],
-                r.dp,
-                cp,
-                &cfg,
-                !a.no_ping_pong,
-            )?
-            .plan
+            distca::lower::plan_step_cp(step, batch, r.dp, cp, &cfg, !a.no_ping_pong)?.plan
         }
         "megatron-dcp" => {
             // Megatron's dynamic CP over the DP·CP ranks, S = ⌈L / CP⌉, ℓ² workload.
             let cp = r.params.cp.max(1);
             let cfg = DcpConfig::new(r.dp.saturating_mul(cp), r.seq_len.div_ceil(cp), 1)?;
-            let steps = load_batches(r, step + 1, gbs_dp)?;
+            let steps = load_batches(r, step + 1, Keep::Last, gbs_dp)?;
+            let batch = steps.last().context("no step to plan")?;
             let model = ConstantThroughput {
                 shape,
                 ..ConstantThroughput::h200_llama3_8b()
             };
             let work = megatron_dcp::sample_work(DcpLoad::Pairs, &model);
-            let sched = megatron_dcp::schedule(&steps[step as usize], &cfg, work)?;
+            let sched = megatron_dcp::schedule(batch, &cfg, work)?;
             megatron_dcp::to_plan(step, &sched, &cfg, &shape)
         }
-        other => bail!("invalid scheme = {other}: {SCHEMES}"),
+        other => bail!(
+            "invalid scheme = {other}: one of {}",
+            super::check_plan::SCHEMES.join(", ")
+        ),
     };
     Ok((plan, set))
 }
@@ -662,7 +736,7 @@ mod tests {
     fn settings_come_from_flags_then_file_then_defaults() {
         let f = temp(
             "exp.toml",
-            "kind = \"libra-dp-scaling\"\n[libra]\ncorpus = \"wlbllm\"\ngbs = 16\ncp = 4\ntau = 0.1\n",
+            "[libra]\ncorpus = \"wlbllm\"\ngbs = 16\ncp = 4\ntau = 0.1\n",
         );
         let w = Workload {
             cp: Some(2),
@@ -684,7 +758,10 @@ mod tests {
                 .resolve(Some(&bad), None, None, None)
                 .unwrap_err()
         );
-        assert!(e.contains("bad.toml: field `gbs` = \"many\""), "{e}");
+        assert!(
+            e.contains("bad.toml: not a valid settings file") && e.contains("invalid type"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -705,14 +782,11 @@ mod tests {
         assert_eq!(a.outlier_thresholds.as_deref(), Some("10,20"));
         assert_eq!((a.epsilon, a.no_ping_pong), (Some(0.2), true));
         let bad = temp("scheme-bad.toml", "epsilon = \"tight\"\n");
-        let t = experiment_table(&bad).unwrap();
-        let e = format!(
-            "{:#}",
-            SchemeArgs::default()
-                .with_file(Some(&t), Some(&bad))
-                .unwrap_err()
+        let e = format!("{:#}", experiment_table(&bad).unwrap_err());
+        assert!(
+            e.contains("scheme-bad.toml: not a valid settings file") && e.contains("epsilon"),
+            "{e}"
         );
-        assert!(e.contains("scheme-bad.toml: field `epsilon`"), "{e}");
     }
 
     #[test]

@@ -112,6 +112,30 @@ fn with_corpus(mut doc: toml::Table, corpus: &str) -> Result<String> {
     Ok(toml::to_string(&doc)?)
 }
 
+/// Check an experiment file against its kind's schema exactly as `run` reads it (unknown
+/// and mistyped fields refused) without running it; `doc` is its parsed TOML.
+pub fn check_schema(file: &Path, text: &str, doc: &toml::Table) -> Result<()> {
+    let name = file.display().to_string();
+    match doc.get("kind") {
+        Some(toml::Value::String(k)) => match k.as_str() {
+            "pools" => super::exp_pools::parse(&name, text).map(|_| ()),
+            "runtime-variance" => toml::from_str::<super::exp_variance::Experiment>(text)
+                .map(|_| ())
+                .map_err(|e| skewsim::error::parse_error(&name, e.to_string()).into()),
+            "train" => super::exp_train::check(text, &name),
+            k if super::exp_schemes::KINDS.contains(&k) => super::exp_schemes::check(text, &name),
+            _ => bail!(
+                "{name}: unknown experiment kind = {k:?} (one of: {})",
+                KINDS.join(", ")
+            ),
+        },
+        _ => bail!(
+            "{name}: missing string field `kind` (one of: {})",
+            KINDS.join(", ")
+        ),
+    }
+}
+
 /// `runs/NAME` for `experiments/NAME.toml`, unless `--out` says otherwise.
 pub fn out_dir(file: &Path, out: Option<&Path>) -> PathBuf {
     out.map(Path::to_path_buf).unwrap_or_else(|| {

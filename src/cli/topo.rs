@@ -22,9 +22,13 @@ use super::{topo_draw, Output};
 pub struct Args {
     /// The topology file (TOML), e.g. topologies/dgx-h200-roce.toml.
     pub file: PathBuf,
-    /// Node count (default: the file's `nodes`).
-    #[arg(long)]
+    /// Node count (default: the file's `nodes`; at most 65536).
+    #[arg(long, value_parser = super::limits::count::<u32>(1, super::limits::MAX_GPUS))]
     pub nodes: Option<u32>,
+    /// Draw a topology of more than 1,024 nodes (its DOT and SVG grow by ~2.5 KB per node:
+    /// ~245 MB at 100,000 nodes).
+    #[arg(long)]
+    pub large: bool,
     /// Where to write NAME.dot and NAME.svg (default: runs/topo-NAME).
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -76,6 +80,15 @@ pub fn run(args: Args, out: Output) -> Result<()> {
     let text =
         std::fs::read_to_string(&args.file).with_context(|| format!("reading topology {name}"))?;
     let spec = TopologySpec::parse(&text, &name)?;
+    let nodes = args.nodes.unwrap_or(spec.nodes);
+    if u64::from(nodes) > super::limits::MAX_DRAWN_NODES && !args.large {
+        bail!(
+            "{name}: nodes = {nodes}: topo draws at most {} nodes unless --large is given \
+             (the DOT and SVG take ~2.5 KB per node: ~{} MB here)",
+            super::limits::MAX_DRAWN_NODES,
+            u64::from(nodes) * 2_450 / 1_000_000
+        );
+    }
     let topo = Arc::new(spec.build(args.nodes)?);
     let faults = match &spec.faults {
         Some(f) => f.resolve(&topo, &name)?,

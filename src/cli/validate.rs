@@ -26,6 +26,7 @@ use std::path::PathBuf;
 use anyhow::{anyhow, bail, Context, Result};
 
 use skewsim::balance::libra::pipeliner;
+use skewsim::cost::blocks::FWD_HEAD_DIM;
 use skewsim::cost::fit::{self, MeasureKind, Measurement, Pass, SegCount};
 use skewsim::plan::Plan;
 use validate::gpu::{FwdVariant, Gpu};
@@ -51,10 +52,10 @@ pub struct Args {
     #[arg(long, default_value = "v3w4")]
     pub variant: String,
     /// Untimed launches before each timed series.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = super::limits::count::<usize>(0, super::limits::MAX_REPS))]
     pub warmup: usize,
     /// Timed launches per (worker, chunk); the row keeps median, p10 and p90.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, value_parser = super::limits::count::<usize>(1, super::limits::MAX_REPS))]
     pub reps: usize,
     /// CUDA device ordinal (one GPU: workers run one after another on it).
     #[arg(long, default_value_t = 0)]
@@ -462,6 +463,8 @@ pub fn run(args: Args, out: Output) -> Result<()> {
     if args.gpus == 0 {
         bail!("invalid --gpus = 0: allowed 1 or more");
     }
+    // The variant is checked before any GPU work, dry runs included.
+    FwdVariant::parse(&args.variant, FWD_HEAD_DIM).context("--variant")?;
     if args.dry_run {
         let mut text = String::from(
             "plan                          launches  heads/call  max q rows  fwd FLOPs  predicted GPU s\n",

@@ -344,7 +344,7 @@ pub fn measurements_from_csv(text: &str, context: &str) -> Result<Vec<Measuremen
                 "fwd for dispatch and return rows (only attention rows have a backward)",
             ));
         }
-        out.push(Measurement {
+        let m = Measurement {
             kind,
             pass,
             plan: f(2).to_string(),
@@ -371,9 +371,69 @@ pub fn measurements_from_csv(text: &str, context: &str) -> Result<Vec<Measuremen
             p10_ms: time(20, "p10_ms")?,
             p90_ms: time(21, "p90_ms")?,
             segs: parse_segs(f(22), &ctx)?,
-        });
+        };
+        check_row(&m, &ctx)?;
+        out.push(m);
     }
     Ok(out)
+}
+
+/// Head dimensions the measured kernels run (`validate/kernels`).
+pub const HEAD_DIMS: [u32; 2] = [64, 128];
+/// Query heads per measured call, at most.
+pub const MAX_HEADS: u32 = 1024;
+/// A segment's key length (sample-local position), at most: 16M tokens.
+pub const MAX_KV: u32 = 1 << 24;
+/// Key tiles of 64 tokens per head of one measured call (Σ n·⌈kv/64⌉), at most: what the
+/// block models enumerate (two launches' blocks, ~24 bytes each).
+pub const MAX_KEY_TILES: u64 = 1 << 22;
+
+/// A parsed row's values within what the kernels and the fit can take.
+fn check_row(m: &Measurement, ctx: &str) -> Result<()> {
+    if m.kind == MeasureKind::Attn && !HEAD_DIMS.contains(&m.head_dim) {
+        return Err(invalid(format!("{ctx}: head_dim"), m.head_dim, "64 or 128"));
+    }
+    if m.kind == MeasureKind::Attn && !(1..=MAX_HEADS).contains(&m.heads) {
+        return Err(invalid(
+            format!("{ctx}: heads"),
+            m.heads,
+            format!("1 to {MAX_HEADS} query heads per call"),
+        ));
+    }
+    if !(m.flops.is_finite() && m.flops >= 0.0) {
+        return Err(invalid(
+            format!("{ctx}: flops"),
+            m.flops,
+            "a finite number >= 0",
+        ));
+    }
+    if let Some(p) = m.predicted_ms.filter(|p| !(p.is_finite() && *p >= 0.0)) {
+        return Err(invalid(
+            format!("{ctx}: predicted_ms"),
+            p,
+            "a finite time >= 0 ms or empty",
+        ));
+    }
+    if let Some(s) = m.segs.iter().find(|s| s.kv > MAX_KV) {
+        return Err(invalid(
+            format!("{ctx}: segs"),
+            format!("{}:{}*{}", s.q, s.kv, s.n),
+            format!("key lengths kv <= {MAX_KV}"),
+        ));
+    }
+    let tiles: u64 = m
+        .segs
+        .iter()
+        .map(|s| u64::from(s.n) * u64::from(s.kv).div_ceil(64))
+        .sum();
+    if tiles > MAX_KEY_TILES {
+        return Err(invalid(
+            format!("{ctx}: segs"),
+            format!("{tiles} key tiles of 64 tokens (Σ n·⌈kv/64⌉)"),
+            format!("at most {MAX_KEY_TILES} per call"),
+        ));
+    }
+    Ok(())
 }
 
 /// Prices measured launches and copies through the cost model's tables and launch terms.
@@ -760,11 +820,16 @@ pub struct FitOptions {
     /// ignored, as for `blocks`) when there are backward rows; `None`: none (the backward
     /// table prices the backward).
     pub bwd_blocks: Option<BwdBlockModel>,
+    /// Wall-clock seconds each of the fits (forward table, forward block model, backward
+    /// table, backward block model) may take; past it the fit stops with an error naming
+    /// the fit and the model evaluations it made.
+    pub time_budget_s: f64,
 }
 
 impl Default for FitOptions {
     fn default() -> Self {
         FitOptions {
+            time_budget_s: 120.0,
             lens: Vec::new(),
             iterations: 30,
             prior_weight: 0.03,
@@ -793,6 +858,47 @@ pub struct FitResult {
     pub bwd_rows: usize,
     /// Copies used.
     pub copy_rows: usize,
+}
+
+/// One fit's time budget: every model evaluation counts, and one past the deadline is an
+/// error naming the fit, the evaluations made and the limit.
+struct Budget {
+    fit: &'static str,
+    start: std::time::Instant,
+    limit_s: f64,
+    evals: std::sync::atomic::AtomicUsize,
+}
+
+impl Budget {
+    fn new(fit: &'static str, opts: &FitOptions) -> Self {
+        Budget {
+            fit,
+            start: std::time::Instant::now(),
+            limit_s: opts.time_budget_s,
+            evals: Default::default(),
+        }
+    }
+
+    /// Count one evaluation; an error once the budget is spent.
+    fn tick(&self) -> Result<()> {
+        let n = self
+            .evals
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
+        let t = self.start.elapsed().as_secs_f64();
+        if t > self.limit_s {
+            return Err(invalid(
+                format!("calibration fit `{}`", self.fit),
+                format!("{t:.1} s after {n} model evaluations"),
+                format!(
+                    "a fit within its time budget of {} s (are the measurement rows launches \
+                     the kernels ran?)",
+                    self.limit_s
+                ),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Solve `a x = b` (n × n, row-major) by Gaussian elimination with partial pivoting.
@@ -1038,6 +1144,7 @@ struct TableFit {
 /// minimise Σ ((overhead + compute(table, row) − measured)/measured)² plus the prior's
 /// pull towards the start (`start_tflops`, `start_us`).
 fn fit_table(
+    fit_name: &'static str,
     rows: &[&Measurement],
     nodes: &[(u32, u32)],
     start_tflops: &[f64],
@@ -1063,7 +1170,9 @@ fn fit_table(
     };
     let theta0 = theta.clone();
     let w = opts.prior_weight.max(0.0);
+    let budget = Budget::new(fit_name, opts);
     let residuals = |th: &[f64]| -> Result<Vec<f64>> {
+        budget.tick()?;
         let eff = EffTable::from_points(&points(th), "fit")?;
         let us = th[np - 1].max(0.0);
         let mut r: Vec<f64> = rows
@@ -1098,8 +1207,10 @@ struct BlockFit {
 /// The nonlinear half of a variable-projection fit: score every start (projected) by
 /// Σ r², then Levenberg–Marquardt (steps `h`, restarted while it gains) from the best two
 /// — a makespan is piecewise linear in the block times (blocks change SMs), so a single
-/// descent can stall on a kink. Returns the best parameters found.
+/// descent can stall on a kink; at most `iterations` restarts each. Returns the best
+/// parameters found.
 fn search_ratios(
+    budget: &Budget,
     mut starts: Vec<Vec<f64>>,
     descents: usize,
     h: &[f64],
@@ -1111,16 +1222,20 @@ fn search_ratios(
     for s in starts.iter_mut() {
         project(s);
     }
-    let mut scored: Vec<(f64, Vec<f64>)> = starts
-        .into_iter()
-        .map(|s| (sum_sq(&residuals(&s)), s))
-        .collect();
+    let mut scored: Vec<(f64, Vec<f64>)> = Vec::with_capacity(starts.len());
+    for s in starts {
+        budget.tick()?;
+        scored.push((sum_sq(&residuals(&s)), s));
+    }
     scored.sort_by(|x, y| x.0.total_cmp(&y.0));
-    let res = |th: &[f64]| -> Result<Vec<f64>> { Ok(residuals(th)) };
+    let res = |th: &[f64]| -> Result<Vec<f64>> {
+        budget.tick()?;
+        Ok(residuals(th))
+    };
     let mut best: Option<(f64, Vec<f64>)> = None;
     for (_, s) in scored.into_iter().take(descents.max(1)) {
         let (mut theta, mut r) = levenberg_marquardt(s, h, iterations, &res, project)?;
-        loop {
+        for _ in 0..iterations {
             let (t2, r2) = levenberg_marquardt(theta.clone(), h, iterations, &res, project)?;
             let gained = sum_sq(&r2) < sum_sq(&r) * (1.0 - 1e-6);
             (theta, r) = (t2, r2);
@@ -1166,8 +1281,9 @@ fn fit_blocks(
     rows: &[&Measurement],
     template: &BlockModel,
     start: Option<&BlockModel>,
-    iterations: usize,
+    opts: &FitOptions,
 ) -> Result<BlockFit> {
+    let iterations = opts.iterations;
     use rayon::prelude::*;
     let launches: Vec<LaunchBlocks> = rows
         .iter()
@@ -1217,6 +1333,7 @@ fn fit_blocks(
         }
     }
     let theta = search_ratios(
+        &Budget::new("forward block model", opts),
         starts,
         2,
         &[1e-2; 4],
@@ -1261,8 +1378,9 @@ fn fit_bwd_blocks(
     rows: &[&Measurement],
     template: &BwdBlockModel,
     start: Option<&BwdBlockModel>,
-    iterations: usize,
+    opts: &FitOptions,
 ) -> Result<BwdBlockFit> {
+    let iterations = opts.iterations;
     use rayon::prelude::*;
     let launches: Vec<BwdLaunchBlocks> = rows
         .iter()
@@ -1319,6 +1437,7 @@ fn fit_bwd_blocks(
         }
     }
     let theta = search_ratios(
+        &Budget::new("backward block model", opts),
         starts,
         1,
         &[1e-2; 3],
@@ -1393,6 +1512,7 @@ pub fn fit(rows: &[Measurement], start: &Pricing, opts: &FitOptions) -> Result<F
         Pricing::attn_compute_ms(eff, r.heads, r.head_dim, &r.segs)
     };
     let table = fit_table(
+        "forward table",
         &attn,
         &nodes,
         &start_t,
@@ -1417,7 +1537,7 @@ pub fn fit(rows: &[Measurement], start: &Pricing, opts: &FitOptions) -> Result<F
                     )
             };
             let s = start.blocks.as_ref().filter(same);
-            Some(fit_blocks(&attn, &template, s, opts.iterations)?)
+            Some(fit_blocks(&attn, &template, s, opts)?)
         }
     };
     // The backward is priced per segment: its starting table and the scalar efficiency
@@ -1464,6 +1584,7 @@ pub fn fit(rows: &[Measurement], start: &Pricing, opts: &FitOptions) -> Result<F
             })
             .collect();
         let b = fit_table(
+            "backward table",
             &attn_bwd,
             &bnodes,
             &bstart,
@@ -1494,7 +1615,7 @@ pub fn fit(rows: &[Measurement], start: &Pricing, opts: &FitOptions) -> Result<F
                     )
             };
             let s = start.bwd_blocks.as_ref().filter(same);
-            let f = fit_bwd_blocks(&attn_bwd, &template, s, opts.iterations)?;
+            let f = fit_bwd_blocks(&attn_bwd, &template, s, opts)?;
             launch.attn_bwd_launch_us = f.launch_us;
             Some(f)
         }
@@ -1887,6 +2008,7 @@ mod tests {
             prior_weight: 1e-5,
             blocks: None,
             bwd_blocks: None,
+            ..FitOptions::default()
         };
         let f = fit(&rows, &start, &opts).unwrap();
         let c = &f.calibration;
@@ -1991,6 +2113,7 @@ mod tests {
             prior_weight: 1e-5,
             blocks: None,
             bwd_blocks: None,
+            ..FitOptions::default()
         };
         let f = fit(&rows, &start, &opts).unwrap();
         assert_eq!((f.attn_rows, f.bwd_rows), (48, 48));

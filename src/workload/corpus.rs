@@ -39,6 +39,9 @@ use crate::rng::{self, Rng};
 /// The standard normal quantile at 0.99, used to fit a lognormal from its median and p99.
 pub const Z99: f64 = 2.326_347_874_040_841;
 
+/// How far a mixture's weights may sum from 1 (decimal rounding of the weights).
+const MIXTURE_SUM_TOLERANCE: f64 = 1e-6;
+
 /// Names of the built-in corpora.
 pub const BUILTIN: &[&str] = &["wlbllm", "libra-256k", "libra-1m"];
 
@@ -123,11 +126,11 @@ impl Corpus {
                 total += w;
                 parts.push((total, parse_component(comp.trim())?.0));
             }
-            if total <= 0.0 {
+            if (total - 1.0).abs() > MIXTURE_SUM_TOLERANCE {
                 return Err(invalid(
                     "corpus mixture weights",
                     format!("sum {total}"),
-                    "weights that sum to a positive number",
+                    "weights that sum to 1 (within 1e-6), e.g. 0.75*fixed:10+0.25*fixed:20",
                 ));
             }
             for p in &mut parts {
@@ -615,6 +618,7 @@ mod tests {
             "fixed:-5",
             "0*fixed:1+0*fixed:2",
             "-1*fixed:1+2*fixed:2",
+            "0.7*fixed:1+0.7*fixed:2",
             "x*fixed:1",
             "lognormal:median=100,p99=50",
         ] {
@@ -624,7 +628,7 @@ mod tests {
 
     #[test]
     fn mixture_weights_are_honoured() {
-        let c = Corpus::from_spec("3*fixed:10 + 1*fixed:20").unwrap();
+        let c = Corpus::from_spec("0.75*fixed:10 + 0.25*fixed:20").unwrap();
         let d = draw(&c, 40_000);
         let tens = d.iter().filter(|&&x| x == 10).count() as f64 / d.len() as f64;
         assert!((tens - 0.75).abs() < 0.01, "{tens}");

@@ -21,6 +21,10 @@ use super::corpus::Corpus;
 use super::{PackedSeq, Sample};
 use crate::error::{invalid, Error, Result};
 
+/// The largest best-fit look-ahead window W (documents held at once; each take scans the
+/// window's ordered map, so the cost per sequence grows as log W).
+pub const MAX_WINDOW: usize = 1 << 20;
+
 /// How documents are packed into sequences.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Packing {
@@ -37,12 +41,15 @@ impl FromStr for Packing {
     type Err = Error;
 
     fn from_str(s: &str) -> Result<Packing> {
-        let allowed = "sequential, best-fit (window 64) or best-fit:W with W ≥ 1";
+        let allowed =
+            format!("sequential, best-fit (window 64) or best-fit:W with 1 ≤ W ≤ {MAX_WINDOW}");
         match s.trim() {
             "sequential" => Ok(Packing::Sequential),
             "best-fit" => Ok(Packing::BestFit { window: 64 }),
             other => match other.strip_prefix("best-fit:").map(str::parse::<usize>) {
-                Some(Ok(window)) if window >= 1 => Ok(Packing::BestFit { window }),
+                Some(Ok(window)) if (1..=MAX_WINDOW).contains(&window) => {
+                    Ok(Packing::BestFit { window })
+                }
                 _ => Err(invalid("packing", other, allowed)),
             },
         }

@@ -46,9 +46,10 @@ fn corpus_command() {
         ),
         (vec!["corpus", &negative], Err("item 1: length -2")),
         (vec!["corpus", "fixed:0"], Err("invalid fixed len = 0")),
+        (vec!["corpus", "0*fixed:1+0*fixed:2"], Err("sum to 1")),
         (
-            vec!["corpus", "0*fixed:1+0*fixed:2"],
-            Err("sum to a positive number"),
+            vec!["corpus", "0.7*fixed:1+0.7*fixed:2"],
+            Err("invalid corpus mixture weights = sum 1.4"),
         ),
         (
             vec!["corpus", "wlbllm", "--seq-len", "0"],

@@ -76,7 +76,7 @@ fn topo_and_variance_commands() {
                 "--out",
                 &out,
             ],
-            Expect::Err("test-small.toml: nodes = 0"),
+            Expect::Err("0 is not a whole number in 1..=65536"),
         ),
         (
             vec!["topo", &unknown, "--out", &out],

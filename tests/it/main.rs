@@ -10,5 +10,6 @@ mod common;
 mod libra;
 mod plans;
 mod pools;
+mod robust;
 mod schemes;
 mod validate;

@@ -167,7 +167,7 @@ fn bad_settings_are_named() {
             "layers = 99",
         ),
         // GA 3 is fine now that DistCA keeps the baseline's GA; GA 0 is not
-        ("ga = 8", "ga = 0", "multiple of its DP"),
+        ("ga = 8", "ga = 0", "ga = 0: a degree ≥ 1"),
         (
             "topology = \"dgx-h200-roce\"",
             "alpha = 1",

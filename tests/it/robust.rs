@@ -1,0 +1,334 @@
+//! Every input either works or is refused by name: one case per bad input that once
+//! panicked, hung, aborted on allocation or was silently accepted. Each asserts a non-zero
+//! exit (never a panic) and the stable part of the message.
+
+use std::path::{Path, PathBuf};
+
+use crate::common::{fails, root, scratch};
+
+/// A file under the scratch folder `dir` with `body`.
+fn write(dir: &Path, name: &str, body: &str) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, body).unwrap();
+    p.to_string_lossy().into_owned()
+}
+
+/// A committed file with its `line` (1-based) rewritten by `f`.
+fn edited(
+    committed: &str,
+    dir: &Path,
+    name: &str,
+    line: usize,
+    f: impl Fn(&str) -> String,
+) -> String {
+    let text = std::fs::read_to_string(root().join(committed)).unwrap();
+    let body: Vec<String> = text
+        .lines()
+        .enumerate()
+        .map(|(i, l)| if i + 1 == line { f(l) } else { l.to_string() })
+        .collect();
+    write(dir, name, &(body.join("\n") + "\n"))
+}
+
+/// A committed experiment with `from` replaced by `to` (which must occur).
+fn experiment(name: &str, dir: &Path, out: &str, from: &str, to: &str) -> String {
+    let text = std::fs::read_to_string(root().join("experiments").join(name)).unwrap();
+    assert!(text.contains(from), "{from:?} not in {name}");
+    write(dir, out, &text.replacen(from, to, 1))
+}
+
+/// A measurement CSV's field `col` (0-based) of `line` set to `v`.
+fn csv_field(line: &str, col: usize, v: &str) -> String {
+    let mut f: Vec<&str> = line.split(',').collect();
+    f[col] = v;
+    f.join(",")
+}
+
+const MEASUREMENTS: &str = "validate/results/run18/x1.csv";
+
+fn plan_out(d: &Path) -> PathBuf {
+    d.join("plan.json")
+}
+
+#[test]
+fn plan_steps_past_the_limit_are_refused_for_every_scheme() {
+    let d = scratch("robust-step");
+    let o = plan_out(&d);
+    for scheme in ["libra", "ulysses", "distca"] {
+        for step in ["18446744073709551615", "4294967296"] {
+            let args = [
+                "plan",
+                "--scheme",
+                scheme,
+                "--step",
+                step,
+                "-o",
+                o.to_str().unwrap(),
+            ];
+            fails(&args, "is not a whole number in 0..=65535");
+        }
+    }
+}
+
+#[test]
+fn calibrate_rows_out_of_the_kernels_range_are_refused() {
+    let d = scratch("robust-cal");
+    // head_dim 0 and 1 (ran for minutes), a flops NaN, a 4294967295 segment count (103 GB).
+    let hd0 = edited(MEASUREMENTS, &d, "hd0.csv", 4, |l| csv_field(l, 14, "0"));
+    let hd1 = edited(MEASUREMENTS, &d, "hd1.csv", 4, |l| csv_field(l, 14, "1"));
+    let nan = edited(MEASUREMENTS, &d, "nan.csv", 4, |l| csv_field(l, 16, "NaN"));
+    let big = edited(MEASUREMENTS, &d, "big.csv", 4, |l| {
+        l.replacen("*1", "*4294967295", 1)
+    });
+    let cal = d.join("cal.json");
+    let cal = cal.to_str().unwrap();
+    for (f, want) in [
+        (&hd0, "line 4: head_dim = 0: 64 or 128"),
+        (&hd1, "line 4: head_dim = 1: 64 or 128"),
+        (&nan, "line 4: flops = NaN: a finite number >= 0"),
+        (&big, "key tiles of 64 tokens"),
+    ] {
+        fails(&["calibrate", "--measurements", f, "-o", cal], want);
+    }
+    fails(
+        &[
+            "calibrate",
+            "--prior-weight",
+            "nan",
+            "--measurements",
+            MEASUREMENTS,
+            "-o",
+            cal,
+        ],
+        "nan is not a finite number >= 0",
+    );
+}
+
+/// One backward row's segment count `*1` → `*2` (run 19): the list schedule used to
+/// livelock on a negative remainder. The fit now ends (and succeeds).
+#[test]
+fn calibrate_with_one_changed_segment_count_ends() {
+    let d = scratch("robust-segcount");
+    let m = edited(
+        "validate/results/plans_run19/run_a_measurements.csv",
+        &d,
+        "m.csv",
+        486,
+        |l| l.replacen("*1", "*2", 1),
+    );
+    let cal = d.join("cal.json");
+    let out = crate::common::skewsim(&[
+        "calibrate",
+        "--measurements",
+        &m,
+        "-o",
+        cal.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn size_knobs_past_their_maximum_are_refused_with_the_range() {
+    let d = scratch("robust-sizes");
+    let o = plan_out(&d);
+    let o = o.to_str().unwrap();
+    fails(
+        &["corpus", "wlbllm", "--packing", "best-fit:100000000000"],
+        "1 ≤ W ≤ 1048576",
+    );
+    fails(
+        &["corpus", "wlbllm", "--sequences", "100000000"],
+        "is not a whole number in 1..=65536",
+    );
+    fails(
+        &["corpus", "wlbllm", "--samples", "10000000000"],
+        "is not a whole number in 1..=67108864",
+    );
+    fails(
+        &["plan", "--gbs", "100000000", "-o", o],
+        "is not a whole number in 1..=65536",
+    );
+    fails(
+        &["topo", "topologies/dgx-h200-roce.toml", "--nodes", "100000"],
+        "1..=65536",
+    );
+    let out = d.join("topo");
+    fails(
+        &[
+            "topo",
+            "topologies/dgx-h200-roce.toml",
+            "--nodes",
+            "2000",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        "topo draws at most 1024 nodes unless --large is given",
+    );
+    fails(
+        &[
+            "--max-memory",
+            "1M",
+            "corpus",
+            "libra-1m",
+            "--sequences",
+            "4096",
+        ],
+        "--max-memory raises the limit",
+    );
+}
+
+#[test]
+fn experiments_past_their_budget_are_refused() {
+    let d = scratch("robust-exp");
+    let rv =
+        |name: &str, from: &str, to: &str| experiment("runtime-variance.toml", &d, name, from, to);
+    let fw = |name: &str, from: &str, to: &str| experiment("four-way.toml", &d, name, from, to);
+    for (f, want) in [
+        (
+            rv("rv-steps.toml", "steps = 500", "steps = 1000000"),
+            "kernel times: at most 67108864",
+        ),
+        (
+            rv(
+                "rv-k.toml",
+                "kernels_per_step = 1",
+                "kernels_per_step = 65536",
+            ),
+            "kernel times: at most",
+        ),
+        (
+            fw("fw-cp0.toml", "cp = 8", "cp = 0"),
+            "cp = 0: a degree ≥ 1",
+        ),
+        (
+            fw("fw-cp8000.toml", "cp = 8", "cp = 8000"),
+            "simulated GPUs: at most 4096 per point",
+        ),
+        (
+            fw("fw-cp65535.toml", "cp = 8", "cp = 65535"),
+            "simulated GPUs: at most 4096",
+        ),
+        (
+            fw("fw-dp2000.toml", "dp = [2, 4, 8, 16]", "dp = [2000]"),
+            "= 16000 simulated GPUs",
+        ),
+        (
+            fw(
+                "fw-topo.toml",
+                "topology = \"dgx-h200-roce\"",
+                "topology = \"nosuch\"",
+            ),
+            "[network] topology",
+        ),
+    ] {
+        fails(&["run", &f, "--out", d.join("out").to_str().unwrap()], want);
+    }
+}
+
+#[test]
+fn plan_and_libra_config_refuse_what_run_refuses() {
+    let d = scratch("robust-schema");
+    let e =
+        |name: &str, from: &str, to: &str| experiment("libra-dp-scaling.toml", &d, name, from, to);
+    let modle = e("modle.toml", "model = ", "modle = ");
+    let cp = e("cp.toml", "cp = 16", "cp = \"16\"");
+    let dp0 = e("dp0.toml", "dp = [1, 2, 4, 8, 16]", "dp = [0]");
+    let set = write(&d, "set.toml", "gbs = 16\ncp = \"16\"\n");
+    let o = plan_out(&d);
+    for (f, want) in [
+        (&modle, "unknown field `modle`"),
+        (&cp, "not a valid `train` experiment"),
+        (&dp0, "[sweep] dp = [0]: every entry ≥ 1"),
+        (&set, "not a valid settings file"),
+    ] {
+        fails(
+            &["run", f, "--out", d.join("out").to_str().unwrap()],
+            if f == &set { "kind" } else { want },
+        );
+        fails(&["plan", f, "-o", o.to_str().unwrap()], want);
+        fails(&["libra-config", f], want);
+    }
+}
+
+#[test]
+fn zero_and_negative_values_are_named() {
+    let d = scratch("robust-zero");
+    let o = plan_out(&d);
+    let o = o.to_str().unwrap();
+    fails(
+        &["plan", "--seq-len", "0", "-o", o],
+        "'0' for '--seq-len <SEQ_LEN>'",
+    );
+    fails(
+        &["corpus", "wlbllm", "--sequences", "0"],
+        "0 is not a whole number in 1..=65536",
+    );
+    fails(
+        &["corpus", "wlbllm", "--sequences", "-5"],
+        "-5 is not a whole number in 1..=65536",
+    );
+    fails(
+        &["plan", "--cp", "-3", "-o", o],
+        "-3 is not a whole number in 1..=65536",
+    );
+    fails(
+        &["corpus", "0.7*fixed:1+0.7*fixed:2"],
+        "invalid corpus mixture weights = sum 1.4",
+    );
+    fails(
+        &["validate", "--dry-run", "--reps", "0", "--plan", o],
+        "'0' for '--reps <REPS>'",
+    );
+}
+
+#[test]
+fn check_plan_refuses_empty_plans_and_unknown_schemes() {
+    let d = scratch("robust-check-plan");
+    let o = plan_out(&d);
+    let o = o.to_str().unwrap();
+    let small = [
+        "plan",
+        "--corpus",
+        "lognormal:median=600,p99=30000",
+        "--seq-len",
+        "32768",
+        "--gbs",
+        "8",
+        "--dp",
+        "4",
+        "--cp",
+        "2",
+        "--pool-size",
+        "2",
+        "--head-shards",
+        "2",
+        "--tile-tokens",
+        "1024",
+        "-o",
+        o,
+    ];
+    let out = crate::common::skewsim(&small);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let plan: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(o).unwrap()).unwrap();
+    let mut empty = plan.clone();
+    empty["groups"] = serde_json::json!([]);
+    let mut bogus = plan.clone();
+    bogus["scheme"] = serde_json::json!("bogus");
+    let empty = write(&d, "empty.json", &empty.to_string());
+    let bogus = write(&d, "bogus.json", &bogus.to_string());
+    fails(&["check-plan", &empty], "invalid groups = []");
+    fails(&["check-plan", &bogus], "invalid scheme = \"bogus\"");
+    fails(
+        &["validate", "--dry-run", "--variant", "bogus", "--plan", o],
+        "invalid kernel variant = bogus",
+    );
+}
