@@ -764,6 +764,28 @@ impl<'a> Emitter<'a> {
         v
     }
 
+    /// Layer l's linear chain: the block after layer l − 1's attention (`after_attn`: not
+    /// on a stage's first layer), then the QKV projection.
+    fn layer_links(&self, after_attn: bool) -> Vec<Link> {
+        let mut v = if after_attn {
+            self.links_post()
+        } else {
+            Vec::new()
+        };
+        v.extend(self.links_gathered(Piece::Qkv));
+        v
+    }
+
+    /// A stage's closing chain: the block after its last attention, then (last stage) the
+    /// LM head.
+    fn end_links(&self, last_stage: bool) -> Vec<Link> {
+        let mut v = self.links_post();
+        if last_stage {
+            v.extend(self.links_gathered(Piece::Head));
+        }
+        v
+    }
+
     /// The links before a piece that needs the whole sequence's activation (the QKV
     /// projection, the LM head): an all-gather under SP.
     fn links_gathered(&self, piece: Piece) -> Vec<Link> {
@@ -932,12 +954,7 @@ impl<'a> Emitter<'a> {
         let lf = self.stages[p as usize].lf;
         let rw = self.rw();
         if self.chain {
-            let mut links = if l > lf {
-                self.links_post()
-            } else {
-                Vec::new()
-            };
-            links.extend(self.links_gathered(Piece::Qkv));
+            let links = self.layer_links(l > lf);
             let first = self.chain(p, mb, l, r, &links, true);
             if l == lf {
                 for (j, op) in first.into_iter().enumerate() {
@@ -1029,10 +1046,7 @@ impl<'a> Emitter<'a> {
         };
         if self.chain {
             for r in 0..par.dp as usize {
-                let mut links = self.links_post();
-                if last_stage {
-                    links.extend(self.links_gathered(Piece::Head));
-                }
+                let links = self.end_links(last_stage);
                 self.chain(p, mb, ll, r, &links, true);
             }
         }
@@ -1097,10 +1111,7 @@ impl<'a> Emitter<'a> {
         };
         if self.chain {
             for r in 0..par.dp as usize {
-                let mut links = self.links_post();
-                if last_stage {
-                    links.extend(self.links_gathered(Piece::Head));
-                }
+                let links = self.end_links(last_stage);
                 let first = self.chain(p, mb, ll, r, &links, false);
                 for (j, op) in first.into_iter().enumerate() {
                     let i = self.idx(p, r * rw + j, mb);
@@ -1161,12 +1172,7 @@ impl<'a> Emitter<'a> {
             layer: l as u16,
         };
         if self.chain {
-            let mut links = if l > lf {
-                self.links_post()
-            } else {
-                Vec::new()
-            };
-            links.extend(self.links_gathered(Piece::Qkv));
+            let links = self.layer_links(l > lf);
             self.chain(p, mb, l, r, &links, false);
         }
         for i in r * rw..(r + 1) * rw {

@@ -100,7 +100,7 @@ fn a_slice_of_distca_3d_reproduces_its_committed_rows() {
             "model = [\"llama3-8b\", \"llama-34b\"]",
             "model = [\"llama3-8b\"]",
         )
-        .replace("dp = [8, 64]", "dp = [8]")
+        .replace("dp = [1, 8]", "dp = [1]")
         .replace("seq_len = [131072, 524288]", "seq_len = [131072]");
     assert_ne!(sliced, text, "the slice must change the sweep");
     let dir = tmp("distca-3d-slice");
