@@ -64,22 +64,19 @@ pub fn wlb_s_max_memory(
     cp: u32,
 ) -> Result<MemoryBreakdown> {
     let m = &cost.model;
-    if cp == 0 || m.heads_q % cp != 0 {
-        return Err(invalid(
-            "cp",
-            cp,
-            format!("a divisor of the model's {} query heads", m.heads_q),
-        ));
+    if cp == 0 {
+        return Err(invalid("cp", cp, "a positive CP degree"));
     }
     let tokens = u64::from(s_max).div_ceil(u64::from(cp));
     Ok(rank_memory(
         m,
         &MemoryInputs {
             tokens_per_rank: tokens,
-            // Q of S_max / CP tokens over all heads = S_max tokens over h_q / CP heads;
-            // K and V of all S_max tokens (all-gathered) over all KV heads.
+            // Q of S_max / CP tokens over all heads = S_max tokens over h_q / CP heads
+            // (rounded up where CP does not divide them); K and V of all S_max tokens
+            // (all-gathered) over all KV heads.
             attn_tokens: u64::from(s_max),
-            attn_heads_q: m.heads_q / cp,
+            attn_heads_q: m.heads_q.div_ceil(cp),
             attn_heads_kv: m.heads_kv,
             ..*base
         },

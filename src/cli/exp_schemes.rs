@@ -717,14 +717,15 @@ fn last_arm_cuts(arms: &[Arm], rs: &[ArmResult]) -> String {
 /// fits the GPU.
 fn s_max_rows(f: &CompareFile, points: &[(String, Arc<CostModel>, u32, u32)]) -> Result<String> {
     use skewsim::balance::pricing::{wlb_max_s_max, wlb_s_max_memory};
-    use skewsim::cost::memory::{stage_grad_bytes, MemoryInputs};
+    use skewsim::cost::memory::{stage_rank_params, MemoryInputs, GRAD_BYTES_PER_PARAM};
     use skewsim::schedule::ulysses::{in_flight, stage_layers};
     let mut seen: Vec<(String, u32)> = Vec::new();
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     let mut t = String::from(
         "\n## WLB-LLM's memory cap S_max, priced by `cost::memory`\n\n\
          Peak memory of a first-stage rank budgeting S_max tokens per micro-batch \
-         (`balance::pricing::wlb_s_max_memory`); the default is S_max = 2·L.\n\n\
+         (`balance::pricing::wlb_s_max_memory`; one TP rank's under TP); the default is \
+         S_max = 2·L.\n\n\
          | model | L | CP | DP | S_max = L (GiB) | S_max = 2·L (GiB) | largest S_max that fits |\n\
          |---|---|---|---|---|---|---|\n",
     );
@@ -734,10 +735,13 @@ fn s_max_rows(f: &CompareFile, points: &[(String, Arc<CostModel>, u32, u32)]) ->
             continue;
         }
         seen.push((model.clone(), *l));
+        // One TP rank's memory.
+        let shard = cost.tp_shard(par.tp, par.ep)?;
+        let cost = &shard;
         let m = &cost.model;
         let pp = par.pp.max(1);
         let (lf, ll) = stage_layers(m.layers, pp)[0];
-        let grad = stage_grad_bytes(m, ll - lf, true, pp == 1);
+        let grad = stage_rank_params(m, ll - lf, true, pp == 1, par.ep) * GRAD_BYTES_PER_PARAM;
         let kind = par.pipeline.unwrap_or(PipelineKind::OneFOneB);
         let base = MemoryInputs {
             layers: ll - lf,
@@ -752,8 +756,8 @@ fn s_max_rows(f: &CompareFile, points: &[(String, Arc<CostModel>, u32, u32)]) ->
             in_flight: in_flight(kind, pp, 0, par.ga),
             recompute: par.recompute,
             bucket_bytes: grad.div_ceil(u64::from(par.dp_buckets.max(1))),
-            seq_shard: 1,
-            expert_shard: 1,
+            seq_shard: if par.sp { par.tp } else { 1 },
+            expert_shard: par.ep,
         };
         let at = |s: u32| wlb_s_max_memory(cost, &base, s, par.cp).map(|b| gib(b.total()));
         let best = wlb_max_s_max(cost, &base, par.cp, skewsim::balance::wlbllm::KERNEL_TILE)?;
