@@ -225,7 +225,11 @@ mod tests {
         assert_eq!(best % 1024, 0);
         let at = |s| wlb_s_max_memory(&cost, &base(), s, 4).unwrap().total();
         assert!(at(best) <= cost.hw.memory_bytes && at(best + 1024) > cost.hw.memory_bytes);
-        assert!(wlb_s_max_memory(&cost, &base(), 1024, 3).is_err());
+        assert!(wlb_s_max_memory(&cost, &base(), 1024, 0).is_err());
+        // CP 3 does not divide 32 heads: Q of 1024 tokens over ⌈32/3⌉ = 11 heads.
+        let c3 = wlb_s_max_memory(&cost, &base(), 1024, 3).unwrap();
+        let (q3, kv3) = (1024u64 * 11 * 128 * 2, 2 * 1024u64 * 8 * 128 * 2);
+        assert_eq!(c3.attn_buffers, 2 * (q3 + kv3 + q3));
     }
 
     #[test]
