@@ -1101,6 +1101,7 @@ mod tests {
             iter_ns: i,
             row_share: rs,
             diag_ns: d,
+            empty_ns: 0.0,
         };
         BwdBlockModel::h200(0.002, t(3.0, 10.0, 0.5, 1.0), t(5.0, 7.0, 0.25, 2.0), 1.5)
     }
@@ -1282,5 +1283,39 @@ mod tests {
         assert!(serde_json::from_str::<BwdBlockModel>(&bad).is_err());
         let bad = j.replace("\"iter_ns\": 10.0", "\"iter_ns\": 10.0, \"wave\": 1");
         assert!(serde_json::from_str::<BwdBlockModel>(&bad).is_err());
+    }
+
+    #[test]
+    fn grid_order_pads_every_segment_to_the_most_tiles() {
+        let m = BlockModel {
+            order: TileOrder::Grid,
+            empty_ns: 0.5,
+            ..BlockModel::h200(1.0, 1.0, 0.0, 0.0, 1.0)
+        };
+        // 64 queries (one tile) beside 300 (three): the first is padded with two empties,
+        // in grid order (its tile, then the empties), then the second's tiles from its first.
+        let b = launch_blocks(&m, [(0, 64, 1), (100, 400, 1)]);
+        assert_eq!(b.len(), 6);
+        assert_eq!(b[0], query_tile_shape(64, 0, 64));
+        assert_eq!((b[1], b[2]), (EMPTY, EMPTY));
+        assert_eq!(b[3], query_tile_shape(64, 100, 228));
+        assert_eq!(b[5], query_tile_shape(64, 356, 400));
+        assert_eq!(m.block_ps(EMPTY, 128), 500.0);
+        // FlashAttention-2's backward: no dQ launch; key tiles padded to the longest prefix.
+        let bwd = BwdBlockModel {
+            order: TileOrder::Grid,
+            dq_launch: false,
+            block_m: 128,
+            ..bwd_model()
+        };
+        assert!(bwd_dq_blocks(&bwd, [(0, 64, 1)]).is_empty());
+        let k = bwd_dkdv_blocks(&bwd, [(0, 64, 1), (100, 400, 2)]);
+        // ⌈400/128⌉ = 4 key tiles per segment: 1 + 3 empties, then 4 and 4.
+        assert_eq!(k.len(), 12);
+        assert_eq!(k[1..4], [EMPTY; 3]);
+        assert!(k[4..].iter().all(|s| s.rows > 0));
+        // The call's price: empties at their own time, nothing for dQ.
+        let l = BwdLaunchBlocks::new(&bwd, 1, 128, [(0, 64, 1)]);
+        assert_eq!(l.parts_ps(&bwd)[1], 0.0);
     }
 }

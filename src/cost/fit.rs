@@ -2163,6 +2163,7 @@ mod tests {
             iter_ns,
             row_share: 0.3,
             diag_ns: 0.0,
+            empty_ns: 0.0,
         };
         let truth_m = BwdBlockModel::h200(0.0, t(2000.0), t(2000.0), 1.6);
         let truth = Pricing {
