@@ -4,8 +4,9 @@
 
 use std::path::Path;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use skewsim::cost::fit::Pricing;
+use skewsim::cost::profile::Kernel;
 use skewsim::cost::{Calibration, CostModel, ModelConfig};
 
 /// The calibration in `path`, checked; errors name the file.
@@ -24,10 +25,16 @@ pub fn cost_model(model: ModelConfig, path: Option<&Path>) -> Result<CostModel> 
     })
 }
 
-/// The launch pricing of the calibration in `path`, else the built-in H200 one.
-pub fn pricing(path: Option<&Path>) -> Result<Pricing> {
-    Ok(match path {
-        None => Pricing::h200_default()?,
-        Some(p) => Pricing::from_calibration(&read(p)?, &p.display().to_string())?,
+/// The launch pricing of the calibration in `path`, else of the built-in profile of
+/// `kernel` (`--kernel`), else the built-in H200 one.
+pub fn pricing(path: Option<&Path>, kernel: Option<&str>) -> Result<Pricing> {
+    Ok(match (path, kernel) {
+        (Some(_), Some(_)) => bail!("--calibration and --kernel: give one of them"),
+        (Some(p), None) => Pricing::from_calibration(&read(p)?, &p.display().to_string())?,
+        (None, Some(k)) => Pricing::from_calibration(
+            &Kernel::from_name("--kernel", k)?.calibration()?,
+            &format!("--kernel {k}"),
+        )?,
+        (None, None) => Pricing::h200_default()?,
     })
 }

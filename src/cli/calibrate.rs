@@ -21,7 +21,7 @@ use skewsim::cost::fit::{
 };
 
 use skewsim::cost::blocks::{
-    BlockModel, BlockTimes, BwdBlockModel, BWD_BLOCKS_PER_SM, BWD_BLOCK_M, BWD_BLOCK_N,
+    BlockModel, BlockTimes, BwdBlockModel, TileOrder, BWD_BLOCKS_PER_SM, BWD_BLOCK_M, BWD_BLOCK_N,
     FWD_BLOCKS_PER_SM, FWD_BLOCK_M, FWD_BLOCK_N, FWD_HEAD_DIM, H200_SMS,
 };
 
@@ -54,6 +54,11 @@ pub struct Args {
     /// Start from this calibration instead of the built-in H200 table.
     #[arg(long)]
     pub calibration: Option<PathBuf>,
+    /// Start from (with --score-only: price by) a built-in kernel profile instead:
+    /// torch-flash (PyTorch's varlen FlashAttention-2 on the H200) or skewsim (the
+    /// project's own kernels).
+    #[arg(long)]
+    pub kernel: Option<String>,
     /// Grid lengths of the fitted table (tokens, comma-separated) [default: powers of 2
     /// spanning the data].
     #[arg(long, value_delimiter = ',')]
@@ -88,9 +93,28 @@ pub struct Args {
     /// Rows per step of the backward kernels' loops (keys of dQ, query rows of dK/dV).
     #[arg(long, default_value_t = BWD_BLOCK_N)]
     pub bwd_block_n: u32,
+    /// Whose blocks the model lays out: `skewsim` (`validate/kernels`: tiles longest
+    /// first, dQ a launch of its own) or `flash2` (FlashAttention-2's varlen grid, as
+    /// PyTorch runs it: tiles in grid order, each segment padded with empty blocks to the
+    /// launch's most tiles, dQ accumulated by the dK/dV blocks).
+    #[arg(long, value_enum, default_value_t = BlockLayout::Skewsim)]
+    pub block_layout: BlockLayout,
+    /// Score without fitting: price every row (measurements and traces, no holdout) by
+    /// `--calibration`, else by the built-in default, and print predicted vs measured.
+    #[arg(long)]
+    pub score_only: bool,
     /// Where to write the calibration JSON.
     #[arg(short, long, default_value = "calibration.json")]
     pub out: PathBuf,
+}
+
+/// What `--score-only` reports.
+#[derive(Serialize)]
+struct ScoreReport {
+    /// The calibration file, or the built-in default.
+    pricing: String,
+    rows: usize,
+    summary: Summary,
 }
 
 /// How a calibration prices an attention call (forward and backward).
@@ -100,6 +124,23 @@ pub enum KernelModel {
     Blocks,
     /// The efficiency tables per segment.
     Table,
+}
+
+/// Whose kernels a fitted block model lays out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum BlockLayout {
+    /// The project's kernels (`validate/kernels`).
+    Skewsim,
+    /// FlashAttention-2's varlen kernels.
+    Flash2,
+}
+
+/// The tile order of a block layout.
+fn order(layout: BlockLayout) -> TileOrder {
+    match layout {
+        BlockLayout::Skewsim => TileOrder::LongestFirst,
+        BlockLayout::Flash2 => TileOrder::Grid,
+    }
 }
 
 /// Rows from a Chrome trace: each causal flash forward kernel as one launch of `b` whole
@@ -195,7 +236,7 @@ pub fn run(args: Args, out: Output) -> Result<()> {
     if args.measurements.is_empty() && args.trace.is_empty() {
         bail!("calibrate needs at least one --measurements CSV or --trace file");
     }
-    let start = super::calfile::pricing(args.calibration.as_deref())?;
+    let start = super::calfile::pricing(args.calibration.as_deref(), args.kernel.as_deref())?;
     let mut rows = Vec::new();
     for f in &args.measurements {
         let name = f.display().to_string();
@@ -215,6 +256,27 @@ pub fn run(args: Args, out: Output) -> Result<()> {
     }
     if let Some(ex) = &args.exclude_plans {
         rows.retain(|r| !ex.iter().any(|n| r.plan.contains(n.as_str())));
+        trace.retain(|r| !ex.iter().any(|n| r.plan.contains(n.as_str())));
+    }
+    if args.score_only {
+        rows.extend(trace);
+        let report = ScoreReport {
+            pricing: match (&args.calibration, &args.kernel) {
+                (Some(p), _) => p.display().to_string(),
+                (None, Some(k)) => format!("the built-in {k} profile"),
+                (None, None) => "the built-in default".into(),
+            },
+            rows: rows.len(),
+            summary: fit::summarize(&rows, &start),
+        };
+        return out.emit(&report, || {
+            format!(
+                "{} rows priced by {}, no fitting:\n{}",
+                report.rows,
+                report.pricing,
+                report.summary.table()
+            )
+        });
     }
     let seeds = distinct(&rows, |r| r.seed);
     let by_name = args.holdout_schemes.is_some() || args.holdout_plans.is_some();
@@ -270,6 +332,7 @@ pub fn run(args: Args, out: Output) -> Result<()> {
             block_m: args.block_m,
             block_n: args.block_n,
             head_dim: FWD_HEAD_DIM,
+            order: order(args.block_layout),
             ..BlockModel::h200(0.0, 1.0, 0.0, 0.0, 1.0)
         }),
         bwd_blocks: (args.kernel_model == KernelModel::Blocks).then(|| {
@@ -278,12 +341,15 @@ pub fn run(args: Args, out: Output) -> Result<()> {
                 iter_ns: 1.0,
                 row_share: 0.0,
                 diag_ns: 0.0,
+                empty_ns: 0.0,
             };
             BwdBlockModel {
                 sms: args.sms,
                 blocks_per_sm: args.bwd_blocks_per_sm,
                 block_m: args.bwd_block_m,
                 block_n: args.bwd_block_n,
+                order: order(args.block_layout),
+                dq_launch: args.block_layout == BlockLayout::Skewsim,
                 ..BwdBlockModel::h200(0.0, t, t, 1.0)
             }
         }),

@@ -449,7 +449,7 @@ fn measure_plan(
 
 /// The pricing a command uses: a calibration file's, else the built-in H200 table.
 pub fn run(args: Args, out: Output) -> Result<()> {
-    let pricing = super::calfile::pricing(args.calibration.as_deref())?;
+    let pricing = super::calfile::pricing(args.calibration.as_deref(), None)?;
     // Read and check every plan before touching the GPU.
     let mut plans = Vec::new();
     for f in &args.plan {

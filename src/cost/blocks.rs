@@ -114,6 +114,37 @@ pub struct BlockModel {
     /// Keys per step of the key loop.
     #[serde(default = "default_block_n")]
     pub block_n: u32,
+    /// The order the grid hands its blocks to the SMs.
+    #[serde(default, skip_serializing_if = "TileOrder::is_longest_first")]
+    pub order: TileOrder,
+    /// Time of a block that has no rows to compute (a [`TileOrder::Grid`] launch pads
+    /// every segment to its longest), ns.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub empty_ns: f64,
+}
+
+/// The order a kernel's grid hands its blocks to the SMs, and which blocks it launches.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TileOrder {
+    /// The project's kernels (`validate/kernels`): exactly the segments' tiles, sorted by
+    /// the steps they take, most first.
+    #[default]
+    LongestFirst,
+    /// FlashAttention-2's varlen grid (tile fastest, then segment, then head): per
+    /// segment its tiles from the first, each segment padded with empty blocks to the
+    /// launch's most tiles (the blocks past a segment's end return at once).
+    Grid,
+}
+
+impl TileOrder {
+    fn is_longest_first(&self) -> bool {
+        *self == TileOrder::LongestFirst
+    }
+}
+
+fn is_zero(v: &f64) -> bool {
+    *v == 0.0
 }
 
 /// A block's shape: what its time depends on.
@@ -142,6 +173,8 @@ impl BlockModel {
             blocks_per_sm: FWD_BLOCKS_PER_SM,
             block_m: FWD_BLOCK_M,
             block_n: FWD_BLOCK_N,
+            order: TileOrder::LongestFirst,
+            empty_ns: 0.0,
         }
     }
 
@@ -152,6 +185,7 @@ impl BlockModel {
             iter_ns: self.iter_ns,
             row_share: self.row_share,
             diag_ns: self.diag_ns,
+            empty_ns: self.empty_ns,
         }
     }
 
@@ -198,12 +232,19 @@ pub struct BlockTimes {
     pub row_share: f64,
     /// Extra time of a step that the causal mask cuts, ns.
     pub diag_ns: f64,
+    /// Time of an empty block (no rows: [`TileOrder::Grid`]'s padding), ns.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub empty_ns: f64,
 }
 
 impl BlockTimes {
     /// Time in ps of a block of `b` alone on its SM: steps and diagonal scaled by
-    /// `d_scale` (head_dim / the fitted head_dim), rows counted out of `block_rows`.
+    /// `d_scale` (head_dim / the fitted head_dim), rows counted out of `block_rows`; an
+    /// empty block (no rows) takes `empty_ns`.
     pub fn block_ps(&self, b: BlockShape, d_scale: f64, block_rows: u32) -> f64 {
+        if b.rows == 0 {
+            return 1e3 * self.empty_ns;
+        }
         let rows = f64::from(b.rows) / f64::from(block_rows.max(1));
         let step = self.iter_ns * (1.0 - self.row_share + self.row_share * rows);
         1e3 * (self.block_ns
@@ -212,7 +253,11 @@ impl BlockTimes {
 
     /// Check the fields; `f` names a field in errors.
     fn validate(&self, f: &dyn Fn(&str) -> String) -> Result<()> {
-        for (name, v) in [("block_ns", self.block_ns), ("diag_ns", self.diag_ns)] {
+        for (name, v) in [
+            ("block_ns", self.block_ns),
+            ("diag_ns", self.diag_ns),
+            ("empty_ns", self.empty_ns),
+        ] {
             if !(v.is_finite() && v >= 0.0) {
                 return Err(invalid(f(name), v, "a finite time >= 0 ns"));
             }
@@ -282,9 +327,17 @@ fn head_dim_scale(head_dim: u32, fitted: u32) -> f64 {
     f64::from(head_dim) / f64::from(fitted.max(1))
 }
 
+/// A block with nothing to compute.
+const EMPTY: BlockShape = BlockShape {
+    n_iter: 0,
+    n_diag: 0,
+    rows: 0,
+};
+
 /// The shape of a query tile [p0, p1) over keys [0, p1) in steps of `block_n` keys: the
 /// forward's and the backward dQ's blocks.
 fn query_tile_shape(block_n: u32, p0: u64, p1: u64) -> BlockShape {
+    debug_assert!(p1 > p0);
     let bn = u64::from(block_n.max(1));
     let n_iter = p1.div_ceil(bn);
     BlockShape {
@@ -295,13 +348,40 @@ fn query_tile_shape(block_n: u32, p0: u64, p1: u64) -> BlockShape {
 }
 
 /// Query tiles of `block_m` rows of every segment (queries [start, end), keys [0, end);
-/// `n` such segments) in launch order: most keys first (ties: the larger shape first).
+/// `n` such segments) in launch order: most keys first (ties: the larger shape first), or
+/// in `Grid` order each segment's tiles from its first, padded to the most any segment has.
 fn query_tiles(
     block_m: u32,
     block_n: u32,
+    order: TileOrder,
     segs: impl IntoIterator<Item = (u64, u64, u32)>,
 ) -> Vec<BlockShape> {
     let bm = u64::from(block_m.max(1));
+    if order == TileOrder::Grid {
+        let segs: Vec<(u64, u64, u32)> = segs.into_iter().collect();
+        let tiles = segs
+            .iter()
+            .map(|&(a, e, _)| e.saturating_sub(a).div_ceil(bm))
+            .max()
+            .unwrap_or(0);
+        let mut blocks = Vec::new();
+        for &(a, e, n) in &segs {
+            let one: Vec<BlockShape> = (0..tiles)
+                .map(|k| {
+                    let p0 = a + k * bm;
+                    if p0 >= e {
+                        EMPTY
+                    } else {
+                        query_tile_shape(block_n, p0, (p0 + bm).min(e))
+                    }
+                })
+                .collect();
+            for _ in 0..n {
+                blocks.extend_from_slice(&one);
+            }
+        }
+        return blocks;
+    }
     let mut blocks: Vec<(u64, BlockShape)> = Vec::new();
     for (start, end, n) in segs {
         let mut p0 = start;
@@ -323,7 +403,7 @@ pub fn launch_blocks(
     m: &BlockModel,
     segs: impl IntoIterator<Item = (u64, u64, u32)>,
 ) -> Vec<BlockShape> {
-    query_tiles(m.block_m, m.block_n, segs)
+    query_tiles(m.block_m, m.block_n, m.order, segs)
 }
 
 /// Blocks of one launch list-scheduled one by one; a launch of more passes whole heads
@@ -544,6 +624,21 @@ pub struct BwdBlockModel {
     /// Rows per step (keys for dQ, query rows for dK/dV).
     #[serde(default = "default_bwd_block")]
     pub block_n: u32,
+    /// The order the dK/dV grid hands its blocks to the SMs.
+    #[serde(default, skip_serializing_if = "TileOrder::is_longest_first")]
+    pub order: TileOrder,
+    /// Whether dQ is a launch of its own (the project's kernels) or accumulated by the
+    /// dK/dV blocks as they go (FlashAttention-2: its conversion is per row × head).
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub dq_launch: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn is_true(v: &bool) -> bool {
+    *v
 }
 
 impl BwdBlockModel {
@@ -560,6 +655,8 @@ impl BwdBlockModel {
             blocks_per_sm: BWD_BLOCKS_PER_SM,
             block_m: BWD_BLOCK_M,
             block_n: BWD_BLOCK_N,
+            order: TileOrder::LongestFirst,
+            dq_launch: true,
         }
     }
 
@@ -601,7 +698,10 @@ pub fn bwd_dq_blocks(
     m: &BwdBlockModel,
     segs: impl IntoIterator<Item = (u64, u64, u32)>,
 ) -> Vec<BlockShape> {
-    query_tiles(m.block_m, m.block_n, segs)
+    if !m.dq_launch {
+        return Vec::new();
+    }
+    query_tiles(m.block_m, m.block_n, TileOrder::LongestFirst, segs)
 }
 
 /// The dK/dV launch's blocks of one head in launch order (`Layout::key_tiles`): per
@@ -610,19 +710,19 @@ pub fn bwd_dq_blocks(
 /// ≥ j0: qb0 = (j0 − a)/block_n when j0 > a (else 0) to qb1 = ⌈(e − a)/block_n⌉. A block's
 /// rows are its keys (j1 − j0), its diagonal steps the query blocks starting before j1 (the
 /// mask cuts them). Most query rows seeing the tile (e − max(a, j0)) first, ties: the
-/// larger shape first.
+/// larger shape first. In `Grid` order: per segment its key tiles from the first, then
+/// empty blocks up to the most key tiles any segment has (the dQ conversion's blocks are
+/// the per row × head term).
 pub fn bwd_dkdv_blocks(
     m: &BwdBlockModel,
     segs: impl IntoIterator<Item = (u64, u64, u32)>,
 ) -> Vec<BlockShape> {
     let (bm, bn) = (u64::from(m.block_m.max(1)), u64::from(m.block_n.max(1)));
-    let mut blocks: Vec<(u64, BlockShape)> = Vec::new();
-    for (a, e, n) in segs {
-        if e <= a {
-            continue;
-        }
+    let segs: Vec<(u64, u64, u32)> = segs.into_iter().filter(|&(a, e, _)| e > a).collect();
+    // One segment's key tiles from the first, each with the query rows that see it.
+    let tiles_of = |a: u64, e: u64| {
         let qb1 = (e - a).div_ceil(bn);
-        for kb in 0..e.div_ceil(bm) {
+        (0..e.div_ceil(bm)).map(move |kb| {
             let (j0, j1) = (kb * bm, ((kb + 1) * bm).min(e));
             let qb0 = if j0 > a { (j0 - a) / bn } else { 0 };
             // Query blocks whose first row a + qb·bn lies before j1.
@@ -632,7 +732,29 @@ pub fn bwd_dkdv_blocks(
                 n_diag: (cut.clamp(qb0, qb1) - qb0) as u32,
                 rows: (j1 - j0) as u32,
             };
-            blocks.extend(std::iter::repeat_n((e - a.max(j0), b), n as usize));
+            (e - a.max(j0), b)
+        })
+    };
+    if m.order == TileOrder::Grid {
+        let pad = segs
+            .iter()
+            .map(|&(_, e, _)| e.div_ceil(bm))
+            .max()
+            .unwrap_or(0);
+        let mut blocks = Vec::new();
+        for &(a, e, n) in &segs {
+            let mut one: Vec<BlockShape> = tiles_of(a, e).map(|t| t.1).collect();
+            one.resize(pad as usize, EMPTY);
+            for _ in 0..n {
+                blocks.extend_from_slice(&one);
+            }
+        }
+        return blocks;
+    }
+    let mut blocks: Vec<(u64, BlockShape)> = Vec::new();
+    for (a, e, n) in segs {
+        for t in tiles_of(a, e) {
+            blocks.extend(std::iter::repeat_n(t, n as usize));
         }
     }
     blocks.sort_unstable_by(|x, y| y.cmp(x));
@@ -1004,6 +1126,7 @@ mod tests {
             iter_ns: i,
             row_share: rs,
             diag_ns: d,
+            empty_ns: 0.0,
         };
         BwdBlockModel::h200(0.002, t(3.0, 10.0, 0.5, 1.0), t(5.0, 7.0, 0.25, 2.0), 1.5)
     }
@@ -1185,5 +1308,39 @@ mod tests {
         assert!(serde_json::from_str::<BwdBlockModel>(&bad).is_err());
         let bad = j.replace("\"iter_ns\": 10.0", "\"iter_ns\": 10.0, \"wave\": 1");
         assert!(serde_json::from_str::<BwdBlockModel>(&bad).is_err());
+    }
+
+    #[test]
+    fn grid_order_pads_every_segment_to_the_most_tiles() {
+        let m = BlockModel {
+            order: TileOrder::Grid,
+            empty_ns: 0.5,
+            ..BlockModel::h200(1.0, 1.0, 0.0, 0.0, 1.0)
+        };
+        // 64 queries (one tile) beside 300 (three): the first is padded with two empties,
+        // in grid order (its tile, then the empties), then the second's tiles from its first.
+        let b = launch_blocks(&m, [(0, 64, 1), (100, 400, 1)]);
+        assert_eq!(b.len(), 6);
+        assert_eq!(b[0], query_tile_shape(64, 0, 64));
+        assert_eq!((b[1], b[2]), (EMPTY, EMPTY));
+        assert_eq!(b[3], query_tile_shape(64, 100, 228));
+        assert_eq!(b[5], query_tile_shape(64, 356, 400));
+        assert_eq!(m.block_ps(EMPTY, 128), 500.0);
+        // FlashAttention-2's backward: no dQ launch; key tiles padded to the longest prefix.
+        let bwd = BwdBlockModel {
+            order: TileOrder::Grid,
+            dq_launch: false,
+            block_m: 128,
+            ..bwd_model()
+        };
+        assert!(bwd_dq_blocks(&bwd, [(0, 64, 1)]).is_empty());
+        let k = bwd_dkdv_blocks(&bwd, [(0, 64, 1), (100, 400, 2)]);
+        // ⌈400/128⌉ = 4 key tiles per segment: 1 + 3 empties, then 4 and 4.
+        assert_eq!(k.len(), 12);
+        assert_eq!(k[1..4], [EMPTY; 3]);
+        assert!(k[4..].iter().all(|s| s.rows > 0));
+        // The call's price: empties at their own time, nothing for dQ.
+        let l = BwdLaunchBlocks::new(&bwd, 1, 128, [(0, 64, 1)]);
+        assert_eq!(l.parts_ps(&bwd)[1], 0.0);
     }
 }

@@ -45,7 +45,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::blocks::{self, BlockModel, BlockTimes, BwdBlockModel, BwdLaunchBlocks, LaunchBlocks};
+use super::blocks::{
+    self, BlockModel, BlockTimes, BwdBlockModel, BwdLaunchBlocks, LaunchBlocks, TileOrder,
+};
 use super::{
     attn_bwd_segment_ps_f, attn_segment_ps_f, AttnShape, Calibration, EffPoint, EffTable, Hardware,
     LaunchCosts,
@@ -1290,6 +1292,8 @@ fn fit_blocks(
         .map(|r| LaunchBlocks::new(template, r.heads, r.head_dim, Pricing::seg_ranges(&r.segs)))
         .collect();
     let per_sm = f64::from(template.blocks_per_sm.max(1));
+    // A grid of padded segments has empty blocks: their time is a fifth ratio.
+    let grid = template.order == TileOrder::Grid;
     // Ratios → the model at a 1 ns step.
     let unit = |th: &[f64]| BlockModel {
         iter_ns: 1.0,
@@ -1297,6 +1301,7 @@ fn fit_blocks(
         row_share: th[1],
         diag_ns: th[2],
         pair_slowdown: th[3],
+        empty_ns: th.get(4).copied().unwrap_or(0.0),
         ..*template
     };
     // Per candidate: (overhead ms, ms per step ns) and the relative residuals.
@@ -1313,6 +1318,9 @@ fn fit_blocks(
         t[1] = t[1].clamp(0.0, 1.0);
         t[2] = t[2].max(0.0);
         t[3] = t[3].clamp(1.0, per_sm);
+        if let Some(e) = t.get_mut(4) {
+            *e = e.max(0.0);
+        }
     };
     let mut starts: Vec<Vec<f64>> = Vec::new();
     if let Some(s) = start {
@@ -1332,11 +1340,16 @@ fn fit_blocks(
             }
         }
     }
+    if grid {
+        for s in &mut starts {
+            s.push(0.2);
+        }
+    }
     let theta = search_ratios(
         &Budget::new("forward block model", opts),
         starts,
         2,
-        &[1e-2; 4],
+        &[1e-2; 5][..4 + usize::from(grid)],
         iterations,
         &|th| solve_at(th).1,
         &project,
@@ -1349,6 +1362,7 @@ fn fit_blocks(
             iter_ns,
             block_ns: m.block_ns * iter_ns,
             diag_ns: m.diag_ns * iter_ns,
+            empty_ns: m.empty_ns * iter_ns,
             ..m
         },
         launch_us: launch_ms * 1e3,
@@ -1387,6 +1401,7 @@ fn fit_bwd_blocks(
         .map(|r| BwdLaunchBlocks::new(template, r.heads, r.head_dim, Pricing::seg_ranges(&r.segs)))
         .collect();
     let per_sm = f64::from(template.blocks_per_sm.max(1));
+    let grid = template.order == TileOrder::Grid;
     // Ratios → the model at 1 ns steps and 1 ns per row·head.
     let unit = |th: &[f64]| {
         let t = BlockTimes {
@@ -1394,6 +1409,7 @@ fn fit_bwd_blocks(
             iter_ns: 1.0,
             row_share: th[1],
             diag_ns: 0.0,
+            empty_ns: th.get(3).copied().unwrap_or(0.0),
         };
         BwdBlockModel {
             row_head_ns: 1.0,
@@ -1420,6 +1436,9 @@ fn fit_bwd_blocks(
         t[0] = t[0].max(0.0);
         t[1] = t[1].clamp(0.0, 1.0);
         t[2] = t[2].clamp(1.0, per_sm);
+        if let Some(e) = t.get_mut(3) {
+            *e = e.max(0.0);
+        }
     };
     let mut starts: Vec<Vec<f64>> = Vec::new();
     if let Some(s) = start {
@@ -1436,11 +1455,16 @@ fn fit_bwd_blocks(
             }
         }
     }
+    if grid {
+        for s in &mut starts {
+            s.push(0.2);
+        }
+    }
     let theta = search_ratios(
         &Budget::new("backward block model", opts),
         starts,
         1,
-        &[1e-2; 3],
+        &[1e-2; 4][..3 + usize::from(grid)],
         iterations,
         &|th| solve_at(th).1,
         &project,
@@ -1452,6 +1476,7 @@ fn fit_bwd_blocks(
     let t = BlockTimes {
         block_ns: m.dq.block_ns * s,
         iter_ns: s,
+        empty_ns: m.dq.empty_ns * s,
         ..m.dq
     };
     Ok(BwdBlockFit {
@@ -1527,14 +1552,21 @@ pub fn fit(rows: &[Measurement], start: &Pricing, opts: &FitOptions) -> Result<F
         Some(mut template) => {
             template.head_dim = common_head_dim(&attn, template.head_dim);
             let same = |m: &&BlockModel| {
-                (m.sms, m.blocks_per_sm, m.block_m, m.block_n, m.head_dim)
-                    == (
-                        template.sms,
-                        template.blocks_per_sm,
-                        template.block_m,
-                        template.block_n,
-                        template.head_dim,
-                    )
+                (
+                    m.sms,
+                    m.blocks_per_sm,
+                    m.block_m,
+                    m.block_n,
+                    m.head_dim,
+                    m.order,
+                ) == (
+                    template.sms,
+                    template.blocks_per_sm,
+                    template.block_m,
+                    template.block_n,
+                    template.head_dim,
+                    template.order,
+                )
             };
             let s = start.blocks.as_ref().filter(same);
             Some(fit_blocks(&attn, &template, s, opts)?)
@@ -1605,14 +1637,21 @@ pub fn fit(rows: &[Measurement], start: &Pricing, opts: &FitOptions) -> Result<F
         Some(mut template) if !attn_bwd.is_empty() => {
             template.head_dim = common_head_dim(&attn_bwd, template.head_dim);
             let same = |m: &&BwdBlockModel| {
-                (m.sms, m.blocks_per_sm, m.block_m, m.block_n, m.head_dim)
-                    == (
-                        template.sms,
-                        template.blocks_per_sm,
-                        template.block_m,
-                        template.block_n,
-                        template.head_dim,
-                    )
+                (
+                    m.sms,
+                    m.blocks_per_sm,
+                    m.block_m,
+                    m.block_n,
+                    m.head_dim,
+                    m.order,
+                ) == (
+                    template.sms,
+                    template.blocks_per_sm,
+                    template.block_m,
+                    template.block_n,
+                    template.head_dim,
+                    template.order,
+                )
             };
             let s = start.bwd_blocks.as_ref().filter(same);
             let f = fit_bwd_blocks(&attn_bwd, &template, s, opts)?;
@@ -2247,6 +2286,7 @@ mod tests {
             iter_ns,
             row_share: 0.3,
             diag_ns: 0.0,
+            empty_ns: 0.0,
         };
         let truth_m = BwdBlockModel::h200(0.0, t(2000.0), t(2000.0), 1.6);
         let truth = Pricing {

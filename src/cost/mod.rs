@@ -32,6 +32,7 @@ pub mod fit;
 pub mod kernel;
 pub mod memory;
 pub mod model;
+pub mod profile;
 
 use serde::{Deserialize, Serialize};
 

@@ -3,7 +3,7 @@
 //! calibrate fits a committed H200 measurement CSV and writes a calibration that the
 //! cost model reads back.
 
-use crate::common::{scratch, skewsim};
+use crate::common::{check, scratch, skewsim, Expect};
 
 fn temp(name: &str) -> std::path::PathBuf {
     scratch("validate-cli").join(name)
@@ -256,4 +256,70 @@ fn block_makespan_is_a_bench_arm() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(s.contains("524288 blocks"), "{s}");
+}
+
+/// `calibrate --score-only` prices the held-out PyTorch FlashAttention launches by the
+/// built-in torch-flash profile without fitting; the targets' median holds on head_dim 128.
+#[test]
+fn score_only_prices_held_out_torch_launches_by_the_built_in_profile() {
+    let m = "validate/results/torch_check/attn_torch-flash_check.csv";
+    let out = skewsim(&[
+        "--json",
+        "calibrate",
+        "--score-only",
+        "--kernel",
+        "torch-flash",
+        "--measurements",
+        m,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["rows"], 280);
+    assert_eq!(v["pricing"], "the built-in torch-flash profile");
+    let s = &v["summary"];
+    let med = |k: &str| s[k]["median_ape"].as_f64().unwrap();
+    // Head_dim 64 launches included: the profile is fitted at 128 and scales its steps.
+    assert!(med("launch_err") < 6.0, "{}", med("launch_err"));
+    assert!(med("bwd_launch_err") < 6.0, "{}", med("bwd_launch_err"));
+    // The same rows by the √(q·kv) table miss by far more.
+    let old = skewsim(&["--json", "calibrate", "--score-only", "--measurements", m]);
+    let o: serde_json::Value = serde_json::from_slice(&old.stdout).unwrap();
+    assert!(o["summary"]["launch_err"]["median_ape"].as_f64().unwrap() > 3.0 * med("launch_err"));
+}
+
+#[test]
+fn kernel_profiles_are_named_and_exclusive() {
+    let m = "validate/results/torch_check/attn_torch-flash_check.csv";
+    let args = |k: &'static str| {
+        [
+            "calibrate",
+            "--score-only",
+            "--kernel",
+            k,
+            "--measurements",
+            m,
+        ]
+    };
+    check(
+        &args("torch-cudnn"),
+        Expect::Err("invalid --kernel = torch-cudnn"),
+    );
+    check(&args("fa9"), Expect::Err("torch-flash or skewsim"));
+    check(
+        &[
+            "calibrate",
+            "--score-only",
+            "--kernel",
+            "skewsim",
+            "--calibration",
+            "calibrations/skewsim-h200.json",
+            "--measurements",
+            m,
+        ],
+        Expect::Err("--calibration and --kernel: give one of them"),
+    );
 }

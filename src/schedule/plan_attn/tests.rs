@@ -370,6 +370,7 @@ fn a_calibrated_block_model_prices_a_workers_launch() {
         iter_ns,
         row_share: 0.3,
         diag_ns: 0.0,
+        empty_ns: 0.0,
     };
     let mut bw = cal.clone();
     bw.attn_bwd_blocks = Some(crate::cost::BwdBlockModel::h200(
