@@ -118,6 +118,7 @@ fn fit_options() -> FitOptions {
         iter_ns: 1.0,
         row_share: 0.0,
         diag_ns: 0.0,
+        empty_ns: 0.0,
     };
     FitOptions {
         iterations: 5,
