@@ -117,6 +117,7 @@ fn qwen_step_input(
         sp: true,
         tp_overlap: false,
         ep: 1,
+        moe_hot_share: 0.0,
     };
     let nodes = (par.gpus() as u32).div_ceil(8);
     let map = RankMap::new(par, Placement::new(8, nodes), "bench")?;

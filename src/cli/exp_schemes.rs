@@ -22,7 +22,7 @@
 //! [network]  topology = "dgx-h200-roce", model = "analytical" | "flow"
 //!            (nodes = TP·CP·DP·PP / the topology's GPUs per node, per point),
 //!            nvls = true | false (NVLS collectives where the topology has them)
-//! [parallel] cp, ga, pp, tp, sp, tp_overlap, ep, pipeline, recompute, zero_stage, dp_buckets
+//! [parallel] cp, ga, pp, tp, sp, tp_overlap, ep, moe_hot_share, pipeline, recompute, zero_stage, dp_buckets
 //!            (dp from [sweep]; GPUs = TP·CP·DP·PP, TP innermost inside one node)
 //! [workload] corpus = "libra-256k", seq_len = 262144, seed = 1
 //! [settings] epsilon, ping_pong, s_max, sharding, pool_size, head_shards, tile_tokens,
@@ -127,6 +127,8 @@ struct ParFile {
     tp_overlap: bool,
     #[serde(default = "one32")]
     ep: u32,
+    #[serde(default)]
+    moe_hot_share: f64,
 }
 
 fn one32() -> u32 {
@@ -513,6 +515,7 @@ pub fn run_text(
                 sp: f.parallel.sp,
                 tp_overlap: f.parallel.tp_overlap,
                 ep: f.parallel.ep,
+                moe_hot_share: f.parallel.moe_hot_share,
             };
             let ctx = format!(
                 "{file}: point model {} corpus {} L {} DP {} arm {}",

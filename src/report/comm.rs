@@ -62,6 +62,7 @@ mod tests {
             sp: true,
             tp_overlap: false,
             ep: 1,
+            moe_hot_share: 0.0,
         };
         let map = RankMap::new(par, Placement::new(8, 1), "t").unwrap();
         let seq = PackedSeq {

@@ -387,6 +387,7 @@ mod tests {
             sp: true,
             tp_overlap: false,
             ep: 1,
+            moe_hot_share: 0.0,
         };
         let map = RankMap::new(par, Placement::new(8, 2), "t").unwrap();
         let light = seq(&[1024; 32], 32_768);
@@ -457,6 +458,7 @@ mod tests {
             sp: true,
             tp_overlap: false,
             ep: 1,
+            moe_hot_share: 0.0,
         };
         let map = RankMap::new(par, Placement::new(8, 2), "t").unwrap();
         let wl = Workload::Corpus {
@@ -509,6 +511,7 @@ mod tests {
                 sp: true,
                 tp_overlap: false,
                 ep: 1,
+                moe_hot_share: 0.0,
             };
             let map = RankMap::new(par, Placement::new(1, 4), "t").unwrap();
             let sg = build_step(&cost, map, &[vec![s.clone(); 8]], 0, &NoVariance).unwrap();

@@ -101,6 +101,7 @@ mod tests {
             sp: true,
             tp_overlap: false,
             ep: 1,
+            moe_hot_share: 0.0,
         };
         let map = RankMap::new(par, Placement::new(2, 2), "t").unwrap();
         let s = PackedSeq {

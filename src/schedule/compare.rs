@@ -336,6 +336,7 @@ mod tests {
             sp: true,
             tp_overlap: false,
             ep: 1,
+            moe_hot_share: 0.0,
         }
     }
 

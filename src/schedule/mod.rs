@@ -49,7 +49,7 @@ pub enum PipelineKind {
 }
 
 /// How a step is parallelised.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Parallelism {
     /// Data-parallel replicas.
@@ -73,6 +73,11 @@ pub struct Parallelism {
     /// reach them through a dispatch and a combine all-to-all.
     #[serde(default = "one")]
     pub ep: u32,
+    /// MoE routing skew: the share of each MoE layer's routed token copies that go to its
+    /// hottest expert (expert 0, on the first rank of every EP group); the others share the
+    /// rest evenly. 0 = uniform routing.
+    #[serde(default)]
+    pub moe_hot_share: f64,
     /// Micro-batches per replica per step (gradient accumulation).
     pub ga: u32,
     /// Pipeline schedule.
@@ -119,6 +124,7 @@ impl Parallelism {
             sp: true,
             tp_overlap: false,
             ep: 1,
+            moe_hot_share: 0.0,
             ga,
             pipeline: PipelineKind::OneFOneB,
             recompute: false,
@@ -207,7 +213,7 @@ impl Placement {
 }
 
 /// Where each (pp, dp, cp, tp) rank runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RankMap {
     /// The layout.
     pub par: Parallelism,

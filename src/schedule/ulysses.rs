@@ -421,6 +421,28 @@ pub fn build_step_with(
 /// requires for MoE under TP.
 pub fn check_moe_layout(m: &crate::cost::ModelConfig, par: super::Parallelism) -> Result<()> {
     use crate::cost::Ffn;
+    let hot = par.moe_hot_share;
+    if hot != 0.0 {
+        let experts = match m.ffn {
+            Ffn::Moe { experts, .. } if par.ep > 1 => experts,
+            _ => {
+                return Err(invalid(
+                    "moe_hot_share",
+                    hot,
+                    "0 unless an MoE model runs with ep > 1 (routing skew moves tokens between EP ranks)",
+                ))
+            }
+        };
+        if !(hot.is_finite() && hot >= 1.0 / f64::from(experts) && hot <= 1.0) {
+            return Err(invalid(
+                "moe_hot_share",
+                hot,
+                format!(
+                    "0 (uniform) or a share in [1/{experts}, 1] of the routed tokens for the hottest expert"
+                ),
+            ));
+        }
+    }
     if par.ep <= 1 {
         return Ok(());
     }
@@ -457,6 +479,31 @@ pub fn check_moe_layout(m: &crate::cost::ModelConfig, par: super::Parallelism) -
         ));
     }
     Ok(())
+}
+
+/// Rank `i`'s MoE work under routing skew: expert 0 (on the first rank of each EP group)
+/// receives `moe_hot_share` of the group's routed token copies, the other experts the rest
+/// evenly, so each rank computes the copies its experts receive. Its dispatch (and, mirrored,
+/// its combine) all-to-all sends per peer max(egress, ingress) / (EP − 1) copies: the load on
+/// its port (each rank routes `tokens` · top-k copies; those for its own experts stay).
+fn skew_experts(cost: &CostModel, d: &mut RankDur, par: super::Parallelism, i: usize, tokens: u64) {
+    let crate::cost::Ffn::Moe { experts, .. } = cost.model.ffn else {
+        return;
+    };
+    let (e, ep, hot) = (f64::from(experts), f64::from(par.ep), par.moe_hot_share);
+    let per_rank = e / ep;
+    let cold = (1.0 - hot) / (e - 1.0);
+    let share = if i % par.ep as usize == 0 {
+        hot + (per_rank - 1.0) * cold
+    } else {
+        per_rank * cold
+    };
+    let copies = tokens * u64::from(cost.top_k());
+    let local = (share * copies as f64).round() as u64;
+    let received = (share * ep * copies as f64).round() as u64;
+    let port = (copies - local.min(copies)).max(received.saturating_sub(local));
+    d.experts_f = cost.experts_fwd_ps_f(received).round() as Ps;
+    d.ep_pair_bytes = port.div_ceil(u64::from(par.ep) - 1) * cost.ep_copy_bytes();
 }
 
 /// A shorter-lived handle on the plugged stage, for one driver call.
@@ -720,7 +767,12 @@ impl<'a> Emitter<'a> {
                         }
                     }
                     for lane in 0..tp {
-                        st.durs[k * wn + (r * cpu + c) * tp + lane] = d;
+                        let i = (r * cpu + c) * tp + lane;
+                        let mut d = d;
+                        if par.moe_hot_share > 0.0 {
+                            skew_experts(cost, &mut d, par, i, t.div_ceil(tp as u64));
+                        }
+                        st.durs[k * wn + i] = d;
                     }
                 }
                 let pin = a.q_bytes(t, split.q) + a.kv_bytes(t, split.kv);
@@ -897,7 +949,11 @@ impl<'a> Emitter<'a> {
                             let d = st.durs[k * self.wn + base + g0];
                             let coll = if link == Link::Ep {
                                 let routes = &st.ep_routes[base + g0..base + g0 + size];
-                                let bytes = vec![mult * d.ep_pair_bytes; size];
+                                let bytes: Vec<u64> = (0..size)
+                                    .map(|q| {
+                                        mult * st.durs[k * self.wn + base + g0 + q].ep_pair_bytes
+                                    })
+                                    .collect();
                                 let routes = routes.to_vec();
                                 self.cx.all_to_all(&routes, &bytes)
                             } else {

@@ -23,6 +23,7 @@ fn map(cp: u32, gpus_per_node: u32) -> RankMap {
         sp: true,
         tp_overlap: false,
         ep: 1,
+        moe_hot_share: 0.0,
     };
     RankMap::new(
         par,

@@ -22,6 +22,7 @@ fn par(dp: u32, pp: u32, cp: u32, ga: u32) -> Parallelism {
         sp: true,
         tp_overlap: false,
         ep: 1,
+        moe_hot_share: 0.0,
     }
 }
 
@@ -709,4 +710,57 @@ fn tp_comm_overlap_hides_collectives_under_gemms() {
     assert_eq!(b0, b1);
     assert!(t1.makespan < t0.makespan, "{} {}", t1.makespan, t0.makespan);
     assert!(t1.makespan >= b1);
+}
+
+#[test]
+fn routing_skew_loads_the_hot_experts_rank_by_hand() {
+    // Qwen3 (128 experts, top-8) at CP 8, EP 8, one 8192-token sequence: each rank routes
+    // 1024 · 8 = 8192 copies. With half of them to expert 0 (rank 0), rank 0's experts get
+    // 0.5 + 15 · 0.5/127 = 0.55906 of the group's 65536 copies (36638; 4580 of its own),
+    // a cold rank's 16 · 0.5/127 = 0.06299 (4128; 516 its own).
+    let c = qwen();
+    let p = Parallelism {
+        ep: 8,
+        moe_hot_share: 0.5,
+        ..par(1, 1, 8, 1)
+    };
+    let batch = [vec![seq(&[8192], 8192)]];
+    let (sg, t) = go(&c, p, &batch);
+    let ep = colls_of(&sg, 0, OpClass::EpA2a);
+    let x = &ep[0].1;
+    let copy = 2048 * 2u64;
+    // Rank 0's port: ingress 36638 − 4580 = 32058 copies, over 7 peers; rank 1's: egress
+    // 8192 − 516 = 7676.
+    assert_eq!(x[0].bytes, 7 * 32_058u64.div_ceil(7) * copy);
+    assert_eq!(x[1].bytes, 7 * 7676u64.div_ceil(7) * copy);
+    assert!(compute_busy(&sg, &t, 0) > compute_busy(&sg, &t, 1));
+    let (_, uniform) = go(
+        &c,
+        Parallelism {
+            moe_hot_share: 0.0,
+            ..p
+        },
+        &batch,
+    );
+    assert!(t.makespan > uniform.makespan);
+    for bad in [0.001, 1.5, f64::NAN] {
+        let e = build_step(
+            &c,
+            RankMap::new(
+                Parallelism {
+                    moe_hot_share: bad,
+                    ..p
+                },
+                Placement::new(8, 64),
+                "t",
+            )
+            .unwrap(),
+            &batch,
+            0,
+            &NoVariance,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("moe_hot_share"), "{e}");
+    }
 }
