@@ -427,7 +427,7 @@ pub fn run_text(
     };
     for &dp in &dps {
         let p = &f.parallel;
-        super::limits::check_layout(file, "[parallel]/[sweep]", dp, p.pp, p.cp, p.ga)?;
+        super::limits::check_layout(file, "[parallel]/[sweep]", [dp, p.pp, p.cp, p.tp], p.ga)?;
     }
     // A [network] topology that [sweep] overrides must still exist.
     if let (Some(t), false) = (&f.network.topology, f.sweep.topology.is_empty()) {

@@ -81,6 +81,10 @@ fn default_head_dim() -> u32 {
     FWD_HEAD_DIM
 }
 
+/// A block model's launch layout: (SMs, blocks per SM, block_m, block_n, head_dim, tile
+/// order).
+pub type Layout = (u32, u32, u32, u32, u32, TileOrder);
+
 /// The forward kernel's blocks on the SMs (a calibration's `attn_blocks`): the time of a
 /// block alone on an SM, how co-resident blocks share it, and the launch geometry.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -159,6 +163,18 @@ pub struct BlockShape {
 }
 
 impl BlockModel {
+    /// The launch layout the model describes (SMs, blocks per SM, tile, head_dim, tile
+    /// order): two models with the same layout price the same kernel.
+    pub fn layout(&self) -> Layout {
+        (
+            self.sms,
+            self.blocks_per_sm,
+            self.block_m,
+            self.block_n,
+            self.head_dim,
+            self.order,
+        )
+    }
     /// The H200 forward kernel v3-w4's geometry (132 SMs × 2 resident blocks, 128-row
     /// tiles, 64-key steps, head_dim 128) with the given times.
     pub fn h200(block_ns: f64, iter_ns: f64, row_share: f64, diag_ns: f64, pair: f64) -> Self {
@@ -642,6 +658,18 @@ fn is_true(v: &bool) -> bool {
 }
 
 impl BwdBlockModel {
+    /// The launch layout the model describes (SMs, blocks per SM, tile, head_dim, tile
+    /// order): two models with the same layout price the same kernel.
+    pub fn layout(&self) -> Layout {
+        (
+            self.sms,
+            self.blocks_per_sm,
+            self.block_m,
+            self.block_n,
+            self.head_dim,
+            self.order,
+        )
+    }
     /// The H200 backward kernels' geometry (132 SMs × 2 resident blocks, 64-row tiles and
     /// steps, head_dim 128) with the given times.
     pub fn h200(row_head_ns: f64, dq: BlockTimes, dkdv: BlockTimes, pair: f64) -> Self {

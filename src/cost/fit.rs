@@ -1551,23 +1551,7 @@ pub fn fit(rows: &[Measurement], start: &Pricing, opts: &FitOptions) -> Result<F
         None => None,
         Some(mut template) => {
             template.head_dim = common_head_dim(&attn, template.head_dim);
-            let same = |m: &&BlockModel| {
-                (
-                    m.sms,
-                    m.blocks_per_sm,
-                    m.block_m,
-                    m.block_n,
-                    m.head_dim,
-                    m.order,
-                ) == (
-                    template.sms,
-                    template.blocks_per_sm,
-                    template.block_m,
-                    template.block_n,
-                    template.head_dim,
-                    template.order,
-                )
-            };
+            let same = |m: &&BlockModel| m.layout() == template.layout();
             let s = start.blocks.as_ref().filter(same);
             Some(fit_blocks(&attn, &template, s, opts)?)
         }
@@ -1636,23 +1620,7 @@ pub fn fit(rows: &[Measurement], start: &Pricing, opts: &FitOptions) -> Result<F
     let bwd_blocks = match opts.bwd_blocks {
         Some(mut template) if !attn_bwd.is_empty() => {
             template.head_dim = common_head_dim(&attn_bwd, template.head_dim);
-            let same = |m: &&BwdBlockModel| {
-                (
-                    m.sms,
-                    m.blocks_per_sm,
-                    m.block_m,
-                    m.block_n,
-                    m.head_dim,
-                    m.order,
-                ) == (
-                    template.sms,
-                    template.blocks_per_sm,
-                    template.block_m,
-                    template.block_n,
-                    template.head_dim,
-                    template.order,
-                )
-            };
+            let same = |m: &&BwdBlockModel| m.layout() == template.layout();
             let s = start.bwd_blocks.as_ref().filter(same);
             let f = fit_bwd_blocks(&attn_bwd, &template, s, opts)?;
             launch.attn_bwd_launch_us = f.launch_us;

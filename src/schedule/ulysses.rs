@@ -1108,13 +1108,10 @@ impl<'a> Emitter<'a> {
         }
         for i in 0..self.wn {
             let g = self.stages[p as usize].groups[i];
-            let mut op = NONE;
-            for k in 0..self.nanos {
+            // Under a chain the closing block is emitted; its last op is the send's input.
+            let mut op = self.last[self.li(p, self.nanos - 1, i)];
+            for k in (0..self.nanos).filter(|_| !self.chain) {
                 let li = self.li(p, k, i);
-                if self.chain {
-                    op = self.last[li];
-                    continue;
-                }
                 let d = self.stages[p as usize].durs[k * self.wn + i];
                 let dur = self.cx.vary(g, ll, OpClass::LinearFwd, d.post_f);
                 op = self
@@ -1233,13 +1230,9 @@ impl<'a> Emitter<'a> {
         }
         for i in r * rw..(r + 1) * rw {
             let g = self.stages[p as usize].groups[i];
-            let mut op = NONE;
-            for k in 0..self.nanos {
+            let mut op = self.last[self.li(p, self.nanos - 1, i)];
+            for k in (0..self.nanos).filter(|_| !self.chain) {
                 let li = self.li(p, k, i);
-                if self.chain {
-                    op = self.last[li];
-                    continue;
-                }
                 let d = self.stages[p as usize].durs[k * self.wn + i];
                 let mut base = d.pre_b + if l > lf { d.post_b } else { 0 };
                 if rec {

@@ -104,8 +104,8 @@ fn calibrate_rows_out_of_the_kernels_range_are_refused() {
     );
 }
 
-/// One backward row's segment count `*1` → `*2` (run 19): the list schedule used to
-/// livelock on a negative remainder. The fit now ends (and succeeds).
+/// One backward row's segment count `*1` → `*2` in a committed measurement file: the fit
+/// must end (and succeed), a block left a round-off below zero notwithstanding.
 #[test]
 fn calibrate_with_one_changed_segment_count_ends() {
     let d = scratch("robust-segcount");
