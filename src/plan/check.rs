@@ -252,7 +252,7 @@ pub struct CheckSummary {
 /// Check that no worker holds more than `cap` tokens (Q, K and V before attention: its
 /// layout ranges over every group) at any one GA index — a memory bound such as
 /// Megatron's `max_seqlen_per_dp_cp_rank`; the first worker over it, by (GA index, worker).
-/// Run it beside [`check`], which proves the plan correct.
+/// [`check`] runs it on Megatron dynamic-CP plans at their own S.
 pub fn check_resident(plan: &Plan, cap: u64) -> Result<(), Violation> {
     let mut held: std::collections::BTreeMap<(u32, WorkerId), (u64, u32)> = Default::default();
     for g in &plan.groups {
@@ -357,7 +357,28 @@ pub fn check(plan: &Plan) -> Result<CheckSummary, Violation> {
             kind: ViolationKind::FlopTotal { got, expected },
         });
     }
+    if let Some(cap) = dcp_rank_cap(plan) {
+        check_resident(plan, cap)?;
+    }
     Ok(summary)
+}
+
+/// Megatron's dynamic CP (scheme `megatron-dcp`) sizes every micro-batch's sequence at
+/// c · S over its c ranks, S = `max_seqlen_per_dp_cp_rank`: the tokens the memory model
+/// prices one rank at (`megatron_dcp::rank_batches` gives each rank's micro-batch capacity
+/// S). The smallest S of the plan, which [`check`] holds every rank to; `None` for other
+/// schemes.
+fn dcp_rank_cap(plan: &Plan) -> Option<u64> {
+    if plan.scheme != "megatron-dcp" {
+        return None;
+    }
+    plan.groups
+        .iter()
+        .flat_map(|g| {
+            let c = g.workers.len().max(1) as u64;
+            g.sequences.iter().map(move |s| u64::from(s.capacity) / c)
+        })
+        .min()
 }
 
 /// A sequence with its indexes.

@@ -584,4 +584,80 @@ mod tests {
         assert_eq!(ar[0].1, ar[1].1);
         assert_eq!(t.makespan, ar[1].1);
     }
+
+    #[test]
+    fn dynamic_cp_under_tp2_runs_each_rank_on_both_lanes() {
+        // The uneven hand case (rank 0: [900]; rank 1: [600], [500]; S = 1000) at TP 2: rank
+        // r is GPUs 2r and 2r + 1, each lane runs its rank's micro-batches on half the query
+        // heads (the plan is one TP rank's), and the DP all-reduce of all four GPUs waits
+        // for rank 1's two micro-batches.
+        use crate::balance::megatron_dcp::{schedule, to_plan, DcpConfig};
+        let mut model = ModelConfig::builtin("llama3-8b").unwrap();
+        model.layers = 2;
+        let cost = CostModel::h200(model).unwrap();
+        let cfg = DcpConfig::new(2, 1000, 1).unwrap();
+        let batch = vec![PackedSeq::from_lengths(&[900, 600, 500], 2000, 0)];
+        let sched = schedule(&batch, &cfg, |l| {
+            u128::from(crate::workload::causal_pairs(u64::from(l)))
+        })
+        .unwrap();
+        let lane = cost.tp_shard(2, 1).unwrap();
+        assert_eq!(lane.attn().heads_q * 2, cost.attn().heads_q);
+        let plan = to_plan(0, &sched, &cfg, &lane.attn());
+        let place = Placement::new(8, 1);
+        let tp2 = Parallelism {
+            tp: 2,
+            ..par(2, 1, 1)
+        };
+        // A plan at the whole model's shape is not one TP rank's: refused by name.
+        let whole = to_plan(0, &sched, &cfg, &cost.attn());
+        let e = dcp_step(&cost, tp2, place, &whole, 1000, &NoVariance)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("plan shape"), "{e}");
+        let sg = dcp_step(&cost, tp2, place, &plan, 1000, &NoVariance).unwrap();
+        assert_eq!((sg.map.par.dp, sg.map.par.tp, sg.map.par.ga), (2, 2, 2));
+        let t = run(&sg.graph, &mut StubNet::dgx_h200()).unwrap();
+        let gpu = |o: &crate::engine::Op| sg.graph.streams[o.stream as usize].gpu as usize;
+        let mut mbs = vec![std::collections::BTreeSet::new(); 4];
+        let mut attn = [0u64; 4];
+        let mut last = [0; 4];
+        let mut ar = Vec::new();
+        for (i, o) in sg.graph.ops.iter().enumerate() {
+            let g = gpu(o);
+            match o.kind {
+                OpKind::Coll(c) if o.label.class == OpClass::DpAllReduce => {
+                    ar.push((g, t.coll_start[c as usize], t.end[i]));
+                    continue;
+                }
+                OpKind::Compute(d) if d > 0 => {
+                    mbs[g].insert(o.label.mb);
+                    if o.label.class == OpClass::AttnFwd {
+                        attn[g] += d;
+                    }
+                }
+                _ => {}
+            }
+            // the end of its last op before the all-reduce (compute or a TP collective)
+            last[g] = last[g].max(t.end[i]);
+        }
+        let ids = |g: usize| mbs[g].iter().copied().collect::<Vec<_>>();
+        assert_eq!((ids(0), ids(1)), (vec![0], vec![0]));
+        assert_eq!((ids(2), ids(3)), (vec![0, 1], vec![0, 1]));
+        // The two lanes of a rank run the same attention; rank 1's (600 and 500 tokens)
+        // is less than rank 0's (900) by the causal pairs' ratio up to launch costs.
+        assert_eq!((attn[0], attn[2]), (attn[1], attn[3]));
+        assert!(attn[2] < attn[0], "{attn:?}");
+        // Every GPU's all-reduce part starts when the slowest rank is done (its last TP
+        // collective) and ends together.
+        let slowest = last.iter().copied().max().unwrap();
+        assert_eq!(slowest, last[2].max(last[3]));
+        assert_eq!(ar.len(), 4, "{ar:?}");
+        assert!(
+            ar.iter().all(|&(_, s, e)| s == slowest && e == ar[0].2),
+            "{ar:?} {last:?}"
+        );
+        assert_eq!(t.makespan, ar[0].2);
+    }
 }

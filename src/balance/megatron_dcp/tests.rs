@@ -146,6 +146,33 @@ fn uneven_micro_batch_counts_by_hand() {
 }
 
 #[test]
+fn the_checker_holds_every_rank_to_its_max_seqlen() {
+    // The hand test's schedule: rank 1 runs [600] at GA 0 and [500] at GA 1, S = 1000.
+    let cfg = DcpConfig::new(2, 1000, 1).unwrap();
+    let s = schedule(&seqs(&[&[900, 600, 500]], 2000), &cfg, pairs_work).unwrap();
+    let plan = to_plan(0, &s, &cfg, &TINY);
+    check(&plan).unwrap();
+    // Both of rank 1's micro-batches at one GA index: 1100 tokens resident on it, over the
+    // S = 1000 its memory was priced at.
+    let mut both = plan.clone();
+    for g in &mut both.groups {
+        g.ga = 0;
+    }
+    let v = check(&both).unwrap_err();
+    assert_eq!(
+        v.kind,
+        crate::plan::ViolationKind::OverResident {
+            worker: 1,
+            tokens: 1100,
+            cap: 1000
+        }
+    );
+    // Other schemes carry no such bound.
+    both.scheme = "wlbllm".into();
+    check(&both).unwrap();
+}
+
+#[test]
 fn a_round_closes_once_balanced_below_its_first_cp_size() {
     // 4 ranks, S = 1000: one 2000-token sample (CP 2, per-rank load 2001000 / 2 · 2 …) and
     // many 100-token samples. The CP-2 group takes ranks 0–1; the short ones fill ranks 2
