@@ -106,6 +106,25 @@ pub struct Args {
     /// Where to write the calibration JSON.
     #[arg(short, long, default_value = "calibration.json")]
     pub out: PathBuf,
+    /// Fit the collective model instead: nccl-tests-style rows (CSV columns op, gpus, bytes,
+    /// time_us; `validate/torch/collectives.py` writes them), a latency and a bandwidth per
+    /// algorithm, scored on held-out rows (`--holdout-gpus`, `--holdout-every`).
+    #[arg(long, num_args = 1..)]
+    pub collectives: Vec<PathBuf>,
+    /// The topology the collective rows ran on (GPUs 0..N of it).
+    #[arg(long, default_value = "topologies/dgx-h200-roce.toml")]
+    pub topology: PathBuf,
+    /// Let the collective model pick NVLS (measurements made with NVLink SHARP on; the
+    /// shared machines run with NCCL_NVLS_ENABLE=0).
+    #[arg(long)]
+    pub nvls: bool,
+    /// Collective rows at these GPU counts are held out (scored, not fitted).
+    #[arg(long, value_delimiter = ',')]
+    pub holdout_gpus: Vec<u32>,
+    /// Of each (op, GPUs) series in increasing size, every K-th row from the 2nd is held
+    /// out (0: none by size).
+    #[arg(long, default_value_t = 2, value_parser = super::limits::count::<usize>(0, 1_000))]
+    pub holdout_every: usize,
 }
 
 /// What `--score-only` reports.
@@ -233,8 +252,14 @@ fn distinct<T: Ord + Clone>(rows: &[Measurement], f: impl Fn(&Measurement) -> T)
 }
 
 pub fn run(args: Args, out: Output) -> Result<()> {
+    if !args.collectives.is_empty() {
+        if !args.measurements.is_empty() || !args.trace.is_empty() {
+            bail!("--collectives fits the collective model alone: give it without --measurements or --trace");
+        }
+        return super::calibrate_coll::run(&args, out);
+    }
     if args.measurements.is_empty() && args.trace.is_empty() {
-        bail!("calibrate needs at least one --measurements CSV or --trace file");
+        bail!("calibrate needs at least one --measurements CSV or --trace file (or --collectives)");
     }
     let start = super::calfile::pricing(args.calibration.as_deref(), args.kernel.as_deref())?;
     let mut rows = Vec::new();

@@ -12,6 +12,7 @@ mod bench_libra;
 mod bench_schemes;
 mod calfile;
 mod calibrate;
+mod calibrate_coll;
 mod check_plan;
 pub mod corpus;
 mod exp_pools;

@@ -61,6 +61,7 @@ pub trait FixedDurations: Sync {
 
 pub mod analytical;
 pub mod collective;
+pub mod collective_fit;
 pub mod flow;
 
 pub use analytical::AnalyticalModel;

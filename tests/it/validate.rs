@@ -323,3 +323,76 @@ fn kernel_profiles_are_named_and_exclusive() {
         Expect::Err("--calibration and --kernel: give one of them"),
     );
 }
+
+#[test]
+fn calibrate_collectives_recovers_a_hand_made_model_and_scores_it_held_out() {
+    let out_json = temp("coll.json");
+    let out = skewsim(&[
+        "calibrate",
+        "--collectives",
+        "validate/torch/handmade_collectives.csv",
+        "--holdout-gpus",
+        "4",
+        "-o",
+        out_json.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out_json).unwrap()).unwrap();
+    // 90 rows: GPU count 4 held out (30) and every second size of the others (30)
+    assert_eq!(
+        (r["fitted_rows"].as_u64(), r["held_out_rows"].as_u64()),
+        (Some(30), Some(60))
+    );
+    let fit = r["fit"].as_array().unwrap();
+    let get = |a: &str, k: &str| {
+        fit.iter().find(|f| f["algo"] == a).unwrap()[k]
+            .as_f64()
+            .unwrap()
+    };
+    assert!((get("ring", "latency_us") - 20.0).abs() < 0.01, "{stdout}");
+    assert!(
+        (get("ring", "bandwidth_gbs") - 360.0).abs() < 0.1,
+        "{stdout}"
+    );
+    assert!((get("p2p", "latency_us") - 30.0).abs() < 0.01, "{stdout}");
+    assert!(
+        (get("p2p", "bandwidth_gbs") - 300.0).abs() < 0.1,
+        "{stdout}"
+    );
+    // held out by GPU count and by size, the fitted model is exact to the rows' rounding
+    for s in r["scores"].as_array().unwrap() {
+        assert!(s["fitted"]["max_ape"].as_f64().unwrap() < 0.01, "{s}");
+    }
+    assert!(stdout.contains("algorithm  rows  latency us"), "{stdout}");
+    // bad inputs: named errors
+    let bad = temp("bad.csv");
+    for (text, want) in [
+        ("op,gpus,bytes,time_us\nbroadcast,8,8,1\n", "op"),
+        (
+            "op,gpus,bytes,time_us\nall_gather,1,8388608,5\n",
+            "on one GPU",
+        ),
+        (
+            "op,gpus,bytes,time_us\nall_gather,8,8388608,NaN\n",
+            "time_us",
+        ),
+    ] {
+        std::fs::write(&bad, text).unwrap();
+        check(
+            &[
+                "calibrate",
+                "--collectives",
+                bad.to_str().unwrap(),
+                "--holdout-every",
+                "0",
+            ],
+            Expect::Err(want),
+        );
+    }
+}

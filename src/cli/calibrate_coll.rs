@@ -1,0 +1,192 @@
+//! `skewsim calibrate --collectives FILE...`: the collective model against measured
+//! collectives ([`skewsim::net::collective_fit`]). Reads the rows, prices each on the
+//! topology's first GPUs, holds rows out by GPU count (`--holdout-gpus`) and by size
+//! (`--holdout-every`), fits a latency and a bandwidth per algorithm on the rest, and
+//! prints, for the held-out rows, the fitted and the unfitted model's errors by (op, GPUs)
+//! and by size band. `-o` gets the fit and the scores as JSON.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+
+use skewsim::cluster::TopologySpec;
+use skewsim::cost::fit::ErrStats;
+use skewsim::net::collective::CollectiveModel;
+use skewsim::net::collective_fit::{self, AlgoFit, CollRow, Priced};
+
+use super::calibrate::Args;
+use super::Output;
+
+/// Sizes from this many bytes on are scored apart (the ≥ 64 MiB target).
+const LARGE: u64 = 64 << 20;
+
+/// One held-out group's errors.
+#[derive(Serialize)]
+struct Score {
+    /// `op gpus` or a size band.
+    group: String,
+    /// With the fitted latency and bandwidth.
+    fitted: ErrStats,
+    /// With the model as the topology and NCCL's table give it.
+    model: ErrStats,
+}
+
+#[derive(Serialize)]
+struct Report {
+    topology: String,
+    nvls: bool,
+    rows: usize,
+    /// Rows on one GPU (nothing crosses a link; neither fitted nor scored).
+    single_gpu_rows: usize,
+    fitted_rows: usize,
+    held_out_rows: usize,
+    fit: Vec<AlgoFit>,
+    scores: Vec<Score>,
+}
+
+pub fn run(args: &Args, out: Output) -> Result<()> {
+    let mut rows: Vec<CollRow> = Vec::new();
+    for f in &args.collectives {
+        let name = f.display().to_string();
+        let text =
+            std::fs::read_to_string(f).with_context(|| format!("reading collectives {name}"))?;
+        rows.extend(collective_fit::rows_from_csv(&text, &name)?);
+    }
+    let total = rows.len();
+    rows.retain(|r| r.gpus >= 2);
+    let single = total - rows.len();
+    if rows.is_empty() {
+        bail!("--collectives: all {total} rows are on one GPU: a collective crosses no link there, nothing to fit (measure on 2 or more GPUs)");
+    }
+    let tname = args.topology.display().to_string();
+    let text = std::fs::read_to_string(&args.topology)
+        .with_context(|| format!("reading topology {tname} (--topology)"))?;
+    let spec = TopologySpec::parse(&text, &tname)?;
+    let most = rows.iter().map(|r| r.gpus).max().unwrap_or(2);
+    let topo = Arc::new(spec.build(Some(most.div_ceil(spec.gpus_per_node.max(1))))?);
+    let coll = CollectiveModel::of(&topo, args.nvls);
+    let priced: Vec<Priced> = rows
+        .iter()
+        .map(|r| {
+            collective_fit::price(r, &topo, &coll)
+                .with_context(|| format!("{} on {} GPUs, {} bytes", r.op.name(), r.gpus, r.bytes))
+        })
+        .collect::<Result<_>>()?;
+    // held out: by GPU count, and every K-th size of each (op, GPUs) series from the 2nd
+    let mut held = vec![false; rows.len()];
+    let mut series: BTreeMap<(_, u32), Vec<usize>> = BTreeMap::new();
+    for (i, r) in rows.iter().enumerate() {
+        held[i] = args.holdout_gpus.contains(&r.gpus);
+        series.entry((r.op, r.gpus)).or_default().push(i);
+    }
+    if args.holdout_every > 0 {
+        for idx in series.values_mut() {
+            idx.sort_by_key(|&i| rows[i].bytes);
+            for (k, &i) in idx.iter().enumerate() {
+                held[i] |= k >= 1 && (k - 1) % args.holdout_every == 0;
+            }
+        }
+    }
+    let points: Vec<(&'static str, f64, f64)> = (0..rows.len())
+        .filter(|&i| !held[i])
+        .map(|i| (priced[i].algo, priced[i].port_bytes, rows[i].time_us))
+        .collect();
+    if points.is_empty() {
+        bail!("--collectives: every row is held out (--holdout-gpus / --holdout-every): nothing left to fit");
+    }
+    let fits = collective_fit::fit(&points)?;
+    let fitted_us = |i: usize| -> Result<f64> {
+        let f = fits.iter().find(|f| f.algo == priced[i].algo).with_context(|| {
+            format!(
+                "held-out {} row on {} GPUs uses algorithm {}, which no fitted row uses: hold out fewer rows",
+                rows[i].op.name(),
+                rows[i].gpus,
+                priced[i].algo
+            )
+        })?;
+        Ok(f.predict_us(priced[i].port_bytes))
+    };
+    // per group: (fitted, measured) and (model, measured) pairs
+    type Pairs = Vec<(f64, f64)>;
+    let mut groups: BTreeMap<String, (Pairs, Pairs)> = BTreeMap::new();
+    let mut held_n = 0;
+    for i in (0..rows.len()).filter(|&i| held[i]) {
+        held_n += 1;
+        let r = &rows[i];
+        let pair = (fitted_us(i)?, r.time_us);
+        let base = (priced[i].model_us, r.time_us);
+        let band = if r.bytes >= LARGE {
+            "sizes >= 64 MiB"
+        } else {
+            "sizes < 64 MiB"
+        };
+        for key in [
+            format!("{} {} GPUs", r.op.name(), r.gpus),
+            band.to_string(),
+            "all held out".to_string(),
+        ] {
+            let g = groups.entry(key).or_default();
+            g.0.push(pair);
+            g.1.push(base);
+        }
+    }
+    let scores: Vec<Score> = groups
+        .into_iter()
+        .map(|(group, (f, m))| Score {
+            group,
+            fitted: ErrStats::of(&f),
+            model: ErrStats::of(&m),
+        })
+        .collect();
+    let report = Report {
+        topology: tname,
+        nvls: args.nvls,
+        rows: total,
+        single_gpu_rows: single,
+        fitted_rows: points.len(),
+        held_out_rows: held_n,
+        fit: fits,
+        scores,
+    };
+    std::fs::write(&args.out, serde_json::to_string_pretty(&report)?)
+        .with_context(|| format!("writing {}", args.out.display()))?;
+    out.emit(&report, || {
+        report_text(&report, &args.out.display().to_string())
+    })
+}
+
+fn report_text(r: &Report, out: &str) -> String {
+    let mut s = format!(
+        "{} rows ({} on one GPU, left out): {} fitted, {} held out; topology {}, NVLS {}\n\nalgorithm  rows  latency us  bandwidth GB/s\n",
+        r.rows,
+        r.single_gpu_rows,
+        r.fitted_rows,
+        r.held_out_rows,
+        r.topology,
+        if r.nvls { "on" } else { "off" }
+    );
+    for f in &r.fit {
+        s.push_str(&format!(
+            "{:<10}{:>6}{:>12.2}{:>16.1}\n",
+            f.algo, f.rows, f.latency_us, f.bandwidth_gbs
+        ));
+    }
+    s.push_str(
+        "\nheld out                          n  fitted median/p90 APE %  model median/p90 APE %\n",
+    );
+    for sc in &r.scores {
+        s.push_str(&format!(
+            "{:<30}{:>5}{:>14.2}{:>10.2}{:>14.2}{:>10.2}\n",
+            sc.group,
+            sc.fitted.n,
+            sc.fitted.median_ape,
+            sc.fitted.p90_ape,
+            sc.model.median_ape,
+            sc.model.p90_ape
+        ));
+    }
+    s.push_str(&format!("wrote {out}\n"));
+    s
+}

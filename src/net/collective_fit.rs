@@ -1,0 +1,439 @@
+//! The collective model against measured collectives: nccl-tests-style rows (op, GPUs,
+//! bytes, time), each priced by [`CollectiveModel`] on a topology, and a per-algorithm
+//! latency and bandwidth fitted to them.
+//!
+//! A row's *algorithm* is the one the model picks for it on the topology (NCCL's choice:
+//! ring, NVLS, tree or PAT for all-gather, reduce-scatter and all-reduce; all-to-all and
+//! all-to-all-v are grouped send/recv, `p2p`). Its *port bytes* are what the model puts on
+//! the most loaded GPU port: the largest transfer of the lowered phase (each GPU sends one,
+//! shift by one) for the NCCL algorithms, a GPU's sends to the others for the all-to-alls.
+//! The fitted price of a row is `latency + port bytes / bandwidth` of its algorithm: the
+//! model's own form (its latency table + the bottleneck link's bytes ÷ its achieved
+//! capacity) with both numbers measured instead of taken from NCCL's table and the
+//! topology's link efficiency. Fitted by least squares on relative error (weights 1/t²),
+//! latency kept ≥ 0.
+//!
+//! Row sizes are nccl-tests': all-gather the gathered output, reduce-scatter one rank's
+//! input, all-reduce the buffer, all-to-all one rank's send buffer (S/N to each rank). For
+//! all-to-all-v, S is one rank's send buffer, rank i sending rank j the share
+//! (1 + (j − i) mod N) / (N(N+1)/2) of it in bf16 elements — the pattern of
+//! `validate/torch/collectives.py`.
+
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use crate::cluster::Topology;
+use crate::error::{invalid, parse_error, Result};
+use crate::net::analytical::AnalyticalModel;
+use crate::net::collective::{
+    analytical_phases, lower, lower_alltoallv, lowered_time, CollOp, Collective, CollectiveModel,
+};
+use crate::net::GpuId;
+
+/// Largest size of a row, bytes (1 TiB).
+pub const MAX_ROW_BYTES: u64 = 1 << 40;
+/// Most GPUs of a row.
+pub const MAX_ROW_GPUS: u32 = 4096;
+
+/// A measured operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CollMeasureOp {
+    AllGather,
+    ReduceScatter,
+    AllReduce,
+    AllToAll,
+    AllToAllV,
+}
+
+impl CollMeasureOp {
+    /// The names rows use (nccl-tests' and PyTorch's).
+    pub const NAMES: [&'static str; 5] = [
+        "all_gather",
+        "reduce_scatter",
+        "all_reduce",
+        "all_to_all",
+        "all_to_all_v",
+    ];
+
+    /// The op of `name`.
+    pub fn parse(name: &str) -> Option<Self> {
+        use CollMeasureOp::*;
+        let all = [AllGather, ReduceScatter, AllReduce, AllToAll, AllToAllV];
+        Self::NAMES.iter().position(|n| *n == name).map(|i| all[i])
+    }
+
+    /// The name rows use.
+    pub fn name(self) -> &'static str {
+        Self::NAMES[self as usize]
+    }
+}
+
+/// One measured collective.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct CollRow {
+    pub op: CollMeasureOp,
+    pub gpus: u32,
+    /// nccl-tests size, bytes.
+    pub bytes: u64,
+    /// Measured time, µs.
+    pub time_us: f64,
+}
+
+/// Rows of a CSV whose header names `op`, `gpus`, `bytes` and `time_us` (other columns are
+/// read past; `#` lines are comments). A row with an empty `time_us` and a `busbw_gbs`
+/// (published figures) gets the time that bus bandwidth means. Every field is checked:
+/// ops by name, 1 ≤ gpus ≤ [`MAX_ROW_GPUS`], 1 ≤ bytes ≤ [`MAX_ROW_BYTES`], times finite
+/// and > 0.
+pub fn rows_from_csv(text: &str, source: &str) -> Result<Vec<CollRow>> {
+    let mut lines = text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.starts_with('#') && !l.trim().is_empty());
+    let (_, header) = lines
+        .next()
+        .ok_or_else(|| parse_error(source, "empty file: a header line op,gpus,bytes,time_us"))?;
+    let cols: Vec<&str> = header.split(',').map(str::trim).collect();
+    let col = |name: &str| {
+        cols.iter()
+            .position(|c| *c == name)
+            .ok_or_else(|| parse_error(source, format!("no `{name}` column in the header")))
+    };
+    let (c_op, c_gpus, c_bytes, c_time) =
+        (col("op")?, col("gpus")?, col("bytes")?, col("time_us")?);
+    let c_busbw = cols.iter().position(|c| *c == "busbw_gbs");
+    let mut rows = Vec::new();
+    for (i, line) in lines {
+        let at = format!("{source} line {}", i + 1);
+        let f: Vec<&str> = line.split(',').map(str::trim).collect();
+        let get = |c: usize| {
+            f.get(c).copied().ok_or_else(|| {
+                parse_error(
+                    &at,
+                    format!("{} fields, header has {}", f.len(), cols.len()),
+                )
+            })
+        };
+        let op = CollMeasureOp::parse(get(c_op)?).ok_or_else(|| {
+            invalid(
+                format!("{at}: op"),
+                get(c_op).unwrap_or_default(),
+                CollMeasureOp::NAMES.join(", "),
+            )
+        })?;
+        let gpus: u32 = get(c_gpus)?
+            .parse()
+            .ok()
+            .filter(|g| (1..=MAX_ROW_GPUS).contains(g))
+            .ok_or_else(|| {
+                invalid(
+                    format!("{at}: gpus"),
+                    get(c_gpus).unwrap_or_default(),
+                    format!("an integer in [1, {MAX_ROW_GPUS}]"),
+                )
+            })?;
+        let bytes: u64 = get(c_bytes)?
+            .parse()
+            .ok()
+            .filter(|b| (1..=MAX_ROW_BYTES).contains(b))
+            .ok_or_else(|| {
+                invalid(
+                    format!("{at}: bytes"),
+                    get(c_bytes).unwrap_or_default(),
+                    format!("an integer in [1, {MAX_ROW_BYTES}]"),
+                )
+            })?;
+        let positive = |field: &str, v: &str| -> Result<f64> {
+            v.parse::<f64>()
+                .ok()
+                .filter(|x| x.is_finite() && *x > 0.0)
+                .ok_or_else(|| invalid(format!("{at}: {field}"), v, "a finite number > 0"))
+        };
+        let t = get(c_time)?;
+        let time_us = match (t.is_empty(), c_busbw) {
+            (false, _) => positive("time_us", t)?,
+            (true, Some(c)) => {
+                let busbw = positive("busbw_gbs (time_us is empty)", get(c)?)?;
+                let algbw = busbw / bus_factor(op, gpus).max(f64::MIN_POSITIVE);
+                bytes as f64 / (algbw * 1e3)
+            }
+            (true, None) => positive("time_us", t)?,
+        };
+        rows.push(CollRow {
+            op,
+            gpus,
+            bytes,
+            time_us,
+        });
+    }
+    if rows.is_empty() {
+        return Err(parse_error(source, "no rows after the header"));
+    }
+    Ok(rows)
+}
+
+/// nccl-tests' bus-bandwidth factor of a row.
+fn bus_factor(op: CollMeasureOp, n: u32) -> f64 {
+    match op {
+        CollMeasureOp::AllReduce => Collective::AllReduce.bus_factor(n as usize),
+        _ => Collective::AllGather.bus_factor(n as usize),
+    }
+}
+
+/// How the model sees one row.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Priced {
+    /// The algorithm (NCCL's name, or `p2p` for the all-to-alls).
+    pub algo: &'static str,
+    /// Bytes on the most loaded GPU port.
+    pub port_bytes: f64,
+    /// The model's time, µs (NCCL's latency table, the topology's links).
+    pub model_us: f64,
+}
+
+/// The all-to-all-v matrix of a row (bytes rank i sends rank j).
+fn alltoallv_matrix(n: usize, bytes: u64) -> Vec<Vec<u64>> {
+    let elems = bytes / 2;
+    let tot = (n * (n + 1) / 2) as u64;
+    let unit = elems / tot;
+    (0..n)
+        .map(|i| {
+            let mut row: Vec<u64> = (0..n)
+                .map(|j| 2 * unit * (1 + ((j + n - i) % n) as u64))
+                .collect();
+            let sent: u64 = row.iter().sum();
+            row[i] += 2 * elems - sent;
+            row
+        })
+        .collect()
+}
+
+/// Price `row` on GPUs 0..gpus of `topo` (consecutive, node-major). Rows on one GPU move
+/// nothing over a link: an error naming the row.
+pub fn price(row: &CollRow, topo: &Arc<Topology>, coll: &CollectiveModel) -> Result<Priced> {
+    let n = row.gpus as usize;
+    if n < 2 {
+        return Err(invalid(
+            "gpus",
+            n,
+            "at least 2 (on one GPU a collective crosses no link: nothing to fit)",
+        ));
+    }
+    if row.gpus > topo.gpus() {
+        return Err(invalid(
+            "gpus",
+            row.gpus,
+            format!("at most the topology's {} GPUs", topo.gpus()),
+        ));
+    }
+    let group: Vec<GpuId> = (0..row.gpus).collect();
+    let mut net = AnalyticalModel::new(topo.clone());
+    let ps_us = |ps: u64| ps as f64 * 1e-6;
+    let coll_op = match row.op {
+        CollMeasureOp::AllGather => Some(CollOp::AllGather),
+        CollMeasureOp::ReduceScatter => Some(CollOp::ReduceScatter),
+        CollMeasureOp::AllReduce => Some(CollOp::AllReduce),
+        _ => None,
+    };
+    Ok(match coll_op {
+        Some(op) => {
+            let lw = coll.lower(op, &group, row.bytes, topo.gpus_per_node);
+            Priced {
+                algo: lw.algo.name(),
+                port_bytes: lw.xfers.iter().map(|t| t.bytes).max().unwrap_or(0) as f64,
+                model_us: ps_us(lowered_time(&mut net, &lw, 0)),
+            }
+        }
+        None => {
+            let phases = if row.op == CollMeasureOp::AllToAll {
+                lower(Collective::AllToAll, &group, row.bytes)?
+            } else {
+                lower_alltoallv(&group, &alltoallv_matrix(n, row.bytes))?
+            };
+            let mut sent = vec![0u64; n];
+            for t in phases.iter().flatten() {
+                sent[t.src as usize] += t.bytes;
+            }
+            Priced {
+                algo: "p2p",
+                port_bytes: sent.into_iter().max().unwrap_or(0) as f64,
+                model_us: ps_us(analytical_phases(&net, &phases, 0)),
+            }
+        }
+    })
+}
+
+/// One algorithm's fitted latency and bandwidth.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct AlgoFit {
+    pub algo: &'static str,
+    /// Rows fitted.
+    pub rows: usize,
+    /// µs.
+    pub latency_us: f64,
+    /// Achieved bytes per second of the bottleneck port, GB/s.
+    pub bandwidth_gbs: f64,
+}
+
+impl AlgoFit {
+    /// The fitted time of `port_bytes`, µs.
+    pub fn predict_us(&self, port_bytes: f64) -> f64 {
+        self.latency_us + port_bytes / (self.bandwidth_gbs * 1e3)
+    }
+}
+
+/// Fit `latency + port bytes / bandwidth` per algorithm to (algorithm, port bytes, measured
+/// µs) points, minimising the squared relative error, latency ≥ 0. An algorithm needs two
+/// distinct sizes; the error names one that has fewer, or whose bytes do not take longer.
+pub fn fit(points: &[(&'static str, f64, f64)]) -> Result<Vec<AlgoFit>> {
+    let mut algos: Vec<&'static str> = points.iter().map(|p| p.0).collect();
+    algos.sort_unstable();
+    algos.dedup();
+    let mut out = Vec::new();
+    for a in algos {
+        let pts: Vec<(f64, f64)> = points
+            .iter()
+            .filter(|p| p.0 == a)
+            .map(|p| (p.1, p.2))
+            .collect();
+        let mut sizes: Vec<u64> = pts.iter().map(|p| p.0 as u64).collect();
+        sizes.sort_unstable();
+        sizes.dedup();
+        if sizes.len() < 2 {
+            return Err(invalid(
+                format!("rows of algorithm {a}"),
+                format!("{} distinct size(s)", sizes.len()),
+                "at least 2 distinct sizes to fit a latency and a bandwidth",
+            ));
+        }
+        // weighted least squares of m = l + b·x with weights 1/m²
+        let (mut s1, mut sx, mut sxx, mut sm, mut sxm) = (0.0, 0.0, 0.0, 0.0, 0.0);
+        for &(x, m) in &pts {
+            let w = 1.0 / (m * m);
+            s1 += w;
+            sx += w * x;
+            sxx += w * x * x;
+            sm += w * m;
+            sxm += w * x * m;
+        }
+        let det = s1 * sxx - sx * sx;
+        let (mut l, mut b) = ((sm * sxx - sx * sxm) / det, (s1 * sxm - sx * sm) / det);
+        if l.is_nan() || l < 0.0 {
+            l = 0.0;
+            b = sxm / sxx;
+        }
+        if !(b > 0.0 && b.is_finite()) {
+            return Err(invalid(
+                format!("rows of algorithm {a}"),
+                format!("time per byte {b:e} µs"),
+                "larger sizes taking longer (a positive bandwidth)",
+            ));
+        }
+        out.push(AlgoFit {
+            algo: a,
+            rows: pts.len(),
+            latency_us: l,
+            bandwidth_gbs: 1.0 / b * 1e-3,
+        });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::TopologySpec;
+
+    fn node(gpus: u32) -> Arc<Topology> {
+        let text = include_str!("../../topologies/dgx-h200-roce.toml");
+        let spec = TopologySpec::parse(text, "dgx-h200-roce.toml").unwrap();
+        let nodes = gpus.div_ceil(spec.gpus_per_node);
+        Arc::new(spec.build(Some(nodes)).unwrap())
+    }
+
+    #[test]
+    fn rows_are_checked_by_field() {
+        let ok = "op,gpus,bytes,time_us,busbw_gbs\nall_gather,8,8388608,40.5,\nall_reduce,8,1073741824,,400\n";
+        let r = rows_from_csv(ok, "c.csv").unwrap();
+        assert_eq!(r.len(), 2);
+        // the published-figures form: time from bus bandwidth, 2(n-1)/n for all-reduce
+        let want = 1073741824.0 / (400.0 / 1.75 * 1e3);
+        assert!(
+            (r[1].time_us - want).abs() < 1e-6 * want,
+            "{}",
+            r[1].time_us
+        );
+        for (bad, field) in [
+            ("op,gpus,bytes,time_us\nbroadcast,8,8,1\n", "op"),
+            ("op,gpus,bytes,time_us\nall_gather,0,8,1\n", "gpus"),
+            ("op,gpus,bytes,time_us\nall_gather,8,0,1\n", "bytes"),
+            ("op,gpus,bytes,time_us\nall_gather,8,8,NaN\n", "time_us"),
+            ("op,gpus,bytes,time_us\nall_gather,8,8,-1\n", "time_us"),
+            ("op,gpus,bytes\nall_gather,8,8\n", "time_us"),
+            ("op,gpus,bytes,time_us\n", "no rows"),
+        ] {
+            let e = rows_from_csv(bad, "c.csv").unwrap_err().to_string();
+            assert!(e.contains(field) && e.contains("c.csv"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_model_prices_rows_by_its_own_algorithm_choice() {
+        let t = node(8);
+        let off = CollectiveModel::of(&t, false);
+        let row = |op, gpus, bytes| CollRow {
+            op,
+            gpus,
+            bytes,
+            time_us: 1.0,
+        };
+        // Ring all-gather on 8 GPUs: each port carries 7/8 S.
+        let p = price(&row(CollMeasureOp::AllGather, 8, 8 << 20), &t, &off).unwrap();
+        assert_eq!(
+            (p.algo, p.port_bytes),
+            ("ring", (7 * (8u64 << 20) / 8) as f64)
+        );
+        // All-to-all: a GPU sends S/N to each of the other 7.
+        let p = price(&row(CollMeasureOp::AllToAll, 8, 8 << 20), &t, &off).unwrap();
+        assert_eq!((p.algo, p.port_bytes), ("p2p", (7 * (1u64 << 20)) as f64));
+        // All-to-all-v on 2 GPUs: shares 1/3 to itself, 2/3 to the other.
+        let m = alltoallv_matrix(2, 6 << 20);
+        assert_eq!(m, vec![vec![2 << 20, 4 << 20], vec![4 << 20, 2 << 20]]);
+        let p = price(&row(CollMeasureOp::AllToAllV, 2, 6 << 20), &t, &off).unwrap();
+        assert_eq!(p.port_bytes, (4u64 << 20) as f64);
+        assert!(p.model_us > 0.0);
+        // NVLS for a large 8-GPU all-reduce only when allowed.
+        let on = CollectiveModel::of(&t, true);
+        let p = price(&row(CollMeasureOp::AllReduce, 8, 1 << 30), &t, &on).unwrap();
+        assert_eq!(p.algo, "NVLS");
+        let e = price(&row(CollMeasureOp::AllReduce, 1, 1 << 30), &t, &on).unwrap_err();
+        assert!(e.to_string().contains("gpus"), "{e}");
+        let e = price(&row(CollMeasureOp::AllReduce, 16, 1 << 30), &t, &on).unwrap_err();
+        assert!(
+            e.to_string().contains("at most the topology's 8 GPUs"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_fit_recovers_latency_and_bandwidth() {
+        // ring: 10 µs + bytes / 300 GB/s; p2p: 0 µs + bytes / 150 GB/s (measured exactly)
+        let mut pts = Vec::new();
+        for k in 0..6 {
+            let x = (8u64 << 20 << k) as f64;
+            pts.push(("ring", x, 10.0 + x / 300e3));
+            pts.push(("p2p", x, x / 150e3));
+        }
+        let f = fit(&pts).unwrap();
+        let get = |a| f.iter().find(|g| g.algo == a).unwrap();
+        assert!((get("ring").latency_us - 10.0).abs() < 1e-6);
+        assert!((get("ring").bandwidth_gbs - 300.0).abs() < 1e-6);
+        assert!(get("p2p").latency_us.abs() < 1e-6);
+        assert!((get("p2p").bandwidth_gbs - 150.0).abs() < 1e-6);
+        assert!((get("ring").predict_us(3e8) - (10.0 + 1e3)).abs() < 1e-6);
+        // one size cannot separate latency from bandwidth
+        let e = fit(&[("ring", 1e6, 5.0), ("ring", 1e6, 6.0)]).unwrap_err();
+        assert!(e.to_string().contains("algorithm ring"), "{e}");
+    }
+}
