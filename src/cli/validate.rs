@@ -26,8 +26,12 @@ use std::path::PathBuf;
 use anyhow::{anyhow, bail, Context, Result};
 
 use skewsim::balance::libra::pipeliner;
+use skewsim::cluster::TopologySpec;
 use skewsim::cost::blocks::FWD_HEAD_DIM;
 use skewsim::cost::fit::{self, MeasureKind, Measurement, Pass, SegCount};
+use skewsim::net::analytical::AnalyticalModel;
+use skewsim::net::collective::{analytical_phases, Transfer};
+use skewsim::net::GpuId;
 use skewsim::plan::Plan;
 use validate::gpu::{FwdVariant, Gpu};
 use validate::nccl::{Local, Mesh, Move};
@@ -86,6 +90,59 @@ pub struct Args {
     /// of the built-in H200 table.
     #[arg(long)]
     pub calibration: Option<PathBuf>,
+    /// Topology whose first node's GPUs 0..N price the NCCL exchanges (the simulator's
+    /// analytical network model over its NVLink), when transfers go through NCCL.
+    #[arg(long, default_value = "topologies/dgx-h200-roce.toml")]
+    pub topology: PathBuf,
+}
+
+/// The simulator's price of one NCCL exchange: the moves between GPUs as one phase on the
+/// analytical network model of a node, after each GPU's moves to itself as copies.
+struct ExchangeModel {
+    net: AnalyticalModel,
+    gpus: usize,
+}
+
+impl ExchangeModel {
+    fn load(file: &std::path::Path, gpus: usize) -> Result<ExchangeModel> {
+        let name = file.display().to_string();
+        let text = std::fs::read_to_string(file)
+            .with_context(|| format!("reading topology {name} (--topology)"))?;
+        let topo = TopologySpec::parse(&text, &name)?.build(Some(1))?;
+        if (topo.gpus_per_node as usize) < gpus {
+            bail!(
+                "--topology {name}: a node of {} GPUs cannot hold --gpus {gpus}: allowed a topology with at least {gpus} GPUs per node",
+                topo.gpus_per_node
+            );
+        }
+        Ok(ExchangeModel {
+            net: AnalyticalModel::new(std::sync::Arc::new(topo)),
+            gpus,
+        })
+    }
+
+    /// Predicted time of exchanging `moves`, ms.
+    fn predict_ms(&self, pricing: &fit::Pricing, moves: &[Move]) -> f64 {
+        let mut local = vec![0.0f64; self.gpus];
+        let mut remote = Vec::new();
+        for m in moves.iter().filter(|m| m.bytes > 0) {
+            if m.src == m.dst {
+                local[m.src] += pricing.copy_ms(m.bytes as u64);
+            } else {
+                remote.push(Transfer {
+                    src: m.src as GpuId,
+                    dst: m.dst as GpuId,
+                    bytes: m.bytes as u64,
+                });
+            }
+        }
+        let net_ps = if remote.is_empty() {
+            0
+        } else {
+            analytical_phases(&self.net, &vec![remote], 0)
+        };
+        local.into_iter().fold(0.0, f64::max) + net_ps as f64 * 1e-9
+    }
 }
 
 /// One (worker, chunk) of a plan group: what the GPU runs and moves.
@@ -317,7 +374,7 @@ fn nan_bf16(v: &[u16]) -> usize {
 /// forward, return, then backward unless `--no-bwd`).
 fn measure_plan(
     gpus: &mut [Gpu],
-    mesh: Option<&Mesh>,
+    mesh: Option<(&Mesh, &ExchangeModel, &fit::Pricing)>,
     args: &Args,
     plan: &Plan,
     plan_name: &str,
@@ -415,7 +472,7 @@ fn measure_plan(
             Some(quantiles(&ms)?)
         };
         let (d, r) = match mesh {
-            Some(mesh) => (
+            Some((mesh, _, _)) => (
                 quantiles(&mesh.time_exchange(
                     &moves(&spec.dispatch_moves)?,
                     args.warmup,
@@ -440,9 +497,13 @@ fn measure_plan(
                 )?)?,
             ),
         };
-        rows.extend(rows_of(
-            spec, plan_name, args.seed, plan, tiles, attn, bwd, d, r,
-        ));
+        let mut got = rows_of(spec, plan_name, args.seed, plan, tiles, attn, bwd, d, r);
+        if let Some((_, model, pricing)) = mesh {
+            // rows_of's order: dispatch, forward, return[, backward]
+            got[0].predicted_ms = Some(model.predict_ms(pricing, &moves(&spec.dispatch_moves)?));
+            got[2].predicted_ms = Some(model.predict_ms(pricing, &moves(&spec.return_moves)?));
+        }
+        rows.extend(got);
     }
     Ok(rows)
 }
@@ -516,6 +577,18 @@ pub fn run(args: Args, out: Output) -> Result<()> {
             other => anyhow!(other),
         })
     };
+    let visible = Gpu::count().map_err(|e| match e {
+        validate::Error::NoDriver => anyhow!(
+            "no CUDA driver found: `skewsim validate` runs plans on an NVIDIA GPU (libcuda could not be loaded here)"
+        ),
+        other => anyhow!(other),
+    })?;
+    if args.gpus > visible {
+        bail!(
+            "invalid --gpus = {}: {visible} GPU(s) visible here (CUDA_VISIBLE_DEVICES applies): allowed 1 to {visible}",
+            args.gpus
+        );
+    }
     let ordinals: Vec<usize> = if args.gpus == 1 {
         vec![args.device]
     } else {
@@ -572,10 +645,18 @@ pub fn run(args: Args, out: Output) -> Result<()> {
         }
     );
     let (gpu_name, driver) = (gpu.name.clone(), gpu.driver_version);
+    let exchange = match &mesh {
+        Some(_) => Some(ExchangeModel::load(&args.topology, gpus.len())?),
+        None => None,
+    };
     let mut rows = Vec::new();
     for (name, plan) in &plans {
         let t0 = std::time::Instant::now();
-        let r = measure_plan(&mut gpus, mesh.as_ref(), &args, plan, name)?;
+        let net = mesh
+            .as_ref()
+            .zip(exchange.as_ref())
+            .map(|(m, e)| (m, e, &pricing));
+        let r = measure_plan(&mut gpus, net, &args, plan, name)?;
         eprintln!(
             "{name}: {} rows in {:.1} s",
             r.len(),
@@ -583,21 +664,41 @@ pub fn run(args: Args, out: Output) -> Result<()> {
         );
         rows.extend(r);
     }
-    for r in &mut rows {
+    for r in rows.iter_mut().filter(|r| r.predicted_ms.is_none()) {
         r.predicted_ms = Some(pricing.predict_ms(r));
     }
     let csv = fit::measurements_to_csv(&rows)?;
     std::fs::write(&args.out, csv).with_context(|| format!("writing {}", args.out.display()))?;
     let summary = fit::summarize(&rows, &pricing);
+    let exchanges = exchange.map(|_| {
+        let pairs: Vec<(f64, f64)> = rows
+            .iter()
+            .filter(|r| r.kind != MeasureKind::Attn && r.bytes > 0)
+            .map(|r| (r.predicted_ms.unwrap_or(0.0), r.measured_ms))
+            .collect();
+        fit::ErrStats::of(&pairs)
+    });
     out.emit(&summary, || {
-        format!(
+        let mut text = format!(
             "wrote {} ({} rows; GPU {}, driver {})\n{}",
             args.out.display(),
             rows.len(),
             gpu_name,
             driver,
             summary.table()
-        )
+        );
+        if let Some(e) = exchanges {
+            text.push_str(&format!(
+                "{:<30}{:>5}{:>14.2}{:>11.2}{:>11.2}\n(the copy line prices the NCCL exchanges as HBM copies; the exchange line by the network model of {})\n",
+                format!("NCCL exchange, {} GPU(s)", gpus.len()),
+                e.n,
+                e.median_ape,
+                e.p90_ape,
+                e.max_ape,
+                args.topology.display()
+            ));
+        }
+        text
     })
 }
 

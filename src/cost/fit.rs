@@ -606,11 +606,13 @@ impl Pricing {
                 self.bwd_launch_us() * 1e-3 + self.attn_bwd_launch_ms(m.heads, m.head_dim, &m.segs)
             }
             _ if m.bytes == 0 => 0.0,
-            _ => {
-                self.launch.copy_launch_us * 1e-3
-                    + m.bytes as f64 / self.launch.copy_bytes_per_s * 1e3
-            }
+            _ => self.copy_ms(m.bytes),
         }
+    }
+
+    /// One device-to-device copy of `bytes` inside a GPU, ms.
+    pub fn copy_ms(&self, bytes: u64) -> f64 {
+        self.launch.copy_launch_us * 1e-3 + bytes as f64 / self.launch.copy_bytes_per_s * 1e3
     }
 }
 

@@ -239,16 +239,23 @@ pub fn driver_present() -> bool {
 }
 
 impl Gpu {
-    /// Opens device `ordinal`. `Err(Error::NoDriver)` where libcuda is missing.
-    pub fn open(ordinal: usize) -> Result<Self, Error> {
+    /// The GPUs visible to this process (after `CUDA_VISIBLE_DEVICES`).
+    /// `Err(Error::NoDriver)` where libcuda is missing.
+    pub fn count() -> Result<usize, Error> {
         if !driver_present() {
             return Err(Error::NoDriver);
         }
         let n = CudaContext::device_count().map_err(cuda("cuDeviceGetCount"))?;
-        if n <= 0 {
+        Ok(usize::try_from(n).unwrap_or(0))
+    }
+
+    /// Opens device `ordinal`. `Err(Error::NoDriver)` where libcuda is missing.
+    pub fn open(ordinal: usize) -> Result<Self, Error> {
+        let n = Self::count()?;
+        if n == 0 {
             return Err(Error::NoDevice);
         }
-        if ordinal >= n as usize {
+        if ordinal >= n {
             return Err(invalid("device ordinal", ordinal, format!("0..{n}")));
         }
         let ctx = CudaContext::new(ordinal).map_err(cuda("cuCtxCreate"))?;
