@@ -12,17 +12,8 @@ GLOB=${1:-p*_*.json}
 NGLOB=${2:-p6_*.json}
 WARMUP=${WARMUP:-2}
 REPS=${REPS:-7}
-export NCCL_NVLS_ENABLE=0
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
-  [ -d $d ] && export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}:$d
-done
-if ! ldconfig -p | grep -q libnvrtc.so; then
-  r=$(find / -name 'libnvrtc.so*' -not -path '/proc/*' 2>/dev/null | head -1)
-  [ -n "$r" ] && export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}:$(dirname $r)
-fi
-# cudarc looks for libnccl.so (not .so.2): link the wheel's library under that name.
-n=$(find / -name 'libnccl.so.2*' -not -path '/proc/*' 2>/dev/null | head -1)
-mkdir -p /tmp/ncl && [ -n "$n" ] && ln -sf $n /tmp/ncl/libnccl.so && export LD_LIBRARY_PATH=/tmp/ncl:$LD_LIBRARY_PATH
+. "$(dirname "$0")/gpu_env.sh"
+n=$NCCL_LIB
 (nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv; \
  echo "nccl: $n"; echo "WARMUP=$WARMUP REPS=$REPS"; date -u) > $OUT/env.txt 2>&1
 cat $OUT/env.txt

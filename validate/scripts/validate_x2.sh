@@ -9,16 +9,8 @@
 set -u
 B=./.carry-gpu/skewsim
 P=./.carry-gpu/plans4
-export NCCL_NVLS_ENABLE=0
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
-  [ -d $d ] && export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}:$d
-done
-if ! ldconfig -p | grep -q libnvrtc.so; then
-  r=$(find / -name 'libnvrtc.so*' -not -path '/proc/*' 2>/dev/null | head -1)
-  [ -n "$r" ] && export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}:$(dirname $r)
-fi
-n=$(find / -name 'libnccl.so.2*' -not -path '/proc/*' 2>/dev/null | head -1)
-mkdir -p /tmp/ncl && [ -n "$n" ] && ln -sf $n /tmp/ncl/libnccl.so && export LD_LIBRARY_PATH=/tmp/ncl:$LD_LIBRARY_PATH
+. "$(dirname "$0")/gpu_env.sh"
+n=$NCCL_LIB
 (nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,clocks.max.sm --format=csv; nvidia-smi topo -m; echo "nccl: $n"; date -u) > $OUT/env.txt 2>&1
 cat $OUT/env.txt
 for g in 2 1; do
