@@ -11,8 +11,9 @@
 # 4. the same attention kernel on all N GPUs for STEPS = 500 steps (variance_gN.csv), with
 #    `skewsim-validate jitter-fit` on it (variance_fit_gN.txt).
 # Binaries: SKEWSIM (default target/release/skewsim), SKEWSIM_VALIDATE (default
-# target/release/skewsim-validate); scripts from SCRIPTS (default validate). NVLink multicast
-# stays off (NCCL_NVLS_ENABLE=0).
+# target/release/skewsim-validate); scripts from SCRIPTS (default validate); kernel prices
+# from CALIBRATION (default calibrations/skewsim-h200.json); STEPS variance steps. NVLink
+# multicast stays off (NCCL_NVLS_ENABLE=0).
 set -u
 N=${1:?usage: multi_gpu.sh N OUT_DIR}
 O=${2:?usage: multi_gpu.sh N OUT_DIR}
@@ -20,6 +21,7 @@ B=${SKEWSIM:-target/release/skewsim}
 V=${SKEWSIM_VALIDATE:-target/release/skewsim-validate}
 S=${SCRIPTS:-validate}
 STEPS=${STEPS:-500}
+CAL=${CALIBRATION:-calibrations/skewsim-h200.json}   # prices the project's kernels
 export PYTHONUNBUFFERED=1
 mkdir -p "$O"
 . "$(dirname "$0")/gpu_env.sh"
@@ -43,7 +45,7 @@ first=1
 for f in "$P"/*.json; do
   b=$(basename "$f" .json); s=${b#p}; seed=${s%%_*}; M=${b##*_M}
   echo "== $b on $N GPU(s)" | tee -a "$O/validate_g$N.log"
-  $B validate --plan "$f" --seed $seed --chunks $M --gpus $N --transport nccl --warmup 2 --reps 5 \
+  $B validate --plan "$f" --seed $seed --chunks $M --gpus $N --transport nccl --calibration $CAL --warmup 2 --reps 5 \
     -o /tmp/v_$b.csv 2>&1 | tee -a "$O/validate_g$N.log" | tail -14
   [ -f /tmp/v_$b.csv ] || continue
   if [ $first = 1 ]; then cat /tmp/v_$b.csv > "$O/validate_g$N.csv"; first=0
