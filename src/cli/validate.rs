@@ -736,6 +736,33 @@ mod tests {
     }
 
     #[test]
+    fn exchanges_are_priced_by_the_nodes_links_after_the_local_copies() {
+        // test-small: 4 GPUs a node, NVLink 100 GB/s at efficiency 1, 1 µs latency.
+        let topo = std::path::Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/topologies/test-small.toml"
+        ));
+        let m = ExchangeModel::load(topo, 2).unwrap();
+        let pricing = fit::Pricing::h200_default().unwrap();
+        let mv = |src, dst, bytes| Move { src, dst, bytes };
+        // 100 MB over GPU 0's NVLink port: 1 ms plus start-up; GPU 0's 10 MB to itself is a
+        // copy first; GPU 1's 50 MB back shares no port direction with it.
+        let moves = [
+            mv(0, 1, 100_000_000),
+            mv(1, 0, 50_000_000),
+            mv(0, 0, 10_000_000),
+        ];
+        let copy = pricing.copy_ms(10_000_000);
+        let t = m.predict_ms(&pricing, &moves);
+        assert!(t > 1.0 + copy && t < 1.0 + copy + 0.01, "{t} vs {copy}");
+        // only copies: the slowest GPU's
+        let local = [mv(0, 0, 10_000_000), mv(1, 1, 20_000_000)];
+        assert_eq!(m.predict_ms(&pricing, &local), pricing.copy_ms(20_000_000));
+        let e = ExchangeModel::load(topo, 8).err().unwrap().to_string();
+        assert!(e.contains("a node of 4 GPUs cannot hold --gpus 8"), "{e}");
+    }
+
+    #[test]
     fn worker_pieces_map_to_gpu_pairs() {
         // Workers 0..4 on 2 GPUs: 0,2 → GPU 0; 1,3 → GPU 1.
         let pieces = [(1, 0, 10), (3, 0, 5), (2, 0, 7), (0, 1, 1), (2, 3, 4)];
