@@ -271,7 +271,7 @@ impl<'a> SchemePlanner<'a> {
                     ..s.libra
                 };
                 p.validate()?;
-                let loads: Vec<u64> = batch.iter().map(PackedSeq::load).collect();
+                let loads: Vec<u64> = batch.iter().map(|s| s.load_under(&p.shape.mask)).collect();
                 let mut rng = crate::rng::stream(s.seed, "libra-grouping", step);
                 let pools = group(&loads, p.pool_size as usize, Policy::Vrsp, &mut rng)?;
                 SchemePlan {

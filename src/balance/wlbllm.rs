@@ -56,6 +56,7 @@ use std::collections::VecDeque;
 use serde::{Deserialize, Serialize};
 
 use crate::cost::AttnShape;
+use crate::cost::Mask;
 use crate::error::{invalid, Result};
 use crate::workload::{causal_pairs, PackedSeq, Sample};
 
@@ -65,13 +66,19 @@ pub const KERNEL_TILE: u32 = 128;
 /// Latency estimates W_a (attention, quadratic in a document's length) and W_l (the linear
 /// layers, linear in tokens) of one transformer layer, in seconds.
 pub trait LatencyModel {
-    /// W_a: core-attention forward latency of `pairs` causal query–key pairs.
+    /// W_a: core-attention forward latency of `pairs` query–key pairs.
     fn attention_s(&self, pairs: u64) -> f64;
     /// W_l: forward latency of the linear part (projections, MLP) for `tokens` tokens.
     fn linear_s(&self, tokens: u64) -> f64;
-    /// W_a(d) + W_l(d) for one document of `len` tokens.
+    /// The mask whose pairs a document's attention counts (causal unless the model's
+    /// layers say otherwise).
+    fn mask(&self) -> Mask {
+        Mask::Causal
+    }
+    /// W_a(d) + W_l(d) for one document of `len` tokens: its exact pairs under
+    /// [`LatencyModel::mask`].
     fn document_s(&self, len: u32) -> f64 {
-        self.attention_s(causal_pairs(u64::from(len))) + self.linear_s(u64::from(len))
+        self.attention_s(self.mask().pairs(u64::from(len))) + self.linear_s(u64::from(len))
     }
 }
 
@@ -106,6 +113,7 @@ impl ConstantThroughput {
                 heads_kv: 8,
                 head_dim: 128,
                 dtype_bytes: 2,
+                mask: crate::cost::Mask::Causal,
             },
             attn_flops_per_s: 500e12,
             linear_flops_per_token: 2.0 * params,
@@ -121,6 +129,10 @@ impl LatencyModel for ConstantThroughput {
 
     fn linear_s(&self, tokens: u64) -> f64 {
         tokens as f64 * self.linear_flops_per_token / self.linear_flops_per_s
+    }
+
+    fn mask(&self) -> Mask {
+        self.shape.mask
     }
 }
 

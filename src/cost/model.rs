@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::AttnShape;
+use super::{AttentionPattern, AttnShape, Mask};
 use crate::error::{invalid, parse_error, Result};
 
 /// The feed-forward block of every layer.
@@ -54,6 +54,10 @@ pub struct ModelConfig {
     pub dtype_bytes: u32,
     /// The feed-forward block.
     pub ffn: Ffn,
+    /// Per-layer attention masks, a pattern repeating over the layers
+    /// (`attention = ["3*sliding:4096", "causal"]`); left out: every layer causal.
+    #[serde(default, skip_serializing_if = "AttentionPattern::all_causal")]
+    pub attention: AttentionPattern,
 }
 
 /// The built-in model files.
@@ -111,6 +115,8 @@ impl ModelConfig {
                 return Err(invalid(format!("{ctx}: {f}"), v, "a positive integer"));
             }
         }
+        self.attention
+            .check_layers(self.layers, &format!("{ctx}: attention"))?;
         if self.heads_q % self.heads_kv != 0 {
             return Err(invalid(
                 format!("{ctx}: heads_kv"),
@@ -223,14 +229,35 @@ impl ModelConfig {
         })
     }
 
-    /// The attention shape of one layer.
+    /// The attention shape a step's plan is made for: the heads and the widest mask of the
+    /// layers ([`AttentionPattern::plan_mask`]; causal for a causal model).
     pub fn attn_shape(&self) -> AttnShape {
+        self.attn_shape_masked(self.attention.plan_mask(self.layers))
+    }
+
+    /// The attention shape of layer `layer` (its own mask).
+    pub fn attn_shape_of(&self, layer: u32) -> AttnShape {
+        self.attn_shape_masked(self.attention.mask_of(layer))
+    }
+
+    /// The attention heads under `mask`.
+    pub fn attn_shape_masked(&self, mask: Mask) -> AttnShape {
         AttnShape {
             heads_q: self.heads_q,
             heads_kv: self.heads_kv,
             head_dim: self.head_dim,
             dtype_bytes: self.dtype_bytes,
+            mask,
         }
+    }
+
+    /// Check every layer's mask against the sequence length `seq_len` (a chunk larger
+    /// than L, a block that does not tile L: named errors).
+    pub fn check_masks(&self, seq_len: u32) -> Result<()> {
+        for (m, _) in self.attention.classes(self.layers) {
+            m.check_len(seq_len, &format!("model {}: attention", self.name))?;
+        }
+        Ok(())
     }
 
     /// Parameters of the Q, K, V and O projections of one layer.
