@@ -130,23 +130,6 @@ impl Mask {
         }
     }
 
-    /// Keys query q attends (sample-local q).
-    pub fn keys_of(&self, q: u64) -> u64 {
-        match *self {
-            Mask::Causal => q + 1,
-            Mask::Sliding { w } => (q + 1).min(u64::from(w)),
-            Mask::Chunked { c } => q % u64::from(c) + 1,
-            Mask::BlockSparse {
-                block,
-                local,
-                global,
-            } => {
-                let b = u64::from(block);
-                q % b + 1 + b * earlier_blocks(q / b, local, global)
-            }
-        }
-    }
-
     /// Pairs of the queries [0, n): Σ_{q<n} keys_of(q), in closed form.
     fn prefix(&self, n: u64) -> u64 {
         match *self {
@@ -498,7 +481,6 @@ mod tests {
             for q in 0..40 {
                 let lo = (0..=q).find(|&k| keeps(&m, q, k)).unwrap();
                 assert_eq!(m.key_start(q), lo, "{m} q {q}");
-                assert_eq!(m.keys_of(q), brute(&m, q, q + 1));
             }
         }
     }

@@ -639,7 +639,7 @@ impl CostModel {
     /// over every document — the table's sum, or with a calibrated block model the
     /// launch's blocks' makespan ([`blocks::launch_fwd_ps_f`]).
     pub fn attn_fwd_ps_f(&self, doc_lens: impl IntoIterator<Item = u32>, heads: u32) -> f64 {
-        match &self.attn_blocks {
+        match self.fwd_blocks() {
             None => self.attn_launch_ps() + self.attn_kernel_ps_f(doc_lens, heads),
             Some(_) => {
                 let segs = doc_lens.into_iter().map(|l| (0, u64::from(l), 1));
@@ -658,10 +658,25 @@ impl CostModel {
         heads: u32,
         segs: impl IntoIterator<Item = (u64, u64, u32)>,
     ) -> f64 {
-        match &self.attn_blocks {
+        match self.fwd_blocks() {
             None => table_ps,
             Some(m) => self.launch_memo.fwd_ps(m, self.model.head_dim, heads, segs),
         }
+    }
+
+    /// The forward block model where it applies: its tiles are the causal kernel's, so
+    /// layers of another mask are priced by the table ([`attn_segment_ps_f`]).
+    fn fwd_blocks(&self) -> Option<&BlockModel> {
+        self.attn_blocks
+            .as_ref()
+            .filter(|_| self.attn().mask.is_causal())
+    }
+
+    /// The backward block model where it applies (causal layers, as [`Self::fwd_blocks`]).
+    fn bwd_blocks(&self) -> Option<&BwdBlockModel> {
+        self.attn_bwd_blocks
+            .as_ref()
+            .filter(|_| self.attn().mask.is_causal())
     }
 
     /// One backward call's compute time likewise: `table_ps` without a backward block
@@ -672,7 +687,7 @@ impl CostModel {
         heads: u32,
         segs: impl IntoIterator<Item = (u64, u64, u32)>,
     ) -> f64 {
-        match &self.attn_bwd_blocks {
+        match self.bwd_blocks() {
             None => table_ps,
             Some(m) => self.launch_memo.bwd_ps(m, self.model.head_dim, heads, segs),
         }
@@ -709,7 +724,7 @@ impl CostModel {
     /// backward block model, the call's blocks ([`blocks::launch_bwd_ps_f`]) plus its
     /// overhead.
     pub fn attn_bwd_ps(&self, doc_lens: impl IntoIterator<Item = u32>, heads: u32) -> Ps {
-        if self.attn_bwd_blocks.is_some() {
+        if self.bwd_blocks().is_some() {
             let segs = doc_lens.into_iter().map(|l| (0, u64::from(l), 1));
             let t = self.bwd_launch_ps_f(0.0, heads, segs);
             return (t + self.attn_bwd_launch_ps()).round() as Ps;

@@ -339,6 +339,53 @@ mod tests {
     }
 
     #[test]
+    fn per_layer_attention_from_the_model_file() {
+        let base = include_str!("../../models/llama3-8b.toml");
+        let with =
+            |line: &str| base.replace("dtype_bytes = 2\n", &format!("dtype_bytes = 2\n{line}\n"));
+        let m = ModelConfig::from_toml_str(
+            &with(r#"attention = ["3*sliding:4096", "causal"]"#),
+            "m.toml",
+        )
+        .unwrap();
+        assert_eq!(m.attn_shape_of(2).mask, Mask::Sliding { w: 4096 });
+        assert_eq!(m.attn_shape_of(3).mask, Mask::Causal);
+        // the plan is made for the widest class
+        assert_eq!(m.attn_shape().mask, Mask::Causal);
+        assert!(m.check_masks(131072).is_ok());
+        // a causal model reads and writes as before (no `attention` field)
+        let plain = ModelConfig::from_toml_str(base, "m.toml").unwrap();
+        assert!(!toml::to_string(&plain).unwrap().contains("attention"));
+        assert!(toml::to_string(&m)
+            .unwrap()
+            .contains(r#"attention = ["sliding:4096", "sliding:4096", "sliding:4096", "causal"]"#));
+        // named errors: W <= 0, a pattern that does not tile the layers, chunk > L
+        for (line, want) in [
+            (
+                r#"attention = ["sliding:0"]"#,
+                "attention[0] = \"sliding:0\"",
+            ),
+            (r#"attention = ["sliding:-4"]"#, "window W"),
+            (
+                r#"attention = ["3*sliding:64", "2*causal"]"#,
+                "divides the model's 32 layers",
+            ),
+        ] {
+            let e = ModelConfig::from_toml_str(&with(line), "m.toml")
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("m.toml") && e.contains(want), "{line}: {e}");
+        }
+        let c =
+            ModelConfig::from_toml_str(&with(r#"attention = ["chunked:8192"]"#), "m.toml").unwrap();
+        let e = c.check_masks(4096).unwrap_err().to_string();
+        assert!(
+            e.contains("attention") && e.contains("chunked:8192") && e.contains("L = 4096"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn builtins_match_published_sizes() {
         // Published totals: Qwen3-30B-A3B 30.5B total / 3.3B activated (model card);
         // Llama 3 8B 8.03B; Code Llama 34B 33.7B.

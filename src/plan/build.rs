@@ -454,18 +454,23 @@ mod tests {
     }
 
     fn plan(kv: KvReach, units: &[UnitSpec]) -> Plan {
-        let workers = [0, 1];
         let seq = PlanSeq {
             id: 3,
             samples: vec![4, 4],
             capacity: 8,
-            layout: contiguous_layout(8, 8, &workers),
+            layout: contiguous_layout(8, 8, &[0, 1]),
         };
+        plan_of(TINY, seq, kv, units)
+    }
+
+    /// One group of `seq` on workers 0 and 1, H = 1.
+    fn plan_of(shape: AttnShape, seq: PlanSeq, kv: KvReach, units: &[UnitSpec]) -> Plan {
+        let workers = [0, 1];
         let site = GroupSite {
             ga: 0,
             pool: 0,
             workers: &workers,
-            shape: &TINY,
+            shape: &shape,
             head_shards: 1,
             kv,
         };
@@ -473,7 +478,7 @@ mod tests {
             version: PLAN_VERSION,
             scheme: "test".into(),
             step: 0,
-            shape: TINY,
+            shape,
             head_shards: 1,
             groups: vec![build_group(&site, vec![seq], units)],
         }
@@ -524,8 +529,6 @@ mod tests {
     /// Samples [4, 6] (positions [0,4) and [4,10)), worker 0 holding [0,7) and worker 1
     /// [7,10); units: sample 0 and sample 1's queries [4,8) on worker 0, [8,10) on worker 1.
     fn window_plan(mask: crate::cost::Mask, kv: KvReach) -> Plan {
-        let workers = [0, 1];
-        let shape = AttnShape { mask, ..TINY };
         let layout = vec![
             Resident {
                 start: 0,
@@ -551,23 +554,12 @@ mod tests {
             shard: 0,
             worker,
         };
-        let site = GroupSite {
-            ga: 0,
-            pool: 0,
-            workers: &workers,
-            shape: &shape,
-            head_shards: 1,
+        plan_of(
+            AttnShape { mask, ..TINY },
+            seq,
             kv,
-        };
-        let units = [u(0, 4, 0), u(4, 8, 0), u(8, 10, 1)];
-        Plan {
-            version: PLAN_VERSION,
-            scheme: "test".into(),
-            step: 0,
-            shape,
-            head_shards: 1,
-            groups: vec![build_group(&site, vec![seq], &units)],
-        }
+            &[u(0, 4, 0), u(4, 8, 0), u(8, 10, 1)],
+        )
     }
 
     #[test]
