@@ -566,3 +566,45 @@ mod tests {
         assert!(e.to_string().contains("attention[0]"), "{e}");
     }
 }
+
+#[cfg(test)]
+mod measured {
+    use crate::cost::{CostModel, Mask, ModelConfig};
+
+    /// Median |predicted − measured| / measured of the H200 launches in
+    /// `validate/results/torch_window_h200.csv` (`validate/torch/torch_window.py`: PyTorch's
+    /// varlen FlashAttention forward, held-out document mixes of 16K–256K tokens, 8 or 32
+    /// heads, head_dim 128) whose mask starts with `kind`, each launch priced whole
+    /// through the default table under its mask.
+    fn median_ape(kind: &str) -> f64 {
+        let text = include_str!("../../validate/results/torch_window_h200.csv");
+        let c = CostModel::h200(ModelConfig::builtin("llama3-8b").unwrap()).unwrap();
+        let mut e: Vec<f64> = text
+            .lines()
+            .skip(1)
+            .map(|line| line.split(',').collect::<Vec<_>>())
+            .filter(|f| f[0].starts_with(kind))
+            .map(|f| {
+                let mask = Mask::parse(f[0], "mask").unwrap();
+                let heads: u32 = f[1].parse().unwrap();
+                let docs: Vec<u32> = f[4].split(';').map(|x| x.parse().unwrap()).collect();
+                let ms: f64 = f[5].parse().unwrap();
+                let pred = c.for_mask(mask).attn_fwd_ps_f(docs, heads) * 1e-9;
+                ((pred - ms) / ms).abs()
+            })
+            .collect();
+        e.sort_by(f64::total_cmp);
+        e[e.len() / 2]
+    }
+
+    /// The table predicts the causal launches within 5 % (median); the sliding-window ones
+    /// it under-predicts by about a fifth (median 21 % measured): the windowed kernel does
+    /// more per kept pair than a causal one of any length in the table (masked blocks at
+    /// the window's lower edge), which no mechanism here models yet.
+    #[test]
+    fn measured_window_launches_against_the_table() {
+        assert!(median_ape("causal") <= 0.05, "{}", median_ape("causal"));
+        let s = median_ape("sliding");
+        assert!(s <= 0.25, "{s}");
+    }
+}
