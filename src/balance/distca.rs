@@ -1221,6 +1221,7 @@ mod tests {
             heads_kv: 1,
             head_dim: 1,
             dtype_bytes: 1,
+            mask: crate::cost::Mask::Causal,
         }
     }
 
@@ -1454,6 +1455,7 @@ mod tests {
             heads_kv: 8,
             head_dim: 128,
             dtype_bytes: 2,
+            mask: crate::cost::Mask::Causal,
         };
         let c = DistcaConfig::new(shape, DEFAULT_EPSILON, 128).unwrap();
         let s = schedule(&batch, &c).unwrap();
@@ -1488,6 +1490,7 @@ mod tests {
             heads_kv: 8,
             head_dim: 128,
             dtype_bytes: 2,
+            mask: crate::cost::Mask::Causal,
         };
         let c = DistcaConfig::new(shape, DEFAULT_EPSILON, 128).unwrap();
         for (corpus, l) in [("wlbllm", 131_072), ("libra-256k", 262_144)] {
@@ -1650,6 +1653,7 @@ mod tests {
             heads_kv: 8,
             head_dim: 128,
             dtype_bytes: 2,
+            mask: crate::cost::Mask::Causal,
         };
         let c = DistcaConfig::new(shape, DEFAULT_EPSILON, 128).unwrap();
         let [a, b] = schedule_ping_pong_cp(&batch, 8, &c).unwrap();

@@ -69,7 +69,7 @@ use crate::cost::AttnShape;
 use crate::error::{invalid, Result};
 use crate::plan::build::{GroupSite, KvReach};
 use crate::plan::{Plan, WorkerId, PLAN_VERSION};
-use crate::workload::{causal_pairs, PackedSeq, Sample};
+use crate::workload::{PackedSeq, Sample};
 
 /// The load imbalance δ at which a round closes: max − min ≤ max / 20.
 const BALANCE_SLACK_DIV: u128 = 20;
@@ -221,7 +221,7 @@ pub fn sample_work<'m, M: LatencyModel + ?Sized>(
     model: &'m M,
 ) -> impl Fn(u32) -> u128 + 'm {
     move |len| match load {
-        DcpLoad::Pairs => u128::from(causal_pairs(u64::from(len))),
+        DcpLoad::Pairs => u128::from(model.mask().pairs(u64::from(len))),
         DcpLoad::Latency => (model.document_s(len) * 1e12).round().max(1.0) as u128,
     }
 }

@@ -24,7 +24,7 @@ use serde::Serialize;
 use super::distca::{schedule_step, DistcaConfig};
 use super::wlbllm::LatencyModel;
 use crate::cost::memory::{rank_memory, MemoryBreakdown, MemoryInputs};
-use crate::cost::{CostModel, LinearPart};
+use crate::cost::{CostModel, LinearPart, Mask};
 use crate::error::{invalid, Result};
 use crate::workload::PackedSeq;
 
@@ -52,6 +52,10 @@ impl LatencyModel for CostLatency<'_> {
         (self.cost.linear_fwd_ps_f(LinearPart::PreAttn, tokens)
             + self.cost.linear_fwd_ps_f(LinearPart::PostAttn, tokens))
             * 1e-12
+    }
+
+    fn mask(&self) -> Mask {
+        self.cost.attn().mask
     }
 }
 
@@ -253,6 +257,7 @@ mod tests {
             heads_kv: 8,
             head_dim: 128,
             dtype_bytes: 2,
+            mask: crate::cost::Mask::Causal,
         };
         let gb = global_batch(&corpus, 65_536, 32, Packing::Sequential, 3, 0).unwrap();
         let batches: Vec<Vec<PackedSeq>> = gb.chunks(16).map(<[PackedSeq]>::to_vec).collect();
@@ -279,6 +284,7 @@ mod tests {
             heads_kv: 1,
             head_dim: 1,
             dtype_bytes: 1,
+            mask: crate::cost::Mask::Causal,
         };
         let c = DistcaConfig::new(unit, 0.15, 1)
             .unwrap()

@@ -271,7 +271,7 @@ impl<'a> SchemePlanner<'a> {
                     ..s.libra
                 };
                 p.validate()?;
-                let loads: Vec<u64> = batch.iter().map(PackedSeq::load).collect();
+                let loads: Vec<u64> = batch.iter().map(|s| s.load_under(&p.shape.mask)).collect();
                 let mut rng = crate::rng::stream(s.seed, "libra-grouping", step);
                 let pools = group(&loads, p.pool_size as usize, Policy::Vrsp, &mut rng)?;
                 SchemePlan {
@@ -386,6 +386,26 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("libra"));
+        // Every scheme under masks: an all-sliding model's plan counts the window's pairs
+        // and passes the checker; a causal plan narrowed to a window (a mixed model's
+        // sliding layers) passes it under the window, with no more bytes.
+        let window = crate::cost::Mask::Sliding { w: 2048 };
+        let swa = cost.for_mask(window);
+        let exact: u64 = batch.iter().map(|s| s.pairs(&window)).sum();
+        let want = swa.attn().fwd_flops(exact, 32);
+        for sc in Scheme::ALL {
+            let mut p = SchemePlanner::new(sc, set.clone(), &swa, 4, 16, 32_768).unwrap();
+            let sp = p.plan(0, &batch).unwrap();
+            assert_eq!(sp.plan.shape.mask, window);
+            let s = check(&sp.plan).unwrap();
+            assert!((s.flops - want).abs() <= 1e-9 * want, "{sc:?}");
+            let mut p = SchemePlanner::new(sc, set.clone(), &cost, 4, 16, 32_768).unwrap();
+            let causal = p.plan(0, &batch).unwrap().plan;
+            let narrowed = crate::plan::build::narrow(&causal, window);
+            let n = check(&narrowed).unwrap_or_else(|v| panic!("{sc:?}: {v}"));
+            assert!((n.flops - want).abs() <= 1e-9 * want, "{sc:?}");
+            assert!(n.bytes <= check(&causal).unwrap().bytes, "{sc:?}");
+        }
         let e = SchemePlanner::new(Scheme::DistCa, set, &cost, 4, 6, 32_768);
         assert!(e
             .err()

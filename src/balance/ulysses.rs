@@ -175,6 +175,7 @@ mod tests {
         heads_kv: 1,
         head_dim: 1,
         dtype_bytes: 1,
+        mask: crate::cost::Mask::Causal,
     };
 
     #[test]
@@ -295,7 +296,7 @@ mod tests {
             cp in prop_oneof![Just(1u32), Just(2), Just(4), Just(8)],
             hkv in prop_oneof![Just(1u32), Just(2), Just(8)],
         ) {
-            let shape = AttnShape { heads_q: 8, heads_kv: hkv, head_dim: 2, dtype_bytes: 2 };
+            let shape = AttnShape { heads_q: 8, heads_kv: hkv, head_dim: 2, dtype_bytes: 2, mask: crate::cost::Mask::Causal };
             let n = (dp * ga) as usize;
             let batch: Vec<PackedSeq> = (0..n)
                 .map(|i| {

@@ -56,8 +56,9 @@ use std::collections::VecDeque;
 use serde::{Deserialize, Serialize};
 
 use crate::cost::AttnShape;
+use crate::cost::Mask;
 use crate::error::{invalid, Result};
-use crate::workload::{causal_pairs, PackedSeq, Sample};
+use crate::workload::{PackedSeq, Sample};
 
 /// The kernel's tile: FlashAttention computes queries in blocks of 128 tokens.
 pub const KERNEL_TILE: u32 = 128;
@@ -65,13 +66,19 @@ pub const KERNEL_TILE: u32 = 128;
 /// Latency estimates W_a (attention, quadratic in a document's length) and W_l (the linear
 /// layers, linear in tokens) of one transformer layer, in seconds.
 pub trait LatencyModel {
-    /// W_a: core-attention forward latency of `pairs` causal query–key pairs.
+    /// W_a: core-attention forward latency of `pairs` query–key pairs.
     fn attention_s(&self, pairs: u64) -> f64;
     /// W_l: forward latency of the linear part (projections, MLP) for `tokens` tokens.
     fn linear_s(&self, tokens: u64) -> f64;
-    /// W_a(d) + W_l(d) for one document of `len` tokens.
+    /// The mask whose pairs a document's attention counts (causal unless the model's
+    /// layers say otherwise).
+    fn mask(&self) -> Mask {
+        Mask::Causal
+    }
+    /// W_a(d) + W_l(d) for one document of `len` tokens: its exact pairs under
+    /// [`LatencyModel::mask`].
     fn document_s(&self, len: u32) -> f64 {
-        self.attention_s(causal_pairs(u64::from(len))) + self.linear_s(u64::from(len))
+        self.attention_s(self.mask().pairs(u64::from(len))) + self.linear_s(u64::from(len))
     }
 }
 
@@ -106,6 +113,7 @@ impl ConstantThroughput {
                 heads_kv: 8,
                 head_dim: 128,
                 dtype_bytes: 2,
+                mask: crate::cost::Mask::Causal,
             },
             attn_flops_per_s: 500e12,
             linear_flops_per_token: 2.0 * params,
@@ -121,6 +129,10 @@ impl LatencyModel for ConstantThroughput {
 
     fn linear_s(&self, tokens: u64) -> f64 {
         tokens as f64 * self.linear_flops_per_token / self.linear_flops_per_s
+    }
+
+    fn mask(&self) -> Mask {
+        self.shape.mask
     }
 }
 
@@ -525,18 +537,19 @@ pub struct CpPiece {
 }
 
 impl CpPiece {
-    /// Exact causal pairs: Σ_{q=start}^{start+len−1} (q + 1).
-    pub fn pairs(&self) -> u64 {
-        let (a, c) = (u64::from(self.start), u64::from(self.len));
-        c * a + causal_pairs(c)
+    /// Exact pairs under `mask` (causal: Σ_{q=start}^{start+len−1} (q + 1)).
+    pub fn pairs(&self, mask: &Mask) -> u64 {
+        let a = u64::from(self.start);
+        mask.range_pairs(a, a + u64::from(self.len))
     }
 
-    /// Pairs with the query count rounded up to whole tiles: `c'·a + c'(c'+1)/2` with
-    /// `c' = ⌈len / tile⌉·tile` (the kernel computes whole tiles; padded rows are wasted).
-    pub fn padded_pairs(&self, tile: u32) -> u64 {
+    /// Pairs with the query count rounded up to whole tiles, queries [a, a + c') with
+    /// `c' = ⌈len / tile⌉·tile` (causal: `c'·a + c'(c'+1)/2`; the kernel computes whole
+    /// tiles; padded rows are wasted).
+    pub fn padded_pairs(&self, tile: u32, mask: &Mask) -> u64 {
         let a = u64::from(self.start);
         let c = u64::from(self.len).div_ceil(u64::from(tile)) * u64::from(tile);
-        c * a + causal_pairs(c)
+        mask.range_pairs(a, a + c)
     }
 }
 
@@ -637,7 +650,8 @@ pub fn shard_per_sequence(samples: &[Sample], cp: CpConfig) -> CpRanks {
 /// The predicted latency of one rank's pieces: W_a over their tile-padded pairs plus W_l
 /// over their tokens.
 pub fn rank_latency_s<M: LatencyModel + ?Sized>(pieces: &[CpPiece], tile: u32, model: &M) -> f64 {
-    let pairs: u64 = pieces.iter().map(|p| p.padded_pairs(tile)).sum();
+    let mask = model.mask();
+    let pairs: u64 = pieces.iter().map(|p| p.padded_pairs(tile, &mask)).sum();
     let tokens: u64 = pieces.iter().map(|p| u64::from(p.len)).sum();
     model.attention_s(pairs) + model.linear_s(tokens)
 }
@@ -687,6 +701,7 @@ pub fn choose_sharding<M: LatencyModel + ?Sized>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::workload::causal_pairs;
     use crate::workload::corpus::Corpus;
     use crate::workload::pack::{batches, Packing};
     use proptest::prelude::*;
@@ -998,7 +1013,7 @@ mod tests {
     fn rank_pairs(ranks: &CpRanks) -> Vec<u64> {
         ranks
             .iter()
-            .map(|r| r.iter().map(CpPiece::pairs).sum())
+            .map(|r| r.iter().map(|p| p.pairs(&Mask::Causal)).sum())
             .collect()
     }
 

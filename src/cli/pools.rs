@@ -15,6 +15,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use skewsim::balance::{group, Policy};
+use skewsim::cost::Mask;
 use skewsim::report::svg::{Chart, Mark, Scale, Series};
 use skewsim::report::table::{sig, Table};
 use skewsim::rng::stream;
@@ -217,12 +218,23 @@ pub fn parse_packed(
 
 /// The per-sequence loads Σℓ² of each trial's global batch, trials in parallel and in order.
 pub fn trial_loads(src: &Source, gbs: usize, trials: u64, seed: u64) -> Result<Vec<Vec<u64>>> {
+    trial_loads_under(src, gbs, trials, seed, &Mask::Causal)
+}
+
+/// [`trial_loads`] with each sequence's load under `mask` (`PackedSeq::load_under`).
+pub fn trial_loads_under(
+    src: &Source,
+    gbs: usize,
+    trials: u64,
+    seed: u64,
+    mask: &Mask,
+) -> Result<Vec<Vec<u64>>> {
     if trials == 0 {
         bail!("invalid --trials = 0: at least 1 trial");
     }
     match src {
         Source::Packed { seqs, .. } => {
-            let loads: Vec<u64> = seqs.iter().map(PackedSeq::load).collect();
+            let loads: Vec<u64> = seqs.iter().map(|s| s.load_under(mask)).collect();
             Ok((0..trials).map(|_| loads.clone()).collect())
         }
         Source::Corpus {
@@ -240,7 +252,7 @@ pub fn trial_loads(src: &Source, gbs: usize, trials: u64, seed: u64) -> Result<V
                         batch.len()
                     );
                 }
-                Ok(batch.iter().map(PackedSeq::load).collect())
+                Ok(batch.iter().map(|s| s.load_under(mask)).collect())
             })
             .collect(),
     }

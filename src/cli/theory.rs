@@ -1,17 +1,20 @@
 //! `skewsim theory`: Libra Eq. 4's LLN bound on E[R] beside a Monte-Carlo estimate under
 //! random grouping, for a corpus and a list of pool sizes; recommends the smallest listed P
 //! meeting a target R − 1 (by the bound and by Monte Carlo) and says where, and why, the two
-//! disagree.
+//! disagree. Under `--mask` (a sliding window, chunked or block-sparse layer) each
+//! sequence's load is the mask's (Σ 2·pairs(ℓ) − ℓ: ℓ·W-style for a window W instead of
+//! Σℓ²), so the CV and the bound are those of that layer type.
 
 use std::time::Instant;
 
 use anyhow::{bail, Result};
 use serde::Serialize;
 
+use skewsim::cost::Mask;
 use skewsim::report::table::{sig, Table};
 use skewsim::theory::{self, Comparison, LoadStats};
 
-use super::pools::{check_pool_sizes, progress, resolve_source, trial_loads, SourceArgs};
+use super::pools::{check_pool_sizes, progress, resolve_source, trial_loads_under, SourceArgs};
 use super::Output;
 
 #[derive(clap::Args)]
@@ -39,6 +42,10 @@ pub struct Args {
     /// Packing of corpus documents: sequential, best-fit or best-fit:W.
     #[arg(long, default_value = "sequential")]
     pub packing: String,
+    /// The attention mask whose per-sequence load is bounded: causal, sliding:W,
+    /// chunked:C or block-sparse:B:local=K:global=G.
+    #[arg(long, default_value = "causal")]
+    pub mask: String,
 }
 
 #[derive(Serialize)]
@@ -48,6 +55,8 @@ struct Report {
     gbs: usize,
     trials: u64,
     seed: u64,
+    #[serde(skip_serializing_if = "Mask::is_causal")]
+    mask: Mask,
     load: LoadStats,
     rows: Vec<Comparison>,
     target: f64,
@@ -65,14 +74,16 @@ pub fn run(args: Args, out: Output) -> Result<()> {
         );
     }
     check_pool_sizes(&args.pool_sizes, args.gbs)?;
+    let mask = Mask::parse(&args.mask, "--mask")?;
     let src = resolve_source(&args.source, args.seq_len, &args.packing, args.gbs)?;
+    mask.check_len(src.seq_len(), "--mask")?;
     eprintln!(
         "skewsim: sampling {} global batches of {} sequences from {}…",
         args.trials,
         args.gbs,
         src.name()
     );
-    let loads = trial_loads(&src, args.gbs, args.trials, args.seed)?;
+    let loads = trial_loads_under(&src, args.gbs, args.trials, args.seed, &mask)?;
     progress("batches ready; Monte Carlo", t0);
     let (load, rows) = theory::compare(&loads, &args.pool_sizes, args.seed)?;
     let (by_bound, by_mc) = theory::recommend(&rows, args.target);
@@ -82,6 +93,7 @@ pub fn run(args: Args, out: Output) -> Result<()> {
         gbs: args.gbs,
         trials: args.trials,
         seed: args.seed,
+        mask,
         load,
         rows,
         target: args.target,
@@ -120,7 +132,7 @@ fn text(r: &Report) -> String {
         |p: Option<usize>| p.map_or("none of the listed P".to_string(), |p| format!("P = {p}"));
     let mut s = format!(
         "theory: {} (L = {}), D = {}, {} trials, seed {}\n\
-         per-sequence load Σℓ²: CV {:.3}, skewness {:.2}, max/mean {:.1}\n\
+         per-sequence load {}: CV {:.3}, skewness {:.2}, max/mean {:.1}\n\
          E[R] ≈ 1 + (CV/√P)·√(2 ln(D/P))  (Libra Eq. 4); gauss_exact uses the exact E[max of K Gaussians];\n\
          mc = random grouping; gap = (bound − mc)/mc\n\n{}\n\
          target R − 1 ≤ {}: by the bound {}, by Monte Carlo {}\n",
@@ -129,6 +141,11 @@ fn text(r: &Report) -> String {
         r.gbs,
         r.trials,
         r.seed,
+        if r.mask.is_causal() {
+            "Σℓ²".to_string()
+        } else {
+            format!("under {} (Σ 2·pairs(ℓ) − ℓ)", r.mask)
+        },
         r.load.cv,
         r.load.skewness,
         r.load.max_over_mean,

@@ -515,6 +515,14 @@ pub fn run(args: Args, out: Output) -> Result<()> {
     let mut plans = Vec::new();
     for f in &args.plan {
         let (plan, _) = super::check_plan::check_file(f)?;
+        if !plan.shape.mask.is_causal() {
+            bail!(
+                "{}: invalid shape.mask = {}: causal (the validation kernels compute causal \
+                 attention only)",
+                f.display(),
+                plan.shape.mask
+            );
+        }
         let name = f
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())

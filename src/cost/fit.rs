@@ -496,6 +496,7 @@ impl Pricing {
             heads_kv: 1,
             head_dim,
             dtype_bytes: 2,
+            mask: crate::cost::Mask::Causal,
         }
     }
 

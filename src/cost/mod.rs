@@ -10,9 +10,11 @@
 //!   expert GEMMs plus the router), 2 FLOPs per multiply–add, at a GEMM efficiency of the
 //!   GPU's peak; RMSNorms as memory-bound (read + write of the hidden state at HBM speed).
 //!   Backward = 2 × forward FLOPs (input and weight gradients).
-//! - core attention: exact causal query–key pairs × 4 × heads × head_dim FLOPs forward
-//!   (Libra Eq. 8 with causal pairs), priced document by document at the kernel
-//!   efficiency the table gives for that document length and the heads per call;
+//! - core attention: exact query–key pairs under the layer's mask ([`mask`]: causal,
+//!   sliding window, chunked, block-sparse) × 4 × heads × head_dim FLOPs forward (Libra
+//!   Eq. 8 with the mask's pairs), priced document by document at the kernel efficiency
+//!   the table gives for the query length, the keys the queries reach and the heads per
+//!   call; a model whose layers mix masks is priced per mask class ([`CostModel::for_mask`]);
 //!   backward = `attn_bwd_flop_factor` × forward FLOPs (2.5 for FlashAttention-2: five
 //!   GEMMs against two) at `attn_bwd_efficiency` × the forward efficiency — or, when a
 //!   calibration file carries a measured backward table (`attn_bwd`), at that table's
@@ -30,6 +32,7 @@
 pub mod blocks;
 pub mod fit;
 pub mod kernel;
+pub mod mask;
 pub mod memory;
 pub mod model;
 pub mod profile;
@@ -40,6 +43,7 @@ use crate::error::{invalid, parse_error, Result};
 use crate::net::Ps;
 pub use blocks::{BlockModel, BwdBlockModel};
 pub use kernel::{EffPoint, EffTable};
+pub use mask::{AttentionPattern, Mask};
 pub use model::{Ffn, ModelConfig};
 
 /// The shape of one attention layer, as far as counting FLOPs and bytes needs it.
@@ -53,16 +57,19 @@ pub struct AttnShape {
     pub head_dim: u32,
     /// Bytes per element of Q, K, V and the output (2 for bf16).
     pub dtype_bytes: u32,
+    /// Which keys each query attends ([`Mask`]); left out: causal.
+    #[serde(default, skip_serializing_if = "Mask::is_causal")]
+    pub mask: Mask,
 }
 
 impl AttnShape {
-    /// Forward FLOPs of core attention per causal query–key pair and per query head:
-    /// 2·d for QKᵀ and 2·d for PV.
+    /// Forward FLOPs of core attention per query–key pair the mask keeps and per query
+    /// head: 2·d for QKᵀ and 2·d for PV.
     pub fn fwd_flops_per_pair_head(&self) -> f64 {
         4.0 * f64::from(self.head_dim)
     }
 
-    /// Forward FLOPs of `pairs` causal query–key pairs over `heads` query heads.
+    /// Forward FLOPs of `pairs` query–key pairs over `heads` query heads.
     pub fn fwd_flops(&self, pairs: u64, heads: u32) -> f64 {
         pairs as f64 * f64::from(heads) * self.fwd_flops_per_pair_head()
     }
@@ -270,11 +277,12 @@ impl Calibration {
     }
 }
 
-/// Forward time, in ps (unrounded), of the causal queries [start, end) of one sample —
-/// keys [0, end) — over `heads` query heads of one call: exact causal pairs × FLOPs per
-/// pair at the table's rate for (heads, query length, KV length). The one attention-time
-/// formula: whole documents ([`CostModel::attn_fwd_ps`]), plan units
-/// (`schedule::plan_attn`) and measured launches (`fit`) all price through it.
+/// Forward time, in ps (unrounded), of the queries [start, end) of one sample — keys
+/// [key_start(start), end) under the shape's mask; [0, end) causal — over `heads` query
+/// heads of one call: exact pairs × FLOPs per pair at the table's rate for (heads, query
+/// length, KV length = the keys reached). The one attention-time formula: whole documents
+/// ([`CostModel::attn_fwd_ps`]), plan units (`schedule::plan_attn`) and measured launches
+/// (`fit`) all price through it.
 pub fn attn_segment_ps_f(
     eff: &EffTable,
     shape: &AttnShape,
@@ -282,11 +290,12 @@ pub fn attn_segment_ps_f(
     start: u64,
     end: u64,
 ) -> f64 {
-    let pairs = crate::plan::segment_pairs(start, end);
+    let pairs = shape.mask.range_pairs(start, end);
     if pairs == 0 {
         return 0.0;
     }
-    shape.fwd_flops(pairs, heads) / eff.tflops(heads, end - start, end)
+    let (lo, _) = shape.mask.reach(start, end);
+    shape.fwd_flops(pairs, heads) / eff.tflops(heads, end - start, end - lo)
 }
 
 /// Backward time, in ps (unrounded), of the same segment as [`attn_segment_ps_f`]:
@@ -453,9 +462,30 @@ impl CostModel {
         })
     }
 
-    /// The attention shape.
+    /// The attention shape a step's plan is made for ([`ModelConfig::attn_shape`]).
     pub fn attn(&self) -> AttnShape {
         self.model.attn_shape()
+    }
+
+    /// The cost model of the layers of one mask: the same model and GPU with every layer
+    /// under `mask` (what a layer class of a mixed model is priced with).
+    pub fn for_mask(&self, mask: Mask) -> CostModel {
+        let mut c = self.clone();
+        c.model.attention = AttentionPattern::new(vec![mask]);
+        c
+    }
+
+    /// The model's mask classes (distinct masks in order of first use, with their layer
+    /// counts), each with its cost model ([`CostModel::for_mask`]; a causal model: itself).
+    pub fn mask_classes(&self) -> Vec<(Mask, u32, CostModel)> {
+        let classes = self.model.attention.classes(self.model.layers);
+        if classes.len() == 1 && classes[0].0 == self.attn().mask {
+            return vec![(classes[0].0, classes[0].1, self.clone())];
+        }
+        classes
+            .into_iter()
+            .map(|(m, n)| (m, n, self.for_mask(m)))
+            .collect()
     }
 
     /// Forward FLOPs of one linear block for `tokens` tokens, split into (dense GEMM,
@@ -609,7 +639,7 @@ impl CostModel {
     /// over every document — the table's sum, or with a calibrated block model the
     /// launch's blocks' makespan ([`blocks::launch_fwd_ps_f`]).
     pub fn attn_fwd_ps_f(&self, doc_lens: impl IntoIterator<Item = u32>, heads: u32) -> f64 {
-        match &self.attn_blocks {
+        match self.fwd_blocks() {
             None => self.attn_launch_ps() + self.attn_kernel_ps_f(doc_lens, heads),
             Some(_) => {
                 let segs = doc_lens.into_iter().map(|l| (0, u64::from(l), 1));
@@ -628,10 +658,25 @@ impl CostModel {
         heads: u32,
         segs: impl IntoIterator<Item = (u64, u64, u32)>,
     ) -> f64 {
-        match &self.attn_blocks {
+        match self.fwd_blocks() {
             None => table_ps,
             Some(m) => self.launch_memo.fwd_ps(m, self.model.head_dim, heads, segs),
         }
+    }
+
+    /// The forward block model where it applies: its tiles are the causal kernel's, so
+    /// layers of another mask are priced by the table ([`attn_segment_ps_f`]).
+    fn fwd_blocks(&self) -> Option<&BlockModel> {
+        self.attn_blocks
+            .as_ref()
+            .filter(|_| self.attn().mask.is_causal())
+    }
+
+    /// The backward block model where it applies (causal layers, as [`Self::fwd_blocks`]).
+    fn bwd_blocks(&self) -> Option<&BwdBlockModel> {
+        self.attn_bwd_blocks
+            .as_ref()
+            .filter(|_| self.attn().mask.is_causal())
     }
 
     /// One backward call's compute time likewise: `table_ps` without a backward block
@@ -642,7 +687,7 @@ impl CostModel {
         heads: u32,
         segs: impl IntoIterator<Item = (u64, u64, u32)>,
     ) -> f64 {
-        match &self.attn_bwd_blocks {
+        match self.bwd_blocks() {
             None => table_ps,
             Some(m) => self.launch_memo.bwd_ps(m, self.model.head_dim, heads, segs),
         }
@@ -679,7 +724,7 @@ impl CostModel {
     /// backward block model, the call's blocks ([`blocks::launch_bwd_ps_f`]) plus its
     /// overhead.
     pub fn attn_bwd_ps(&self, doc_lens: impl IntoIterator<Item = u32>, heads: u32) -> Ps {
-        if self.attn_bwd_blocks.is_some() {
+        if self.bwd_blocks().is_some() {
             let segs = doc_lens.into_iter().map(|l| (0, u64::from(l), 1));
             let t = self.bwd_launch_ps_f(0.0, heads, segs);
             return (t + self.attn_bwd_launch_ps()).round() as Ps;
@@ -711,14 +756,33 @@ impl CostModel {
     }
 
     /// Model FLOPs (forward + backward, no recomputation) of one step's worth of documents:
-    /// 3 × (linear + LM head) per token plus (1 + bwd factor) × attention. The MFU numerator.
-    pub fn model_flops(&self, tokens: u64, causal_pairs: u64) -> f64 {
+    /// 3 × (linear + LM head) per token plus (1 + bwd factor) × attention, `class_pairs`
+    /// the step's exact pairs under each mask class ([`AttentionPattern::classes`] order;
+    /// one entry, the causal pairs, for a causal model). The MFU numerator.
+    pub fn model_flops(&self, tokens: u64, class_pairs: &[u64]) -> f64 {
         let m = &self.model;
         let lin = tokens as f64
             * (f64::from(m.layers) * m.layer_linear_fwd_flops_per_token()
                 + m.lm_head_fwd_flops_per_token());
-        let attn = f64::from(m.layers) * self.attn().fwd_flops(causal_pairs, m.heads_q);
+        let attn: f64 = m
+            .attention
+            .classes(m.layers)
+            .iter()
+            .zip(class_pairs)
+            .map(|(&(_, n), &p)| f64::from(n) * self.attn().fwd_flops(p, m.heads_q))
+            .sum();
         3.0 * lin + (1.0 + self.hw.attn_bwd_flop_factor) * attn
+    }
+
+    /// The exact pairs of documents of lengths `lens` under each of the model's mask
+    /// classes ([`CostModel::model_flops`]'s `class_pairs`).
+    pub fn class_pairs(&self, lens: &[u32]) -> Vec<u64> {
+        self.model
+            .attention
+            .classes(self.model.layers)
+            .iter()
+            .map(|(m, _)| lens.iter().map(|&l| m.pairs(u64::from(l))).sum())
+            .collect()
     }
 }
 

@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::AttnShape;
+use super::{AttentionPattern, AttnShape, Mask};
 use crate::error::{invalid, parse_error, Result};
 
 /// The feed-forward block of every layer.
@@ -54,6 +54,10 @@ pub struct ModelConfig {
     pub dtype_bytes: u32,
     /// The feed-forward block.
     pub ffn: Ffn,
+    /// Per-layer attention masks, a pattern repeating over the layers
+    /// (`attention = ["3*sliding:4096", "causal"]`); left out: every layer causal.
+    #[serde(default, skip_serializing_if = "AttentionPattern::all_causal")]
+    pub attention: AttentionPattern,
 }
 
 /// The built-in model files.
@@ -111,6 +115,8 @@ impl ModelConfig {
                 return Err(invalid(format!("{ctx}: {f}"), v, "a positive integer"));
             }
         }
+        self.attention
+            .check_layers(self.layers, &format!("{ctx}: attention"))?;
         if self.heads_q % self.heads_kv != 0 {
             return Err(invalid(
                 format!("{ctx}: heads_kv"),
@@ -223,14 +229,35 @@ impl ModelConfig {
         })
     }
 
-    /// The attention shape of one layer.
+    /// The attention shape a step's plan is made for: the heads and the widest mask of the
+    /// layers ([`AttentionPattern::plan_mask`]; causal for a causal model).
     pub fn attn_shape(&self) -> AttnShape {
+        self.attn_shape_masked(self.attention.plan_mask(self.layers))
+    }
+
+    /// The attention shape of layer `layer` (its own mask).
+    pub fn attn_shape_of(&self, layer: u32) -> AttnShape {
+        self.attn_shape_masked(self.attention.mask_of(layer))
+    }
+
+    /// The attention heads under `mask`.
+    pub fn attn_shape_masked(&self, mask: Mask) -> AttnShape {
         AttnShape {
             heads_q: self.heads_q,
             heads_kv: self.heads_kv,
             head_dim: self.head_dim,
             dtype_bytes: self.dtype_bytes,
+            mask,
         }
+    }
+
+    /// Check every layer's mask against the sequence length `seq_len` (a chunk larger
+    /// than L, a block that does not tile L: named errors).
+    pub fn check_masks(&self, seq_len: u32) -> Result<()> {
+        for (m, _) in self.attention.classes(self.layers) {
+            m.check_len(seq_len, &format!("model {}: attention", self.name))?;
+        }
+        Ok(())
     }
 
     /// Parameters of the Q, K, V and O projections of one layer.
@@ -309,6 +336,53 @@ mod tests {
 
     fn near(a: f64, b: f64, rel: f64) -> bool {
         (a - b).abs() <= rel * b.abs()
+    }
+
+    #[test]
+    fn per_layer_attention_from_the_model_file() {
+        let base = include_str!("../../models/llama3-8b.toml");
+        let with =
+            |line: &str| base.replace("dtype_bytes = 2\n", &format!("dtype_bytes = 2\n{line}\n"));
+        let m = ModelConfig::from_toml_str(
+            &with(r#"attention = ["3*sliding:4096", "causal"]"#),
+            "m.toml",
+        )
+        .unwrap();
+        assert_eq!(m.attn_shape_of(2).mask, Mask::Sliding { w: 4096 });
+        assert_eq!(m.attn_shape_of(3).mask, Mask::Causal);
+        // the plan is made for the widest class
+        assert_eq!(m.attn_shape().mask, Mask::Causal);
+        assert!(m.check_masks(131072).is_ok());
+        // a causal model reads and writes as before (no `attention` field)
+        let plain = ModelConfig::from_toml_str(base, "m.toml").unwrap();
+        assert!(!toml::to_string(&plain).unwrap().contains("attention"));
+        assert!(toml::to_string(&m)
+            .unwrap()
+            .contains(r#"attention = ["sliding:4096", "sliding:4096", "sliding:4096", "causal"]"#));
+        // named errors: W <= 0, a pattern that does not tile the layers, chunk > L
+        for (line, want) in [
+            (
+                r#"attention = ["sliding:0"]"#,
+                "attention[0] = \"sliding:0\"",
+            ),
+            (r#"attention = ["sliding:-4"]"#, "window W"),
+            (
+                r#"attention = ["3*sliding:64", "2*causal"]"#,
+                "divides the model's 32 layers",
+            ),
+        ] {
+            let e = ModelConfig::from_toml_str(&with(line), "m.toml")
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("m.toml") && e.contains(want), "{line}: {e}");
+        }
+        let c =
+            ModelConfig::from_toml_str(&with(r#"attention = ["chunked:8192"]"#), "m.toml").unwrap();
+        let e = c.check_masks(4096).unwrap_err().to_string();
+        assert!(
+            e.contains("attention") && e.contains("chunked:8192") && e.contains("L = 4096"),
+            "{e}"
+        );
     }
 
     #[test]

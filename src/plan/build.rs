@@ -4,7 +4,8 @@
 //!
 //! Owns the lowering every planner shares (`balance::libra::exchange::build_group`,
 //! `balance::ulysses`, `balance::wlbllm::lower`, `balance::distca::lower`): the contiguous
-//! CP layout, unit fields (segments, KV groups per Eq. 7, exact causal pairs per Eq. 8,
+//! CP layout, unit fields (segments, KV groups per Eq. 7, exact pairs per Eq. 8 under the
+//! shape's mask,
 //! FLOPs and bytes through [`AttnShape`]) and the exchange rules the checker enforces. It
 //! may not choose where work runs (the planners do) or do I/O.
 //!
@@ -14,27 +15,31 @@
 //! else, in unit order). KV transfers are deduplicated per (KV group, executing worker):
 //! the first unit on a worker that reads a group brings, from every other holder, the
 //! group's tokens it needs and does not hold — the whole sample ([`KvReach::WholeSample`],
-//! an all-gather or all-to-all of K and V) or only the causal prefix the worker's units on
-//! that group read, keys [0, largest query end) ([`KvReach::CausalPrefix`], DistCA). Under
-//! [`KvReach::AllGather`] the whole-sample KV is not sent per group and piece but per
+//! an all-gather or all-to-all of K and V) or only the keys the worker's units on that
+//! group reach, [lowest reached key, largest query end) ([`KvReach::Reached`], DistCA).
+//! Under [`KvReach::AllGather`] the whole-sample KV is not sent per group and piece but per
 //! (sequence, shard, receiver, sender) as few spans as the layout allows, after every
-//! unit's Q pieces and before the outputs.
+//! unit's Q pieces and before the outputs. Under a mask that is not causal no key below
+//! the lowest one a worker's queries reach moves ([`crate::cost::Mask::key_start`]): the
+//! whole sample becomes its keys from that one on, and the all-gather is sent per group
+//! as the whole sample's.
 
 use std::collections::{HashMap, HashSet};
 
 use super::{
-    kv_group_bytes, segment_pairs, Group, KvGroup, Payload, PlanSeq, Resident, SampleIndex,
+    kv_group_bytes, Group, KvGroup, KvSpans, Payload, Plan, PlanSeq, Resident, SampleIndex,
     Transfer, WorkUnit, WorkerId,
 };
-use crate::cost::AttnShape;
+use crate::cost::{AttnShape, Mask};
 
 /// How much of a KV group a worker receives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KvReach {
-    /// Every token of the sample it does not hold.
+    /// Every token of the sample it does not hold (from the lowest key its units reach).
     WholeSample,
-    /// Keys [0, e) only, e the largest sample-local query end of its units on the group.
-    CausalPrefix,
+    /// Keys [lo, e) only, e the largest sample-local query end of its units on the group
+    /// and lo the lowest key they reach under the mask (0 under the causal mask).
+    Reached,
     /// What [`KvReach::WholeSample`] moves, merged: per (sequence, head shard, receiver,
     /// sender) one KV span ([`Payload::Kv`]) per maximal run of the sender's tokens in
     /// samples the receiver reads — the sender's share of an all-gather in one transfer,
@@ -121,13 +126,19 @@ pub fn build_group(site: &GroupSite<'_>, sequences: Vec<PlanSeq>, units: &[UnitS
         .iter()
         .map(|u| index[u.seq].segments(u.q_start, u.q_end))
         .collect();
-    // keys each (group, worker) needs under the causal prefix (whole samples need no table)
-    let mut need: HashMap<(KvGroup, WorkerId), u32> = HashMap::new();
-    let prefix_units = match site.kv {
-        KvReach::WholeSample | KvReach::AllGather => &[][..],
-        KvReach::CausalPrefix => units,
+    // a causal all-gather is sent as spans; under another mask, per group from its reach
+    let kv = match site.kv {
+        KvReach::AllGather if !shape.mask.is_causal() => KvReach::WholeSample,
+        k => k,
     };
-    for (u, ss) in prefix_units.iter().zip(&segs) {
+    // keys [lo, e) each (group, worker) reaches (causal whole samples need no table)
+    let mut need: HashMap<(KvGroup, WorkerId), (u32, u32)> = HashMap::new();
+    let reach_units = match kv {
+        KvReach::WholeSample if !shape.mask.is_causal() => units,
+        KvReach::WholeSample | KvReach::AllGather => &[][..],
+        KvReach::Reached => units,
+    };
+    for (u, ss) in reach_units.iter().zip(&segs) {
         let seq = &sequences[u.seq];
         for sg in ss {
             let group = KvGroup {
@@ -135,8 +146,9 @@ pub fn build_group(site: &GroupSite<'_>, sequences: Vec<PlanSeq>, units: &[UnitS
                 sample: sg.sample,
                 shard: u.shard,
             };
-            let n = need.entry((group, u.worker)).or_default();
-            *n = (*n).max(sg.end);
+            let lo = shape.mask.key_start(u64::from(sg.start)) as u32;
+            let n = need.entry((group, u.worker)).or_insert((lo, 0));
+            *n = (n.0.min(lo), n.1.max(sg.end));
         }
     }
     let mut delivered: HashSet<(KvGroup, WorkerId)> = HashSet::new();
@@ -179,22 +191,25 @@ pub fn build_group(site: &GroupSite<'_>, sequences: Vec<PlanSeq>, units: &[UnitS
         let mut kv_groups = Vec::with_capacity(segments.len());
         let mut pairs = 0u64;
         for sg in &segments {
-            pairs += segment_pairs(u64::from(sg.start), u64::from(sg.end));
+            pairs += shape
+                .mask
+                .range_pairs(u64::from(sg.start), u64::from(sg.end));
             let group = KvGroup {
                 seq: seq.id,
                 sample: sg.sample,
                 shard: u.shard,
             };
             kv_groups.push(group);
-            if site.kv == KvReach::AllGather || !delivered.insert((group, u.worker)) {
+            if kv == KvReach::AllGather || !delivered.insert((group, u.worker)) {
                 continue;
             }
-            let e = match site.kv {
+            let (lo, e) = need.get(&(group, u.worker)).copied().unwrap_or((0, 0));
+            let e = match kv {
                 KvReach::WholeSample | KvReach::AllGather => seq.samples[sg.sample as usize],
-                KvReach::CausalPrefix => need.get(&(group, u.worker)).copied().unwrap_or(0),
+                KvReach::Reached => e,
             };
             let (s0, _) = index[u.seq].span(sg.sample as usize);
-            for (a, b, holder) in pieces(&seq.layout, s0, s0 + u64::from(e)) {
+            for (a, b, holder) in pieces(&seq.layout, s0 + u64::from(lo), s0 + u64::from(e)) {
                 if holder == u.worker {
                     continue;
                 }
@@ -224,7 +239,7 @@ pub fn build_group(site: &GroupSite<'_>, sequences: Vec<PlanSeq>, units: &[UnitS
             worker: u.worker,
         });
     }
-    if site.kv == KvReach::AllGather {
+    if kv == KvReach::AllGather {
         all_gather_spans(site, &sequences, &index, &out_units, &mut transfers);
     }
     transfers.extend(outputs);
@@ -333,6 +348,87 @@ fn all_gather_spans(
     }
 }
 
+/// The plan of `plan`'s placement for layers of a narrower `mask` ([`Mask::within`] the
+/// plan's): the same groups, units and Q/output transfers; every unit's pairs and FLOPs
+/// under `mask`; every KV transfer cut at sample boundaries and clipped to the keys its
+/// receiver's units reach under `mask` ([`Mask::key_start`]), pieces below them dropped.
+/// A model whose layers mix masks runs one placement per step: the plan is made for the
+/// widest mask and each layer class runs this narrowing of it.
+pub fn narrow(plan: &Plan, mask: Mask) -> Plan {
+    let shape = AttnShape { mask, ..plan.shape };
+    let w = plan.heads_per_shard();
+    let groups = plan
+        .groups
+        .iter()
+        .map(|g| {
+            let mut lo: HashMap<(KvGroup, WorkerId), u32> = HashMap::new();
+            let units: Vec<WorkUnit> = g
+                .units
+                .iter()
+                .map(|u| {
+                    for (sg, &grp) in u.segments.iter().zip(&u.kv_groups) {
+                        let k = mask.key_start(u64::from(sg.start)) as u32;
+                        let e = lo.entry((grp, u.worker)).or_insert(k);
+                        *e = (*e).min(k);
+                    }
+                    let pairs = u
+                        .segments
+                        .iter()
+                        .map(|sg| mask.range_pairs(u64::from(sg.start), u64::from(sg.end)))
+                        .sum();
+                    WorkUnit {
+                        pairs,
+                        flops: shape.fwd_flops(pairs, w),
+                        ..u.clone()
+                    }
+                })
+                .collect();
+            let spans = KvSpans::new(&g.sequences);
+            let mut transfers = Vec::with_capacity(g.transfers.len());
+            for t in &g.transfers {
+                let Payload::Kv { group, start, end } = t.carries else {
+                    transfers.push(t.clone());
+                    continue;
+                };
+                for sg in spans.pieces(t.src, group, start, end).unwrap_or_default() {
+                    let grp = KvGroup {
+                        sample: sg.sample,
+                        ..group
+                    };
+                    let from = sg.start.max(lo.get(&(grp, t.dst)).copied().unwrap_or(0));
+                    if from >= sg.end {
+                        continue;
+                    }
+                    transfers.push(Transfer {
+                        bytes: kv_group_bytes(
+                            &shape,
+                            plan.head_shards,
+                            grp.shard,
+                            u64::from(sg.end - from),
+                        ),
+                        carries: Payload::Kv {
+                            group: grp,
+                            start: from,
+                            end: sg.end,
+                        },
+                        ..t.clone()
+                    });
+                }
+            }
+            Group {
+                units,
+                transfers,
+                ..g.clone()
+            }
+        })
+        .collect();
+    Plan {
+        shape,
+        groups,
+        ..plan.clone()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -343,6 +439,7 @@ mod tests {
         heads_kv: 1,
         head_dim: 1,
         dtype_bytes: 1,
+        mask: crate::cost::Mask::Causal,
     };
 
     #[test]
@@ -357,18 +454,23 @@ mod tests {
     }
 
     fn plan(kv: KvReach, units: &[UnitSpec]) -> Plan {
-        let workers = [0, 1];
         let seq = PlanSeq {
             id: 3,
             samples: vec![4, 4],
             capacity: 8,
-            layout: contiguous_layout(8, 8, &workers),
+            layout: contiguous_layout(8, 8, &[0, 1]),
         };
+        plan_of(TINY, seq, kv, units)
+    }
+
+    /// One group of `seq` on workers 0 and 1, H = 1.
+    fn plan_of(shape: AttnShape, seq: PlanSeq, kv: KvReach, units: &[UnitSpec]) -> Plan {
+        let workers = [0, 1];
         let site = GroupSite {
             ga: 0,
             pool: 0,
             workers: &workers,
-            shape: &TINY,
+            shape: &shape,
             head_shards: 1,
             kv,
         };
@@ -376,7 +478,7 @@ mod tests {
             version: PLAN_VERSION,
             scheme: "test".into(),
             step: 0,
-            shape: TINY,
+            shape,
             head_shards: 1,
             groups: vec![build_group(&site, vec![seq], units)],
         }
@@ -395,7 +497,7 @@ mod tests {
             worker,
         };
         let units = [u(0, 4, 0), u(4, 6, 0), u(6, 8, 1)];
-        let p = plan(KvReach::CausalPrefix, &units);
+        let p = plan(KvReach::Reached, &units);
         let s = check(&p).unwrap();
         assert_eq!((s.transfers, s.bytes), (3, 12));
         let g = &p.groups[0];
@@ -405,7 +507,7 @@ mod tests {
         let p = plan(KvReach::WholeSample, &units);
         assert_eq!(check(&p).unwrap().bytes, 16);
         // Dropping the KV transfer of the prefix plan is caught.
-        let mut p = plan(KvReach::CausalPrefix, &units);
+        let mut p = plan(KvReach::Reached, &units);
         p.groups[0]
             .transfers
             .retain(|t| !matches!(t.carries, Payload::Kv { .. }));
@@ -422,6 +524,129 @@ mod tests {
             ),
             "{v}"
         );
+    }
+
+    /// Samples [4, 6] (positions [0,4) and [4,10)), worker 0 holding [0,7) and worker 1
+    /// [7,10); units: sample 0 and sample 1's queries [4,8) on worker 0, [8,10) on worker 1.
+    fn window_plan(mask: crate::cost::Mask, kv: KvReach) -> Plan {
+        let layout = vec![
+            Resident {
+                start: 0,
+                end: 7,
+                worker: 0,
+            },
+            Resident {
+                start: 7,
+                end: 10,
+                worker: 1,
+            },
+        ];
+        let seq = PlanSeq {
+            id: 0,
+            samples: vec![4, 6],
+            capacity: 10,
+            layout,
+        };
+        let u = |a, e, worker| UnitSpec {
+            seq: 0,
+            q_start: a,
+            q_end: e,
+            shard: 0,
+            worker,
+        };
+        plan_of(
+            AttnShape { mask, ..TINY },
+            seq,
+            kv,
+            &[u(0, 4, 0), u(4, 8, 0), u(8, 10, 1)],
+        )
+    }
+
+    #[test]
+    fn a_window_straddling_a_document_boundary_reaches_only_its_own_document() {
+        use crate::cost::Mask;
+        let sliding = Mask::Sliding { w: 3 };
+        // sliding:3 pairs: sample 0 keys per query 1 2 3 3 = 9; sample 1 1 2 3 3 3 3 = 15.
+        let p = window_plan(sliding, KvReach::Reached);
+        let s = check(&p).unwrap();
+        assert_eq!(s.flops, 4.0 * 2.0 * (9.0 + 15.0));
+        let g = &p.groups[0];
+        assert_eq!(
+            g.units.iter().map(|u| u.pairs).collect::<Vec<_>>(),
+            [9, 1 + 2 + 3 + 3, 6]
+        );
+        // Worker 0's queries of sample 1 are sample-local [0,4): a window of 3 positions
+        // back from position 4 would straddle into sample 0 ([2,5)), but keys stay in the
+        // document: [0,4) of sample 1, of which it lacks key 3 (position 7): 1 token, K+V
+        // of 1 KV head at 1 B = 2 B, plus Q and output of position 7 (2 B each). Worker
+        // 1's queries are sample-local [4,6): keys [2,6); it holds [3,6), so exactly key
+        // 2 (position 6) moves: 2 B. Causally it would need keys [0,3): 6 B.
+        let kv: Vec<_> = g
+            .transfers
+            .iter()
+            .filter_map(|t| match t.carries {
+                Payload::Kv { group, start, end } => {
+                    Some((t.src, t.dst, group.sample, start, end, t.bytes))
+                }
+                _ => None,
+            })
+            .collect();
+        assert_eq!(kv, vec![(1, 0, 1, 3, 4, 2), (0, 1, 1, 2, 3, 2)]);
+        assert_eq!(s.bytes, 8);
+        let causal = window_plan(Mask::Causal, KvReach::Reached);
+        assert_eq!(check(&causal).unwrap().bytes, 12);
+        // The causal plan narrowed to the window is the window's own plan.
+        assert_eq!(narrow(&causal, sliding), p);
+        // Whole samples under the window: from the lowest key reached to the sample's end
+        // (worker 0: keys [3, 6), 6 B; worker 1: key 2, 2 B), never a key below it.
+        let w = window_plan(sliding, KvReach::WholeSample);
+        assert_eq!(check(&w).unwrap().bytes, 4 + 6 + 2);
+        // The checker refuses keys the window does not reach, and a missing reach.
+        let mut bad = p.clone();
+        for t in bad.groups[0].transfers.iter_mut().filter(|t| t.dst == 1) {
+            if let Payload::Kv { start, .. } = &mut t.carries {
+                *start = 0;
+                t.bytes = 6;
+            }
+        }
+        let v = check(&bad).unwrap_err().kind;
+        assert!(
+            matches!(
+                v,
+                crate::plan::ViolationKind::KvOutOfReach {
+                    start: 0,
+                    end: 2,
+                    lo: 2,
+                    worker: 1,
+                    ..
+                }
+            ),
+            "{v}"
+        );
+        let mut bad = p.clone();
+        bad.groups[0]
+            .transfers
+            .retain(|t| t.dst != 1 || !matches!(t.carries, Payload::Kv { .. }));
+        let v = check(&bad).unwrap_err().kind;
+        assert!(
+            matches!(
+                v,
+                crate::plan::ViolationKind::MissingKv {
+                    start: 2,
+                    end: 3,
+                    worker: 1,
+                    ..
+                }
+            ),
+            "{v}"
+        );
+        // A plan claiming causal pairs under the window is caught by its pairs.
+        let mut bad = p.clone();
+        bad.groups[0].units[2].pairs = 4 + 5;
+        assert!(matches!(
+            check(&bad).unwrap_err().kind,
+            crate::plan::ViolationKind::WrongPairs { expected: 6, .. }
+        ));
     }
 
     /// Samples [4, 2, 4] on workers 0–2 as [0,2)@0 [2,4)@1 [4,5)@0 [5,6)@2 [6,8)@1
@@ -644,6 +869,7 @@ mod tests {
             heads_kv: 2,
             head_dim: 2,
             dtype_bytes: 2,
+            mask: crate::cost::Mask::Causal,
         };
         let site = GroupSite {
             ga: 0,

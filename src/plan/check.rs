@@ -6,7 +6,8 @@
 //!    samples fit its capacity and its layout covers its tokens exactly, on group workers;
 //! 2. each unit: a unique id, a known sequence, a non-empty query range inside the
 //!    samples, a valid shard, group workers, segments and KV groups (Eq. 7) that match the
-//!    query range, `pairs` equal to Eq. 8's exact causal count, `flops` equal to
+//!    query range, `pairs` equal to Eq. 8's exact count under the plan's mask
+//!    (`shape.mask`, [`crate::cost::Mask`]), `flops` equal to
 //!    `shape.fwd_flops(pairs, h_q/H)`, and its Q-home the layout's owner of `q_start`;
 //! 3. coverage: for every sequence and head shard, the units' query ranges tile the
 //!    sample tokens [0, tokens) exactly — every query token of every sample attended
@@ -17,12 +18,16 @@
 //!    [`crate::cost::AttnShape`];
 //! 5. reach: every non-local piece of a unit's queries comes to its executing worker
 //!    and its output goes back (one transfer per piece); every KV group a unit references
-//!    reaches its executing worker as far as causality needs it — resident tokens plus KV
-//!    transfers cover the keys [0, e) of the sample, e the largest query end of the
-//!    worker's units reading the group, with no token twice (KV transfers are deduplicated
-//!    per group and destination; a planner may move keys past e, as Libra moves whole
-//!    groups, or only the prefix, as DistCA does); no transfer is unneeded;
-//! 6. the FLOP total (in exact pair·heads) equals the exact causal total Σ ℓ(ℓ+1)/2 · h_q.
+//!    reaches its executing worker as far as the mask needs it — resident tokens plus KV
+//!    transfers cover the keys [lo, e) of the sample, e the largest query end of the
+//!    worker's units reading the group and lo the lowest key their queries reach
+//!    ([`crate::cost::Mask::key_start`]; 0 under the causal mask), with no token twice
+//!    (KV transfers are deduplicated per group and destination; a planner may move keys
+//!    past e, as Libra moves whole groups, or only the prefix, as DistCA does) and no key
+//!    below lo moved (a sliding window's query range needs only its last W keys); no
+//!    transfer is unneeded;
+//! 6. the FLOP total (in exact pair·heads) equals the exact total under the mask
+//!    (causal: Σ ℓ(ℓ+1)/2 · h_q).
 //!
 //! Pure: no I/O. The Plan's own numbers are never trusted; everything is recomputed.
 
@@ -31,8 +36,7 @@ use std::collections::{HashMap, HashSet};
 use serde::Serialize;
 
 use super::{
-    kv_group_bytes, segment_pairs, KvGroup, KvSpans, Payload, Plan, PlanSeq, SampleIndex, WorkUnit,
-    WorkerId,
+    kv_group_bytes, KvGroup, KvSpans, Payload, Plan, PlanSeq, SampleIndex, WorkUnit, WorkerId,
 };
 
 /// The first thing found wrong with a plan, and where.
@@ -211,12 +215,30 @@ pub enum ViolationKind {
         /// One past the last.
         end: u32,
     },
-    /// The FLOP total is not the exact causal total.
-    #[error("total work = {got} pair·heads, but the sequences' exact causal total is {expected}")]
+    /// KV tokens below the lowest key a worker's queries reach under the mask.
+    #[error(
+        "KV group (seq {}, sample {}, shard {}) tokens [{start}, {end}) reach worker \
+         {worker}, but its queries reach no key below {lo} under the mask",
+        group.seq, group.sample, group.shard
+    )]
+    KvOutOfReach {
+        /// The receiving worker.
+        worker: WorkerId,
+        /// The group.
+        group: KvGroup,
+        /// First sample-local token.
+        start: u32,
+        /// One past the last.
+        end: u32,
+        /// The lowest key the worker's units on the group reach.
+        lo: u32,
+    },
+    /// The FLOP total is not the exact total under the mask.
+    #[error("total work = {got} pair·heads, but the sequences' exact total is {expected}")]
     FlopTotal {
         /// Σ units pairs · h_q/H.
         got: u128,
-        /// Σ sequences Σ ℓ(ℓ+1)/2 · h_q.
+        /// Σ sequences Σ pairs(ℓ) · h_q (causal: Σ ℓ(ℓ+1)/2 · h_q).
         expected: u128,
     },
     /// A worker holds more tokens at one GA index than a memory-bounded planner allows
@@ -473,7 +495,7 @@ fn check_group(
                 format!("layout ends at position {at}, but the samples hold {tokens} tokens"),
             ));
         }
-        expected += u128::from(s.causal_pairs()) * u128::from(shape.heads_q);
+        expected += u128::from(s.pairs(&shape.mask)) * u128::from(shape.heads_q);
         seqs.insert(
             s.id,
             SeqView {
@@ -546,7 +568,11 @@ fn check_group(
         }
         let pairs: u64 = segs
             .iter()
-            .map(|sg| segment_pairs(u64::from(sg.start), u64::from(sg.end)))
+            .map(|sg| {
+                shape
+                    .mask
+                    .range_pairs(u64::from(sg.start), u64::from(sg.end))
+            })
             .sum();
         if pairs != u.pairs {
             return Err(Kind::WrongPairs {
@@ -708,13 +734,14 @@ fn check_group(
     }
 
     // 5. reach
-    // causal need per (KV group, executing worker): keys [0, e) for the largest
-    // sample-local query end e of the worker's units reading the group
-    let mut kv_need: HashMap<(KvGroup, WorkerId), u32> = HashMap::new();
+    // need per (KV group, executing worker): keys [lo, e) for the largest sample-local
+    // query end e of the worker's units reading the group and the lowest key lo they reach
+    let mut kv_need: HashMap<(KvGroup, WorkerId), (u32, u32)> = HashMap::new();
     for u in &g.units {
         for (sg, &grp) in u.segments.iter().zip(&u.kv_groups) {
-            let e = kv_need.entry((grp, u.worker)).or_default();
-            *e = (*e).max(sg.end);
+            let lo = shape.mask.key_start(u64::from(sg.start)) as u32;
+            let n = kv_need.entry((grp, u.worker)).or_insert((lo, 0));
+            *n = (n.0.min(lo), n.1.max(sg.end));
         }
     }
     let mut kv_done: HashSet<(KvGroup, WorkerId)> = HashSet::new();
@@ -754,7 +781,7 @@ fn check_group(
                 continue;
             }
             let j = grp.sample as usize;
-            let need = kv_need.get(&(grp, u.worker)).copied().unwrap_or(0);
+            let (lo, need) = kv_need.get(&(grp, u.worker)).copied().unwrap_or((0, 0));
             let (s0, s1) = sv.samples.span(j);
             let mut iv: Vec<(u32, u32)> = sv
                 .pieces(s0, s1)
@@ -763,17 +790,26 @@ fn check_group(
                 .map(|(a, e, _)| ((a - s0) as u32, (e - s0) as u32))
                 .collect();
             if let Some(v) = kv_in.get(&(grp, u.worker)) {
+                if let Some(&(a, e, _)) = v.iter().filter(|p| p.0 < lo).min() {
+                    return Err(Kind::KvOutOfReach {
+                        worker: u.worker,
+                        group: grp,
+                        start: a,
+                        end: e.min(lo),
+                        lo,
+                    });
+                }
                 iv.extend(v.iter().map(|&(a, e, _)| (a, e)));
             }
             iv.sort_unstable();
             let mut at = 0u32;
             for (a, e) in iv {
-                if a > at && at < need {
+                if a > at.max(lo) && at.max(lo) < need {
                     return Err(Kind::MissingKv {
                         unit: u.id,
                         worker: u.worker,
                         group: grp,
-                        start: at,
+                        start: at.max(lo),
                         end: a.min(need),
                     });
                 }
@@ -792,7 +828,7 @@ fn check_group(
                     unit: u.id,
                     worker: u.worker,
                     group: grp,
-                    start: at,
+                    start: at.max(lo),
                     end: need,
                 });
             }
@@ -861,6 +897,7 @@ mod tests {
             heads_kv: 1,
             head_dim: 1,
             dtype_bytes: 1,
+            mask: crate::cost::Mask::Causal,
         };
         let unit = |id: u32, a: u64, sample: u32, home: u32| WorkUnit {
             id,

@@ -27,7 +27,7 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::cost::AttnShape;
+use crate::cost::{AttnShape, Mask};
 use crate::error::{invalid, parse_error, Result};
 
 /// The Plan format version this build writes and reads.
@@ -102,10 +102,12 @@ impl PlanSeq {
 
     /// Exact causal query–key pairs per query head: Σ ℓ(ℓ+1)/2.
     pub fn causal_pairs(&self) -> u64 {
-        self.samples
-            .iter()
-            .map(|&l| crate::workload::causal_pairs(u64::from(l)))
-            .sum()
+        self.pairs(&Mask::Causal)
+    }
+
+    /// Exact query–key pairs per query head under `mask`: Σ over samples of its pairs.
+    pub fn pairs(&self, mask: &Mask) -> u64 {
+        self.samples.iter().map(|&l| mask.pairs(u64::from(l))).sum()
     }
 }
 
@@ -306,12 +308,10 @@ pub fn kv_group_bytes(shape: &AttnShape, head_shards: u32, shard: u32, tokens: u
     shape.kv_bytes(tokens, hi - lo)
 }
 
-/// Exact causal pairs of sample-local queries [a, e): Σ_{q=a}^{e−1} (q+1).
+/// Exact causal pairs of sample-local queries [a, e): Σ_{q=a}^{e−1} (q+1)
+/// ([`Mask::range_pairs`] of the causal mask).
 pub fn segment_pairs(a: u64, e: u64) -> u64 {
-    if e <= a {
-        return 0;
-    }
-    (e * (e + 1) - a * (a + 1)) / 2
+    Mask::Causal.range_pairs(a, e)
 }
 
 /// Sample start positions of one sequence, for cutting position ranges into segments in
@@ -525,6 +525,7 @@ mod tests {
             heads_kv: 4,
             head_dim: 128,
             dtype_bytes: 2,
+            mask: crate::cost::Mask::Causal,
         };
         // H = 4: 8 query heads per shard, one KV head each.
         assert_eq!(kv_heads_of(&shape, 8, 16), (1, 2));

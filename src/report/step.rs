@@ -237,7 +237,7 @@ pub fn step_report(sg: &StepGraph, t: &Timeline, cost: &CostModel, step: u64) ->
             (bg, bc)
         }
     });
-    let flops = cost.model_flops(sg.tokens, sg.causal_pairs);
+    let flops = cost.model_flops(sg.tokens, &sg.class_pairs);
     StepReport {
         step,
         iteration: span,

@@ -31,7 +31,7 @@ use crate::cost::CostModel;
 use crate::engine::{run, OpClass, Timeline};
 use crate::error::{invalid, Result};
 use crate::net::{NetworkModel, Ps};
-use crate::plan::{Payload, Plan, PlanSeq};
+use crate::plan::{Payload, Plan};
 use crate::report::step::{step_report, StepReport};
 use crate::workload::PackedSeq;
 
@@ -182,12 +182,13 @@ pub fn dcp_step(
     let mut attn = PlanAttention::new(cost, plan, map, Overlap::HeadChunks(1))?;
     let mut sg = build_step_with(cost, map, &batch, plan.step, var, Some(&mut attn))?;
     // A rank's micro-batch holds pieces of samples: the step's exact pairs are the plan's.
-    sg.causal_pairs = plan
+    let lens: Vec<u32> = plan
         .groups
         .iter()
         .flat_map(|g| &g.sequences)
-        .map(PlanSeq::causal_pairs)
-        .sum();
+        .flat_map(|s| s.samples.iter().copied())
+        .collect();
+    sg.class_pairs = cost.class_pairs(&lens);
     Ok(sg)
 }
 
@@ -228,6 +229,9 @@ pub fn simulate_scheme_step_with(
     signal: bool,
 ) -> Result<SchemeStep> {
     let scheme = planner.scheme();
+    if let Some(seq_len) = global.iter().map(|s| s.capacity).max() {
+        cost.model.check_masks(seq_len)?;
+    }
     let par = scheme_parallelism(scheme, base)?;
     let map = RankMap::new(par, place, scheme.name())?;
     let ticks = par.pipeline == PipelineKind::Ticks;
@@ -365,7 +369,7 @@ mod tests {
             graph,
             map: RankMap::new(par(2, 1, 1), place, "test").unwrap(),
             tokens: 0,
-            causal_pairs: 0,
+            class_pairs: vec![0],
             memory: Vec::new(),
             streams_per_gpu: 1,
         };
@@ -548,8 +552,8 @@ mod tests {
         let sg = dcp_step(&cost, par(2, 1, 1), place, &plan, 1000, &NoVariance).unwrap();
         assert_eq!((sg.map.par.dp, sg.map.par.cp, sg.map.par.ga), (2, 1, 2));
         assert_eq!(
-            (sg.tokens, sg.causal_pairs),
-            (2000, 405_450 + 180_300 + 125_250)
+            (sg.tokens, sg.class_pairs.as_slice()),
+            (2000, &[405_450 + 180_300 + 125_250][..])
         );
         let t = run(&sg.graph, &mut StubNet::dgx_h200()).unwrap();
         let gpu = |o: &crate::engine::Op| sg.graph.streams[o.stream as usize].gpu;

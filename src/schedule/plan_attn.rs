@@ -56,6 +56,7 @@ use crate::cost::{attn_bwd_segment_ps_f, attn_segment_ps_f, CostModel};
 use crate::engine::{GraphBuilder, OpClass, OpId, OpKind, OpLabel, StreamKind, Xfer};
 use crate::error::{invalid, Result};
 use crate::net::{GpuId, Ps};
+use crate::plan::build::narrow;
 use crate::plan::{Group, Payload, Plan, WorkUnit, WorkerId};
 
 /// Forward time of one unit's causal attention over `heads` query heads per call, in ps
@@ -179,8 +180,10 @@ pub enum Overlap<'a> {
 /// A Plan's attention as an [`AttentionStage`].
 #[derive(Clone, Debug)]
 pub struct PlanAttention {
-    /// `[stage][ga]` → the groups at that GA index.
-    ops: Vec<Vec<Vec<GroupOps>>>,
+    /// `[mask class][stage][ga]` → the groups at that GA index.
+    ops: Vec<Vec<Vec<Vec<GroupOps>>>>,
+    /// The mask class of each layer (`CostModel::mask_classes` order).
+    layer_class: Vec<usize>,
     /// Slots per group: head chunks (M) or nano-batches.
     chunks: u32,
     /// Nano-batches the step builder cuts linear blocks into (1 under head chunks).
@@ -354,6 +357,9 @@ impl PlanAttention {
         Self::lower(cost, plan, map, overlap, true)
     }
 
+    /// One lowering per mask class of the model: the plan itself for the class of its own
+    /// mask, its narrowing ([`narrow`]) for every narrower class; each layer then runs its
+    /// class's.
     fn lower(
         cost: &CostModel,
         plan: &Plan,
@@ -363,7 +369,60 @@ impl PlanAttention {
     ) -> Result<Self> {
         let par = map.par;
         let shard = cost.tp_shard(par.tp, par.ep)?;
-        let cost = &shard;
+        let m = &shard.model;
+        let layer_class: Vec<usize> = (0..m.layers)
+            .map(|l| m.attention.class_index(l, m.layers))
+            .collect();
+        if pooled {
+            // a tick pools layer j of every stage: they must share a mask
+            let per = (m.layers / par.pp.max(1)) as usize;
+            if let Some(l) =
+                (0..layer_class.len()).find(|&l| layer_class[l] != layer_class[l % per.max(1)])
+            {
+                return Err(invalid(
+                    format!("model {}: attention", m.name),
+                    format!("layer {l} of {} stages of {per} layers", par.pp),
+                    "a pattern under which layer j of every pipeline stage has one mask (DistCA's \
+                     ticks pool them)",
+                ));
+            }
+        }
+        let mut ops = Vec::new();
+        let mut slots = (0, 0);
+        for (mask, _, c) in shard.mask_classes() {
+            let narrowed;
+            let p = if mask == plan.shape.mask {
+                plan
+            } else {
+                narrowed = narrow(plan, mask);
+                &narrowed
+            };
+            let (o, chunks, nanos) = Self::lower_class(&c, p, map, overlap, pooled)?;
+            ops.push(o);
+            slots = (chunks, nanos);
+        }
+        Ok(Self {
+            ops,
+            layer_class,
+            chunks: slots.0,
+            nanos: slots.1,
+            width: par.dp * par.cp * par.tp,
+            pooled,
+            stages: overlap_stages(slots.0),
+        })
+    }
+
+    /// The ops of one mask class: `cost` is the class's (one TP rank's), `plan` its plan;
+    /// returns them with the slots per group and the nano-batches.
+    #[allow(clippy::type_complexity)]
+    fn lower_class(
+        cost: &CostModel,
+        plan: &Plan,
+        map: RankMap,
+        overlap: Overlap<'_>,
+        pooled: bool,
+    ) -> Result<(Vec<Vec<Vec<GroupOps>>>, u32, u32)> {
+        let par = map.par;
         let shape = cost.attn();
         if plan.shape != shape {
             return Err(invalid(
@@ -504,14 +563,7 @@ impl PlanAttention {
             }
             ops.push(by_ga);
         }
-        Ok(Self {
-            ops,
-            chunks,
-            nanos,
-            width: nworkers * tp,
-            pooled,
-            stages: overlap_stages(chunks),
-        })
+        Ok((ops, chunks, nanos))
     }
 
     /// Overlap slots per group (head chunks M, or 2 nano-batches).
@@ -617,8 +669,12 @@ impl AttentionStage for PlanAttention {
         call: AttnCall,
         last: &mut [OpId],
     ) -> Result<()> {
-        let Some(groups) = self
-            .ops
+        let class = self
+            .layer_class
+            .get(call.layer as usize)
+            .copied()
+            .unwrap_or(0);
+        let Some(groups) = self.ops[class]
             .get(call.stage as usize)
             .and_then(|s| s.get(call.mb as usize))
         else {

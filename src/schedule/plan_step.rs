@@ -80,7 +80,7 @@ pub fn libra_step_plan(
     // P against DP (and GBS against DP) first, so a bad P is named against DP.
     step_shape(global.len(), dp, &p)?;
     let pools = if use_vrsp {
-        let loads: Vec<u64> = global.iter().map(PackedSeq::load).collect();
+        let loads: Vec<u64> = global.iter().map(|s| s.load_under(&p.shape.mask)).collect();
         vrsp(&loads, p.pool_size as usize)?
     } else {
         consecutive_pools(global.len(), p.pool_size as usize)

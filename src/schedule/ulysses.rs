@@ -54,8 +54,9 @@ pub struct StepGraph {
     pub map: RankMap,
     /// Non-padding tokens in the step.
     pub tokens: u64,
-    /// Causal query–key pairs in the step.
-    pub causal_pairs: u64,
+    /// The step's exact query–key pairs under each of the model's mask classes
+    /// (`CostModel::class_pairs`; one entry, the causal pairs, for a causal model).
+    pub class_pairs: Vec<u64>,
     /// Per-rank peak memory, by GPU.
     pub memory: Vec<MemoryBreakdown>,
     /// Stream ids of each GPU: `[compute, cp, pp, dp]` at `4·gpu + k`.
@@ -539,7 +540,8 @@ struct StageState {
     /// Per rank: Ulysses all-to-all bytes to each peer, in and out.
     pair_in: Vec<u64>,
     pair_out: Vec<u64>,
-    /// Per replica: Ulysses attention time, forward and backward, and its tokens.
+    /// Per (mask class k, replica r) at k · DP + r: Ulysses attention time, forward and
+    /// backward; per replica its tokens.
     attn_f: Vec<Ps>,
     attn_b: Vec<Ps>,
     tokens: Vec<u64>,
@@ -552,6 +554,11 @@ struct StageState {
 struct Emitter<'a> {
     cx: Ctx<'a>,
     cost: &'a CostModel,
+    /// Per mask class of the model, its cost model (Ulysses' own attention prices each
+    /// layer under its own mask).
+    class_costs: Vec<CostModel>,
+    /// The mask class of each layer.
+    layer_class: Vec<usize>,
     batch: &'a [Vec<PackedSeq>],
     split: HeadSplit,
     nanos: usize,
@@ -623,6 +630,11 @@ impl<'a> Emitter<'a> {
         }
         let (cpu, dpu, tpu) = (cp as usize, dp as usize, tp as usize);
         let wn = dpu * cpu * tpu;
+        let class_costs: Vec<CostModel> = cost.mask_classes().into_iter().map(|c| c.2).collect();
+        let nclasses = class_costs.len();
+        let layer_class = (0..m.layers)
+            .map(|l| m.attention.class_index(l, m.layers))
+            .collect();
         let epu = par.ep as usize;
         let mut route_buf: Vec<A2aRoute> = Vec::with_capacity(cpu.max(epu));
         let stages = stage_layers(m.layers, pp)
@@ -670,8 +682,8 @@ impl<'a> Emitter<'a> {
                     durs: vec![RankDur::default(); nanos * wn],
                     pair_in: vec![0; wn],
                     pair_out: vec![0; wn],
-                    attn_f: vec![0; dpu],
-                    attn_b: vec![0; dpu],
+                    attn_f: vec![0; dpu * nclasses],
+                    attn_b: vec![0; dpu * nclasses],
                     tokens: vec![0; dpu],
                     bucket_ready: vec![NONE; wn * nb as usize],
                 }
@@ -681,6 +693,8 @@ impl<'a> Emitter<'a> {
         Emitter {
             cx,
             cost,
+            class_costs,
+            layer_class,
             batch,
             split,
             nanos,
@@ -724,8 +738,11 @@ impl<'a> Emitter<'a> {
         for r in 0..par.dp as usize {
             let seq = &self.batch[r][mb as usize];
             st.tokens[r] = seq.tokens();
-            st.attn_f[r] = cost.attn_fwd_ps(seq.lengths(), split.q);
-            st.attn_b[r] = cost.attn_bwd_ps(seq.lengths(), split.q);
+            let dpu = par.dp as usize;
+            for (k, c) in self.class_costs.iter().enumerate() {
+                st.attn_f[k * dpu + r] = c.attn_fwd_ps(seq.lengths(), split.q);
+                st.attn_b[k * dpu + r] = c.attn_bwd_ps(seq.lengths(), split.q);
+            }
             for c in 0..cpu {
                 let t = chunk(st.tokens[r], cp, c as u32);
                 for k in 0..nanos {
@@ -1066,10 +1083,11 @@ impl<'a> Emitter<'a> {
                 let (i, o) = (st.pair_in[at(c)], st.pair_out[at(c)]);
                 (b_in[c], b_out[c]) = if fwd { (i, o) } else { (o, i) };
             }
+            let ri = self.layer_class[l as usize] * self.cx.map.par.dp as usize + r;
             let (attn, extra) = if fwd {
-                (st.attn_f[r], 0)
+                (st.attn_f[ri], 0)
             } else {
-                (st.attn_b[r], if rec { st.attn_f[r] } else { 0 })
+                (st.attn_b[ri], if rec { st.attn_f[ri] } else { 0 })
             };
             emit_attention(
                 &mut self.cx,
@@ -1509,14 +1527,14 @@ impl<'a> Emitter<'a> {
         }
         let stages: Vec<(u32, u32)> = self.stages.iter().map(|s| (s.lf, s.ll)).collect();
         let (cost, batch, split) = (self.cost, self.batch, self.split);
-        let mut tokens = 0u64;
-        let mut pairs = 0u64;
-        for mbs in batch {
-            for s in mbs {
-                tokens += s.tokens();
-                pairs += s.causal_pairs();
-            }
-        }
+        let tokens = batch.iter().flatten().map(PackedSeq::tokens).sum();
+        let class_pairs = cost.class_pairs(
+            &batch
+                .iter()
+                .flatten()
+                .flat_map(|s| s.lengths())
+                .collect::<Vec<u32>>(),
+        );
         let memory = (0..map.gpus())
             .map(|g| rank_memory_of(cost, &map, &stages, split, batch, map.coords(g)))
             .collect();
@@ -1524,7 +1542,7 @@ impl<'a> Emitter<'a> {
             graph: self.cx.b.build()?,
             map,
             tokens,
-            causal_pairs: pairs,
+            class_pairs,
             memory,
             streams_per_gpu: map.streams_per_gpu(),
         })

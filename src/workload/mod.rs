@@ -31,7 +31,7 @@ pub struct Sample {
 
 /// Exact causal query–key pairs of one sample of `len` tokens: Σ_{q<len} (q+1).
 pub fn causal_pairs(len: u64) -> u64 {
-    len * (len + 1) / 2
+    crate::cost::Mask::Causal.pairs(len)
 }
 
 /// A packed sequence: samples laid end to end in a sequence of `capacity` tokens; the
@@ -81,11 +81,25 @@ impl PackedSeq {
             .sum()
     }
 
-    /// Exact causal query–key pairs Σ ℓ(ℓ+1)/2 (multiply by 4·heads·head_dim for FLOPs).
-    pub fn causal_pairs(&self) -> u64 {
+    /// The load proxy under `mask`: Σ 2·pairs(ℓ) − ℓ ([`crate::cost::Mask::load`]; equal
+    /// to [`PackedSeq::load`] under the causal mask).
+    pub fn load_under(&self, mask: &crate::cost::Mask) -> u64 {
         self.samples
             .iter()
-            .map(|s| causal_pairs(u64::from(s.len)))
+            .map(|s| mask.load(u64::from(s.len)))
+            .sum()
+    }
+
+    /// Exact causal query–key pairs Σ ℓ(ℓ+1)/2 (multiply by 4·heads·head_dim for FLOPs).
+    pub fn causal_pairs(&self) -> u64 {
+        self.pairs(&crate::cost::Mask::Causal)
+    }
+
+    /// Exact query–key pairs under `mask`: Σ over samples of the mask's pairs.
+    pub fn pairs(&self, mask: &crate::cost::Mask) -> u64 {
+        self.samples
+            .iter()
+            .map(|s| mask.pairs(u64::from(s.len)))
             .sum()
     }
 

@@ -35,6 +35,8 @@ fn bad_input_is_named() {
         (vec!["pools".into(), "--corpus".into(), "wlbllm".into(), "--packed".into(), "x.json".into()], "cannot be used with"),
         (vec!["theory".into(), "--corpus".into(), "fixed:10".into(), "--seq-len".into(), "100".into(), "--gbs".into(), "10".into(), "--pool-sizes".into(), "4".into()], "P = 4 does not divide --gbs = 10"),
         (vec!["theory".into(), "--corpus".into(), "fixed:10".into(), "--target".into(), "-1".into()], "--target = -1"),
+        (vec!["theory".into(), "--corpus".into(), "fixed:10".into(), "--mask".into(), "sliding:0".into()], "invalid --mask = \"sliding:0\": the window W must be an integer >= 1"),
+        (vec!["theory".into(), "--corpus".into(), "fixed:10".into(), "--seq-len".into(), "100".into(), "--mask".into(), "chunked:200".into()], "invalid --mask = chunked:200: a chunk C no larger than the sequence length L = 100"),
         (vec!["bench".into(), "no-such-arm".into()], "unknown bench arm = \"no-such-arm\" (one of: vrsp-1m, fig8"),
     ];
     for (args, want) in cases {
@@ -318,4 +320,43 @@ fn experiments_reproduce_their_committed_tables() {
     reproduces("libra-fig8", "wlbllm");
     reproduces("libra-table1", "wlbllm");
     reproduces("libra-fig4", "libra-256k");
+}
+
+/// `theory --mask`: a sliding window caps each document's load near ℓ·W, so the per-sequence
+/// load varies less than Σℓ² does and the LLN bound at the same P is smaller.
+#[test]
+fn theory_under_a_sliding_window_has_a_smaller_cv() {
+    let run = |mask: &str| -> serde_json::Value {
+        let o = skewsim(&[
+            "theory",
+            "--corpus",
+            "wlbllm",
+            "--gbs",
+            "32",
+            "--pool-sizes",
+            "4",
+            "--trials",
+            "4",
+            "--seed",
+            "3",
+            "--json",
+            "--mask",
+            mask,
+        ]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    let causal = run("causal");
+    let window = run("sliding:4096");
+    assert!(causal.get("mask").is_none());
+    assert_eq!(window["mask"], "sliding:4096");
+    let cv = |v: &serde_json::Value| v["load"]["cv"].as_f64().unwrap();
+    let bound = |v: &serde_json::Value| v["rows"][0]["bound"].as_f64().unwrap();
+    assert!(
+        cv(&window) < cv(&causal),
+        "{} vs {}",
+        cv(&window),
+        cv(&causal)
+    );
+    assert!(bound(&window) < bound(&causal));
 }

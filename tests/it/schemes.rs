@@ -86,6 +86,12 @@ fn attention_microbench_and_distca_4d_reproduce() {
     reproduces("distca-4d", None);
 }
 
+/// Sliding-window layer mixes (model files with an `attention` pattern) reproduce.
+#[test]
+fn masks_reproduces() {
+    reproduces("masks", Some("1"));
+}
+
 #[test]
 fn megatron_dcp_blog_reproduces() {
     reproduces("megatron-dcp-blog", Some("1"));

@@ -17,7 +17,7 @@
 //! unit over all heads (H = 1; a head+tail shard is two units) on the task's server; its
 //! queries lie on one rank (the task's home). A moved range brings its Q from the home
 //! and sends the output back; K and V move only as far as causality needs — keys
-//! [0, last query + 1), the scheduler's `kv_prefix` ([`KvReach::CausalPrefix`]) — from
+//! [0, last query + 1), the scheduler's `kv_prefix` ([`KvReach::Reached`]) — from
 //! whichever ranks hold them, once per (sample, destination). A unit left in place on a
 //! later CP rank receives the prefix held by earlier ranks the same way. So the plan's
 //! Q and output bytes are the scheduler's and its KV bytes at most the scheduler's (moved
@@ -130,7 +130,7 @@ pub fn plan_step_cp(
             workers: &workers,
             shape: &cfg.shape,
             head_shards: 1,
-            kv: KvReach::CausalPrefix,
+            kv: KvReach::Reached,
         };
         groups.push(build_group(&site, sequences, &units));
         schedules.push(scheds);
@@ -179,6 +179,7 @@ mod tests {
         heads_kv: 1,
         head_dim: 1,
         dtype_bytes: 1,
+        mask: crate::cost::Mask::Causal,
     };
 
     fn seq(lens: &[u32], doc0: u64, slack: u32) -> PackedSeq {
@@ -323,6 +324,7 @@ mod tests {
             heads_kv: 8,
             head_dim: 128,
             dtype_bytes: 2,
+            mask: crate::cost::Mask::Causal,
         };
         let cfg = DistcaConfig::new(shape, DEFAULT_EPSILON, 128).unwrap();
         for ping_pong in [false, true] {
@@ -380,7 +382,7 @@ mod tests {
             hkv in prop_oneof![Just(1u32), Just(2), Just(4)],
             tight in any::<bool>(),
         ) {
-            let shape = AttnShape { heads_q: 4, heads_kv: hkv, head_dim: 2, dtype_bytes: 2 };
+            let shape = AttnShape { heads_q: 4, heads_kv: hkv, head_dim: 2, dtype_bytes: 2, mask: crate::cost::Mask::Causal };
             let n = (dp * ga) as usize;
             let batch: Vec<PackedSeq> =
                 (0..n).map(|i| seq(&lens[i % lens.len()], 100 * i as u64, i as u32 % 2)).collect();

@@ -246,6 +246,7 @@ mod tests {
             heads_kv: 1,
             head_dim: 2,
             dtype_bytes: 2,
+            mask: crate::cost::Mask::Causal,
         };
         let batch = [seq(&[900, 300, 40], 0), seq(&[64, 32], 10)];
         let cfg = DistcaConfig::new(shape, 0.05, 16).unwrap();

@@ -727,7 +727,7 @@ mod tests {
             slack in 0u32..200,
             ping_pong in any::<bool>(),
         ) {
-            let shape = AttnShape { heads_q: 4, heads_kv: 2, head_dim: 2, dtype_bytes: 2 };
+            let shape = AttnShape { heads_q: 4, heads_kv: 2, head_dim: 2, dtype_bytes: 2, mask: crate::cost::Mask::Causal };
             let c = DistcaConfig::new(shape, eps, 128).unwrap();
             let batch: Vec<PackedSeq> = (0..dp as usize)
                 .map(|i| {

@@ -133,6 +133,7 @@ mod tests {
             heads_kv: 2,
             head_dim: 8,
             dtype_bytes: 2,
+            mask: crate::cost::Mask::Causal,
         };
         let cfg = DistcaConfig::new(shape, 0.1, 128).unwrap();
         for ping_pong in [false, true] {

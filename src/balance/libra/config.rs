@@ -110,7 +110,7 @@ fn replay(
     let mut pools_seen = 0usize;
     for (k, batch) in steps.iter().enumerate() {
         step_shape(batch.len(), dp, p)?;
-        let loads: Vec<u64> = batch.iter().map(PackedSeq::load).collect();
+        let loads: Vec<u64> = batch.iter().map(|s| s.load_under(&p.shape.mask)).collect();
         let pools = grouping(k, &loads, p.pool_size as usize)?;
         check_pools(&pools, batch.len(), p.pool_size)?;
         let mut pool_work = Vec::with_capacity(pools.len());
@@ -118,7 +118,7 @@ fn replay(
         for (k, pool) in pools.iter().enumerate() {
             let workers = pool_workers(k as u32 % per_ga, p);
             let seqs: Vec<&PackedSeq> = pool.iter().map(|&i| &batch[i]).collect();
-            pool_work.push(seqs.iter().map(|s| s.causal_pairs()).sum::<u64>());
+            pool_work.push(seqs.iter().map(|s| s.pairs(&p.shape.mask)).sum::<u64>());
             let t = tap::tile(&seqs, p.cp, p.tile_tokens, p.head_shards, &p.shape);
             let pl = tap::place(&t, p.tau);
             let imb = tap::imbalance(&pl);

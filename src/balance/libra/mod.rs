@@ -33,6 +33,7 @@ pub const QWEN3_30B_A3B: AttnShape = AttnShape {
     heads_kv: 4,
     head_dim: 128,
     dtype_bytes: 2,
+    mask: crate::cost::Mask::Causal,
 };
 
 /// The most workers a pool may have (P·CP).

@@ -29,7 +29,7 @@
 //! when r is not the Q-home.
 
 use crate::cost::AttnShape;
-use crate::plan::{kv_group_bytes, segment_pairs};
+use crate::plan::kv_group_bytes;
 use crate::workload::PackedSeq;
 
 /// One sequence chunk (a row of SH-tiles: one tile per head shard).
@@ -219,7 +219,7 @@ pub fn tile(
                 let (s0, s1) = (s.start, s.start + u64::from(s.len));
                 if s1 > s0 {
                     first.get_or_insert(k);
-                    pairs += segment_pairs(start.max(s0) - s0, end.min(s1) - s0);
+                    pairs += shape.mask.range_pairs(start.max(s0) - s0, end.min(s1) - s0);
                 }
                 k += 1;
             }

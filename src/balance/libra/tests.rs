@@ -19,6 +19,7 @@ const TINY: AttnShape = AttnShape {
     heads_kv: 1,
     head_dim: 1,
     dtype_bytes: 1,
+    mask: crate::cost::Mask::Causal,
 };
 
 fn params(p: u32, cp: u32, h: u32, b: u32, tau: f64, shape: AttnShape) -> LibraParams {
@@ -289,6 +290,7 @@ fn case() -> impl Strategy<Value = Case> {
                             heads_kv: hkv,
                             head_dim: 8,
                             dtype_bytes: 2,
+                            mask: crate::cost::Mask::Causal,
                         },
                     },
                     dp: p * k,
@@ -845,6 +847,7 @@ fn empty_sequences_and_tiny_capacities_plan_and_check() {
             heads_kv: 2,
             head_dim: 8,
             dtype_bytes: 2,
+            mask: crate::cost::Mask::Causal,
         },
     };
     let pools = shuffled_pools(12, 2, 7416029004034078266);

@@ -1,5 +1,6 @@
 use super::*;
 use crate::plan::{check, check_resident, Payload};
+use crate::workload::causal_pairs;
 use proptest::prelude::*;
 
 const TINY: AttnShape = AttnShape {
@@ -7,6 +8,7 @@ const TINY: AttnShape = AttnShape {
     heads_kv: 2,
     head_dim: 2,
     dtype_bytes: 2,
+    mask: crate::cost::Mask::Causal,
 };
 
 fn pairs_work(len: u32) -> u128 {

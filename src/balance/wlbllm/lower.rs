@@ -241,6 +241,7 @@ mod tests {
         heads_kv: 1,
         head_dim: 1,
         dtype_bytes: 1,
+        mask: crate::cost::Mask::Causal,
     };
 
     fn batch_of(seqs: &[Vec<u32>], cap: u32, doc0: u64) -> Vec<PackedSeq> {
@@ -445,7 +446,7 @@ mod tests {
                 doc += 1000;
                 let out = packer.step(&batch).unwrap();
                 let mut p = params(dp, cp, s_max, mode);
-                p.shape = AttnShape { heads_q: 4, heads_kv: 2, head_dim: 2, dtype_bytes: 2 };
+                p.shape = AttnShape { heads_q: 4, heads_kv: 2, head_dim: 2, dtype_bytes: 2, mask: crate::cost::Mask::Causal };
                 let w = to_plan(&out, &p, &model).unwrap();
                 let s = check(&w.plan);
                 prop_assert!(s.is_ok(), "{:?}", s);

@@ -322,7 +322,7 @@ fn a_calibrated_backward_table_prices_plan_units_like_the_cost_model() {
     c.launch.attn_bwd_launch_us = 20.0;
     let plan = one_unit_plan(&c, 8192, 0, 1);
     let pa = PlanAttention::new(&c, &plan, map(1, 8), Overlap::HeadChunks(1)).unwrap();
-    let bwd = pa.ops[0][0][0].chunks[0].bwd[0];
+    let bwd = pa.ops[0][0][0][0].chunks[0].bwd[0];
     assert_eq!(bwd, c.attn_bwd_ps([8192], c.model.heads_q));
     let flops = c
         .attn()
@@ -331,7 +331,7 @@ fn a_calibrated_backward_table_prices_plan_units_like_the_cost_model() {
     assert_eq!(bwd, want.round() as Ps);
     c.attn_bwd_eff = None;
     let pa = PlanAttention::new(&c, &plan, map(1, 8), Overlap::HeadChunks(1)).unwrap();
-    assert_ne!(pa.ops[0][0][0].chunks[0].bwd[0], bwd);
+    assert_ne!(pa.ops[0][0][0][0].chunks[0].bwd[0], bwd);
 }
 
 #[test]
