@@ -79,7 +79,7 @@ impl Dag<'_> {
     fn run_op(&self, op: OpId, next: &mut Option<OpId>, out: &mut Vec<OpId>) {
         let g = self.g;
         let t = self.start[op as usize].load(Relaxed);
-        match g.ops[op as usize].kind {
+        match g.ops[op as usize].kind() {
             OpKind::Compute(d) => self.finish(op, t + d, next, out),
             OpKind::Send(x) => {
                 let x = g.xfers[x as usize];
@@ -279,7 +279,7 @@ fn event_count(g: &Graph) -> u64 {
         .ops
         .par_iter()
         .enumerate()
-        .map(|(i, o)| match o.kind {
+        .map(|(i, o)| match o.kind() {
             OpKind::Compute(_) | OpKind::Send(_) => 1,
             OpKind::Coll(c) if g.colls[c as usize].p2p.is_some() => {
                 let k = g.part_of(c, i as OpId);

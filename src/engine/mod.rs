@@ -186,18 +186,52 @@ pub enum OpKind {
     Coll(CollId),
 }
 
-/// One op.
+/// One op, 24 bytes: its kind is stored as a one-byte tag and its payload ([`Op::kind`]
+/// rebuilds it), so a step of millions of ops stays compact.
 #[derive(Clone, Copy, Debug)]
 pub struct Op {
-    /// What it does.
-    pub kind: OpKind,
+    /// The kind's payload: a duration, a transfer or a collective.
+    arg: u64,
     /// Where it runs.
     pub stream: StreamId,
-    /// What it is.
-    pub label: OpLabel,
     /// The next op on the same stream (`OpId::MAX` for the last), so the engine walks a
     /// stream without an extra indirection.
     next: OpId,
+    /// What it is.
+    pub label: OpLabel,
+    /// Which kind: `TAG_COMPUTE`, `TAG_SEND` or `TAG_COLL_OP`.
+    tag: u8,
+}
+
+const TAG_COMPUTE: u8 = 0;
+const TAG_SEND: u8 = 1;
+const TAG_COLL_OP: u8 = 2;
+
+impl Op {
+    fn new(kind: OpKind, stream: StreamId, label: OpLabel) -> Op {
+        let (tag, arg) = match kind {
+            OpKind::Compute(d) => (TAG_COMPUTE, d),
+            OpKind::Send(x) => (TAG_SEND, u64::from(x)),
+            OpKind::Coll(c) => (TAG_COLL_OP, u64::from(c)),
+        };
+        Op {
+            arg,
+            stream,
+            next: OpId::MAX,
+            label,
+            tag,
+        }
+    }
+
+    /// What it does.
+    #[inline]
+    pub fn kind(&self) -> OpKind {
+        match self.tag {
+            TAG_COMPUTE => OpKind::Compute(self.arg),
+            TAG_SEND => OpKind::Send(self.arg as u32),
+            _ => OpKind::Coll(self.arg as u32),
+        }
+    }
 }
 
 /// A point-to-point transfer.
@@ -339,12 +373,7 @@ impl GraphBuilder {
         deps: &[OpId],
     ) -> OpId {
         let id = self.g.ops.len() as OpId;
-        self.g.ops.push(Op {
-            kind,
-            stream,
-            label,
-            next: OpId::MAX,
-        });
+        self.g.ops.push(Op::new(kind, stream, label));
         self.g.ndeps.push(deps.len() as u32);
         // Link it behind its stream's last op (an unknown stream is rejected by `build`).
         if let Some(t) = self.tail.get_mut(stream as usize) {
@@ -399,14 +428,14 @@ impl GraphBuilder {
         let nx = g.xfers.len();
         let bad_op = g.ops.par_iter().enumerate().find_first(|(_, op)| {
             op.stream as usize >= ns
-                || match op.kind {
+                || match op.kind() {
                     OpKind::Coll(c) => c as usize >= nc,
                     OpKind::Send(x) => x as usize >= nx,
                     OpKind::Compute(_) => false,
                 }
         });
         if let Some((i, op)) = bad_op {
-            let (field, value, allowed) = match op.kind {
+            let (field, value, allowed) = match op.kind() {
                 OpKind::Coll(c) if (op.stream as usize) < ns => {
                     ("op collective", c, format!("< {nc} collectives (op {i})"))
                 }
@@ -456,10 +485,13 @@ impl GraphBuilder {
                 for (i, c) in colls.iter().enumerate() {
                     off[i + 1] = c.parts;
                 }
-                let items = ops.iter().enumerate().filter_map(|(i, op)| match op.kind {
-                    OpKind::Coll(c) => Some((c, i as OpId)),
-                    _ => None,
-                });
+                let items = ops
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, op)| match op.kind() {
+                        OpKind::Coll(c) => Some((c, i as OpId)),
+                        _ => None,
+                    });
                 counting_csr(off, items)
             },
         );
@@ -604,7 +636,7 @@ impl Graph {
     /// last arrival among it and its peers), so the time from `t.start` to this is the
     /// GPU's synchronisation wait; for any other op, its start.
     pub fn xfer_start(&self, t: &Timeline, op: OpId) -> Ps {
-        match self.ops[op as usize].kind {
+        match self.ops[op as usize].kind() {
             OpKind::Coll(c) if self.colls[c as usize].p2p.is_some() => {
                 let k = self.part_of(c, op);
                 std::iter::once(k)
@@ -744,7 +776,7 @@ impl Sim<'_, '_> {
         }
         self.st[s as usize].busy = true;
         self.t.start[op as usize] = self.now;
-        match self.g.ops[op as usize].kind {
+        match self.g.ops[op as usize].kind() {
             OpKind::Compute(d) => self.push(self.now + d, u64::from(op)),
             OpKind::Send(x) => {
                 let x = self.g.xfers[x as usize];

@@ -181,7 +181,7 @@ fn measure_gpu(
                 let f = &mut fwd[op.label.mb as usize];
                 *f = (f.0.min(st), f.1.max(en));
             }
-            match op.kind {
+            match op.kind() {
                 _ if s == s0 => comp.push((st, en)),
                 OpKind::Coll(_) => {
                     let cs = g.xfer_start(t, o);

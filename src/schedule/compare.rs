@@ -560,7 +560,7 @@ mod tests {
         let mut ar = [(0, 0, 0); 2];
         for (i, o) in sg.graph.ops.iter().enumerate() {
             let g = gpu(o) as usize;
-            match o.kind {
+            match o.kind() {
                 OpKind::Compute(d) => {
                     if d > 0 {
                         mbs[g].insert(o.label.mb);
