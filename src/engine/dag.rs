@@ -79,7 +79,7 @@ impl Dag<'_> {
     fn run_op(&self, op: OpId, next: &mut Option<OpId>, out: &mut Vec<OpId>) {
         let g = self.g;
         let t = self.start[op as usize].load(Relaxed);
-        match g.ops[op as usize].kind {
+        match g.ops[op as usize].kind() {
             OpKind::Compute(d) => self.finish(op, t + d, next, out),
             OpKind::Send(x) => {
                 let x = g.xfers[x as usize];
@@ -184,11 +184,6 @@ impl Dag<'_> {
     }
 }
 
-// Converted in place (same layout), so no second copy is ever held.
-fn atomics32(v: Vec<u32>) -> Vec<AtomicU32> {
-    v.into_iter().map(AtomicU32::new).collect()
-}
-
 fn atomics64(n: usize, x: u64) -> Vec<AtomicU64> {
     (0..n).into_par_iter().map(|_| AtomicU64::new(x)).collect()
 }
@@ -204,21 +199,22 @@ pub fn run_dag(g: &Graph, net: &dyn FixedDurations) -> Result<Timeline> {
     let nc = g.colls.len();
     let np = g.part_count();
     // A stream's ops after its first also wait for their predecessor.
-    let mut wait = g.ndeps.clone();
-    for op in &g.ops {
-        if op.next != OpId::MAX {
-            wait[op.next as usize] += 1;
-        }
-    }
+    let wait: Vec<AtomicU32> = g
+        .ops
+        .par_iter()
+        .zip(&g.ndeps)
+        .enumerate()
+        .map(|(i, (op, &d))| AtomicU32::new(d + u32::from(!g.stream_first(op.stream, i as OpId))))
+        .collect();
     let mut frontier: Vec<OpId> = (0..n as OpId)
         .into_par_iter()
-        .filter(|&o| wait[o as usize] == 0)
+        .filter(|&o| wait[o as usize].load(Relaxed) == 0)
         .collect();
     let peers = |k: u32| 1 + g.part_nbrs(k).len() as u32;
     let dag = Dag {
         g,
         net,
-        wait: atomics32(wait),
+        wait,
         start: atomics64(n, 0),
         end: atomics64(n, 0),
         arrived: (0..nc).map(|_| AtomicU32::new(0)).collect(),
@@ -283,7 +279,7 @@ fn event_count(g: &Graph) -> u64 {
         .ops
         .par_iter()
         .enumerate()
-        .map(|(i, o)| match o.kind {
+        .map(|(i, o)| match o.kind() {
             OpKind::Compute(_) | OpKind::Send(_) => 1,
             OpKind::Coll(c) if g.colls[c as usize].p2p.is_some() => {
                 let k = g.part_of(c, i as OpId);

@@ -41,6 +41,8 @@ pub mod stub_net;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
+use rayon::prelude::*;
+
 use crate::error::{invalid, Result};
 use crate::net::{GpuId, NetworkModel, Ps};
 
@@ -184,18 +186,52 @@ pub enum OpKind {
     Coll(CollId),
 }
 
-/// One op.
+/// One op, 24 bytes: its kind is stored as a one-byte tag and its payload ([`Op::kind`]
+/// rebuilds it), so a step of millions of ops stays compact.
 #[derive(Clone, Copy, Debug)]
 pub struct Op {
-    /// What it does.
-    pub kind: OpKind,
+    /// The kind's payload: a duration, a transfer or a collective.
+    arg: u64,
     /// Where it runs.
     pub stream: StreamId,
-    /// What it is.
-    pub label: OpLabel,
     /// The next op on the same stream (`OpId::MAX` for the last), so the engine walks a
     /// stream without an extra indirection.
     next: OpId,
+    /// What it is.
+    pub label: OpLabel,
+    /// Which kind: `TAG_COMPUTE`, `TAG_SEND` or `TAG_COLL_OP`.
+    tag: u8,
+}
+
+const TAG_COMPUTE: u8 = 0;
+const TAG_SEND: u8 = 1;
+const TAG_COLL_OP: u8 = 2;
+
+impl Op {
+    fn new(kind: OpKind, stream: StreamId, label: OpLabel) -> Op {
+        let (tag, arg) = match kind {
+            OpKind::Compute(d) => (TAG_COMPUTE, d),
+            OpKind::Send(x) => (TAG_SEND, u64::from(x)),
+            OpKind::Coll(c) => (TAG_COLL_OP, u64::from(c)),
+        };
+        Op {
+            arg,
+            stream,
+            next: OpId::MAX,
+            label,
+            tag,
+        }
+    }
+
+    /// What it does.
+    #[inline]
+    pub fn kind(&self) -> OpKind {
+        match self.tag {
+            TAG_COMPUTE => OpKind::Compute(self.arg),
+            TAG_SEND => OpKind::Send(self.arg as u32),
+            _ => OpKind::Coll(self.arg as u32),
+        }
+    }
 }
 
 /// A point-to-point transfer.
@@ -264,6 +300,9 @@ pub struct Graph {
 pub struct GraphBuilder {
     g: Graph,
     edges: Vec<(OpId, OpId)>,
+    /// Per stream: its last op so far (`OpId::MAX` while it has none) and its op count.
+    tail: Vec<OpId>,
+    count: Vec<u32>,
 }
 
 impl GraphBuilder {
@@ -279,6 +318,8 @@ impl GraphBuilder {
     /// A new stream on `gpu`.
     pub fn add_stream(&mut self, gpu: GpuId, kind: StreamKind) -> StreamId {
         self.g.streams.push(StreamInfo { gpu, kind });
+        self.tail.push(OpId::MAX);
+        self.count.push(0);
         (self.g.streams.len() - 1) as StreamId
     }
 
@@ -332,13 +373,16 @@ impl GraphBuilder {
         deps: &[OpId],
     ) -> OpId {
         let id = self.g.ops.len() as OpId;
-        self.g.ops.push(Op {
-            kind,
-            stream,
-            label,
-            next: OpId::MAX,
-        });
+        self.g.ops.push(Op::new(kind, stream, label));
         self.g.ndeps.push(deps.len() as u32);
+        // Link it behind its stream's last op (an unknown stream is rejected by `build`).
+        if let Some(t) = self.tail.get_mut(stream as usize) {
+            if *t != OpId::MAX {
+                self.g.ops[*t as usize].next = id;
+            }
+            *t = id;
+            self.count[stream as usize] += 1;
+        }
         for &d in deps {
             self.edges.push((d, id));
         }
@@ -381,93 +425,102 @@ impl GraphBuilder {
         }
         let ns = g.streams.len();
         let nc = g.colls.len();
-        for (i, op) in g.ops.iter().enumerate() {
-            if op.stream as usize >= ns {
-                return Err(invalid(
-                    "op stream",
-                    op.stream,
-                    format!("< {ns} streams (op {i})"),
-                ));
-            }
-            match op.kind {
-                OpKind::Coll(c) if c as usize >= nc => {
-                    return Err(invalid(
-                        "op collective",
-                        c,
-                        format!("< {nc} collectives (op {i})"),
-                    ))
+        let nx = g.xfers.len();
+        let bad_op = g.ops.par_iter().enumerate().find_first(|(_, op)| {
+            op.stream as usize >= ns
+                || match op.kind() {
+                    OpKind::Coll(c) => c as usize >= nc,
+                    OpKind::Send(x) => x as usize >= nx,
+                    OpKind::Compute(_) => false,
                 }
-                OpKind::Send(x) if x as usize >= g.xfers.len() => {
-                    return Err(invalid(
-                        "op transfer",
-                        x,
-                        format!("< {} transfers (op {i})", g.xfers.len()),
-                    ))
+        });
+        if let Some((i, op)) = bad_op {
+            let (field, value, allowed) = match op.kind() {
+                OpKind::Coll(c) if (op.stream as usize) < ns => {
+                    ("op collective", c, format!("< {nc} collectives (op {i})"))
                 }
-                _ => {}
-            }
+                OpKind::Send(x) if (op.stream as usize) < ns => {
+                    ("op transfer", x, format!("< {nx} transfers (op {i})"))
+                }
+                _ => ("op stream", op.stream, format!("< {ns} streams (op {i})")),
+            };
+            return Err(invalid(field, value, allowed));
         }
-        for &(d, s) in &self.edges {
-            if d as usize >= n || s as usize >= n || d == s {
-                return Err(invalid(
-                    "dependency",
-                    format!("{d} -> {s}"),
-                    format!("two distinct ops < {n}"),
-                ));
-            }
+        if let Some(&(d, s)) = self
+            .edges
+            .par_iter()
+            .find_first(|&&(d, s)| d as usize >= n || s as usize >= n || d == s)
+        {
+            return Err(invalid(
+                "dependency",
+                format!("{d} -> {s}"),
+                format!("two distinct ops < {n}"),
+            ));
         }
-        // Successors, CSR by counting sort on the source.
-        g.succ_off = vec![0; n + 1];
-        for &(d, _) in &self.edges {
-            g.succ_off[d as usize + 1] += 1;
-        }
-        for i in 0..n {
-            g.succ_off[i + 1] += g.succ_off[i];
-        }
-        let mut fill = g.succ_off.clone();
-        g.succ = vec![0; self.edges.len()];
-        for &(d, s) in &self.edges {
-            g.succ[fill[d as usize] as usize] = s;
-            fill[d as usize] += 1;
-        }
-        self.edges = Vec::new();
-        // Stream issue order, stable counting sort on the stream.
-        g.stream_off = vec![0; ns + 1];
-        for op in &g.ops {
-            g.stream_off[op.stream as usize + 1] += 1;
-        }
-        for i in 0..ns {
-            g.stream_off[i + 1] += g.stream_off[i];
-        }
-        let mut fill = g.stream_off.clone();
-        g.stream_ops = vec![0; n];
-        for (i, op) in g.ops.iter().enumerate() {
-            g.stream_ops[fill[op.stream as usize] as usize] = i as OpId;
-            fill[op.stream as usize] += 1;
-        }
-        // Next op on the same stream.
-        for s in 0..ns {
-            let ops = &g.stream_ops[g.stream_off[s] as usize..g.stream_off[s + 1] as usize];
-            for w in ops.windows(2) {
-                g.ops[w[0] as usize].next = w[1];
-            }
-        }
-        // Collective parts.
-        g.coll_part_off = vec![0; nc + 1];
-        for (i, c) in g.colls.iter().enumerate() {
-            g.coll_part_off[i + 1] = g.coll_part_off[i] + c.parts;
-        }
-        let mut fill = g.coll_part_off.clone();
-        g.coll_parts = vec![0; g.coll_part_off[nc] as usize];
-        for (i, op) in g.ops.iter().enumerate() {
-            if let OpKind::Coll(c) = op.kind {
-                g.coll_parts[fill[c as usize] as usize] = i as OpId;
-                fill[c as usize] += 1;
-            }
-        }
+        // Three CSR layouts, each a stable counting sort, built side by side: successors
+        // by source; each stream's ops in issue order (`add_op` counted and linked them);
+        // each collective's parts in op order.
+        let edges = std::mem::take(&mut self.edges);
+        let (ops, colls, count) = (&g.ops, &g.colls, &self.count);
+        let ((succ, streams), parts) = rayon::join(
+            || {
+                rayon::join(
+                    || {
+                        let mut off = vec![0; n + 1];
+                        for &(d, _) in &edges {
+                            off[d as usize + 1] += 1;
+                        }
+                        counting_csr(off, edges.iter().copied())
+                    },
+                    || {
+                        let mut off = vec![0; ns + 1];
+                        off[1..].copy_from_slice(count);
+                        let items = ops.iter().enumerate().map(|(i, op)| (op.stream, i as OpId));
+                        counting_csr(off, items)
+                    },
+                )
+            },
+            || {
+                let mut off = vec![0; nc + 1];
+                for (i, c) in colls.iter().enumerate() {
+                    off[i + 1] = c.parts;
+                }
+                let items = ops
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, op)| match op.kind() {
+                        OpKind::Coll(c) => Some((c, i as OpId)),
+                        _ => None,
+                    });
+                counting_csr(off, items)
+            },
+        );
+        drop(edges);
+        (g.succ_off, g.succ) = succ;
+        (g.stream_off, g.stream_ops) = streams;
+        (g.coll_part_off, g.coll_parts) = parts;
         g.p2p_layout()?;
         Ok(self.g)
     }
+}
+
+/// A CSR layout by a stable counting sort: `off[k + 1]` holds how many of `items` (key,
+/// value) have key k; returns the offsets and the values grouped by key, each group in
+/// `items`' order.
+fn counting_csr(
+    mut off: Vec<u32>,
+    items: impl Iterator<Item = (u32, u32)>,
+) -> (Vec<u32>, Vec<u32>) {
+    for i in 1..off.len() {
+        off[i] += off[i - 1];
+    }
+    let mut fill = off.clone();
+    let mut vals = vec![0; off.last().copied().unwrap_or(0) as usize];
+    for (k, v) in items {
+        vals[fill[k as usize] as usize] = v;
+        fill[k as usize] += 1;
+    }
+    (off, vals)
 }
 
 impl Graph {
@@ -583,7 +636,7 @@ impl Graph {
     /// last arrival among it and its peers), so the time from `t.start` to this is the
     /// GPU's synchronisation wait; for any other op, its start.
     pub fn xfer_start(&self, t: &Timeline, op: OpId) -> Ps {
-        match self.ops[op as usize].kind {
+        match self.ops[op as usize].kind() {
             OpKind::Coll(c) if self.colls[c as usize].p2p.is_some() => {
                 let k = self.part_of(c, op);
                 std::iter::once(k)
@@ -595,6 +648,11 @@ impl Graph {
             OpKind::Coll(c) => t.coll_start[c as usize],
             _ => t.start[op as usize],
         }
+    }
+
+    /// True when `op` is the first op of `stream` (its own stream).
+    fn stream_first(&self, stream: StreamId, op: OpId) -> bool {
+        self.stream_ops[self.stream_off[stream as usize] as usize] == op
     }
 
     /// The ops of `stream` in issue order.
@@ -718,7 +776,7 @@ impl Sim<'_, '_> {
         }
         self.st[s as usize].busy = true;
         self.t.start[op as usize] = self.now;
-        match self.g.ops[op as usize].kind {
+        match self.g.ops[op as usize].kind() {
             OpKind::Compute(d) => self.push(self.now + d, u64::from(op)),
             OpKind::Send(x) => {
                 let x = self.g.xfers[x as usize];

@@ -277,7 +277,7 @@ mod prop {
                 for &d in &deps[i] {
                     prop_assert!(t.start[i] >= t.end[d as usize], "op {} starts before dep {}", i, d);
                 }
-                match op.kind {
+                match op.kind() {
                     OpKind::Compute(d) => prop_assert_eq!(t.end[i] - t.start[i], d),
                     OpKind::Send(x) => {
                         let x = g.xfers[x as usize];
@@ -576,4 +576,10 @@ mod differential {
         // Both outcomes are exercised.
         assert!(ok > 100 && stuck > 20, "{ok} finished, {stuck} stuck");
     }
+}
+
+/// An op is 24 bytes (a step holds hundreds of millions).
+#[test]
+fn an_op_is_24_bytes() {
+    assert_eq!(std::mem::size_of::<super::Op>(), 24);
 }

@@ -20,7 +20,7 @@ pub fn cp_comm_busy(sg: &StepGraph, t: &Timeline) -> Vec<Ps> {
         let s = sg.streams_per_gpu * gpu + StreamKind::CpComm as u32;
         for &o in g.stream_ops(s) {
             let (st, en) = (t.start[o as usize], t.end[o as usize]);
-            let from = match g.ops[o as usize].kind {
+            let from = match g.ops[o as usize].kind() {
                 OpKind::Coll(_) => g.xfer_start(t, o).max(st),
                 _ => st,
             };

@@ -13,6 +13,7 @@
 //! The pipeline bubble fraction is the mean idle share over GPUs. The straggler is the
 //! GPU with the most compute; "by how much" is its compute over the mean compute, minus 1.
 
+use rayon::prelude::*;
 use serde::Serialize;
 
 use crate::cost::memory::MemoryBreakdown;
@@ -93,9 +94,11 @@ pub struct StepReport {
 
 type Iv = (Ps, Ps);
 
+/// Sort and merge `v` into disjoint intervals. The lists here are a few sorted runs (one
+/// per stream), which the stable sort merges in linear time per run.
 fn union(v: &mut Vec<Iv>) {
     v.retain(|&(a, b)| b > a);
-    v.sort_unstable();
+    v.sort();
     let mut w = 0;
     for i in 0..v.len() {
         if w > 0 && v[i].0 <= v[w - 1].1 {
@@ -138,71 +141,107 @@ fn minus(a: &[Iv], b: &[Iv]) -> Ps {
     total
 }
 
-/// Measure the step.
-pub fn step_report(sg: &StepGraph, t: &Timeline, cost: &CostModel, step: u64) -> StepReport {
+/// Per-GPU scratch interval lists, reused across the GPUs one worker measures.
+#[derive(Default)]
+struct Scratch {
+    comp: Vec<Iv>,
+    act: Vec<Iv>,
+    wait: Vec<Iv>,
+    ca: Vec<Iv>,
+}
+
+/// One GPU's time split, and per micro-batch of its replica the first start and last end
+/// of its forward compute (`(Ps::MAX, 0)` when it has none).
+fn measure_gpu(
+    sg: &StepGraph,
+    t: &Timeline,
+    cap: u64,
+    gpu: u32,
+    w: &mut Scratch,
+) -> (GpuStats, Vec<Iv>) {
     let g = &sg.graph;
+    let map = sg.map;
+    let ga = map.par.ga;
+    let mut fwd = vec![(Ps::MAX, 0); ga as usize];
+    let Scratch {
+        comp,
+        act,
+        wait,
+        ca,
+    } = w;
+    comp.clear();
+    act.clear();
+    wait.clear();
+    let s0 = sg.streams_per_gpu * gpu;
+    for s in s0..s0 + sg.streams_per_gpu {
+        for &o in g.stream_ops(s) {
+            let op = &g.ops[o as usize];
+            let (st, en) = (t.start[o as usize], t.end[o as usize]);
+            if op.label.class.is_forward_compute() && u32::from(op.label.mb) < ga {
+                let f = &mut fwd[op.label.mb as usize];
+                *f = (f.0.min(st), f.1.max(en));
+            }
+            match op.kind() {
+                _ if s == s0 => comp.push((st, en)),
+                OpKind::Coll(_) => {
+                    let cs = g.xfer_start(t, o);
+                    wait.push((st, cs));
+                    act.push((cs, en));
+                }
+                _ => act.push((st, en)),
+            }
+        }
+    }
+    union(comp);
+    union(act);
+    union(wait);
+    let compute = measure(comp);
+    let exposed = minus(act, comp);
+    ca.clear();
+    ca.extend_from_slice(comp);
+    ca.extend_from_slice(act);
+    union(ca);
+    let sync_wait = minus(wait, ca);
+    let memory = sg.memory.get(gpu as usize).copied().unwrap_or_default();
+    let stats = GpuStats {
+        gpu,
+        node: map.place.node(gpu),
+        coords: map.coords(gpu),
+        compute,
+        exposed_comm: exposed,
+        sync_wait,
+        idle: t.makespan.saturating_sub(compute + exposed + sync_wait),
+        memory,
+        fits: memory.total() <= cap,
+    };
+    (stats, fwd)
+}
+
+/// Measure the step. GPUs are measured in parallel and gathered in GPU order; the
+/// micro-batch spans are a min / max over GPUs, so the report is the same at any thread
+/// count.
+pub fn step_report(sg: &StepGraph, t: &Timeline, cost: &CostModel, step: u64) -> StepReport {
     let map = sg.map;
     let n = map.gpus();
     let span = t.makespan;
     let cap = cost.hw.memory_bytes;
-    let mut gpus = Vec::with_capacity(n as usize);
-    let (mut comp, mut act, mut wait, mut ca) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for gpu in 0..n {
-        comp.clear();
-        act.clear();
-        wait.clear();
-        let s0 = sg.streams_per_gpu * gpu;
-        for &o in g.stream_ops(s0) {
-            comp.push((t.start[o as usize], t.end[o as usize]));
-        }
-        for s in s0 + 1..s0 + sg.streams_per_gpu {
-            for &o in g.stream_ops(s) {
-                let (st, en) = (t.start[o as usize], t.end[o as usize]);
-                match g.ops[o as usize].kind {
-                    OpKind::Coll(_) => {
-                        let cs = g.xfer_start(t, o);
-                        wait.push((st, cs));
-                        act.push((cs, en));
-                    }
-                    _ => act.push((st, en)),
-                }
-            }
-        }
-        union(&mut comp);
-        union(&mut act);
-        union(&mut wait);
-        let compute = measure(&comp);
-        let exposed = minus(&act, &comp);
-        ca.clear();
-        ca.extend_from_slice(&comp);
-        ca.extend_from_slice(&act);
-        union(&mut ca);
-        let sync_wait = minus(&wait, &ca);
-        let memory = sg.memory.get(gpu as usize).copied().unwrap_or_default();
-        gpus.push(GpuStats {
-            gpu,
-            node: map.place.node(gpu),
-            coords: map.coords(gpu),
-            compute,
-            exposed_comm: exposed,
-            sync_wait,
-            idle: span.saturating_sub(compute + exposed + sync_wait),
-            memory,
-            fits: memory.total() <= cap,
-        });
-    }
+    let measured: Vec<(GpuStats, Vec<Iv>)> = (0..n)
+        .into_par_iter()
+        .map_init(Scratch::default, |w, gpu| measure_gpu(sg, t, cap, gpu, w))
+        .collect();
     // Per micro-batch forward spans.
     let par = map.par;
     let key = |c: Coords, mb: u32| ((c.pp * par.dp + c.dp) * par.ga + mb) as usize;
     let nk = (par.pp * par.dp * par.ga) as usize;
     let (mut lo, mut hi) = (vec![Ps::MAX; nk], vec![0; nk]);
-    for (i, op) in g.ops.iter().enumerate() {
-        if op.label.class.is_forward_compute() && u32::from(op.label.mb) < par.ga {
-            let gpu = g.streams[op.stream as usize].gpu;
-            let k = key(map.coords(gpu), u32::from(op.label.mb));
-            lo[k] = lo[k].min(t.start[i]);
-            hi[k] = hi[k].max(t.end[i]);
+    let mut gpus = Vec::with_capacity(n as usize);
+    for (stats, fwd) in measured {
+        for (mb, &(a, b)) in fwd.iter().enumerate() {
+            let k = key(stats.coords, mb as u32);
+            lo[k] = lo[k].min(a);
+            hi[k] = hi[k].max(b);
         }
+        gpus.push(stats);
     }
     let mut microbatches = Vec::with_capacity(nk);
     for pp in 0..par.pp {

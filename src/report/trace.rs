@@ -55,7 +55,7 @@ pub fn chrome_trace(sg: &StepGraph, t: &Timeline, max_gpus: u32) -> String {
                 } else {
                     format!(" mb{}", op.label.mb)
                 };
-                let args = match op.kind {
+                let args = match op.kind() {
                     OpKind::Coll(_) => {
                         format!(",\"args\":{{\"wait_us\":{}}}", us(g.xfer_start(t, o) - st))
                     }

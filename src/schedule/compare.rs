@@ -564,7 +564,7 @@ mod tests {
         let mut ar = [(0, 0, 0); 2];
         for (i, o) in sg.graph.ops.iter().enumerate() {
             let g = gpu(o) as usize;
-            match o.kind {
+            match o.kind() {
                 OpKind::Compute(d) => {
                     if d > 0 {
                         mbs[g].insert(o.label.mb);
@@ -630,7 +630,7 @@ mod tests {
         let mut ar = Vec::new();
         for (i, o) in sg.graph.ops.iter().enumerate() {
             let g = gpu(o);
-            match o.kind {
+            match o.kind() {
                 OpKind::Coll(c) if o.label.class == OpClass::DpAllReduce => {
                     ar.push((g, t.coll_start[c as usize], t.end[i]));
                     continue;

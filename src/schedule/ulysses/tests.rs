@@ -118,7 +118,7 @@ fn balanced_batch_never_waits() {
     let (sg, t) = go(&c, par(2, 1, 4, 2), &batch);
     let mut colls = 0;
     for (i, op) in sg.graph.ops.iter().enumerate() {
-        if let OpKind::Coll(cid) = op.kind {
+        if let OpKind::Coll(cid) = op.kind() {
             colls += 1;
             assert_eq!(t.start[i], t.coll_start[cid as usize], "op {i} waited");
         }
@@ -134,7 +134,7 @@ fn balanced_batch_never_waits() {
             .stream_ops(4 * gpu + 3)
             .iter()
             .map(|&o| {
-                t2.coll_start[match sg2.graph.ops[o as usize].kind {
+                t2.coll_start[match sg2.graph.ops[o as usize].kind() {
                     OpKind::Coll(c) => c as usize,
                     _ => unreachable!(),
                 }] - t2.start[o as usize]
@@ -334,7 +334,7 @@ fn runtime_variance_reaches_every_kernel() {
             .stream_ops(4 * gpu + 1)
             .iter()
             .map(|&o| {
-                let OpKind::Coll(cid) = sg.graph.ops[o as usize].kind else {
+                let OpKind::Coll(cid) = sg.graph.ops[o as usize].kind() else {
                     return 0;
                 };
                 t.coll_start[cid as usize] - t.start[o as usize]
@@ -527,7 +527,7 @@ fn colls_of(sg: &StepGraph, gpu: u32, class: OpClass) -> Vec<(OpLabel, Vec<Xfer>
         .flat_map(|s| sg.graph.stream_ops(s).to_vec())
         .filter_map(|o| {
             let op = &sg.graph.ops[o as usize];
-            match op.kind {
+            match op.kind() {
                 OpKind::Coll(c) if op.label.class == class => {
                     Some((op.label, sg.graph.coll_xfers(c).to_vec()))
                 }
