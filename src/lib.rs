@@ -11,6 +11,7 @@ pub mod cluster;
 pub mod cost;
 pub mod engine;
 pub mod error;
+pub mod experiment;
 pub mod net;
 pub mod plan;
 pub mod report;

@@ -157,7 +157,7 @@ proptest! {
             if let Ok(doc) = toml::from_str::<toml::Table>(&text) {
                 let _ = super::run::check_schema(path, &text, &doc);
             }
-            let _ = super::exp_variance::simulate(&text, "fuzz.toml");
+            let _ = skewsim::experiment::variance::simulate(&text, "fuzz.toml");
         });
     }
 

@@ -5,13 +5,15 @@
 
 use std::time::Instant;
 
-use anyhow::{bail, Result};
-use serde::Serialize;
+use anyhow::Result;
 
+use skewsim::experiment::study::{
+    check_pool_sizes, check_target, theory_report, trial_loads, TheoryReport,
+};
 use skewsim::report::table::{sig, Table};
-use skewsim::theory::{self, Comparison, LoadStats};
+use skewsim::theory;
 
-use super::pools::{check_pool_sizes, progress, resolve_source, trial_loads, SourceArgs};
+use super::pools::{progress, resolve_source, SourceArgs};
 use super::Output;
 
 #[derive(clap::Args)]
@@ -41,29 +43,9 @@ pub struct Args {
     pub packing: String,
 }
 
-#[derive(Serialize)]
-struct Report {
-    source: String,
-    seq_len: u32,
-    gbs: usize,
-    trials: u64,
-    seed: u64,
-    load: LoadStats,
-    rows: Vec<Comparison>,
-    target: f64,
-    /// Smallest listed P meeting the target by Eq. 4 / by Monte Carlo (null: none does).
-    recommended_by_bound: Option<usize>,
-    recommended_by_mc: Option<usize>,
-}
-
 pub fn run(args: Args, out: Output) -> Result<()> {
     let t0 = Instant::now();
-    if !(args.target.is_finite() && args.target >= 0.0) {
-        bail!(
-            "invalid --target = {}: a residual imbalance R − 1 ≥ 0",
-            args.target
-        );
-    }
+    check_target(args.target)?;
     check_pool_sizes(&args.pool_sizes, args.gbs)?;
     let src = resolve_source(&args.source, args.seq_len, &args.packing, args.gbs)?;
     eprintln!(
@@ -74,24 +56,18 @@ pub fn run(args: Args, out: Output) -> Result<()> {
     );
     let loads = trial_loads(&src, args.gbs, args.trials, args.seed)?;
     progress("batches ready; Monte Carlo", t0);
-    let (load, rows) = theory::compare(&loads, &args.pool_sizes, args.seed)?;
-    let (by_bound, by_mc) = theory::recommend(&rows, args.target);
-    let report = Report {
-        source: src.name().to_string(),
-        seq_len: src.seq_len(),
-        gbs: args.gbs,
-        trials: args.trials,
-        seed: args.seed,
-        load,
-        rows,
-        target: args.target,
-        recommended_by_bound: by_bound,
-        recommended_by_mc: by_mc,
-    };
+    let report = theory_report(
+        &src,
+        &loads,
+        args.gbs,
+        &args.pool_sizes,
+        args.seed,
+        args.target,
+    )?;
     out.emit(&report, || text(&report))
 }
 
-fn text(r: &Report) -> String {
+fn text(r: &TheoryReport) -> String {
     let mut t = Table::new([
         "P",
         "K",

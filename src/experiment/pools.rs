@@ -33,19 +33,18 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 
-use skewsim::balance::Policy;
-use skewsim::report::svg::{palette, Chart, Mark, Scale, Series};
-use skewsim::report::table::{sig, Table};
+use crate::balance::Policy;
+use crate::error::{bail, Context, Result};
+use crate::report::svg::{palette, Chart, Mark, Scale, Series};
+use crate::report::table::{sig, Table};
 
-use super::corpus::load_corpus;
-use super::pools::{
-    chart, check_pool_sizes, parse_policies, study, trial_loads, write, Source, Study,
-    DEFAULT_SEQ_LEN,
+use super::inputs::load_corpus;
+use super::study::{
+    chart, check_pool_sizes, parse_policies, study, trial_loads, Source, Study, DEFAULT_SEQ_LEN,
 };
-use super::Output;
+use super::{Observer, Outcome};
 
 #[derive(Deserialize, Debug)]
 #[serde(deny_unknown_fields)]
@@ -123,8 +122,9 @@ pub struct Outputs {
     pub studies: Vec<(String, Study)>,
 }
 
-/// Runs the experiment (no file I/O except reading trace corpora).
-pub fn execute(spec: &Spec, verbose: bool) -> Result<Outputs> {
+/// Runs the experiment (no file I/O except reading trace corpora); a progress line per
+/// (corpus, D) goes to `observer`, which may cancel between them.
+pub fn execute(spec: &Spec, observer: &dyn Observer) -> Result<Outputs> {
     let t0 = Instant::now();
     let policies = parse_policies(&spec.policies)?;
     let packing = spec.packing.parse()?;
@@ -141,15 +141,16 @@ pub fn execute(spec: &Spec, verbose: bool) -> Result<Outputs> {
             packing,
         };
         for &gbs in &spec.gbs {
+            if observer.cancelled() {
+                return Err(crate::Error::Cancelled);
+            }
             let loads = trial_loads(&src, gbs, spec.trials, spec.seed)?;
             let st = study(&src, &loads, gbs, &spec.pool_sizes, &policies, spec.seed)?;
-            if verbose {
-                eprintln!(
-                    "skewsim: {} at D = {gbs} done ({:.1} s)",
-                    c.name,
-                    t0.elapsed().as_secs_f64()
-                );
-            }
+            observer.progress(&format!(
+                "{} at D = {gbs} done ({:.1} s)",
+                c.name,
+                t0.elapsed().as_secs_f64()
+            ));
             studies.push((c.name.clone(), st));
         }
     }
@@ -420,26 +421,21 @@ fn summary(spec: &Spec, studies: &[(String, Study)], charts: &BTreeMap<String, S
     s
 }
 
-/// `skewsim run FILE` for kind = "pools".
-pub fn run(file: &Path, text: &str, dir: &Path, out: Output) -> Result<()> {
-    let name = file.display().to_string();
-    let spec = parse(&name, text)?;
-    let t0 = Instant::now();
-    let o = execute(&spec, true)?;
-    for (f, body) in &o.files {
-        write(&dir.join(f), body)?;
-    }
-    eprintln!(
-        "skewsim: {} written to {} ({:.1} s)",
-        o.files.keys().cloned().collect::<Vec<_>>().join(", "),
-        dir.display(),
-        t0.elapsed().as_secs_f64()
-    );
+/// Run the experiment of kind `pools` in `text` (`file` names it in messages).
+pub fn run(file: &Path, text: &str, observer: &dyn Observer) -> Result<Outcome> {
+    let spec = parse(&file.display().to_string(), text)?;
+    let o = execute(&spec, observer)?;
     let summary = o.files.get("summary.md").cloned().unwrap_or_default();
     let json: Vec<serde_json::Value> = o
         .studies
         .iter()
         .map(|(n, st)| serde_json::json!({"corpus": n, "study": st}))
         .collect();
-    out.emit(&json, || summary)
+    Ok(Outcome {
+        kind: spec.kind,
+        files: o.files.into_iter().collect(),
+        points_file: "results.csv",
+        summary,
+        json: Some(serde_json::to_string_pretty(&json)?),
+    })
 }

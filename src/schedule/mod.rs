@@ -4,7 +4,7 @@
 //! Owns the parallel layout ([`Parallelism`]: TP × CP × DP × PP and EP, gradient
 //! accumulation, GPipe or 1F1B, recomputation, ZeRO stage, gradient buckets), the rank
 //! placement ([`Placement`], [`RankMap`]), the seam for runtime variance
-//! ([`RuntimeVariance`]) and the step builder ([`ulysses`]). Durations come from `cost/`
+//! ([`RuntimeVariance`]) and the step builder ([`step`]). Durations come from `cost/`
 //! only; time from `engine/` only. It does no I/O.
 //!
 //! Placement rule (Megatron-Core's order): TP innermost (a TP group sits inside one NVLink
@@ -21,8 +21,8 @@ pub mod compare;
 pub mod plan_attn;
 pub mod plan_step;
 pub mod stage;
+pub mod step;
 pub mod train;
-pub mod ulysses;
 
 use serde::{Deserialize, Serialize};
 
