@@ -65,7 +65,7 @@ pub enum Command {
     /// Check a plan file: every query attended once per head, every KV group delivered,
     /// FLOPs = the exact causal total.
     CheckPlan(check_plan::Args),
-    /// Run plans on a real GPU, measure them, write a measurement CSV (issue 7).
+    /// Run plans on a real GPU, measure them, write a measurement CSV.
     Validate(validate::Args),
     /// Fit the cost model's kernel table, launch, copy and jitter terms to measurements.
     Calibrate(calibrate::Args),

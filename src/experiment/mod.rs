@@ -83,8 +83,12 @@ impl<'a> Progress<'a> {
         Ok(())
     }
 
-    /// Count one finished job.
+    /// Count one finished job (nothing is reported once the run is cancelled: its
+    /// remaining jobs return at once).
     pub(crate) fn tick(&self) {
+        if self.observer.cancelled() {
+            return;
+        }
         let k = self.done.fetch_add(1, Ordering::Relaxed) + 1;
         self.observer
             .progress(&format!("{k}/{} {}", self.total, self.what));
@@ -208,5 +212,87 @@ pub fn run_text(
         "runtime-variance" => variance::run(path, text),
         "train" => train::run_text(text, &file, &title, base, calibration, observer),
         _ => Ok(schemes::run_text(text, &file, &title, base, calibration, observer)?.outcome(kind)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+
+    /// Cancels once it has seen `after` progress lines.
+    struct StopAfter {
+        after: usize,
+        seen: AtomicUsize,
+        asked: AtomicBool,
+    }
+
+    impl Observer for StopAfter {
+        fn progress(&self, _line: &str) {
+            self.seen.fetch_add(1, Ordering::Relaxed);
+        }
+        fn cancelled(&self) -> bool {
+            self.asked.store(true, Ordering::Relaxed);
+            self.seen.load(Ordering::Relaxed) >= self.after
+        }
+    }
+
+    #[test]
+    fn a_cancelled_sweep_stops_before_its_points() {
+        for (file, text) in [
+            (
+                "experiments/four-way.toml",
+                include_str!("../../experiments/four-way.toml"),
+            ),
+            (
+                "experiments/libra-fig8.toml",
+                include_str!("../../experiments/libra-fig8.toml"),
+            ),
+        ] {
+            let obs = StopAfter {
+                after: 0,
+                seen: AtomicUsize::new(0),
+                asked: AtomicBool::new(false),
+            };
+            let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
+            let e = run_text(&path, text, None, &obs).unwrap_err();
+            assert_eq!(e, Error::Cancelled, "{file}");
+            assert!(obs.asked.load(Ordering::Relaxed), "{file}");
+            assert_eq!(obs.seen.load(Ordering::Relaxed), 0, "{file}: no point ran");
+        }
+        // Cancelled after its first point, a sweep runs no more than the points in flight.
+        let obs = StopAfter {
+            after: 1,
+            seen: AtomicUsize::new(0),
+            asked: AtomicBool::new(false),
+        };
+        let file = "experiments/libra-fig8.toml";
+        let text = include_str!("../../experiments/libra-fig8.toml");
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
+        assert_eq!(
+            run_text(&path, text, None, &obs).unwrap_err(),
+            Error::Cancelled
+        );
+        assert_eq!(obs.seen.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn unknown_kinds_and_schema_errors_are_typed() {
+        let e = run_text(Path::new("x.toml"), "kind = \"nope\"\n", None, &Quiet).unwrap_err();
+        assert!(
+            matches!(&e, Error::Spec(m) if KINDS.iter().all(|k| m.contains(k))),
+            "{e}"
+        );
+        let e = run_text(
+            Path::new("x.toml"),
+            "kind = \"pools\"\n",
+            Some(Path::new("cal.json")),
+            &Quiet,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&e, Error::Spec(m) if m.starts_with("--calibration")),
+            "{e}"
+        );
     }
 }
