@@ -2,7 +2,7 @@
 //! so the CLI can print it as is (`anyhow` lives only in the binary).
 //!
 //! [`Context`] adds what the caller was doing (a file, a table, a point) to any error;
-//! [`bail!`] refuses an experiment specification with a message that names the field and
+//! `bail!` refuses an experiment specification with a message that names the field and
 //! what is allowed.
 
 /// Result with the library's [`Error`].
@@ -44,6 +44,27 @@ pub enum Error {
         context: String,
         /// What went wrong there.
         cause: Box<Error>,
+    },
+    /// A step's op graph cannot finish: the op at the head of a GPU stream waits on
+    /// something that never happens (a dependency cycle, or a collective whose parts are
+    /// not all issued).
+    #[error(
+        "invalid op graph = op {op} ({class} mb {mb} layer {layer}) on GPU {gpu} {stream} never \
+         ran: a graph whose dependencies and collectives can all be met (no deadlock)"
+    )]
+    Deadlock {
+        /// The stuck op's id in its graph.
+        op: u32,
+        /// Its class (`attn_fwd`, `a2a_in`, ...).
+        class: &'static str,
+        /// Its micro-batch (65535 for step-level ops).
+        mb: u16,
+        /// Its layer (65535 for ops that are not per layer).
+        layer: u16,
+        /// The GPU whose stream it heads.
+        gpu: u32,
+        /// The stream's kind (`compute`, `cp`, ...).
+        stream: &'static str,
     },
     /// The caller asked a running experiment to stop (checked between sweep points).
     #[error("cancelled")]

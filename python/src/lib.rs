@@ -51,7 +51,11 @@ fn to_py(py: Python<'_>, e: Error) -> PyErr {
             field,
             value,
             allowed,
-        } => (Some(field.clone()), Some(value.clone()), Some(allowed.clone())),
+        } => (
+            Some(field.clone()),
+            Some(value.clone()),
+            Some(allowed.clone()),
+        ),
         _ => (None, None, None),
     };
     let _ = value.setattr("field", field);
@@ -110,7 +114,13 @@ fn run_text(
     let o = interruptible(py, |obs| {
         experiment::run_text(&path, &text, calibration.as_deref(), obs)
     })?;
-    Ok((o.kind, o.files, o.points_file.to_string(), o.summary, o.json))
+    Ok((
+        o.kind,
+        o.files,
+        o.points_file.to_string(),
+        o.summary,
+        o.json,
+    ))
 }
 
 /// Convert an experiment given as JSON (a Python dict) to TOML text.
@@ -166,13 +176,7 @@ fn pools(
     interruptible(py, |_| {
         let policies = parse_policies(&policies)?;
         check_pool_sizes(&pool_sizes, gbs)?;
-        let src = resolve_source(
-            corpus.as_deref(),
-            packed.as_deref(),
-            seq_len,
-            &packing,
-            gbs,
-        )?;
+        let src = resolve_source(corpus.as_deref(), packed.as_deref(), seq_len, &packing, gbs)?;
         let loads = trial_loads(&src, gbs, trials, seed)?;
         let st = study(&src, &loads, gbs, &pool_sizes, &policies, seed)?;
         Ok(serde_json::to_string(&st)?)
@@ -198,13 +202,7 @@ fn theory(
     interruptible(py, |_| {
         check_target(target)?;
         check_pool_sizes(&pool_sizes, gbs)?;
-        let src = resolve_source(
-            corpus.as_deref(),
-            packed.as_deref(),
-            seq_len,
-            &packing,
-            gbs,
-        )?;
+        let src = resolve_source(corpus.as_deref(), packed.as_deref(), seq_len, &packing, gbs)?;
         let loads = trial_loads(&src, gbs, trials, seed)?;
         let r = theory_report(&src, &loads, gbs, &pool_sizes, seed, target)?;
         Ok(serde_json::to_string(&r)?)

@@ -93,9 +93,27 @@ def test_errors_name_the_field_and_the_allowed_values():
 def test_ctrl_c_stops_a_sweep_between_points(monkeypatch):
     monkeypatch.chdir(ROOT)
     # (That the library stops between points is tested in Rust, `experiment::tests`.)
-    threading.Timer(0.5, _thread.interrupt_main).start()
-    with pytest.raises(KeyboardInterrupt):
-        skewsim.run("experiments/four-way.toml")
+    # Ctrl-C, pressed every 0.2 s from 0.5 s on until the run has raised.
+    stop = threading.Event()
+
+    def press():
+        stop.wait(0.5)
+        while not stop.is_set():
+            _thread.interrupt_main()
+            stop.wait(0.2)
+
+    presser = threading.Thread(target=press)
+    presser.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            skewsim.run("experiments/four-way.toml")
+    finally:
+        stop.set()
+        while presser.is_alive():
+            try:
+                presser.join()
+            except KeyboardInterrupt:
+                pass
     assert skewsim.run_files("experiments/runtime-variance.toml").kind == "runtime-variance"
 
 

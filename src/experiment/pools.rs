@@ -46,21 +46,33 @@ use super::study::{
 };
 use super::{Observer, Outcome};
 
+/// An experiment file of kind `pools`: the pool study over corpora × global batch sizes.
 #[derive(Deserialize, Debug)]
 #[serde(deny_unknown_fields)]
 pub struct Spec {
+    /// Always `pools`.
     pub kind: String,
+    /// Heads the summary.
     pub title: String,
+    /// Seed of every stream.
     pub seed: u64,
+    /// Monte-Carlo trials (global batches) per (corpus, D).
     pub trials: u64,
+    /// Packing of corpus documents: sequential, best-fit or best-fit:W.
     #[serde(default = "sequential")]
     pub packing: String,
+    /// Global batch sizes D.
     pub gbs: Vec<usize>,
+    /// Pool sizes P; each must divide every D.
     pub pool_sizes: Vec<usize>,
+    /// Grouping policies (random, production, zigzag, zigzag-swap, vrsp, lpt).
     pub policies: Vec<String>,
+    /// Copied into the summary after the tables.
     #[serde(default)]
     pub discussion: String,
+    /// The corpora studied (`[[corpus]]`).
     pub corpus: Vec<CorpusSpec>,
+    /// The paper's figures, drawn beside ours (`[[paper]]`).
     #[serde(default)]
     pub paper: Vec<PaperPoint>,
     /// The experiment's name (the file's stem), set by [`parse`].
@@ -72,21 +84,31 @@ fn sequential() -> String {
     "sequential".into()
 }
 
+/// One `[[corpus]]` entry.
 #[derive(Deserialize, Debug, Clone)]
 #[serde(deny_unknown_fields)]
 pub struct CorpusSpec {
+    /// A built-in corpus, a parametric spec or a trace file.
     pub name: String,
+    /// Sequence length L (default: the corpus's own, else 131072).
     pub seq_len: Option<u32>,
 }
 
+/// A figure the paper reports, for comparison (`[[paper]]`).
 #[derive(Deserialize, Debug, Clone)]
 #[serde(deny_unknown_fields)]
 pub struct PaperPoint {
+    /// The corpus it belongs to.
     pub corpus: String,
+    /// Global batch size D.
     pub gbs: usize,
+    /// Pool size P.
     pub pool_size: usize,
+    /// Grouping policy.
     pub policy: String,
+    /// The reported R − 1.
     pub r_minus_1: f64,
+    /// Where the paper reports it (figure, table, section).
     pub source: String,
 }
 
@@ -118,7 +140,9 @@ pub fn parse(name: &str, text: &str) -> Result<Spec> {
 
 /// Everything one run produces, in memory: file name → contents.
 pub struct Outputs {
+    /// File name → contents.
     pub files: BTreeMap<String, String>,
+    /// (corpus, study) per (corpus, D), in the file's order.
     pub studies: Vec<(String, Study)>,
 }
 

@@ -327,7 +327,7 @@ fn parse(text: &str, file: &str) -> Result<CompareFile> {
     toml::from_str(text).with_context(|| format!("{file}: not a valid comparison experiment"))
 }
 
-/// Check `text` against the comparison kinds' schema (as [`run`] does) without running it.
+/// Check `text` against the comparison kinds' schema (as [`super::run_text`] does) without running it.
 pub fn check(text: &str, file: &str) -> Result<()> {
     parse(text, file).map(|_| ())
 }

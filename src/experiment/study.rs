@@ -121,30 +121,41 @@ pub fn theory_report(
 
 /// Where a study's global batches come from.
 pub enum Source {
+    /// Documents of a corpus packed into global batches.
     Corpus {
+        /// The document stream.
         corpus: Corpus,
+        /// Sequence length L.
         seq_len: u32,
+        /// How documents are packed.
         packing: Packing,
     },
+    /// Pre-packed sequences (a `--packed` file).
     Packed {
+        /// The file it came from.
         name: String,
+        /// The sequences, the batch's first D of them.
         seqs: Vec<PackedSeq>,
+        /// Sequence length L.
         seq_len: u32,
     },
 }
 
 impl Source {
+    /// The corpus's or file's name.
     pub fn name(&self) -> &str {
         match self {
             Source::Corpus { corpus, .. } => corpus.name(),
             Source::Packed { name, .. } => name,
         }
     }
+    /// Sequence length L.
     pub fn seq_len(&self) -> u32 {
         match self {
             Source::Corpus { seq_len, .. } | Source::Packed { seq_len, .. } => *seq_len,
         }
     }
+    /// The packing (`pre-packed` for a packed file).
     pub fn packing(&self) -> String {
         match self {
             Source::Corpus { packing, .. } => packing.to_string(),
@@ -333,8 +344,11 @@ pub fn check_pool_sizes(pool_sizes: &[usize], gbs: usize) -> Result<()> {
 /// One row of the result table.
 #[derive(Serialize, Clone, Debug)]
 pub struct Row {
+    /// Pool size P.
     pub pool_size: usize,
+    /// Pools per global batch, K = D / P.
     pub pools: usize,
+    /// Grouping policy.
     pub policy: Policy,
     /// R − 1 over trials.
     pub r_minus_1: theory::Spread,
@@ -353,14 +367,21 @@ pub struct Row {
 /// The whole result of one study.
 #[derive(Serialize, Clone, Debug)]
 pub struct Study {
+    /// The corpus or packed file.
     pub source: String,
+    /// Sequence length L.
     pub seq_len: u32,
+    /// Global batch size D.
     pub gbs: usize,
+    /// The packing.
     pub packing: String,
+    /// Monte-Carlo trials.
     pub trials: u64,
+    /// Seed of every stream.
     pub seed: u64,
     /// Moments of every per-sequence load of every trial.
     pub load: theory::LoadStats,
+    /// One row per (P, policy).
     pub rows: Vec<Row>,
 }
 

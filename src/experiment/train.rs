@@ -372,7 +372,7 @@ fn parse(text: &str, file: &str) -> Result<TrainFile> {
     Ok(f)
 }
 
-/// Check `text` against the `train` schema (as [`run`] does) without running it.
+/// Check `text` against the `train` schema (as [`super::run_text`] does) without running it.
 pub fn check(text: &str, file: &str) -> Result<()> {
     parse(text, file).map(|_| ())
 }
