@@ -2,6 +2,7 @@
 specs as dicts, typed errors, Ctrl-C and the GIL."""
 
 import _thread
+import signal
 import subprocess
 import sys
 import threading
@@ -93,7 +94,9 @@ def test_errors_name_the_field_and_the_allowed_values():
 def test_ctrl_c_stops_a_sweep_between_points(monkeypatch):
     monkeypatch.chdir(ROOT)
     # (That the library stops between points is tested in Rust, `experiment::tests`.)
-    # Ctrl-C, pressed every 0.2 s from 0.5 s on until the run has raised.
+    # Python's own Ctrl-C handler, also where the test runs in the background (SIGINT
+    # ignored); Ctrl-C pressed every 0.2 s from 0.5 s on until the run has raised.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     stop = threading.Event()
 
     def press():
@@ -114,6 +117,7 @@ def test_ctrl_c_stops_a_sweep_between_points(monkeypatch):
                 presser.join()
             except KeyboardInterrupt:
                 pass
+        signal.signal(signal.SIGINT, previous)
     assert skewsim.run_files("experiments/runtime-variance.toml").kind == "runtime-variance"
 
 
