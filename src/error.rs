@@ -1,11 +1,16 @@
 //! The library's typed errors. Every variant names what was wrong and what is allowed,
 //! so the CLI can print it as is (`anyhow` lives only in the binary).
+//!
+//! [`Context`] adds what the caller was doing (a file, a table, a point) to any error;
+//! `bail!` refuses an experiment specification with a message that names the field and
+//! what is allowed.
 
 /// Result with the library's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// An error the core reports about its input.
 #[derive(Debug, thiserror::Error, PartialEq)]
+#[non_exhaustive]
 pub enum Error {
     /// A value out of its allowed range or set.
     #[error("invalid {field} = {value}: {allowed}")]
@@ -25,7 +30,129 @@ pub enum Error {
         /// What went wrong and where (line, field).
         message: String,
     },
+    /// An experiment specification refused: the message names the file, the field, the
+    /// value and what is allowed.
+    #[error("{0}")]
+    Spec(String),
+    /// A file the specification names could not be read.
+    #[error("{0}")]
+    Io(String),
+    /// An error with what the caller was doing when it happened.
+    #[error("{context}: {cause}")]
+    Context {
+        /// The file, table or point being worked on.
+        context: String,
+        /// What went wrong there.
+        cause: Box<Error>,
+    },
+    /// A step's op graph cannot finish: the op at the head of a GPU stream waits on
+    /// something that never happens (a dependency cycle, or a collective whose parts are
+    /// not all issued).
+    #[error(
+        "invalid op graph = op {op} ({class} mb {mb} layer {layer}) on GPU {gpu} {stream} never \
+         ran: a graph whose dependencies and collectives can all be met (no deadlock)"
+    )]
+    Deadlock {
+        /// The stuck op's id in its graph.
+        op: u32,
+        /// Its class (`attn_fwd`, `a2a_in`, ...).
+        class: &'static str,
+        /// Its micro-batch (65535 for step-level ops).
+        mb: u16,
+        /// Its layer (65535 for ops that are not per layer).
+        layer: u16,
+        /// The GPU whose stream it heads.
+        gpu: u32,
+        /// The stream's kind (`compute`, `cp`, ...).
+        stream: &'static str,
+    },
+    /// The caller asked a running experiment to stop (checked between sweep points).
+    #[error("cancelled")]
+    Cancelled,
 }
+
+impl Error {
+    /// The innermost error under any [`Error::Context`]: the one that names the field.
+    pub fn root(&self) -> &Error {
+        match self {
+            Error::Context { cause, .. } => cause.root(),
+            e => e,
+        }
+    }
+}
+
+impl From<std::io::Error> for Error {
+    fn from(e: std::io::Error) -> Self {
+        Error::Io(e.to_string())
+    }
+}
+
+/// Formatting into a `String` (`write!`), which cannot fail in practice.
+impl From<std::fmt::Error> for Error {
+    fn from(e: std::fmt::Error) -> Self {
+        Error::Io(e.to_string())
+    }
+}
+
+impl From<toml::de::Error> for Error {
+    fn from(e: toml::de::Error) -> Self {
+        Error::Spec(e.to_string())
+    }
+}
+
+impl From<serde_json::Error> for Error {
+    fn from(e: serde_json::Error) -> Self {
+        Error::Spec(e.to_string())
+    }
+}
+
+/// Adds what the caller was doing to an error, as `anyhow::Context` does in a binary.
+pub trait Context<T> {
+    /// Wrap the error in [`Error::Context`] with `context`.
+    fn context(self, context: impl std::fmt::Display) -> Result<T>;
+    /// Wrap the error in [`Error::Context`] with the context `f` builds (only on error).
+    fn with_context<C: std::fmt::Display>(self, f: impl FnOnce() -> C) -> Result<T>;
+}
+
+impl<T, E: Into<Error>> Context<T> for std::result::Result<T, E> {
+    fn context(self, context: impl std::fmt::Display) -> Result<T> {
+        self.map_err(|e| Error::Context {
+            context: context.to_string(),
+            cause: Box::new(e.into()),
+        })
+    }
+    fn with_context<C: std::fmt::Display>(self, f: impl FnOnce() -> C) -> Result<T> {
+        self.map_err(|e| Error::Context {
+            context: f().to_string(),
+            cause: Box::new(e.into()),
+        })
+    }
+}
+
+impl<T> Context<T> for Option<T> {
+    fn context(self, context: impl std::fmt::Display) -> Result<T> {
+        self.ok_or_else(|| Error::Spec(context.to_string()))
+    }
+    fn with_context<C: std::fmt::Display>(self, f: impl FnOnce() -> C) -> Result<T> {
+        self.ok_or_else(|| Error::Spec(f().to_string()))
+    }
+}
+
+/// An [`Error::Spec`] with a formatted message.
+macro_rules! spec_error {
+    ($($t:tt)*) => {
+        $crate::error::Error::Spec(format!($($t)*))
+    };
+}
+pub(crate) use spec_error;
+
+/// Return an [`Error::Spec`] with a formatted message.
+macro_rules! bail {
+    ($($t:tt)*) => {
+        return Err($crate::error::spec_error!($($t)*))
+    };
+}
+pub(crate) use bail;
 
 /// Shorthand for [`Error::Invalid`].
 pub fn invalid(

@@ -2,15 +2,20 @@
 //! long-context LLM training, and of the four schemes that fight it (DeepSpeed Ulysses,
 //! WLB-LLM, DistCA, Libra).
 //!
-//! The library is the pure core: it does no file, network or device I/O (the `skewsim`
-//! binary and `report` are the edges). See `ARCHITECTURE.md` for the code map and the
+//! The core does no file, network or device I/O; `experiment` (whole experiments: a spec
+//! in, its files and points out) reads the files a spec names and writes none. The `skewsim`
+//! binary and the Python package are the edges. [`experiment::run_text`] is the entry point
+//! for a whole experiment; `ARCHITECTURE.md` has the code map, the entry points and the
 //! invariants every module keeps.
+
+#![warn(missing_docs)]
 
 pub mod balance;
 pub mod cluster;
 pub mod cost;
 pub mod engine;
 pub mod error;
+pub mod experiment;
 pub mod net;
 pub mod plan;
 pub mod report;

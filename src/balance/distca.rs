@@ -6,7 +6,7 @@
 //! `cost/` formulas or `grouping.rs`; FLOPs and bytes come from [`AttnShape`] only.
 //!
 //! Two schedulers ([`DistcaScheduler`]): the public repository's planner on its mirrored
-//! layout ([`reference`], the arm `distca`), and the one this page describes, skewsim's
+//! layout ([`reference`](mod@reference), the arm `distca`), and the one this page describes, skewsim's
 //! *tight* scheduler (`distca:tight`). [`schedule_step`] and [`schedule_nanos`] pick by
 //! [`DistcaConfig::scheduler`].
 //!
@@ -155,7 +155,7 @@ pub const DEFAULT_EPSILON: f64 = 0.10;
 /// Which core-attention scheduler plans a DistCA step.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum DistcaScheduler {
-    /// The public repository's planner on its mirrored head/tail layout ([`reference`]):
+    /// The public repository's planner on its mirrored head/tail layout ([`reference`](mod@reference)):
     /// the arm `distca`.
     #[default]
     Reference,

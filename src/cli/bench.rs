@@ -273,9 +273,9 @@ fn vrsp_1m() -> Result<Timed> {
 
 fn fig8() -> Result<Timed> {
     let text = include_str!("../../experiments/libra-fig8.toml");
-    let spec = super::exp_pools::parse("experiments/libra-fig8.toml", text)?;
+    let spec = skewsim::experiment::pools::parse("experiments/libra-fig8.toml", text)?;
     Ok(Box::new(move || {
-        let o = super::exp_pools::execute(&spec, false)?;
+        let o = skewsim::experiment::pools::execute(&spec, &skewsim::experiment::Quiet)?;
         let rows: usize = o.studies.iter().map(|(_, s)| s.rows.len()).sum();
         Ok(format!(
             "{rows} (corpus, P, policy) cells, {} files",

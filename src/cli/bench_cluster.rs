@@ -1,4 +1,4 @@
-//! Benchmark arms of the cluster model (issue 3), registered in `bench::ARMS`: topology
+//! Benchmark arms of the cluster model, registered in `bench::ARMS`: topology
 //! build + routing at 16,384 GPUs (`topo-16k`), the flow model's event rate on a 4,096-GPU
 //! all-to-all (`flow-a2a-4096`: 64 rounds; `flow-a2a-4096-full`: all 4,095), and how one
 //! rate recomputation's cost grows with the number of active flows

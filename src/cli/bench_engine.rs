@@ -19,8 +19,8 @@ use skewsim::engine::{
 };
 use skewsim::net::{AnalyticalModel, FlowModel, NetworkModel};
 use skewsim::report::step::step_report;
+use skewsim::schedule::step::build_step;
 use skewsim::schedule::train::split_replicas;
-use skewsim::schedule::ulysses::build_step;
 use skewsim::schedule::{NoVariance, Parallelism, PipelineKind, Placement, RankMap};
 use skewsim::workload::corpus::Corpus;
 use skewsim::workload::pack::{global_batch, Packing};

@@ -1,4 +1,4 @@
-//! Libra's benchmark arms (issue 5): TAP placement of one 1M-token pool at P = 8, CP = 16,
+//! Libra's benchmark arms: TAP placement of one 1M-token pool at P = 8, CP = 16,
 //! B = 4096, H = 4 (target < 50 ms: Libra runs it on the CPU once per iteration), and,
 //! for context, the exchange build and the plan checker on the same pool.
 //!

@@ -1,5 +1,5 @@
 //! `skewsim calibrate --measurements m.csv -o calibration.json`: fit the cost model to GPU
-//! measurements (issue 7, "Calibration").
+//! measurements.
 //!
 //! Reads measurement CSVs (`skewsim validate`) and PyTorch-profiler Chrome traces
 //! (`--trace`, FlashAttention forward kernels joined to their shapes by

@@ -1,14 +1,12 @@
 //! `skewsim corpus NAME|FILE`: document-length statistics of a corpus and, after packing to
 //! L, the spread of the per-sequence attention load.
 
-use std::path::Path;
+use anyhow::Result;
 
-use anyhow::{Context, Result};
-use serde::Serialize;
-
+use skewsim::experiment::inputs::load_corpus;
+use skewsim::experiment::study::corpus_report;
 use skewsim::workload::corpus::Corpus;
-use skewsim::workload::pack::{global_batch, Packing};
-use skewsim::workload::stats::{length_stats, pack_stats, LengthStats, PackStats};
+use skewsim::workload::pack::Packing;
 
 use super::{limits, Output};
 
@@ -36,24 +34,6 @@ pub struct Args {
     pub seed: u64,
 }
 
-/// Load a corpus: a trace file if `spec` names an existing file, else a built-in name or a
-/// parametric spec.
-pub fn load_corpus(spec: &str) -> Result<Corpus> {
-    let path = Path::new(spec);
-    if path.is_file() {
-        let bytes = std::fs::read(path).with_context(|| format!("reading trace {spec}"))?;
-        return Ok(Corpus::from_trace(spec, &bytes)?);
-    }
-    let looks_like_file = [".json", ".csv", ".txt", ".gz"]
-        .iter()
-        .any(|ext| spec.ends_with(ext))
-        || spec.contains('/');
-    if looks_like_file {
-        anyhow::bail!("corpus trace file {spec} does not exist");
-    }
-    Ok(Corpus::from_spec(spec)?)
-}
-
 /// Refuse a batch of `n` packed sequences of `seq_len` tokens whose estimated memory
 /// exceeds the limit (`flag` names the knob); the mean document length comes from the
 /// stream's first documents.
@@ -77,37 +57,26 @@ pub fn check_batch_memory(
     )
 }
 
-#[derive(Serialize)]
-struct Report {
-    corpus: String,
-    documents: LengthStats,
-    packed: PackStats,
-    packing: String,
-}
-
 pub fn run(args: Args, out: Output) -> Result<()> {
     let corpus = load_corpus(&args.corpus)?;
     let packing: Packing = args.packing.parse()?;
     let seq_len = args.seq_len.or(corpus.default_seq_len()).unwrap_or(131_072);
-    let lengths: Vec<u32> = match corpus.trace() {
-        Some(t) => t.to_vec(),
-        None => {
-            // the lengths and their sorted copy
-            limits::check_memory(
-                &format!("--samples {}", args.samples),
-                8.0 * args.samples as f64,
-            )?;
-            corpus.documents(args.seed, 0).take(args.samples).collect()
-        }
-    };
+    if corpus.trace().is_none() {
+        // the lengths and their sorted copy
+        limits::check_memory(
+            &format!("--samples {}", args.samples),
+            8.0 * args.samples as f64,
+        )?;
+    }
     check_batch_memory(&corpus, seq_len, args.sequences, args.seed, "--sequences")?;
-    let seqs = global_batch(&corpus, seq_len, args.sequences, packing, args.seed, 0)?;
-    let report = Report {
-        corpus: corpus.name().to_string(),
-        documents: length_stats(&lengths),
-        packed: pack_stats(&seqs, 16_384),
-        packing: packing.to_string(),
-    };
+    let report = corpus_report(
+        &corpus,
+        seq_len,
+        args.sequences,
+        args.samples,
+        packing,
+        args.seed,
+    )?;
     out.emit(&report, || {
         let d = &report.documents;
         let p = &report.packed;

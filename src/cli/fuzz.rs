@@ -219,7 +219,7 @@ fn experiment_toml() {
 #[test]
 fn variance_simulation() {
     campaign("variance_simulation", 32, |seed| {
-        super::exp_variance::simulate(&mutate(VARIANCE, seed), "fuzz.toml").is_ok()
+        skewsim::experiment::variance::simulate(&mutate(VARIANCE, seed), "fuzz.toml").is_ok()
     });
 }
 

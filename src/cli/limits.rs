@@ -19,33 +19,6 @@ pub const MAX_SAMPLES: u64 = 1 << 26;
 pub const MAX_STEPS: u64 = 1 << 16;
 /// Simulated GPUs of one point (DP × PP × CP), and any one parallel degree.
 pub const MAX_GPUS: u64 = 1 << 16;
-/// Simulated GPUs of one point of an experiment (TP × CP × DP × PP): 8× the largest committed
-/// experiment's, minutes of simulation per arm.
-pub const MAX_SIM_GPUS: u64 = 1 << 12;
-/// Micro-batches per step (GA) of one point.
-pub const MAX_GA: u64 = 1 << 10;
-
-/// Refuse a point's parallel layout with a zero degree, or past [`MAX_SIM_GPUS`] or
-/// [`MAX_GA`], naming the degree (`file` and `table` locate it).
-pub fn check_layout(file: &str, table: &str, [dp, pp, cp, tp]: [u32; 4], ga: u32) -> Result<()> {
-    for (name, v) in [("dp", dp), ("pp", pp), ("cp", cp), ("tp", tp), ("ga", ga)] {
-        if v == 0 {
-            bail!("{file}: {table} {name} = 0: a degree ≥ 1");
-        }
-    }
-    if u64::from(ga) > MAX_GA {
-        bail!("{file}: {table} ga = {ga}: at most {MAX_GA} micro-batches per step");
-    }
-    let gpus = u64::from(dp) * u64::from(pp) * u64::from(cp) * u64::from(tp);
-    if gpus > MAX_SIM_GPUS {
-        bail!(
-            "{file}: {table} tp × cp × dp × pp = {tp} × {cp} × {dp} × {pp} = {gpus} simulated \
-             GPUs: at most {MAX_SIM_GPUS} per point"
-        );
-    }
-    Ok(())
-}
-
 /// Nodes of a topology drawn by `topo` without `--large`.
 pub const MAX_DRAWN_NODES: u64 = 1 << 10;
 /// Repetitions and warm-up launches of `validate`.

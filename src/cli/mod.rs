@@ -4,21 +4,17 @@
 use anyhow::Result;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use serde::Serialize;
+use skewsim::experiment::calfile;
 
 pub mod bench;
 mod bench_cluster;
 mod bench_engine;
 mod bench_libra;
 mod bench_schemes;
-mod calfile;
 mod calibrate;
 mod calibrate_coll;
 mod check_plan;
 pub mod corpus;
-mod exp_pools;
-mod exp_schemes;
-mod exp_train;
-mod exp_variance;
 #[cfg(test)]
 mod fuzz;
 mod libra_config;
@@ -70,7 +66,7 @@ pub enum Command {
     /// Check a plan file: every query attended once per head, every KV group delivered,
     /// FLOPs = the exact causal total.
     CheckPlan(check_plan::Args),
-    /// Run plans on a real GPU, measure them, write a measurement CSV (issue 7).
+    /// Run plans on a real GPU, measure them, write a measurement CSV.
     Validate(validate::Args),
     /// Fit the cost model's kernel table, launch, copy and jitter terms to measurements.
     Calibrate(calibrate::Args),
@@ -94,27 +90,13 @@ impl Output {
     }
 }
 
-/// Progress of a batch of parallel jobs, one line on stderr per finished job
-/// (`skewsim: 3/40 points`). Never on stdout, so results stay byte-identical.
-pub struct Progress {
-    done: std::sync::atomic::AtomicUsize,
-    total: usize,
-    what: &'static str,
-}
+/// Shows an experiment's progress lines on stderr (`skewsim: 3/40 points simulated`), never
+/// on stdout, so results stay byte-identical.
+pub struct Stderr;
 
-impl Progress {
-    pub fn new(total: usize, what: &'static str) -> Self {
-        Progress {
-            done: std::sync::atomic::AtomicUsize::new(0),
-            total,
-            what,
-        }
-    }
-
-    /// Count one finished job.
-    pub fn tick(&self) {
-        let k = self.done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-        eprintln!("skewsim: {k}/{} {}", self.total, self.what);
+impl skewsim::experiment::Observer for Stderr {
+    fn progress(&self, line: &str) {
+        eprintln!("skewsim: {line}");
     }
 }
 
@@ -128,7 +110,7 @@ pub fn main() -> Result<()> {
     limits::set_max_memory(cli.max_memory);
     let out = Output { json: cli.json };
     let Some(command) = cli.command else {
-        return exp_schemes::run_default(out);
+        return run::run_default(out);
     };
     match command {
         Command::Run(args) => run::run(args, out),

@@ -33,8 +33,8 @@ use skewsim::workload::pack::{batches, Packing};
 use skewsim::workload::PackedSeq;
 
 use super::corpus::check_batch_memory;
-use super::corpus::load_corpus;
 use super::{limits, Output};
+use skewsim::experiment::inputs::load_corpus;
 
 /// The workload and cluster settings shared by `plan` and `libra-config`.
 #[derive(clap::Args, Clone, Debug, Default)]

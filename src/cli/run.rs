@@ -1,12 +1,15 @@
 //! `skewsim run FILE.toml`: run an experiment file and write `runs/NAME/`.
 //!
-//! An experiment file names its `kind`; each kind has its own module that parses the rest
-//! of the file and writes its outputs. Unknown kinds are an error listing the known ones.
+//! An experiment file names its `kind`; `skewsim::experiment` parses and runs it and
+//! returns its files, which this writes. Unknown kinds are an error listing the known ones.
 
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
-use super::Output;
+use skewsim::experiment::{self, schemes, Outcome, KINDS};
+
+use super::{Output, Stderr};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -26,16 +29,6 @@ pub struct Args {
     pub corpus: Option<String>,
 }
 
-/// The experiment kinds this build knows, as `kind = "..."` spells them.
-const KINDS: &[&str] = &[
-    "pools",
-    "runtime-variance",
-    "train",
-    "four-way",
-    "attention-microbench",
-    "distca-ablation",
-];
-
 pub fn run(args: Args, out: Output) -> Result<()> {
     let text = std::fs::read_to_string(&args.file)
         .with_context(|| format!("reading experiment file {}", args.file.display()))?;
@@ -52,30 +45,82 @@ pub fn run(args: Args, out: Output) -> Result<()> {
     let dir = out_dir(&args.file, args.out.as_deref());
     let text = match &args.corpus {
         None => text,
-        Some(_) if !matches!(kind.as_str(), "train") && !super::exp_schemes::KINDS.contains(&kind.as_str()) => bail!(
+        Some(_) if !matches!(kind.as_str(), "train") && !schemes::KINDS.contains(&kind.as_str()) => bail!(
             "--corpus: experiment kind {kind:?} takes no corpus override (kinds that do: train, {})",
-            super::exp_schemes::KINDS.join(", ")
+            schemes::KINDS.join(", ")
         ),
         Some(c) => with_corpus(doc, c)
             .with_context(|| format!("{}: --corpus {c}", args.file.display()))?,
     };
-    match kind.as_str() {
-        "pools" | "runtime-variance" if args.calibration.is_some() => bail!(
-            "--calibration: experiment kind {kind:?} prices no GPU work (kinds that do: train, {})",
-            super::exp_schemes::KINDS.join(", ")
-        ),
-        "pools" => super::exp_pools::run(&args.file, &text, &dir, out),
-        "runtime-variance" => super::exp_variance::run(&args.file, &text, &dir, out),
-        "train" => super::exp_train::run(&args.file, &text, &dir, args.calibration.as_deref(), out),
-        k if super::exp_schemes::KINDS.contains(&k) => {
-            super::exp_schemes::run(&args.file, &text, &dir, args.calibration.as_deref(), out)
-        }
-        _ => bail!(
-            "{}: unknown experiment kind = {kind:?} (one of: {})",
-            args.file.display(),
-            KINDS.join(", ")
-        ),
+    let t0 = Instant::now();
+    let o = experiment::run_text(&args.file, &text, args.calibration.as_deref(), &Stderr)?;
+    write_files(&dir, &o)?;
+    print(&o, &dir, t0, out)
+}
+
+/// Write the run's files into `dir`.
+fn write_files(dir: &Path, o: &Outcome) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    for (name, body) in &o.files {
+        let p = dir.join(name);
+        std::fs::write(&p, body).with_context(|| format!("writing {}", p.display()))?;
     }
+    Ok(())
+}
+
+/// Print what a run of `o`'s kind prints: its summary and where its files went (or its
+/// result as JSON).
+fn print(o: &Outcome, dir: &Path, t0: Instant, out: Output) -> Result<()> {
+    let names: Vec<&str> = o.files.iter().map(|(n, _)| n.as_str()).collect();
+    if o.kind == "pools" {
+        eprintln!(
+            "skewsim: {} written to {} ({:.1} s)",
+            names.join(", "),
+            dir.display(),
+            t0.elapsed().as_secs_f64()
+        );
+    }
+    if let (true, Some(j)) = (out.json, &o.json) {
+        println!("{j}");
+        return Ok(());
+    }
+    match o.kind.as_str() {
+        "pools" => print!("{}", o.summary),
+        "runtime-variance" => print!(
+            "{}\nwrote {}/{}\n",
+            o.summary,
+            dir.display(),
+            names.join(", ")
+        ),
+        _ => {
+            return out.emit(
+                &serde_json::json!({ "dir": dir.display().to_string() }),
+                || format!("{}\nwrote {}\n", o.summary, dir.display()),
+            )
+        }
+    }
+    Ok(())
+}
+
+/// Run the built-in four-way comparison, print its table and write `runs/default/`.
+pub fn run_default(out: Output) -> Result<()> {
+    let s = schemes::run_default(&Stderr)?;
+    let table = s.table.clone();
+    let o = s.outcome("four-way".into());
+    let dir = Path::new("runs/default");
+    write_files(dir, &o)?;
+    out.emit(
+        &serde_json::json!({ "dir": dir.display().to_string(), "table": table }),
+        || {
+            format!(
+                "skewsim: the four balancing schemes on one small simulated cluster \
+                 (built-in four-way comparison; `skewsim run experiments/four-way.toml` \
+                 for the full one)\n\n{}\nwrote {}/summary.md, points.csv, plot.svg\n",
+                table,
+                dir.display()
+            )
+        },
+    )
 }
 
 /// The experiment `doc` with its corpus replaced by `corpus` (`[workload] corpus`, and
@@ -115,25 +160,7 @@ fn with_corpus(mut doc: toml::Table, corpus: &str) -> Result<String> {
 /// Check an experiment file against its kind's schema exactly as `run` reads it (unknown
 /// and mistyped fields refused) without running it; `doc` is its parsed TOML.
 pub fn check_schema(file: &Path, text: &str, doc: &toml::Table) -> Result<()> {
-    let name = file.display().to_string();
-    match doc.get("kind") {
-        Some(toml::Value::String(k)) => match k.as_str() {
-            "pools" => super::exp_pools::parse(&name, text).map(|_| ()),
-            "runtime-variance" => toml::from_str::<super::exp_variance::Experiment>(text)
-                .map(|_| ())
-                .map_err(|e| skewsim::error::parse_error(&name, e.to_string()).into()),
-            "train" => super::exp_train::check(text, &name),
-            k if super::exp_schemes::KINDS.contains(&k) => super::exp_schemes::check(text, &name),
-            _ => bail!(
-                "{name}: unknown experiment kind = {k:?} (one of: {})",
-                KINDS.join(", ")
-            ),
-        },
-        _ => bail!(
-            "{name}: missing string field `kind` (one of: {})",
-            KINDS.join(", ")
-        ),
-    }
+    Ok(experiment::check(&file.display().to_string(), text, doc)?)
 }
 
 /// `runs/NAME` for `experiments/NAME.toml`, unless `--out` says otherwise.

@@ -7,14 +7,16 @@
 
 use std::time::Instant;
 
-use anyhow::{bail, Result};
-use serde::Serialize;
+use anyhow::Result;
 
+use skewsim::experiment::study::{
+    check_pool_sizes, check_target, theory_report, trial_loads_under, TheoryReport,
+};
 use skewsim::cost::Mask;
 use skewsim::report::table::{sig, Table};
-use skewsim::theory::{self, Comparison, LoadStats};
+use skewsim::theory;
 
-use super::pools::{check_pool_sizes, progress, resolve_source, trial_loads_under, SourceArgs};
+use super::pools::{progress, resolve_source, SourceArgs};
 use super::Output;
 
 #[derive(clap::Args)]
@@ -48,31 +50,9 @@ pub struct Args {
     pub mask: String,
 }
 
-#[derive(Serialize)]
-struct Report {
-    source: String,
-    seq_len: u32,
-    gbs: usize,
-    trials: u64,
-    seed: u64,
-    #[serde(skip_serializing_if = "Mask::is_causal")]
-    mask: Mask,
-    load: LoadStats,
-    rows: Vec<Comparison>,
-    target: f64,
-    /// Smallest listed P meeting the target by Eq. 4 / by Monte Carlo (null: none does).
-    recommended_by_bound: Option<usize>,
-    recommended_by_mc: Option<usize>,
-}
-
 pub fn run(args: Args, out: Output) -> Result<()> {
     let t0 = Instant::now();
-    if !(args.target.is_finite() && args.target >= 0.0) {
-        bail!(
-            "invalid --target = {}: a residual imbalance R − 1 ≥ 0",
-            args.target
-        );
-    }
+    check_target(args.target)?;
     check_pool_sizes(&args.pool_sizes, args.gbs)?;
     let mask = Mask::parse(&args.mask, "--mask")?;
     let src = resolve_source(&args.source, args.seq_len, &args.packing, args.gbs)?;
@@ -85,25 +65,19 @@ pub fn run(args: Args, out: Output) -> Result<()> {
     );
     let loads = trial_loads_under(&src, args.gbs, args.trials, args.seed, &mask)?;
     progress("batches ready; Monte Carlo", t0);
-    let (load, rows) = theory::compare(&loads, &args.pool_sizes, args.seed)?;
-    let (by_bound, by_mc) = theory::recommend(&rows, args.target);
-    let report = Report {
-        source: src.name().to_string(),
-        seq_len: src.seq_len(),
-        gbs: args.gbs,
-        trials: args.trials,
-        seed: args.seed,
-        mask,
-        load,
-        rows,
-        target: args.target,
-        recommended_by_bound: by_bound,
-        recommended_by_mc: by_mc,
-    };
+    let report = theory_report(
+        &src,
+        &mask,
+        &loads,
+        args.gbs,
+        &args.pool_sizes,
+        args.seed,
+        args.target,
+    )?;
     out.emit(&report, || text(&report))
 }
 
-fn text(r: &Report) -> String {
+fn text(r: &TheoryReport) -> String {
     let mut t = Table::new([
         "P",
         "K",

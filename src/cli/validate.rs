@@ -1,5 +1,4 @@
-//! `skewsim validate --plan FILE...`: run a Plan's attention on a real GPU and measure it
-//! (issue 7, "Plan execution").
+//! `skewsim validate --plan FILE...`: run a Plan's attention on a real GPU and measure it.
 //!
 //! Owns the edge between the Plan IR and the `validate` crate: a Plan group's per-worker
 //! work is cut by the TAP pipeliner (Libra §6.2–6.3, [`pipeliner::pipeline`]) into M head

@@ -165,7 +165,12 @@ pub enum Vertex {
     /// The NVSwitch crossbar of NVLink domain `d`.
     NvSwitch(u32),
     /// NIC `rail` of node `node`.
-    Nic { node: u32, rail: u32 },
+    Nic {
+        /// The node.
+        node: u32,
+        /// The rail (NIC index within the node).
+        rail: u32,
+    },
     /// Leaf switch.
     Leaf(u32),
     /// Spine switch.

@@ -292,8 +292,11 @@ impl BlockTimes {
 /// each of k resident blocks `1 + (pair_slowdown − 1)(k − 1)` times slower than alone.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SmSlots {
+    /// Streaming multiprocessors.
     pub sms: u32,
+    /// Blocks resident on one SM at once.
     pub blocks_per_sm: u32,
+    /// How much slower each of two co-resident blocks runs than alone.
     pub pair_slowdown: f64,
 }
 
@@ -546,7 +549,9 @@ pub fn list_makespan_ps(m: SmSlots, times: &[f64], heads: u32) -> f64 {
 pub struct LaunchBlocks {
     /// One head's block shapes in launch order.
     pub shapes: Vec<BlockShape>,
+    /// Query heads of the launch (each runs `shapes`).
     pub heads: u32,
+    /// Head dimension d.
     pub head_dim: u32,
 }
 
@@ -799,7 +804,9 @@ pub struct BwdLaunchBlocks {
     pub dkdv: Vec<BlockShape>,
     /// Query rows of the call (Σ segments' queries).
     pub rows: u64,
+    /// Query heads of the launch (each runs `dq` and `dkdv`).
     pub heads: u32,
+    /// Head dimension d.
     pub head_dim: u32,
 }
 

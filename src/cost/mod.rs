@@ -30,6 +30,7 @@
 //! never formulas elsewhere.
 
 pub mod blocks;
+#[allow(missing_docs)] // its record and summary fields are documented at the type
 pub mod fit;
 pub mod kernel;
 pub mod mask;

@@ -912,18 +912,14 @@ pub fn run(g: &Graph, net: &mut dyn NetworkModel) -> Result<Timeline> {
 fn stuck_error(g: &Graph, s: StreamId, op: OpId) -> crate::error::Error {
     let o = g.ops[op as usize];
     let si = s as usize;
-    invalid(
-        "op graph",
-        format!(
-            "op {op} ({} mb {} layer {}) on GPU {} {} never ran",
-            o.label.class.name(),
-            o.label.mb,
-            o.label.layer,
-            g.streams[si].gpu,
-            g.streams[si].kind.name()
-        ),
-        "a graph whose dependencies and collectives can all be met (no deadlock)",
-    )
+    crate::error::Error::Deadlock {
+        op,
+        class: o.label.class.name(),
+        mb: o.label.mb,
+        layer: o.label.layer,
+        gpu: g.streams[si].gpu,
+        stream: g.streams[si].kind.name(),
+    }
 }
 
 /// The event engine: run `g` on `net` by processing events in (time, sequence) order. The

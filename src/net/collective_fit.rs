@@ -40,10 +40,15 @@ pub const MAX_ROW_GPUS: u32 = 4096;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CollMeasureOp {
+    /// `all_gather_perf`.
     AllGather,
+    /// `reduce_scatter_perf`.
     ReduceScatter,
+    /// `all_reduce_perf`.
     AllReduce,
+    /// `alltoall_perf`: equal parts to every peer.
     AllToAll,
+    /// An all-to-all with unequal parts (all-to-all-v).
     AllToAllV,
 }
 
@@ -73,7 +78,9 @@ impl CollMeasureOp {
 /// One measured collective.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct CollRow {
+    /// The collective measured.
     pub op: CollMeasureOp,
+    /// GPUs taking part.
     pub gpus: u32,
     /// nccl-tests size, bytes.
     pub bytes: u64,
@@ -267,6 +274,7 @@ pub fn price(row: &CollRow, topo: &Arc<Topology>, coll: &CollectiveModel) -> Res
 /// One algorithm's fitted latency and bandwidth.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct AlgoFit {
+    /// The algorithm NCCL's choice gives these rows (ring, tree, NVLS, PAT).
     pub algo: &'static str,
     /// Rows fitted.
     pub rows: usize,

@@ -1,7 +1,7 @@
 //! Plan IR: what one training step's core attention does, as data.
 //!
 //! Owns the [`Plan`] format (versioned serde JSON), its reader and writer, and the
-//! [`check`] verifier. A Plan covers one step: for each GA index and each pool (or CP
+//! [`check()`] verifier. A Plan covers one step: for each GA index and each pool (or CP
 //! group, for schemes without pools) a [`Group`] lists its workers, its packed sequences
 //! with the worker each token range lives on (its *layout*), the attention [`WorkUnit`]s
 //! (sequence, sample segments, query range, head shard, KV groups referenced, causal

@@ -7,7 +7,7 @@
 
 use crate::engine::{OpKind, StreamKind, Timeline};
 use crate::net::Ps;
-use crate::schedule::ulysses::StepGraph;
+use crate::schedule::step::StepGraph;
 
 /// Per GPU: the union of the intervals its CP stream moves bytes, ps.
 pub fn cp_comm_busy(sg: &StepGraph, t: &Timeline) -> Vec<Ps> {
@@ -40,7 +40,7 @@ mod tests {
     use crate::cost::{CostModel, ModelConfig};
     use crate::engine::run;
     use crate::engine::stub_net::StubNet;
-    use crate::schedule::ulysses::build_step;
+    use crate::schedule::step::build_step;
     use crate::schedule::{NoVariance, Parallelism, PipelineKind, Placement, RankMap};
     use crate::workload::{PackedSeq, Sample};
 

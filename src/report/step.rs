@@ -20,7 +20,7 @@ use crate::cost::memory::MemoryBreakdown;
 use crate::cost::CostModel;
 use crate::engine::{OpKind, Timeline};
 use crate::net::Ps;
-use crate::schedule::ulysses::StepGraph;
+use crate::schedule::step::StepGraph;
 use crate::schedule::Coords;
 
 /// One GPU's step.
@@ -390,7 +390,7 @@ mod tests {
     use crate::cost::ModelConfig;
     use crate::engine::run;
     use crate::engine::stub_net::StubNet;
-    use crate::schedule::ulysses::build_step;
+    use crate::schedule::step::build_step;
     use crate::schedule::{NoVariance, Parallelism, PipelineKind, Placement, RankMap};
     use crate::workload::PackedSeq;
 

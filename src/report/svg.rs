@@ -24,7 +24,9 @@ use std::fmt::Write as _;
 /// How an axis maps values to positions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Scale {
+    /// Evenly spaced values.
     Linear,
+    /// Evenly spaced decades (values > 0).
     Log,
 }
 
@@ -44,15 +46,20 @@ pub enum Mark {
 /// One named series.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Series {
+    /// Legend label.
     pub name: String,
+    /// (x, y) points, drawn in order.
     pub points: Vec<(f64, f64)>,
+    /// How the points are drawn.
     pub mark: Mark,
     /// A CSS colour; `None` picks the next colour of the palette.
     pub color: Option<String>,
+    /// Draw the line dashed.
     pub dashed: bool,
 }
 
 impl Series {
+    /// A series of `points` named `name`, drawn as `mark`.
     pub fn new(name: impl Into<String>, points: Vec<(f64, f64)>, mark: Mark) -> Series {
         Series {
             name: name.into(),
@@ -62,9 +69,11 @@ impl Series {
             dashed: false,
         }
     }
+    /// A solid line with points.
     pub fn line(name: impl Into<String>, points: Vec<(f64, f64)>) -> Series {
         Series::new(name, points, Mark::LinePoints)
     }
+    /// Unconnected points.
     pub fn scatter(name: impl Into<String>, points: Vec<(f64, f64)>) -> Series {
         Series::new(name, points, Mark::Scatter)
     }
@@ -73,6 +82,7 @@ impl Series {
         self.dashed = true;
         self
     }
+    /// The series in colour `c` (CSS colour) instead of the palette's.
     pub fn color(mut self, c: impl Into<String>) -> Series {
         self.color = Some(c.into());
         self
@@ -82,8 +92,11 @@ impl Series {
 /// An axis: its label, scale and optional fixed range.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Axis {
+    /// Axis label.
     pub label: String,
+    /// How values map to positions.
     pub scale: Scale,
+    /// Fixed (min, max), else fitted to the data.
     pub range: Option<(f64, f64)>,
     /// Tick values to use instead of the automatic ones (those outside the range are
     /// dropped).
@@ -93,11 +106,17 @@ pub struct Axis {
 /// A chart: build with the chained setters, then [`Chart::render`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct Chart {
+    /// Title above the plot.
     pub title: String,
+    /// The horizontal axis.
     pub x: Axis,
+    /// The vertical axis.
     pub y: Axis,
+    /// The data series, in legend order.
     pub series: Vec<Series>,
+    /// Width in pixels.
     pub width: f64,
+    /// Height in pixels.
     pub height: f64,
 }
 
@@ -120,9 +139,13 @@ const MARGIN_BOTTOM: f64 = 55.0;
 /// tests can check where a value lands).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Frame {
+    /// The x axis's scale.
     pub x_scale: Scale,
+    /// The y axis's scale.
     pub y_scale: Scale,
+    /// The x axis's data range.
     pub x_range: (f64, f64),
+    /// The y axis's data range.
     pub y_range: (f64, f64),
     /// Plot area in pixels: left, top, right, bottom.
     pub plot: (f64, f64, f64, f64),
@@ -283,6 +306,7 @@ pub fn escape(s: &str) -> String {
 }
 
 impl Chart {
+    /// An empty chart titled `title` (linear axes, default size).
     pub fn new(title: impl Into<String>) -> Chart {
         Chart {
             title: title.into(),
@@ -303,11 +327,13 @@ impl Chart {
             height: 440.0,
         }
     }
+    /// The x axis labelled `label` on `scale`.
     pub fn x(mut self, label: impl Into<String>, scale: Scale) -> Chart {
         self.x.label = label.into();
         self.x.scale = scale;
         self
     }
+    /// The y axis labelled `label` on `scale`.
     pub fn y(mut self, label: impl Into<String>, scale: Scale) -> Chart {
         self.y.label = label.into();
         self.y.scale = scale;
@@ -333,11 +359,13 @@ impl Chart {
         self.y.ticks = Some(ticks);
         self
     }
+    /// The chart's size in pixels.
     pub fn size(mut self, width: f64, height: f64) -> Chart {
         self.width = width;
         self.height = height;
         self
     }
+    /// Add the series `s`.
     pub fn series(mut self, s: Series) -> Chart {
         self.series.push(s);
         self
@@ -584,8 +612,11 @@ impl Chart {
 /// keeps its own axes, labels and legend; every cell is as large as the largest panel.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Grid {
+    /// Title above every panel.
     pub title: String,
+    /// Panels per row.
     pub columns: usize,
+    /// The panels, row by row.
     pub panels: Vec<Chart>,
 }
 
@@ -593,6 +624,7 @@ pub struct Grid {
 const GRID_TITLE: f64 = 36.0;
 
 impl Grid {
+    /// An empty grid titled `title`.
     pub fn new(title: impl Into<String>) -> Grid {
         Grid {
             title: title.into(),
@@ -605,6 +637,7 @@ impl Grid {
         self.columns = n.max(1);
         self
     }
+    /// Add the panel `c`.
     pub fn panel(mut self, c: Chart) -> Grid {
         self.panels.push(c);
         self

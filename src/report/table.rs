@@ -5,11 +5,14 @@
 /// A table of strings.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Table {
+    /// Column names.
     pub headers: Vec<String>,
+    /// Cells, row by row (as many as the headers).
     pub rows: Vec<Vec<String>>,
 }
 
 impl Table {
+    /// An empty table with these column names.
     pub fn new<S: Into<String>>(headers: impl IntoIterator<Item = S>) -> Table {
         Table {
             headers: headers.into_iter().map(Into::into).collect(),

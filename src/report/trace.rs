@@ -6,7 +6,7 @@
 
 use crate::engine::{OpKind, Timeline};
 use crate::net::Ps;
-use crate::schedule::ulysses::StepGraph;
+use crate::schedule::step::StepGraph;
 
 fn us(ps: Ps) -> String {
     format!("{}.{:06}", ps / 1_000_000, ps % 1_000_000)
@@ -81,7 +81,7 @@ mod tests {
     use crate::cost::{CostModel, ModelConfig};
     use crate::engine::run;
     use crate::engine::stub_net::StubNet;
-    use crate::schedule::ulysses::build_step;
+    use crate::schedule::step::build_step;
     use crate::schedule::{NoVariance, Parallelism, PipelineKind, Placement, RankMap};
     use crate::workload::{PackedSeq, Sample};
 

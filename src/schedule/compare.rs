@@ -19,8 +19,8 @@
 
 use super::plan_attn::{Overlap, PlanAttention};
 use super::plan_step::build_plan_step;
+use super::step::{build_step, build_step_with, StepGraph};
 use super::train::split_replicas;
-use super::ulysses::{build_step, build_step_with, StepGraph};
 use super::{Parallelism, PipelineKind, Placement, RankMap, RuntimeVariance};
 use crate::balance::distca::pingpong::NanoTable;
 use crate::balance::distca::pingpong::{pp_ticks, Phase};

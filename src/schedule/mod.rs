@@ -4,7 +4,7 @@
 //! Owns the parallel layout ([`Parallelism`]: TP × CP × DP × PP and EP, gradient
 //! accumulation, GPipe or 1F1B, recomputation, ZeRO stage, gradient buckets), the rank
 //! placement ([`Placement`], [`RankMap`]), the seam for runtime variance
-//! ([`RuntimeVariance`]) and the step builder ([`ulysses`]). Durations come from `cost/`
+//! ([`RuntimeVariance`]) and the step builder ([`step`]). Durations come from `cost/`
 //! only; time from `engine/` only. It does no I/O.
 //!
 //! Placement rule (Megatron-Core's order): TP innermost (a TP group sits inside one NVLink
@@ -21,8 +21,8 @@ pub mod compare;
 pub mod plan_attn;
 pub mod plan_step;
 pub mod stage;
+pub mod step;
 pub mod train;
-pub mod ulysses;
 
 use serde::{Deserialize, Serialize};
 
@@ -343,7 +343,7 @@ impl RankMap {
 
 /// The seam for runtime variance: a multiplicative factor on every kernel's duration,
 /// `kernel_factor × persistent_factor`. Implemented for the cluster's
-/// [`VarianceModel`](crate::cluster::VarianceModel) below.
+/// [`VarianceModel`] below.
 pub trait RuntimeVariance {
     /// Transient factor of one kernel (1.0 = nominal): op `op` of micro-batch `mb` in layer
     /// `layer` at step `step` on `gpu`. Layer index `layers` stands for the block after the

@@ -8,8 +8,8 @@
 //! (`engine/`).
 
 use super::plan_attn::{Overlap, PlanAttention};
+use super::step::{build_step_with, StepGraph};
 use super::train::split_replicas;
-use super::ulysses::{build_step_with, StepGraph};
 use super::{RankMap, RuntimeVariance};
 use crate::balance::grouping::vrsp;
 use crate::balance::libra::{consecutive_pools, plan_step as libra_plan, step_shape, LibraParams};

@@ -1,6 +1,6 @@
 //! The pluggable attention stage of a training step.
 //!
-//! Owns the [`AttentionStage`] seam: the step builder ([`super::ulysses::build_step_with`])
+//! Owns the [`AttentionStage`] seam: the step builder ([`super::step::build_step_with`])
 //! emits every linear block, the pipeline sends, gradient accumulation and the DP
 //! all-reduce itself and hands each (stage, layer, micro-batch, direction)'s core
 //! attention to a stage, which appends ops on the GPUs' compute and CP-communication

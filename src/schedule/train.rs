@@ -5,7 +5,7 @@
 //! consecutive sequences r·GA .. (r+1)·GA (as a distributed sampler hands them out), in
 //! micro-batch order.
 
-use super::ulysses::{build_step, StepGraph};
+use super::step::{build_step, StepGraph};
 use super::{RankMap, RuntimeVariance};
 use crate::cost::CostModel;
 use crate::engine::{run, Timeline};

@@ -16,15 +16,21 @@ use crate::rng::stream;
 /// Summary of a sample of values (here R − 1 over trials).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Spread {
+    /// Values summarised.
     pub trials: usize,
+    /// Mean.
     pub mean: f64,
     /// Sample standard deviation (n − 1); 0 for one trial.
     pub std: f64,
+    /// Smallest value.
     pub min: f64,
     /// Nearest-rank 5th, 50th and 95th percentiles.
     pub p05: f64,
+    /// Median (nearest rank).
     pub p50: f64,
+    /// 95th percentile (nearest rank).
     pub p95: f64,
+    /// Largest value.
     pub max: f64,
 }
 
@@ -70,10 +76,13 @@ impl Spread {
 /// R − 1 of one (pool size, policy) over every trial.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Residual {
+    /// Pool size P.
     pub pool_size: usize,
+    /// Grouping policy.
     pub policy: Policy,
     /// R − 1 of trial t at index t.
     pub per_trial: Vec<f64>,
+    /// Summary over trials.
     pub spread: Spread,
 }
 

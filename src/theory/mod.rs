@@ -1,9 +1,9 @@
 //! Pool-size theory: the law-of-large-numbers bound on the residual imbalance left by
 //! grouping D packed sequences into K = D/P pools of P (Libra note §3.2, Eq. 4)
 //!
-//! E[R] ≈ 1 + (CV/√P)·√(2 ln(D/P)),
+//! E\[R\] ≈ 1 + (CV/√P)·√(2 ln(D/P)),
 //!
-//! a Monte-Carlo estimate of E[R] and its spread under random grouping (and, for the
+//! a Monte-Carlo estimate of E\[R\] and its spread under random grouping (and, for the
 //! pool-size study, under every grouping policy), the smallest pool size meeting a target
 //! R − 1, and a diagnosis of where bound and simulation part ways.
 //!
@@ -31,6 +31,7 @@ pub use mc::{residual_imbalance, Residual, Spread};
 pub struct LoadStats {
     /// Sequences measured.
     pub n: usize,
+    /// Mean load.
     pub mean: f64,
     /// Population standard deviation.
     pub std: f64,
@@ -91,7 +92,7 @@ fn check_sizes(d: usize, p: usize) -> Result<usize> {
     Ok(d / p)
 }
 
-/// Libra Eq. 4: E[R] ≈ 1 + (CV/√P)·√(2 ln(D/P)). For K = 1 it gives exactly 1 (one pool
+/// Libra Eq. 4: E\[R\] ≈ 1 + (CV/√P)·√(2 ln(D/P)). For K = 1 it gives exactly 1 (one pool
 /// holds the whole batch). Errors: P = 0 or D not divisible by P.
 pub fn lln_bound(cv: f64, d: usize, p: usize) -> Result<f64> {
     let k = check_sizes(d, p)?;
@@ -168,7 +169,9 @@ pub fn cardinality_floor(loads: &[u64], p: usize) -> Result<f64> {
 /// Eq. 4 against Monte Carlo at one pool size.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Comparison {
+    /// Pool size P.
     pub pool_size: usize,
+    /// Pools per global batch, K = D / P.
     pub pools: usize,
     /// R − 1 by Eq. 4.
     pub bound: f64,

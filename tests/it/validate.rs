@@ -197,12 +197,12 @@ fn calibrate_backward_on_held_out_schemes() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("no plan is held out"));
 }
 
-/// Run 19 (H200, 2026-11-29): 12 plans never measured before (seeds 31–42, heads per call
-/// 1–32, one head per call never fitted), scored against a calibration fitted on run 15's
-/// 16 plans. The targets on these fresh plans, forward and backward, by the block
-/// models; the tables alone miss them.
+/// H200, 2026-11-29: 12 plans never measured before (`plans_run19`: seeds 31–42, heads per
+/// call 1–32, one head per call never fitted), scored against a calibration fitted on 16
+/// other plans (`plans_run15`). The accuracy targets on these fresh plans, forward and
+/// backward, by the block models; the tables alone miss them.
 #[test]
-fn a_run_15_calibration_predicts_the_fresh_plans_of_run_19() {
+fn a_calibration_predicts_fresh_plans_it_was_not_fitted_on() {
     let r15 = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/validate/results/plans_run15/measurements.csv"

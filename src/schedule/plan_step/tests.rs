@@ -2,7 +2,7 @@ use super::*;
 use crate::balance::ulysses::{plan_step as ulysses_plan, UlyssesParams};
 use crate::cost::ModelConfig;
 use crate::engine::stub_net::StubNet;
-use crate::schedule::ulysses::build_step;
+use crate::schedule::step::build_step;
 use crate::schedule::{NoVariance, Parallelism, PipelineKind, Placement};
 use crate::workload::Sample;
 

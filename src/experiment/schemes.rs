@@ -32,28 +32,28 @@
 //!                                    # prices attention by the measured GPU, planners included
 //! ```
 
-use anyhow::{bail, Context, Result};
 use rayon::prelude::*;
 use serde::Deserialize;
 use std::fmt::Write as _;
 use std::path::Path;
 use std::sync::Arc;
 
-use skewsim::balance::distca::DistcaScheduler;
-use skewsim::balance::libra::LibraParams;
-use skewsim::balance::schemes::{Scheme, SchemePlanner, SchemeSettings};
-use skewsim::balance::wlbllm::lower::ShardingMode;
-use skewsim::cluster::TopologySpec;
-use skewsim::cost::{CostModel, ModelConfig};
-use skewsim::net::collective::CollectiveModel;
-use skewsim::report::svg::{Chart, Scale, Series};
-use skewsim::schedule::compare::simulate_scheme_step_with;
-use skewsim::schedule::train::Workload;
-use skewsim::schedule::{NoVariance, Parallelism, PipelineKind, Placement};
-use skewsim::workload::pack::Packing;
+use crate::balance::distca::DistcaScheduler;
+use crate::balance::libra::LibraParams;
+use crate::balance::schemes::{Scheme, SchemePlanner, SchemeSettings};
+use crate::balance::wlbllm::lower::ShardingMode;
+use crate::cluster::TopologySpec;
+use crate::cost::{CostModel, ModelConfig};
+use crate::error::{bail, spec_error, Context, Result};
+use crate::net::collective::CollectiveModel;
+use crate::report::svg::{Chart, Scale, Series};
+use crate::schedule::compare::simulate_scheme_step_with;
+use crate::schedule::train::Workload;
+use crate::schedule::{NoVariance, Parallelism, PipelineKind, Placement};
+use crate::workload::pack::Packing;
 
-use super::exp_train::{NetChoice, BUILTIN_TOPOLOGIES};
-use super::Output;
+use super::train::{NetChoice, BUILTIN_TOPOLOGIES};
+use super::{Observer, Outcome, Progress};
 
 /// The kinds this module runs.
 pub const KINDS: &[&str] = &["four-way", "attention-microbench", "distca-ablation"];
@@ -195,7 +195,7 @@ fn parse_arm(s: &str, base: &SchemeSettings, file: &str) -> Result<Arm> {
             (Scheme::DistCa, "signal") => signal = true,
             (Scheme::DistCa, e) if e.starts_with("eps=") => {
                 set.epsilon = e[4..].parse().map_err(|_| {
-                    anyhow::anyhow!("{file}: arms: {s:?}: eps = {:?} is not a number", &e[4..])
+                    spec_error!("{file}: arms: {s:?}: eps = {:?} is not a number", &e[4..])
                 })?;
             }
             (Scheme::WlbLlm, m @ ("per-document" | "per-sequence" | "adaptive")) => {
@@ -203,12 +203,12 @@ fn parse_arm(s: &str, base: &SchemeSettings, file: &str) -> Result<Arm> {
             }
             (Scheme::Libra, m) if m.starts_with("m=") => {
                 set.libra.chunks = m[2..].parse().map_err(|_| {
-                    anyhow::anyhow!("{file}: arms: {s:?}: m = {:?} is not a count", &m[2..])
+                    spec_error!("{file}: arms: {s:?}: m = {:?} is not a count", &m[2..])
                 })?;
             }
             (Scheme::MegatronDcp, x) if x.starts_with("s=") => {
                 set.max_seqlen_per_rank = Some(x[2..].parse().map_err(|_| {
-                    anyhow::anyhow!("{file}: arms: {s:?}: s = {:?} is not a count", &x[2..])
+                    spec_error!("{file}: arms: {s:?}: s = {:?} is not a count", &x[2..])
                 })?);
             }
             (Scheme::MegatronDcp, x) if x.starts_with("load=") => {
@@ -216,7 +216,7 @@ fn parse_arm(s: &str, base: &SchemeSettings, file: &str) -> Result<Arm> {
             }
             (Scheme::MegatronDcp, x) if x.starts_with("min-cp=") => {
                 set.min_dynamic_cp = x[7..].parse().map_err(|_| {
-                    anyhow::anyhow!("{file}: arms: {s:?}: min-cp = {:?} is not a count", &x[7..])
+                    spec_error!("{file}: arms: {s:?}: min-cp = {:?} is not a count", &x[7..])
                 })?;
             }
             _ => bail!(
@@ -268,7 +268,7 @@ fn load_topology(name: &str, base: &Path, file: &str) -> Result<TopologySpec> {
             (src, text)
         }
     };
-    Ok(TopologySpec::parse(&text, &src)?)
+    TopologySpec::parse(&text, &src)
 }
 
 fn load_model(name: &str, base: &Path, file: &str, layers: Option<u32>) -> Result<ModelConfig> {
@@ -294,27 +294,6 @@ fn load_model(name: &str, base: &Path, file: &str, layers: Option<u32>) -> Resul
 
 /// Run the comparison experiment file at `path` from `text` (its contents, possibly with
 /// the corpus replaced); `calibration` (the `--calibration` flag) overrides the file's.
-pub fn run(
-    path: &Path,
-    text: &str,
-    dir: &Path,
-    calibration: Option<&Path>,
-    out: Output,
-) -> Result<()> {
-    let file = path.display().to_string();
-    let title = path
-        .file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let base = path.parent().unwrap_or(Path::new("."));
-    let summary = run_text(text, &file, &title, base, calibration)?;
-    write_outputs(dir, &summary)?;
-    out.emit(
-        &serde_json::json!({ "dir": dir.display().to_string() }),
-        || format!("{}\nwrote {}\n", summary.markdown, dir.display()),
-    )
-}
-
 /// What a run writes.
 pub struct CompareOutput {
     /// summary.md
@@ -327,19 +306,28 @@ pub struct CompareOutput {
     pub table: String,
 }
 
-fn write_outputs(dir: &Path, s: &CompareOutput) -> Result<()> {
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    std::fs::write(dir.join("summary.md"), &s.markdown)?;
-    std::fs::write(dir.join("points.csv"), &s.csv)?;
-    std::fs::write(dir.join("plot.svg"), &s.svg)?;
-    Ok(())
+impl CompareOutput {
+    /// The run's files as an [`Outcome`] of kind `kind`.
+    pub fn outcome(self, kind: String) -> Outcome {
+        Outcome {
+            kind,
+            files: vec![
+                ("summary.md".into(), self.markdown.clone()),
+                ("points.csv".into(), self.csv),
+                ("plot.svg".into(), self.svg),
+            ],
+            points_file: "points.csv",
+            summary: self.markdown,
+            json: None,
+        }
+    }
 }
 
 fn parse(text: &str, file: &str) -> Result<CompareFile> {
     toml::from_str(text).with_context(|| format!("{file}: not a valid comparison experiment"))
 }
 
-/// Check `text` against the comparison kinds' schema (as [`run`] does) without running it.
+/// Check `text` against the comparison kinds' schema (as [`super::run_text`] does) without running it.
 pub fn check(text: &str, file: &str) -> Result<()> {
     parse(text, file).map(|_| ())
 }
@@ -352,6 +340,7 @@ pub fn run_text(
     title: &str,
     base: &Path,
     calibration: Option<&Path>,
+    observer: &dyn Observer,
 ) -> Result<CompareOutput> {
     let f = parse(text, file)?;
     let cal = calibration
@@ -427,7 +416,7 @@ pub fn run_text(
     };
     for &dp in &dps {
         let p = &f.parallel;
-        super::limits::check_layout(file, "[parallel]/[sweep]", [dp, p.pp, p.cp, p.tp], p.ga)?;
+        super::inputs::check_layout(file, "[parallel]/[sweep]", [dp, p.pp, p.cp, p.tp], p.ga)?;
     }
     // A [network] topology that [sweep] overrides must still exist.
     if let (Some(t), false) = (&f.network.topology, f.sweep.topology.is_empty()) {
@@ -468,7 +457,7 @@ pub fn run_text(
             };
             for c in corpora.iter().flatten() {
                 let corpus =
-                    super::corpus::load_corpus(c).with_context(|| format!("{file}: corpus"))?;
+                    super::inputs::load_corpus(c).with_context(|| format!("{file}: corpus"))?;
                 let lens: Vec<u32> = if !f.sweep.seq_len.is_empty() {
                     f.sweep.seq_len.clone()
                 } else if let Some(l) = f.workload.seq_len {
@@ -496,10 +485,11 @@ pub fn run_text(
     let jobs: Vec<(usize, usize)> = (0..points.len())
         .flat_map(|p| (0..arms.len()).map(move |a| (p, a)))
         .collect();
-    let progress = super::Progress::new(jobs.len(), "points simulated");
+    let progress = Progress::new(jobs.len(), "points simulated", observer);
     let results: Vec<Result<ArmResult>> = jobs
         .par_iter()
         .map(|&(pi, ai)| {
+            progress.check()?;
             let p = &points[pi];
             let arm = &arms[ai];
             let par = Parallelism {
@@ -614,7 +604,7 @@ fn run_arm(
         None => bail!("[network] topology is required (e.g. \"dgx-h200-roce\")"),
     };
     let wl = Workload::Corpus {
-        corpus: super::corpus::load_corpus(corpus)?,
+        corpus: super::inputs::load_corpus(corpus)?,
         seq_len,
         packing: Packing::Sequential,
         seed: f.workload.seed,
@@ -719,9 +709,9 @@ fn last_arm_cuts(arms: &[Arm], rs: &[ArmResult]) -> String {
 /// L): peak memory per rank at S_max = L and 2·L (the default), and the largest S_max that
 /// fits the GPU.
 fn s_max_rows(f: &CompareFile, points: &[(String, Arc<CostModel>, u32, u32)]) -> Result<String> {
-    use skewsim::balance::pricing::{wlb_max_s_max, wlb_s_max_memory};
-    use skewsim::cost::memory::{stage_rank_params, MemoryInputs, GRAD_BYTES_PER_PARAM};
-    use skewsim::schedule::ulysses::{in_flight, stage_layers};
+    use crate::balance::pricing::{wlb_max_s_max, wlb_s_max_memory};
+    use crate::cost::memory::{stage_rank_params, MemoryInputs, GRAD_BYTES_PER_PARAM};
+    use crate::schedule::step::{in_flight, stage_layers};
     let mut seen: Vec<(String, u32)> = Vec::new();
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     let mut t = String::from(
@@ -763,7 +753,7 @@ fn s_max_rows(f: &CompareFile, points: &[(String, Arc<CostModel>, u32, u32)]) ->
             expert_shard: par.ep,
         };
         let at = |s: u32| wlb_s_max_memory(cost, &base, s, par.cp).map(|b| gib(b.total()));
-        let best = wlb_max_s_max(cost, &base, par.cp, skewsim::balance::wlbllm::KERNEL_TILE)?;
+        let best = wlb_max_s_max(cost, &base, par.cp, crate::balance::wlbllm::KERNEL_TILE)?;
         let _ = writeln!(
             t,
             "| {model} | {l} | {} | {dp} | {:.1} | {:.1} | {} |",
@@ -790,18 +780,18 @@ fn tolerance_rows(
     seq_len: u32,
     dp: u32,
 ) -> Result<String> {
-    use skewsim::balance::distca::DistcaConfig;
-    use skewsim::balance::pricing::distca_tolerance;
+    use crate::balance::distca::DistcaConfig;
+    use crate::balance::pricing::distca_tolerance;
     let servers = (dp * f.parallel.cp) as usize;
     let wl = Workload::Corpus {
-        corpus: super::corpus::load_corpus(corpus)?,
+        corpus: super::inputs::load_corpus(corpus)?,
         seq_len,
         packing: Packing::Sequential,
         seed: f.workload.seed,
     };
     let global = wl.step_sequences(0, (dp * f.parallel.ga) as usize)?;
     let batches: Vec<Vec<_>> = global.chunks(dp as usize).map(<[_]>::to_vec).collect();
-    let cfg = DistcaConfig::new(cost.attn(), 0.0, skewsim::balance::wlbllm::KERNEL_TILE)?;
+    let cfg = DistcaConfig::new(cost.attn(), 0.0, crate::balance::wlbllm::KERNEL_TILE)?;
     let rows = distca_tolerance(
         &batches,
         f.parallel.cp,
@@ -1050,7 +1040,7 @@ fn panels(
     } else {
         "throughput (tokens/s)".to_string()
     };
-    let mut grid = skewsim::report::svg::Grid::new(if rel {
+    let mut grid = crate::report::svg::Grid::new(if rel {
         format!("{title}: speedup over {base_label} in training tokens/s, per topology (rows) and corpus (columns)")
     } else {
         format!("{title}: training throughput, per topology (rows) and corpus (columns)")
@@ -1127,7 +1117,7 @@ fn panels(
                 s = s.color(if rel && ai == 0 {
                     "#808080"
                 } else {
-                    skewsim::report::svg::palette(ai)
+                    crate::report::svg::palette(ai)
                 });
                 if vi % 2 == 1 {
                     s = s.dashed();
@@ -1229,7 +1219,7 @@ fn single_chart(title: &str, arms: &[Arm], rs: &[ArmResult], keys: &[CurveKey]) 
             } else {
                 Series::scatter(name, pts)
             };
-            s = s.color(skewsim::report::svg::palette(ai));
+            s = s.color(crate::report::svg::palette(ai));
             if dashes
                 .iter()
                 .position(|d| (&d.0, &d.1) == (&k.0, &k.1))
@@ -1280,28 +1270,15 @@ chunks = 2
 dp = [2, 4]
 "#;
 
-/// Run [`DEFAULT_FOUR_WAY`], print its table and write `runs/default/`.
-pub fn run_default(out: Output) -> Result<()> {
-    let s = run_text(
+/// Run [`DEFAULT_FOUR_WAY`] (the `skewsim` binary's run without a subcommand).
+pub fn run_default(observer: &dyn Observer) -> Result<CompareOutput> {
+    run_text(
         DEFAULT_FOUR_WAY,
         "built-in four-way comparison",
         "default",
         Path::new("."),
         None,
-    )?;
-    let dir = Path::new("runs/default");
-    write_outputs(dir, &s)?;
-    out.emit(
-        &serde_json::json!({ "dir": dir.display().to_string(), "table": s.table }),
-        || {
-            format!(
-                "skewsim: the four balancing schemes on one small simulated cluster \
-                 (built-in four-way comparison; `skewsim run experiments/four-way.toml` \
-                 for the full one)\n\n{}\nwrote {}/summary.md, points.csv, plot.svg\n",
-                s.table,
-                dir.display()
-            )
-        },
+        observer,
     )
 }
 

@@ -33,35 +33,46 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 
-use skewsim::balance::Policy;
-use skewsim::report::svg::{palette, Chart, Mark, Scale, Series};
-use skewsim::report::table::{sig, Table};
+use crate::balance::Policy;
+use crate::error::{bail, Context, Result};
+use crate::report::svg::{palette, Chart, Mark, Scale, Series};
+use crate::report::table::{sig, Table};
 
-use super::corpus::load_corpus;
-use super::pools::{
-    chart, check_pool_sizes, parse_policies, study, trial_loads, write, Source, Study,
-    DEFAULT_SEQ_LEN,
+use super::inputs::load_corpus;
+use super::study::{
+    chart, check_pool_sizes, parse_policies, study, trial_loads, Source, Study, DEFAULT_SEQ_LEN,
 };
-use super::Output;
+use super::{Observer, Outcome};
 
+/// An experiment file of kind `pools`: the pool study over corpora × global batch sizes.
 #[derive(Deserialize, Debug)]
 #[serde(deny_unknown_fields)]
 pub struct Spec {
+    /// Always `pools`.
     pub kind: String,
+    /// Heads the summary.
     pub title: String,
+    /// Seed of every stream.
     pub seed: u64,
+    /// Monte-Carlo trials (global batches) per (corpus, D).
     pub trials: u64,
+    /// Packing of corpus documents: sequential, best-fit or best-fit:W.
     #[serde(default = "sequential")]
     pub packing: String,
+    /// Global batch sizes D.
     pub gbs: Vec<usize>,
+    /// Pool sizes P; each must divide every D.
     pub pool_sizes: Vec<usize>,
+    /// Grouping policies (random, production, zigzag, zigzag-swap, vrsp, lpt).
     pub policies: Vec<String>,
+    /// Copied into the summary after the tables.
     #[serde(default)]
     pub discussion: String,
+    /// The corpora studied (`[[corpus]]`).
     pub corpus: Vec<CorpusSpec>,
+    /// The paper's figures, drawn beside ours (`[[paper]]`).
     #[serde(default)]
     pub paper: Vec<PaperPoint>,
     /// The experiment's name (the file's stem), set by [`parse`].
@@ -73,21 +84,31 @@ fn sequential() -> String {
     "sequential".into()
 }
 
+/// One `[[corpus]]` entry.
 #[derive(Deserialize, Debug, Clone)]
 #[serde(deny_unknown_fields)]
 pub struct CorpusSpec {
+    /// A built-in corpus, a parametric spec or a trace file.
     pub name: String,
+    /// Sequence length L (default: the corpus's own, else 131072).
     pub seq_len: Option<u32>,
 }
 
+/// A figure the paper reports, for comparison (`[[paper]]`).
 #[derive(Deserialize, Debug, Clone)]
 #[serde(deny_unknown_fields)]
 pub struct PaperPoint {
+    /// The corpus it belongs to.
     pub corpus: String,
+    /// Global batch size D.
     pub gbs: usize,
+    /// Pool size P.
     pub pool_size: usize,
+    /// Grouping policy.
     pub policy: String,
+    /// The reported R − 1.
     pub r_minus_1: f64,
+    /// Where the paper reports it (figure, table, section).
     pub source: String,
 }
 
@@ -119,12 +140,15 @@ pub fn parse(name: &str, text: &str) -> Result<Spec> {
 
 /// Everything one run produces, in memory: file name → contents.
 pub struct Outputs {
+    /// File name → contents.
     pub files: BTreeMap<String, String>,
+    /// (corpus, study) per (corpus, D), in the file's order.
     pub studies: Vec<(String, Study)>,
 }
 
-/// Runs the experiment (no file I/O except reading trace corpora).
-pub fn execute(spec: &Spec, verbose: bool) -> Result<Outputs> {
+/// Runs the experiment (no file I/O except reading trace corpora); a progress line per
+/// (corpus, D) goes to `observer`, which may cancel between them.
+pub fn execute(spec: &Spec, observer: &dyn Observer) -> Result<Outputs> {
     let t0 = Instant::now();
     let policies = parse_policies(&spec.policies)?;
     let packing = spec.packing.parse()?;
@@ -141,15 +165,16 @@ pub fn execute(spec: &Spec, verbose: bool) -> Result<Outputs> {
             packing,
         };
         for &gbs in &spec.gbs {
+            if observer.cancelled() {
+                return Err(crate::Error::Cancelled);
+            }
             let loads = trial_loads(&src, gbs, spec.trials, spec.seed)?;
             let st = study(&src, &loads, gbs, &spec.pool_sizes, &policies, spec.seed)?;
-            if verbose {
-                eprintln!(
-                    "skewsim: {} at D = {gbs} done ({:.1} s)",
-                    c.name,
-                    t0.elapsed().as_secs_f64()
-                );
-            }
+            observer.progress(&format!(
+                "{} at D = {gbs} done ({:.1} s)",
+                c.name,
+                t0.elapsed().as_secs_f64()
+            ));
             studies.push((c.name.clone(), st));
         }
     }
@@ -420,26 +445,21 @@ fn summary(spec: &Spec, studies: &[(String, Study)], charts: &BTreeMap<String, S
     s
 }
 
-/// `skewsim run FILE` for kind = "pools".
-pub fn run(file: &Path, text: &str, dir: &Path, out: Output) -> Result<()> {
-    let name = file.display().to_string();
-    let spec = parse(&name, text)?;
-    let t0 = Instant::now();
-    let o = execute(&spec, true)?;
-    for (f, body) in &o.files {
-        write(&dir.join(f), body)?;
-    }
-    eprintln!(
-        "skewsim: {} written to {} ({:.1} s)",
-        o.files.keys().cloned().collect::<Vec<_>>().join(", "),
-        dir.display(),
-        t0.elapsed().as_secs_f64()
-    );
+/// Run the experiment of kind `pools` in `text` (`file` names it in messages).
+pub fn run(file: &Path, text: &str, observer: &dyn Observer) -> Result<Outcome> {
+    let spec = parse(&file.display().to_string(), text)?;
+    let o = execute(&spec, observer)?;
     let summary = o.files.get("summary.md").cloned().unwrap_or_default();
     let json: Vec<serde_json::Value> = o
         .studies
         .iter()
         .map(|(n, st)| serde_json::json!({"corpus": n, "study": st}))
         .collect();
-    out.emit(&json, || summary)
+    Ok(Outcome {
+        kind: spec.kind,
+        files: o.files.into_iter().collect(),
+        points_file: "results.csv",
+        summary,
+        json: Some(serde_json::to_string_pretty(&json)?),
+    })
 }

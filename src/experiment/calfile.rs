@@ -1,20 +1,20 @@
-//! Calibration files at the CLI edge: read one (`--calibration` of `validate`, `calibrate`
-//! and `run`) and build the cost model or the launch pricing it describes. The parsing and
-//! checks are the library's (`cost::Calibration::from_json_str`); this adds the file I/O.
+//! Calibration files: read one (`--calibration` of `validate`, `calibrate` and `run`, an
+//! experiment's `calibration`) and build the cost model or the launch pricing it describes.
+//! The parsing and checks are `cost::Calibration::from_json_str`'s; this adds the file I/O.
 
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
-use skewsim::cost::fit::Pricing;
-use skewsim::cost::profile::Kernel;
-use skewsim::cost::{Calibration, CostModel, ModelConfig};
+use crate::cost::fit::Pricing;
+use crate::cost::profile::Kernel;
+use crate::cost::{Calibration, CostModel, ModelConfig};
+use crate::error::{bail, Context, Result};
 
 /// The calibration in `path`, checked; errors name the file.
 pub fn read(path: &Path) -> Result<Calibration> {
     let name = path.display().to_string();
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading calibration {name}"))?;
-    Ok(Calibration::from_json_str(&text, &name)?)
+    Calibration::from_json_str(&text, &name)
 }
 
 /// `model` priced by the calibration in `path`, else by the built-in H200 figures.

@@ -9,13 +9,13 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
-use skewsim::cluster::variance::{spread_study, SpreadStudy};
-use skewsim::cluster::{VarianceModel, VarianceSpec};
+use crate::cluster::variance::{spread_study, SpreadStudy};
+use crate::cluster::{VarianceModel, VarianceSpec};
+use crate::error::{bail, spec_error, Result};
 
-use super::Output;
+use super::Outcome as RunOutcome;
 
 /// Published mean and peak trimmed spread (Libra reading note §3.3).
 pub const PUBLISHED_MEAN: f64 = 0.0701;
@@ -78,27 +78,27 @@ pub type SeedResults = Vec<(f64, f64)>;
 /// Parse the experiment, run it under its seed and its extra seeds.
 pub fn simulate(text: &str, source: &str) -> Result<(Experiment, SpreadStudy, SeedResults)> {
     let exp: Experiment =
-        toml::from_str(text).map_err(|e| skewsim::error::parse_error(source, e.to_string()))?;
+        toml::from_str(text).map_err(|e| crate::error::parse_error(source, e.to_string()))?;
     if !(2..=1_000_000).contains(&exp.gpus) {
-        anyhow::bail!(
+        bail!(
             "{source}: invalid gpus = {}: an integer in [2, 1000000]",
             exp.gpus
         );
     }
     if !(1..=1_000_000).contains(&exp.steps) {
-        anyhow::bail!(
+        bail!(
             "{source}: invalid steps = {}: an integer in [1, 1000000]",
             exp.steps
         );
     }
     if !(1..=100_000).contains(&exp.kernels_per_step) {
-        anyhow::bail!(
+        bail!(
             "{source}: invalid kernels_per_step = {}: an integer in [1, 100000]",
             exp.kernels_per_step
         );
     }
     if !(1..=64).contains(&exp.seeds) {
-        anyhow::bail!(
+        bail!(
             "{source}: invalid seeds = {}: an integer in [1, 64]",
             exp.seeds
         );
@@ -106,7 +106,7 @@ pub fn simulate(text: &str, source: &str) -> Result<(Experiment, SpreadStudy, Se
     let draws =
         u64::from(exp.gpus) * exp.steps * u64::from(exp.kernels_per_step) * u64::from(exp.seeds);
     if draws > MAX_DRAWS {
-        anyhow::bail!(
+        bail!(
             "{source}: invalid gpus × steps × kernels_per_step × seeds = {} × {} × {} × {} = \
              {draws} kernel times: at most {MAX_DRAWS} (a few seconds of drawing)",
             exp.gpus,
@@ -120,7 +120,7 @@ pub fn simulate(text: &str, source: &str) -> Result<(Experiment, SpreadStudy, Se
     let run = |seed: u64| {
         let model = VarianceModel::new(spec, seed, exp.gpus);
         spread_study(&model, exp.gpus, exp.steps, exp.kernels_per_step, exp.trim)
-            .map_err(|e| anyhow::anyhow!("{source}: {e}"))
+            .map_err(|e| spec_error!("{source}: {e}"))
     };
     let study = run(exp.seed)?;
     let mut others = Vec::new();
@@ -131,10 +131,10 @@ pub fn simulate(text: &str, source: &str) -> Result<(Experiment, SpreadStudy, Se
     Ok((exp, study, others))
 }
 
-pub fn run(file: &Path, text: &str, dir: &Path, out: Output) -> Result<()> {
+/// Run the experiment in `text` (`file` names it in messages).
+pub fn run(file: &Path, text: &str) -> Result<RunOutcome> {
     let source = file.display().to_string();
     let (exp, study, others) = simulate(text, &source)?;
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let outcome = Outcome {
         gpus: exp.gpus,
         steps: exp.steps,
@@ -148,19 +148,16 @@ pub fn run(file: &Path, text: &str, dir: &Path, out: Output) -> Result<()> {
     for (i, x) in study.spread.iter().enumerate() {
         let _ = writeln!(csv, "{i},{x:.6}");
     }
-    for (name, body) in [
-        ("summary.md", summary.clone()),
-        ("spread.csv", csv),
-        ("spread.svg", plot(&study)),
-    ] {
-        let p = dir.join(name);
-        std::fs::write(&p, body).with_context(|| format!("writing {}", p.display()))?;
-    }
-    out.emit(&outcome, || {
-        format!(
-            "{summary}\nwrote {}/summary.md, spread.csv, spread.svg\n",
-            dir.display()
-        )
+    Ok(RunOutcome {
+        kind: exp.kind.clone(),
+        files: vec![
+            ("summary.md".into(), summary.clone()),
+            ("spread.csv".into(), csv),
+            ("spread.svg".into(), plot(&study)),
+        ],
+        points_file: "spread.csv",
+        summary,
+        json: Some(serde_json::to_string_pretty(&outcome)?),
     })
 }
 

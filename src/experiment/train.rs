@@ -27,30 +27,30 @@
 //! [libra]     # pool_size (P, capped at DP), head_shards (H), tile_tokens (B), tau, chunks (M)
 //! ```
 
-use anyhow::{bail, Context, Result};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use skewsim::balance::libra::LibraParams;
-use skewsim::cluster::{Faults, Topology, TopologySpec, VarianceModel, VarianceSpec};
-use skewsim::cost::{CostModel, ModelConfig};
-use skewsim::engine::stub_net::StubNet;
-use skewsim::net::collective::CollectiveModel;
-use skewsim::net::{AnalyticalModel, FlowModel, NetworkModel};
-use skewsim::report::comm::cp_comm_busy;
-use skewsim::report::step::{gpus_csv, microbatches_csv, ms, step_report, steps_csv, StepReport};
-use skewsim::report::svg::{palette, Chart, Mark, Scale, Series};
-use skewsim::report::trace::chrome_trace;
-use skewsim::schedule::plan_step::{simulate_scheme_batch, Scheme};
-use skewsim::schedule::train::Workload;
-use skewsim::schedule::{NoVariance, Parallelism, Placement, RankMap, RuntimeVariance};
-use skewsim::workload::pack::Packing;
-use skewsim::workload::PackedSeq;
+use crate::balance::libra::LibraParams;
+use crate::cluster::{Faults, Topology, TopologySpec, VarianceModel, VarianceSpec};
+use crate::cost::{CostModel, ModelConfig};
+use crate::engine::stub_net::StubNet;
+use crate::error::{bail, Context, Result};
+use crate::net::collective::CollectiveModel;
+use crate::net::{AnalyticalModel, FlowModel, NetworkModel};
+use crate::report::comm::cp_comm_busy;
+use crate::report::step::{gpus_csv, microbatches_csv, ms, step_report, steps_csv, StepReport};
+use crate::report::svg::{palette, Chart, Mark, Scale, Series};
+use crate::report::trace::chrome_trace;
+use crate::schedule::plan_step::{simulate_scheme_batch, Scheme};
+use crate::schedule::train::Workload;
+use crate::schedule::{NoVariance, Parallelism, Placement, RankMap, RuntimeVariance};
+use crate::workload::pack::Packing;
+use crate::workload::PackedSeq;
 use std::sync::Arc;
 
-use super::Output;
+use super::{Files, Observer, Outcome, Progress};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -234,7 +234,7 @@ struct SweepSpec {
 fn workload(w: &WorkloadSpec, seq_len: u32, file: &str) -> Result<Workload> {
     let wl = match (&w.sequences, &w.corpus) {
         (None, Some(c)) => Workload::Corpus {
-            corpus: super::corpus::load_corpus(c).with_context(|| format!("{file}: [workload] corpus"))?,
+            corpus: super::inputs::load_corpus(c).with_context(|| format!("{file}: [workload] corpus"))?,
             seq_len,
             packing: w
                 .packing
@@ -349,22 +349,6 @@ fn mean(v: impl Iterator<Item = f64>) -> f64 {
 
 /// Run a `train` experiment from `text` (the file at `path`, possibly with its corpus
 /// replaced); `calibration` (the `--calibration` flag) overrides the file's.
-pub fn run(
-    path: &Path,
-    text: &str,
-    dir: &Path,
-    calibration: Option<&Path>,
-    out: Output,
-) -> Result<()> {
-    let file = path.display().to_string();
-    let title = path
-        .file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let base = path.parent().unwrap_or(Path::new("."));
-    run_text(text, &file, &title, base, dir, calibration, out)
-}
-
 /// Topologies shipped in `topologies/`, by name, for `topology = "NAME"`.
 pub(super) const BUILTIN_TOPOLOGIES: &[(&str, &str)] = &[(
     "dgx-h200-roce",
@@ -388,20 +372,21 @@ fn parse(text: &str, file: &str) -> Result<TrainFile> {
     Ok(f)
 }
 
-/// Check `text` against the `train` schema (as [`run`] does) without running it.
+/// Check `text` against the `train` schema (as [`super::run_text`] does) without running it.
 pub fn check(text: &str, file: &str) -> Result<()> {
     parse(text, file).map(|_| ())
 }
 
-fn run_text(
+/// Run the `train` experiment `text`; `file` names it in messages, `title` heads the
+/// summary, relative paths resolve against `base`; `calibration` replaces the file's own.
+pub fn run_text(
     text: &str,
     file: &str,
     title: &str,
     base: &Path,
-    dir: &Path,
     calibration: Option<&Path>,
-    out: Output,
-) -> Result<()> {
+    observer: &dyn Observer,
+) -> Result<Outcome> {
     let file = file.to_string();
     let path = base;
     let f = parse(text, &file)?;
@@ -497,7 +482,7 @@ fn run_text(
             Some((*v, f.workload.seed, faults))
         }
     };
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut files = Files::default();
 
     // The grid of points: (dp, ga, seq_len, corpus).
     let mut points: Vec<(u32, u32, u32, Option<String>)> = Vec::new();
@@ -526,7 +511,7 @@ fn run_text(
             };
             for c in &corpora {
                 let lens = match c {
-                    Some(name) if s.seq_len.is_empty() => vec![super::corpus::load_corpus(name)
+                    Some(name) if s.seq_len.is_empty() => vec![super::inputs::load_corpus(name)
                         .with_context(|| format!("{file}: [sweep] corpus"))?
                         .default_seq_len()
                         .unwrap_or(f.workload.seq_len)],
@@ -605,10 +590,11 @@ fn run_text(
                 .map(move |(d, g, l, c)| (*d, *g, *l, c.clone(), v))
         })
         .collect();
-    let progress = super::Progress::new(points.len(), "points simulated");
+    let progress = Progress::new(points.len(), "points simulated", observer);
     let results: Vec<Result<PointResult>> = points
         .par_iter()
         .map(|(dp, ga, l, c, v)| {
+            progress.check()?;
             let (dp, ga, l) = (*dp, *ga, *l);
             let (sc, lv) = &variants[*v];
             let scheme = Scheme::parse(
@@ -671,7 +657,7 @@ fn run_text(
         f.cluster.gpus_per_node,
         f.parallel.pp,
         f.parallel.cp,
-        if f.parallel.pipeline == skewsim::schedule::PipelineKind::Gpipe {
+        if f.parallel.pipeline == crate::schedule::PipelineKind::Gpipe {
             "GPipe"
         } else {
             "1F1B"
@@ -700,8 +686,8 @@ fn run_text(
     }
     let table = if f.sweep.is_none() {
         let r = &results[0];
-        std::fs::write(dir.join("steps.csv"), steps_csv(&r.steps))?;
-        std::fs::write(dir.join("microbatches.csv"), microbatches_csv(&r.steps))?;
+        files.write("steps.csv", steps_csv(&r.steps));
+        files.write("microbatches.csv", microbatches_csv(&r.steps));
         let mut fwd: Vec<f64> = r
             .steps
             .iter()
@@ -720,13 +706,13 @@ fn run_text(
                 .x("fraction of micro-batches", Scale::Linear)
                 .y("forward time / mean", Scale::Linear)
                 .series(Series::new("Ulysses", pts, Mark::LinePoints).color(palette(0)));
-            std::fs::write(dir.join("microbatches.svg"), ch.render())?;
+            files.write("microbatches.svg", ch.render());
         }
         if let Some(t) = &r.trace {
-            std::fs::write(dir.join("trace.json"), t)?;
+            files.write("trace.json", t);
         }
         if let Some(g) = &r.gpus {
-            std::fs::write(dir.join("gpus.csv"), g)?;
+            files.write("gpus.csv", g);
         }
         summary += &format!("```\n{}```\n\n", r.placement);
         let fwd: Vec<f64> = r
@@ -794,7 +780,7 @@ fn run_text(
         }
         t
     } else if multi {
-        multi_tables(&results, &f.parallel, dir)?
+        multi_tables(&results, &f.parallel, &mut files)?
     } else {
         let mut csv = String::from("corpus,seq_len,gbs,dp,ga,gpus,mean_iteration_ms,tokens_per_s,mfu,wait_fraction,exposed_comm_fraction,speedup_vs_min_dp,scaling_efficiency,infeasible_ranks\n");
         let mut t = String::from("| corpus | L | GBS | DP | GA | GPUs | iteration (s) | tokens/s | MFU | sync wait | exposed comm | speedup | scaling eff. |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
@@ -830,7 +816,7 @@ fn run_text(
             writeln!(csv, "{},{},{gbs},{},{},{gpus},{it:.3},{tps:.1},{mfu:.6},{wait:.6},{comm:.6},{speedup:.4},{eff:.4},{inf}", r.corpus, r.seq_len, r.dp, r.ga)?;
             writeln!(t, "| {} | {} | {gbs} | {} | {} | {gpus} | {:.3} | {tps:.0} | {mfu:.3} | {wait:.3} | {comm:.3} | {speedup:.2}x | {:.1}% |", r.corpus, r.seq_len, r.dp, r.ga, it / 1e3, 100.0 * eff)?;
         }
-        std::fs::write(dir.join("points.csv"), csv)?;
+        files.write("points.csv", csv);
         let dps: Vec<f64> = {
             let mut v: Vec<f64> = curves
                 .iter()
@@ -864,26 +850,29 @@ fn run_text(
                         .color("#000000"),
                 );
             }
-            std::fs::write(dir.join("scaling.svg"), ch.render())?;
+            files.write("scaling.svg", ch.render());
         }
         t
     };
     summary += &table;
-    std::fs::write(dir.join("summary.md"), &summary)?;
-    out.emit(
-        &serde_json::json!({ "dir": dir.display().to_string() }),
-        || {
-            let mut s = summary.clone();
-            s += &format!("\nwrote {}\n", dir.display());
-            s
+    files.write("summary.md", &summary);
+    Ok(Outcome {
+        kind: f.kind.clone(),
+        files: files.0,
+        points_file: if f.sweep.is_none() {
+            "steps.csv"
+        } else {
+            "points.csv"
         },
-    )
+        summary,
+        json: None,
+    })
 }
 
 /// The sweep tables of a multi-scheme run: `points.csv` (one row per point, with compute,
 /// CP communication and exposed communication per GPU and the speedup over Ulysses at the
 /// same DP), `microbatches.csv` (every micro-batch's forward span) and the Markdown tables.
-fn multi_tables(results: &[PointResult], par: &Parallelism, dir: &Path) -> Result<String> {
+fn multi_tables(results: &[PointResult], par: &Parallelism, files: &mut Files) -> Result<String> {
     let tps = |r: &PointResult| mean(r.steps.iter().map(|s| s.tokens_per_s));
     let eff_p = |r: &PointResult| {
         if r.scheme == "ulysses" {
@@ -1005,9 +994,9 @@ fn multi_tables(results: &[PointResult], par: &Parallelism, dir: &Path) -> Resul
             )?;
         }
     }
-    std::fs::write(dir.join("points.csv"), csv)?;
-    std::fs::write(dir.join("microbatches.csv"), mbs)?;
-    multi_charts(results, dir)?;
+    files.write("points.csv", csv);
+    files.write("microbatches.csv", mbs);
+    multi_charts(results, files)?;
     Ok(t + &mbt)
 }
 
@@ -1031,8 +1020,8 @@ fn variant_label(r: &PointResult, pools: bool, tiles: bool) -> String {
 /// against tiles per sequence (`tiles-CORPUS.svg`, when B × H varies) and every
 /// micro-batch's forward span at the largest DP, sorted, over the `libra` mean
 /// (`microbatches-CORPUS.svg`).
-fn multi_charts(results: &[PointResult], dir: &Path) -> Result<()> {
-    use skewsim::report::svg::{palette, Chart, Mark, Scale, Series};
+fn multi_charts(results: &[PointResult], files: &mut Files) -> Result<()> {
+    use crate::report::svg::{palette, Chart, Mark, Scale, Series};
     let mut corpora: Vec<&str> = results.iter().map(|r| r.corpus.as_str()).collect();
     corpora.dedup();
     corpora.sort_unstable();
@@ -1076,7 +1065,7 @@ fn multi_charts(results: &[PointResult], dir: &Path) -> Result<()> {
                     .collect();
                 ch = ch.series(Series::new(l.clone(), pts, Mark::LinePoints).color(palette(i)));
             }
-            std::fs::write(dir.join(format!("scaling-{c}.svg")), ch.render())?;
+            files.write(format!("scaling-{c}.svg"), ch.render());
         }
         if pools {
             let mut ps: Vec<u32> = rs
@@ -1124,7 +1113,7 @@ fn multi_charts(results: &[PointResult], dir: &Path) -> Result<()> {
                     ch = ch.series(s);
                 }
             }
-            std::fs::write(dir.join(format!("pool-{c}.svg")), ch.render())?;
+            files.write(format!("pool-{c}.svg"), ch.render());
         }
         if tiles {
             let mut ch = Chart::new(format!(
@@ -1156,7 +1145,7 @@ fn multi_charts(results: &[PointResult], dir: &Path) -> Result<()> {
                     Series::new(format!("H = {h}"), pts, Mark::LinePoints).color(palette(i)),
                 );
             }
-            std::fs::write(dir.join(format!("tiles-{c}.svg")), ch.render())?;
+            files.write(format!("tiles-{c}.svg"), ch.render());
         }
         if let Some(&dmax) = dps.last() {
             let fwd = |r: &PointResult| -> Vec<f64> {
@@ -1192,7 +1181,7 @@ fn multi_charts(results: &[PointResult], dir: &Path) -> Result<()> {
                             .color(palette(i)),
                     );
                 }
-                std::fs::write(dir.join(format!("microbatches-{c}.svg")), ch.render())?;
+                files.write(format!("microbatches-{c}.svg"), ch.render());
             }
         }
     }
