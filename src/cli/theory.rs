@@ -9,10 +9,10 @@ use std::time::Instant;
 
 use anyhow::Result;
 
+use skewsim::cost::Mask;
 use skewsim::experiment::study::{
     check_pool_sizes, check_target, theory_report, trial_loads_under, TheoryReport,
 };
-use skewsim::cost::Mask;
 use skewsim::report::table::{sig, Table};
 use skewsim::theory;
 

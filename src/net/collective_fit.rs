@@ -40,13 +40,13 @@ pub const MAX_ROW_GPUS: u32 = 4096;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CollMeasureOp {
-    /// `all_gather_perf`.
+    /// nccl-tests `all_gather_perf`.
     AllGather,
-    /// `reduce_scatter_perf`.
+    /// nccl-tests `reduce_scatter_perf`.
     ReduceScatter,
-    /// `all_reduce_perf`.
+    /// nccl-tests `all_reduce_perf`.
     AllReduce,
-    /// `alltoall_perf`: equal parts to every peer.
+    /// nccl-tests `alltoall_perf`: equal parts to every peer.
     AllToAll,
     /// An all-to-all with unequal parts (all-to-all-v).
     AllToAllV,
