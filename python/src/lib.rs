@@ -13,11 +13,11 @@ use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyRuntimeError};
 use pyo3::prelude::*;
 
+use skewsim::cost::Mask;
 use skewsim::experiment::study::{
     check_pool_sizes, check_target, corpus_report, parse_policies, resolve_source, study,
     theory_report, trial_loads, trial_loads_under, DEFAULT_SEQ_LEN,
 };
-use skewsim::cost::Mask;
 use skewsim::experiment::{self, inputs::load_corpus, Observer};
 use skewsim::Error;
 
