@@ -31,10 +31,7 @@ pub fn pricing(path: Option<&Path>, kernel: Option<&str>) -> Result<Pricing> {
     Ok(match (path, kernel) {
         (Some(_), Some(_)) => bail!("--calibration and --kernel: give one of them"),
         (Some(p), None) => Pricing::from_calibration(&read(p)?, &p.display().to_string())?,
-        (None, Some(k)) => Pricing::from_calibration(
-            &Kernel::from_name("--kernel", k)?.calibration()?,
-            &format!("--kernel {k}"),
-        )?,
+        (None, Some(k)) => Kernel::from_name("--kernel", k)?.pricing()?,
         (None, None) => Pricing::h200_default()?,
     })
 }

@@ -180,6 +180,8 @@ pub fn trace_rows(json: &str, name: &str) -> Result<Vec<Measurement>> {
             segments: u64::from(b),
             tiles: 0,
             heads: h,
+            // Forward rows: the KV heads do not change their price.
+            kv_heads: h,
             head_dim: d,
             q_tokens: u64::from(b) * u64::from(l),
             flops,

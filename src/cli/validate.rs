@@ -259,6 +259,7 @@ fn rows_of(
         segments: spec.batch.units.len() as u64,
         tiles: tiles as u64,
         heads: spec.heads,
+        kv_heads: spec.heads_kv,
         head_dim: plan.shape.head_dim,
         q_tokens: spec
             .segs

@@ -644,8 +644,21 @@ impl CostModel {
     ) -> f64 {
         match &self.attn_bwd_blocks {
             None => table_ps,
-            Some(m) => self.launch_memo.bwd_ps(m, self.model.head_dim, heads, segs),
+            Some(m) => {
+                let kv = self.kv_heads_per_call(heads);
+                self.launch_memo
+                    .bwd_ps(m, self.model.head_dim, (heads, kv), segs)
+            }
         }
+    }
+
+    /// KV heads a call of `heads` query heads reads: its share of the model's groups, at
+    /// least one (a KV head replicated to ranks that hold part of its group).
+    pub fn kv_heads_per_call(&self, heads: u32) -> u32 {
+        let (q, kv) = (self.model.heads_q.max(1), self.model.heads_kv.max(1));
+        (u64::from(heads) * u64::from(kv))
+            .div_ceil(u64::from(q))
+            .clamp(1, u64::from(heads.max(1))) as u32
     }
 
     /// The table's compute time of whole documents, without the launch overhead.
@@ -846,7 +859,9 @@ mod tests {
         )
         .unwrap();
         // A whole-document backward is one call: its blocks plus the backward overhead.
-        let want = blocks::launch_bwd_ps_f(0.0, Some(&m), 128, 8, [(0u64, 4096u64, 1u32)]) + 20e6;
+        assert_eq!(c.kv_heads_per_call(8), 1);
+        let want =
+            blocks::launch_bwd_ps_f(0.0, Some(&m), 128, (8, 1), [(0u64, 4096u64, 1u32)]) + 20e6;
         assert_eq!(c.attn_bwd_ps([4096], 8), want.round() as Ps);
         let bad = w.replace("\"iter_ns\": 1500.0", "\"iter_ns\": -1.0");
         let e = Calibration::from_json_str(&bad, "cal.json").unwrap_err();

@@ -259,7 +259,8 @@ fn block_makespan_is_a_bench_arm() {
 }
 
 /// `calibrate --score-only` prices the held-out PyTorch FlashAttention launches by the
-/// built-in torch-flash profile without fitting; the targets' median holds on head_dim 128.
+/// built-in torch-flash profile (a model per head_dim) without fitting: the medians within
+/// 5 %, the backward's p90 within 10 %.
 #[test]
 fn score_only_prices_held_out_torch_launches_by_the_built_in_profile() {
     let m = "validate/results/torch_check/attn_torch-flash_check.csv";
@@ -282,9 +283,10 @@ fn score_only_prices_held_out_torch_launches_by_the_built_in_profile() {
     assert_eq!(v["pricing"], "the built-in torch-flash profile");
     let s = &v["summary"];
     let med = |k: &str| s[k]["median_ape"].as_f64().unwrap();
-    // Head_dim 64 launches included: the profile is fitted at 128 and scales its steps.
-    assert!(med("launch_err") < 6.0, "{}", med("launch_err"));
-    assert!(med("bwd_launch_err") < 6.0, "{}", med("bwd_launch_err"));
+    assert!(med("launch_err") < 5.0, "{}", med("launch_err"));
+    assert!(med("bwd_launch_err") < 5.0, "{}", med("bwd_launch_err"));
+    let p90 = s["bwd_launch_err"]["p90_ape"].as_f64().unwrap();
+    assert!(p90 <= 10.0, "{p90}");
     // The same rows by the √(q·kv) table miss by far more.
     let old = skewsim(&["--json", "calibrate", "--score-only", "--measurements", m]);
     let o: serde_json::Value = serde_json::from_slice(&old.stdout).unwrap();
