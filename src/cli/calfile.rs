@@ -9,6 +9,11 @@ use skewsim::cost::fit::Pricing;
 use skewsim::cost::profile::Kernel;
 use skewsim::cost::{Calibration, CostModel, ModelConfig};
 
+/// Where a run's prices come from, as its flags give it: `--calibration`'s file or
+/// `--kernel`'s profile (at most one), else the experiment file's calibration, else
+/// [`Kernel::DEFAULT`].
+pub type Prices<'a> = (Option<&'a Path>, Option<Kernel>);
+
 /// The calibration in `path`, checked; errors name the file.
 pub fn read(path: &Path) -> Result<Calibration> {
     let name = path.display().to_string();
@@ -17,21 +22,32 @@ pub fn read(path: &Path) -> Result<Calibration> {
     Ok(Calibration::from_json_str(&text, &name)?)
 }
 
-/// `model` priced by the calibration in `path`, else by the built-in H200 figures.
-pub fn cost_model(model: ModelConfig, path: Option<&Path>) -> Result<CostModel> {
+/// `model` priced by the calibration in `path`, else by the built-in profile of `kernel`
+/// (its calibration at the model's head_dim).
+pub fn cost_model(model: ModelConfig, path: Option<&Path>, kernel: Kernel) -> Result<CostModel> {
     Ok(match path {
-        None => CostModel::h200(model)?,
+        None => {
+            let c = kernel.calibration_for(model.head_dim)?;
+            CostModel::calibrated(model, &c, &format!("--kernel {}", kernel.name()))?
+        }
         Some(p) => CostModel::calibrated(model, &read(p)?, &p.display().to_string())?,
     })
 }
 
+/// `--kernel`'s kernel, if given; refused with `--calibration` (`calibration`).
+pub fn kernel_flag(kernel: Option<&str>, calibration: bool) -> Result<Option<Kernel>> {
+    match kernel {
+        Some(_) if calibration => bail!("--calibration and --kernel: give one of them"),
+        Some(k) => Ok(Some(Kernel::from_name("--kernel", k)?)),
+        None => Ok(None),
+    }
+}
+
 /// The launch pricing of the calibration in `path`, else of the built-in profile of
-/// `kernel` (`--kernel`), else the built-in H200 one.
+/// `kernel` (`--kernel`), else of the default kernel's ([`Kernel::DEFAULT`]).
 pub fn pricing(path: Option<&Path>, kernel: Option<&str>) -> Result<Pricing> {
-    Ok(match (path, kernel) {
-        (Some(_), Some(_)) => bail!("--calibration and --kernel: give one of them"),
-        (Some(p), None) => Pricing::from_calibration(&read(p)?, &p.display().to_string())?,
-        (None, Some(k)) => Kernel::from_name("--kernel", k)?.pricing()?,
-        (None, None) => Pricing::h200_default()?,
+    Ok(match (path, kernel_flag(kernel, path.is_some())?) {
+        (Some(p), _) => Pricing::from_calibration(&read(p)?, &p.display().to_string())?,
+        (None, k) => k.unwrap_or(Kernel::DEFAULT).pricing()?,
     })
 }

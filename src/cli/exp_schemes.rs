@@ -32,9 +32,11 @@
 //!                                    # prices attention by the measured GPU, planners included
 //! ```
 
+use super::calfile::Prices;
 use anyhow::{bail, Context, Result};
 use rayon::prelude::*;
 use serde::Deserialize;
+use skewsim::cost::profile::Kernel;
 use std::fmt::Write as _;
 use std::path::Path;
 use std::sync::Arc;
@@ -293,14 +295,9 @@ fn load_model(name: &str, base: &Path, file: &str, layers: Option<u32>) -> Resul
 }
 
 /// Run the comparison experiment file at `path` from `text` (its contents, possibly with
-/// the corpus replaced); `calibration` (the `--calibration` flag) overrides the file's.
-pub fn run(
-    path: &Path,
-    text: &str,
-    dir: &Path,
-    calibration: Option<&Path>,
-    out: Output,
-) -> Result<()> {
+/// the corpus replaced); `calibration` (the `--calibration` or `--kernel` flag) overrides
+/// the file's.
+pub fn run(path: &Path, text: &str, dir: &Path, calibration: Prices, out: Output) -> Result<()> {
     let file = path.display().to_string();
     let title = path
         .file_stem()
@@ -351,12 +348,15 @@ pub fn run_text(
     file: &str,
     title: &str,
     base: &Path,
-    calibration: Option<&Path>,
+    calibration: Prices,
 ) -> Result<CompareOutput> {
     let f = parse(text, file)?;
-    let cal = calibration
-        .map(Path::to_path_buf)
-        .or_else(|| f.calibration.as_ref().map(|c| base.join(c)));
+    let cal = match calibration {
+        (Some(flag), _) => Some(flag.to_path_buf()),
+        (None, None) => f.calibration.as_ref().map(|c| base.join(c)),
+        (None, Some(_)) => None,
+    };
+    let kernel = calibration.1.unwrap_or(Kernel::DEFAULT);
     if !KINDS.contains(&f.kind.as_str()) {
         bail!("{file}: kind = {:?}: one of {}", f.kind, KINDS.join(", "));
     }
@@ -453,8 +453,12 @@ pub fn run_text(
     let mut points = Vec::new();
     for m in models.iter().flatten() {
         let cost = Arc::new(
-            super::calfile::cost_model(load_model(m, base, file, f.layers)?, cal.as_deref())
-                .with_context(|| format!("{file}: calibration"))?,
+            super::calfile::cost_model(
+                load_model(m, base, file, f.layers)?,
+                cal.as_deref(),
+                kernel,
+            )
+            .with_context(|| format!("{file}: calibration"))?,
         );
         for t in &topos {
             let topo = match t {
@@ -567,8 +571,13 @@ pub fn run_text(
     let mut out = render(&f, title, &arms, &results);
     if let Some(c) = &cal {
         out.markdown += &format!(
-            "\nPriced by the calibration `{}` (`skewsim calibrate`), not the built-in H200 table.\n",
+            "\nPriced by the calibration `{}` (`skewsim calibrate`), not the built-in kernel profile.\n",
             c.display()
+        );
+    } else if let (_, Some(k)) = calibration {
+        out.markdown += &format!(
+            "\nPriced by the built-in `{}` kernel profile (`--kernel`).\n",
+            k.name()
         );
     }
     out.markdown += &extra;
@@ -1287,7 +1296,7 @@ pub fn run_default(out: Output) -> Result<()> {
         "built-in four-way comparison",
         "default",
         Path::new("."),
-        None,
+        (None, None),
     )?;
     let dir = Path::new("runs/default");
     write_outputs(dir, &s)?;

@@ -27,9 +27,11 @@
 //! [libra]     # pool_size (P, capped at DP), head_shards (H), tile_tokens (B), tau, chunks (M)
 //! ```
 
+use super::calfile::Prices;
 use anyhow::{bail, Context, Result};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
+use skewsim::cost::profile::Kernel;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -348,14 +350,8 @@ fn mean(v: impl Iterator<Item = f64>) -> f64 {
 }
 
 /// Run a `train` experiment from `text` (the file at `path`, possibly with its corpus
-/// replaced); `calibration` (the `--calibration` flag) overrides the file's.
-pub fn run(
-    path: &Path,
-    text: &str,
-    dir: &Path,
-    calibration: Option<&Path>,
-    out: Output,
-) -> Result<()> {
+/// replaced); `calibration` (the `--calibration` or `--kernel` flag) overrides the file's.
+pub fn run(path: &Path, text: &str, dir: &Path, calibration: Prices, out: Output) -> Result<()> {
     let file = path.display().to_string();
     let title = path
         .file_stem()
@@ -399,7 +395,7 @@ fn run_text(
     title: &str,
     base: &Path,
     dir: &Path,
-    calibration: Option<&Path>,
+    calibration: Prices,
     out: Output,
 ) -> Result<()> {
     let file = file.to_string();
@@ -414,11 +410,12 @@ fn run_text(
         ModelConfig::builtin(&f.model).with_context(|| format!("{file}: model"))?
     };
     let cal_path = match (calibration, &f.calibration) {
-        (Some(flag), _) => Some(flag.to_path_buf()),
-        (None, Some(c)) => Some(path.join(c)),
-        (None, None) => None,
+        ((Some(flag), _), _) => Some(flag.to_path_buf()),
+        ((None, None), Some(c)) => Some(path.join(c)),
+        ((None, _), _) => None,
     };
-    let cost = super::calfile::cost_model(model, cal_path.as_deref())
+    let kernel = calibration.1.unwrap_or(Kernel::DEFAULT);
+    let cost = super::calfile::cost_model(model, cal_path.as_deref(), kernel)
         .with_context(|| format!("{file}: calibration"))?;
     // Planners balance one TP rank's heads.
     let rank_shape = cost

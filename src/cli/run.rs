@@ -15,10 +15,15 @@ pub struct Args {
     /// Where to write results (default: runs/NAME, NAME the file's stem).
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// A calibration file (JSON, from `skewsim calibrate`) replacing the built-in H200
-    /// cost figures, for kinds that price work.
+    /// A calibration file (JSON, from `skewsim calibrate`) replacing the built-in kernel
+    /// profile and cost figures, for kinds that price work (wins over the file's).
     #[arg(long)]
     pub calibration: Option<PathBuf>,
+    /// The attention kernel's built-in profile to price by, for kinds that price work:
+    /// torch-flash (PyTorch's varlen FlashAttention-2 on the H200, the default) or skewsim
+    /// (the project's own kernels); replaces the file's calibration.
+    #[arg(long)]
+    pub kernel: Option<String>,
     /// Replace the experiment's corpus (`[workload] corpus` and any `[sweep] corpus`) with
     /// this one: a built-in name, a length file (JSON, CSV, one length per line) or a
     /// parametric spec. For `train` and the scheme comparisons.
@@ -59,16 +64,21 @@ pub fn run(args: Args, out: Output) -> Result<()> {
         Some(c) => with_corpus(doc, c)
             .with_context(|| format!("{}: --corpus {c}", args.file.display()))?,
     };
+    let kernel = super::calfile::kernel_flag(args.kernel.as_deref(), args.calibration.is_some())?;
     match kind.as_str() {
-        "pools" | "runtime-variance" if args.calibration.is_some() => bail!(
-            "--calibration: experiment kind {kind:?} prices no GPU work (kinds that do: train, {})",
+        "pools" | "runtime-variance" if args.calibration.is_some() || kernel.is_some() => bail!(
+            "--calibration, --kernel: experiment kind {kind:?} prices no GPU work (kinds that do: train, {})",
             super::exp_schemes::KINDS.join(", ")
         ),
         "pools" => super::exp_pools::run(&args.file, &text, &dir, out),
         "runtime-variance" => super::exp_variance::run(&args.file, &text, &dir, out),
-        "train" => super::exp_train::run(&args.file, &text, &dir, args.calibration.as_deref(), out),
+        "train" => {
+            let prices = (args.calibration.as_deref(), kernel);
+            super::exp_train::run(&args.file, &text, &dir, prices, out)
+        }
         k if super::exp_schemes::KINDS.contains(&k) => {
-            super::exp_schemes::run(&args.file, &text, &dir, args.calibration.as_deref(), out)
+            let prices = (args.calibration.as_deref(), kernel);
+            super::exp_schemes::run(&args.file, &text, &dir, prices, out)
         }
         _ => bail!(
             "{}: unknown experiment kind = {kind:?} (one of: {})",

@@ -36,6 +36,18 @@ impl Kernel {
     /// The names `--kernel` takes.
     pub const NAMES: [&'static str; 2] = ["torch-flash", "skewsim"];
 
+    /// The kernel a run prices without `--kernel` or a calibration: PyTorch's varlen
+    /// FlashAttention-2, the kernel production jobs run.
+    pub const DEFAULT: Kernel = Kernel::TorchFlash;
+
+    /// The name `--kernel` takes for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::TorchFlash => "torch-flash",
+            Kernel::Skewsim => "skewsim",
+        }
+    }
+
     /// The kernel `name` names; `field` names the option in errors.
     pub fn from_name(field: &str, name: &str) -> Result<Self> {
         match name {
