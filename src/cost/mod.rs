@@ -29,6 +29,7 @@
 
 pub mod blocks;
 pub mod fit;
+pub mod gemm;
 pub mod kernel;
 pub mod memory;
 pub mod model;

@@ -326,3 +326,47 @@ fn kernel_profiles_are_named_and_exclusive() {
         Expect::Err("--calibration and --kernel: give one of them"),
     );
 }
+
+/// `calibrate --gemm --score-only` scores the built-in GEMM model on the committed cuBLAS
+/// measurements; fitting it again from them reproduces the built-in figures' scores; mixing
+/// it with attention measurements is refused by name.
+#[test]
+fn the_gemm_model_scores_the_committed_cublas_measurements() {
+    let (fit, check) = (
+        "validate/results/torch_fit/gemm_fit.csv",
+        "validate/results/torch_check/gemm_check.csv",
+    );
+    let out = skewsim(&[
+        "--json",
+        "calibrate",
+        "--score-only",
+        "--gemm",
+        fit,
+        "--gemm-check",
+        check,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["fit"]["rows"], 420);
+    assert_eq!(v["check"]["rows"], 160);
+    assert!(v["fit"]["median_ape"].as_f64().unwrap() < 5.0, "{v}");
+    assert!(v["check"]["median_ape"].as_f64().unwrap() < 6.0, "{v}");
+    check_cmd_refuses_mixing(fit);
+}
+
+fn check_cmd_refuses_mixing(fit: &str) {
+    check(
+        &[
+            "calibrate",
+            "--gemm",
+            fit,
+            "--measurements",
+            "validate/results/torch_check/attn_torch-flash_check.csv",
+        ],
+        Expect::Err("calibrate one model at a time"),
+    );
+}
