@@ -6,6 +6,7 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use skewsim::cost::fit::Pricing;
+use skewsim::cost::gemm::GemmModel;
 use skewsim::cost::profile::Kernel;
 use skewsim::cost::{Calibration, CostModel, ModelConfig};
 
@@ -23,12 +24,13 @@ pub fn read(path: &Path) -> Result<Calibration> {
 }
 
 /// `model` priced by the calibration in `path`, else by the built-in profile of `kernel`
-/// (its calibration at the model's head_dim).
+/// (its calibration at the model's head_dim) and the built-in H200 GEMM model.
 pub fn cost_model(model: ModelConfig, path: Option<&Path>, kernel: Kernel) -> Result<CostModel> {
     Ok(match path {
         None => {
             let c = kernel.calibration_for(model.head_dim)?;
             CostModel::calibrated(model, &c, &format!("--kernel {}", kernel.name()))?
+                .with_gemm(GemmModel::h200_default()?)
         }
         Some(p) => CostModel::calibrated(model, &read(p)?, &p.display().to_string())?,
     })

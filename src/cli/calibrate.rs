@@ -14,8 +14,8 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use skewsim::cost::gemm;
 use serde::Serialize;
+use skewsim::cost::gemm;
 
 use skewsim::cost::fit::{
     self, FitOptions, MeasureKind, Measurement, Pass, Pricing, SegCount, Summary,

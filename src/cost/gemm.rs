@@ -157,7 +157,11 @@ pub fn gemm_rows_from_csv(text: &str, context: &str) -> Result<Vec<GemmRow>> {
             let name = GEMM_COLUMNS[k];
             match f(k).parse::<u64>() {
                 Ok(v) if (1..=1 << 24).contains(&v) => Ok(v),
-                _ => Err(invalid(format!("{ctx}: {name}"), f(k), "an integer in 1..=16777216")),
+                _ => Err(invalid(
+                    format!("{ctx}: {name}"),
+                    f(k),
+                    "an integer in 1..=16777216",
+                )),
             }
         };
         let ms: f64 = f(8)
@@ -223,7 +227,8 @@ pub fn h200(tflops: f64, bytes_per_s: f64, call_us: f64, floor_us: f64) -> GemmM
 
 /// Fit the four figures of `start` to `rows` by coordinate search on the mean absolute
 /// relative error (each figure scaled up and down by a step that halves when no move
-/// helps, until 0.1 %); geometry kept.
+/// helps, until 0.1 %), from `start` and from a grid of memory rates (1.5–6 TB/s) and
+/// call terms (0, 10 µs) — the max() terms leave local minima —; geometry kept.
 pub fn fit(rows: &[GemmRow], start: &GemmModel) -> Result<GemmModel> {
     if rows.is_empty() {
         return Err(invalid("gemm measurements", 0, "at least one row"));
@@ -233,7 +238,25 @@ pub fn fit(rows: &[GemmRow], start: &GemmModel) -> Result<GemmModel> {
             .map(|r| (m.time_ps(r.m, r.n, r.k) * 1e-9 / r.ms - 1.0).abs())
             .sum::<f64>()
     };
-    let mut best = start.clone();
+    let mut starts = vec![start.clone()];
+    for bw in [1.5e12, 3e12, 4.5e12, 6e12] {
+        for call_us in [0.0, 10.0] {
+            starts.push(GemmModel {
+                bytes_per_s: bw,
+                call_us,
+                ..start.clone()
+            });
+        }
+    }
+    let fits = starts.into_iter().map(|s| descend(s, &cost));
+    fits.min_by(|a, b| a.1.total_cmp(&b.1))
+        .map(|f| f.0)
+        .ok_or_else(|| invalid("gemm fit starts", 0, "at least one"))
+}
+
+/// One coordinate search from `start` under `cost`: the model and its cost.
+fn descend(start: GemmModel, cost: &dyn Fn(&GemmModel) -> f64) -> (GemmModel, f64) {
+    let mut best = start;
     let mut c = cost(&best);
     let mut step = 0.25_f64;
     while step > 1e-3 {
@@ -259,7 +282,7 @@ pub fn fit(rows: &[GemmRow], start: &GemmModel) -> Result<GemmModel> {
             step /= 2.0;
         }
     }
-    Ok(best)
+    (best, c)
 }
 
 #[cfg(test)]
