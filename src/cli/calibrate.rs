@@ -52,7 +52,8 @@ pub struct Args {
     /// one of these strings.
     #[arg(long, value_delimiter = ',')]
     pub exclude_plans: Option<Vec<String>>,
-    /// Start from this calibration instead of the built-in H200 table.
+    /// Start from this calibration instead of the built-in default kernel profile
+    /// (torch-flash).
     #[arg(long)]
     pub calibration: Option<PathBuf>,
     /// Start from (with --score-only: price by) a built-in kernel profile instead:

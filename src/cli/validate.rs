@@ -83,7 +83,7 @@ pub struct Args {
     #[arg(short, long, default_value = "measurements.csv")]
     pub out: PathBuf,
     /// Price predictions with this calibration file (JSON, `skewsim calibrate -o`) instead
-    /// of the built-in H200 table.
+    /// of the built-in default kernel profile (torch-flash).
     #[arg(long)]
     pub calibration: Option<PathBuf>,
 }
@@ -448,7 +448,7 @@ fn measure_plan(
     Ok(rows)
 }
 
-/// The pricing a command uses: a calibration file's, else the built-in H200 table.
+/// The pricing a command uses: a calibration file's, else the built-in default profile's.
 pub fn run(args: Args, out: Output) -> Result<()> {
     let pricing = super::calfile::pricing(args.calibration.as_deref(), None)?;
     // Read and check every plan before touching the GPU.

@@ -332,7 +332,7 @@ fn kernel_profiles_are_named_and_exclusive() {
 /// it with attention measurements is refused by name.
 #[test]
 fn the_gemm_model_scores_the_committed_cublas_measurements() {
-    let (fit, check) = (
+    let (fit, held) = (
         "validate/results/torch_fit/gemm_fit.csv",
         "validate/results/torch_check/gemm_check.csv",
     );
@@ -343,7 +343,7 @@ fn the_gemm_model_scores_the_committed_cublas_measurements() {
         "--gemm",
         fit,
         "--gemm-check",
-        check,
+        held,
     ]);
     assert!(
         out.status.success(),
@@ -355,10 +355,6 @@ fn the_gemm_model_scores_the_committed_cublas_measurements() {
     assert_eq!(v["check"]["rows"], 160);
     assert!(v["fit"]["median_ape"].as_f64().unwrap() < 5.0, "{v}");
     assert!(v["check"]["median_ape"].as_f64().unwrap() < 6.0, "{v}");
-    check_cmd_refuses_mixing(fit);
-}
-
-fn check_cmd_refuses_mixing(fit: &str) {
     check(
         &[
             "calibrate",
