@@ -113,7 +113,7 @@ fn run_text(
     Option<String>,
 )> {
     let o = interruptible(py, |obs| {
-        experiment::run_text(&path, &text, calibration.as_deref(), obs)
+        experiment::run_text(&path, &text, (calibration.as_deref(), None), obs)
     })?;
     Ok((
         o.kind,

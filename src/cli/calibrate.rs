@@ -15,6 +15,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
+use skewsim::cost::gemm;
 
 use skewsim::cost::fit::{
     self, FitOptions, MeasureKind, Measurement, Pass, Pricing, SegCount, Summary,
@@ -51,7 +52,8 @@ pub struct Args {
     /// one of these strings.
     #[arg(long, value_delimiter = ',')]
     pub exclude_plans: Option<Vec<String>>,
-    /// Start from this calibration instead of the built-in H200 table.
+    /// Start from this calibration instead of the built-in default kernel profile
+    /// (torch-flash).
     #[arg(long)]
     pub calibration: Option<PathBuf>,
     /// Start from (with --score-only: price by) a built-in kernel profile instead:
@@ -103,6 +105,14 @@ pub struct Args {
     /// `--calibration`, else by the built-in default, and print predicted vs measured.
     #[arg(long)]
     pub score_only: bool,
+    /// GEMM measurement CSVs (`validate/torch/torch_grid.py`'s gemm section): fit the GEMM
+    /// model to them and write it to `--out` (with --score-only: score the built-in one)
+    /// instead of the attention calibration.
+    #[arg(long, num_args = 1..)]
+    pub gemm: Vec<PathBuf>,
+    /// GEMM measurement CSVs held out: scored, never fitted.
+    #[arg(long, num_args = 1..)]
+    pub gemm_check: Vec<PathBuf>,
     /// Where to write the calibration JSON.
     #[arg(short, long, default_value = "calibration.json")]
     pub out: PathBuf,
@@ -199,6 +209,8 @@ pub fn trace_rows(json: &str, name: &str) -> Result<Vec<Measurement>> {
             segments: u64::from(b),
             tiles: 0,
             heads: h,
+            // Forward rows: the KV heads do not change their price.
+            kv_heads: h,
             head_dim: d,
             q_tokens: u64::from(b) * u64::from(l),
             flops,
@@ -251,12 +263,105 @@ fn distinct<T: Ord + Clone>(rows: &[Measurement], f: impl Fn(&Measurement) -> T)
     v
 }
 
+/// The rows of GEMM measurement CSVs.
+fn gemm_rows(files: &[PathBuf]) -> Result<Vec<gemm::GemmRow>> {
+    let mut rows = Vec::new();
+    for f in files {
+        let name = f.display().to_string();
+        let text = std::fs::read_to_string(f).with_context(|| format!("reading {name}"))?;
+        rows.extend(gemm::gemm_rows_from_csv(&text, &name)?);
+    }
+    Ok(rows)
+}
+
+/// A GEMM model's scores: rows, median, p90 and max APE %.
+#[derive(Serialize)]
+struct GemmScore {
+    rows: usize,
+    median_ape: f64,
+    p90_ape: f64,
+    max_ape: f64,
+}
+
+impl GemmScore {
+    fn of(m: &gemm::GemmModel, rows: &[gemm::GemmRow]) -> Self {
+        let (median_ape, p90_ape, max_ape) = gemm::score(m, rows);
+        GemmScore {
+            rows: rows.len(),
+            median_ape,
+            p90_ape,
+            max_ape,
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct GemmReport {
+    model: gemm::GemmModel,
+    fitted: bool,
+    fit: GemmScore,
+    check: GemmScore,
+    out: Option<String>,
+}
+
+/// `calibrate --gemm`: fit (or with --score-only score) the GEMM model.
+fn run_gemm(args: &Args, out: Output) -> Result<()> {
+    let (fit_rows, check) = (gemm_rows(&args.gemm)?, gemm_rows(&args.gemm_check)?);
+    let builtin = gemm::GemmModel::h200_default()?;
+    let model = if args.score_only {
+        builtin
+    } else {
+        gemm::fit(&fit_rows, &builtin)?
+    };
+    let path = (!args.score_only).then(|| args.out.clone());
+    if let Some(p) = &path {
+        let text = serde_json::to_string_pretty(&model)? + "\n";
+        std::fs::write(p, text).with_context(|| format!("writing {}", p.display()))?;
+    }
+    let r = GemmReport {
+        fit: GemmScore::of(&model, &fit_rows),
+        check: GemmScore::of(&model, &check),
+        fitted: !args.score_only,
+        out: path.map(|p| p.display().to_string()),
+        model,
+    };
+    out.emit(&r, || {
+        let m = &r.model;
+        let line = |n: &str, s: &GemmScore| {
+            format!(
+                "{n:<9} {:>5} {:>13.2} {:>10.2} {:>10.2}\n",
+                s.rows, s.median_ape, s.p90_ape, s.max_ape
+            )
+        };
+        format!(
+            "GEMM model ({}): {:.1} TFLOP/s main loop, {:.2} TB/s, call {:.2} µs, floor {:.2} µs{}\nrows          n  median APE %  p90 APE %  max APE %\n{}{}",
+            if r.fitted { "fitted" } else { "built in" },
+            m.tflops,
+            m.bytes_per_s * 1e-12,
+            m.call_us,
+            m.floor_us,
+            r.out.as_ref().map(|p| format!(", written to {p}")).unwrap_or_default(),
+            line("gemm", &r.fit),
+            line("check", &r.check),
+        )
+    })
+}
+
 pub fn run(args: Args, out: Output) -> Result<()> {
     if !args.collectives.is_empty() {
-        if !args.measurements.is_empty() || !args.trace.is_empty() {
-            bail!("--collectives fits the collective model alone: give it without --measurements or --trace");
+        if !args.measurements.is_empty() || !args.trace.is_empty() || !args.gemm.is_empty() {
+            bail!("--collectives fits the collective model alone: give it without --measurements, --trace or --gemm");
         }
         return super::calibrate_coll::run(&args, out);
+    }
+    if !args.gemm.is_empty() || !args.gemm_check.is_empty() {
+        if !args.measurements.is_empty() || !args.trace.is_empty() {
+            bail!("--gemm and --measurements/--trace: calibrate one model at a time");
+        }
+        if args.gemm.is_empty() && !args.score_only {
+            bail!("--gemm-check without --gemm: give the GEMM rows to fit (or --score-only)");
+        }
+        return run_gemm(&args, out);
     }
     if args.measurements.is_empty() && args.trace.is_empty() {
         bail!("calibrate needs at least one --measurements CSV or --trace file (or --collectives)");

@@ -7,7 +7,7 @@ use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use skewsim::experiment::{self, schemes, Outcome, KINDS};
+use skewsim::experiment::{self, calfile, schemes, Outcome, KINDS};
 
 use super::{Output, Stderr};
 
@@ -18,10 +18,15 @@ pub struct Args {
     /// Where to write results (default: runs/NAME, NAME the file's stem).
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// A calibration file (JSON, from `skewsim calibrate`) replacing the built-in H200
-    /// cost figures, for kinds that price work.
+    /// A calibration file (JSON, from `skewsim calibrate`) replacing the built-in kernel
+    /// profile and cost figures, for kinds that price work (wins over the file's).
     #[arg(long)]
     pub calibration: Option<PathBuf>,
+    /// The attention kernel's built-in profile to price by, for kinds that price work:
+    /// torch-flash (PyTorch's varlen FlashAttention-2 on the H200, the default) or skewsim
+    /// (the project's own kernels); replaces the file's calibration.
+    #[arg(long)]
+    pub kernel: Option<String>,
     /// Replace the experiment's corpus (`[workload] corpus` and any `[sweep] corpus`) with
     /// this one: a built-in name, a length file (JSON, CSV, one length per line) or a
     /// parametric spec. For `train` and the scheme comparisons.
@@ -52,8 +57,10 @@ pub fn run(args: Args, out: Output) -> Result<()> {
         Some(c) => with_corpus(doc, c)
             .with_context(|| format!("{}: --corpus {c}", args.file.display()))?,
     };
+    let kernel = calfile::kernel_flag(args.kernel.as_deref(), args.calibration.is_some())?;
     let t0 = Instant::now();
-    let o = experiment::run_text(&args.file, &text, args.calibration.as_deref(), &Stderr)?;
+    let prices = (args.calibration.as_deref(), kernel);
+    let o = experiment::run_text(&args.file, &text, prices, &Stderr)?;
     write_files(&dir, &o)?;
     print(&o, &dir, t0, out)
 }

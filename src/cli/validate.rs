@@ -86,7 +86,7 @@ pub struct Args {
     #[arg(short, long, default_value = "measurements.csv")]
     pub out: PathBuf,
     /// Price predictions with this calibration file (JSON, `skewsim calibrate -o`) instead
-    /// of the built-in H200 table.
+    /// of the built-in default kernel profile (torch-flash).
     #[arg(long)]
     pub calibration: Option<PathBuf>,
     /// Topology whose first node's GPUs 0..N price the NCCL exchanges (the simulator's
@@ -315,6 +315,7 @@ fn rows_of(
         segments: spec.batch.units.len() as u64,
         tiles: tiles as u64,
         heads: spec.heads,
+        kv_heads: spec.heads_kv,
         head_dim: plan.shape.head_dim,
         q_tokens: spec
             .segs
@@ -507,7 +508,7 @@ fn measure_plan(
     Ok(rows)
 }
 
-/// The pricing a command uses: a calibration file's, else the built-in H200 table.
+/// The pricing a command uses: a calibration file's, else the built-in default profile's.
 pub fn run(args: Args, out: Output) -> Result<()> {
     let pricing = super::calfile::pricing(args.calibration.as_deref(), None)?;
     // Read and check every plan before touching the GPU.

@@ -652,6 +652,12 @@ pub struct BwdBlockModel {
     /// dK/dV blocks as they go (FlashAttention-2: its conversion is per row × head).
     #[serde(default = "yes", skip_serializing_if = "is_true")]
     pub dq_launch: bool,
+    /// Time per byte of the grouped-query reduction, ps (1 / its bandwidth; 0: the kernel
+    /// has none). FlashAttention-2 computes dK and dV per query head and, when a call has
+    /// fewer KV heads than query heads, sums each group's into its KV head afterwards
+    /// ([`group_reduce_bytes`]).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub reduce_ps_per_byte: f64,
 }
 
 fn yes() -> bool {
@@ -690,6 +696,7 @@ impl BwdBlockModel {
             block_n: BWD_BLOCK_N,
             order: TileOrder::LongestFirst,
             dq_launch: true,
+            reduce_ps_per_byte: 0.0,
         }
     }
 
@@ -710,6 +717,13 @@ impl BwdBlockModel {
                 f("row_head_ns"),
                 self.row_head_ns,
                 "a finite time >= 0 ns",
+            ));
+        }
+        if !(self.reduce_ps_per_byte.is_finite() && self.reduce_ps_per_byte >= 0.0) {
+            return Err(invalid(
+                f("reduce_ps_per_byte"),
+                self.reduce_ps_per_byte,
+                "a finite time >= 0 ps per byte",
             ));
         }
         self.dq.validate(&|n: &str| f(&format!("dq.{n}")))?;
@@ -794,6 +808,23 @@ pub fn bwd_dkdv_blocks(
     blocks.into_iter().map(|b| b.1).collect()
 }
 
+/// Bytes of the grouped-query reduction of one backward call of `heads` query heads over
+/// `kv_heads` KV heads: dK and dV of every key each read at every query head and written at
+/// every KV head, bf16 (FlashAttention-2's `dk_expanded` summed over the group); 0 when
+/// the call has a KV head per query head.
+pub fn group_reduce_bytes(
+    heads: u32,
+    kv_heads: u32,
+    head_dim: u32,
+    segs: impl IntoIterator<Item = (u64, u64, u32)>,
+) -> f64 {
+    if kv_heads >= heads {
+        return 0.0;
+    }
+    let keys: u64 = segs.into_iter().map(|(_, e, n)| e * u64::from(n)).sum();
+    2.0 * keys as f64 * f64::from(heads + kv_heads) * f64::from(head_dim) * 2.0
+}
+
 /// One backward call's blocks (both launches) and its query rows × heads, ready to be
 /// priced under any [`BwdBlockModel`] of the same geometry.
 #[derive(Clone, Debug)]
@@ -804,6 +835,8 @@ pub struct BwdLaunchBlocks {
     pub dkdv: Vec<BlockShape>,
     /// Query rows of the call (Σ segments' queries).
     pub rows: u64,
+    /// Bytes of its grouped-query reduction ([`group_reduce_bytes`]).
+    pub reduce_bytes: f64,
     /// Query heads of the launch (each runs `dq` and `dkdv`).
     pub heads: u32,
     /// Head dimension d.
@@ -811,16 +844,18 @@ pub struct BwdLaunchBlocks {
 }
 
 impl BwdLaunchBlocks {
-    /// The backward call of `segs` at `heads` query heads.
+    /// The backward call of `segs` at `heads` query heads over `kv_heads` KV heads.
     pub fn new(
         m: &BwdBlockModel,
         heads: u32,
+        kv_heads: u32,
         head_dim: u32,
         segs: impl IntoIterator<Item = (u64, u64, u32)> + Clone,
     ) -> Self {
         Self {
             dq: bwd_dq_blocks(m, segs.clone()),
             dkdv: bwd_dkdv_blocks(m, segs.clone()),
+            reduce_bytes: group_reduce_bytes(heads, kv_heads, head_dim, segs.clone()),
             rows: segs
                 .into_iter()
                 .map(|(a, e, n)| e.saturating_sub(a) * u64::from(n))
@@ -830,9 +865,9 @@ impl BwdLaunchBlocks {
         }
     }
 
-    /// The call's three terms under `m`, ps: the per-row-head work, the dQ launch's
-    /// makespan and the dK/dV launch's makespan.
-    pub fn parts_ps(&self, m: &BwdBlockModel) -> [f64; 3] {
+    /// The call's four terms under `m`, ps: the per-row-head work, the dQ launch's
+    /// makespan, the dK/dV launch's makespan and the grouped-query reduction.
+    pub fn parts_ps(&self, m: &BwdBlockModel) -> [f64; 4] {
         let d = head_dim_scale(self.head_dim, m.head_dim);
         let span = |t: &BlockTimes, shapes: &[BlockShape]| {
             let times: Vec<f64> = shapes
@@ -845,6 +880,7 @@ impl BwdLaunchBlocks {
             1e3 * m.row_head_ns * (self.rows * u64::from(self.heads)) as f64,
             span(&m.dq, &self.dq),
             span(&m.dkdv, &self.dkdv),
+            m.reduce_ps_per_byte * self.reduce_bytes,
         ]
     }
 
@@ -861,18 +897,19 @@ pub fn launch_bwd_ps_f(
     table_ps: f64,
     blocks: Option<&BwdBlockModel>,
     head_dim: u32,
-    heads: u32,
+    (heads, kv_heads): (u32, u32),
     segs: impl IntoIterator<Item = (u64, u64, u32)> + Clone,
 ) -> f64 {
     match blocks {
         None => table_ps,
-        Some(m) => BwdLaunchBlocks::new(m, heads, head_dim, segs).time_ps(m),
+        Some(m) => BwdLaunchBlocks::new(m, heads, kv_heads, head_dim, segs).time_ps(m),
     }
 }
 
 /// A launch priced once: the pass and model (as its `Debug` text: every figure's shortest
-/// exact decimal), heads, head_dim and segments in canonical order.
-type LaunchKey = (String, u32, u32, Vec<(u64, u64, u32)>);
+/// exact decimal), query and KV heads, head_dim and segments — in canonical order where
+/// the kernel sorts them, else in the caller's.
+type LaunchKey = (String, (u32, u32), u32, Vec<(u64, u64, u32)>);
 
 /// Entries kept before the memo starts afresh (bounds its memory on long runs).
 const MEMO_CAP: usize = 1 << 18;
@@ -894,14 +931,17 @@ impl std::fmt::Debug for LaunchMemo {
 impl LaunchMemo {
     fn get_or(
         &self,
-        model: String,
-        heads: u32,
+        (model, order): (String, TileOrder),
+        heads: (u32, u32),
         head_dim: u32,
         segs: impl IntoIterator<Item = (u64, u64, u32)>,
         price: impl FnOnce(&[(u64, u64, u32)]) -> f64,
     ) -> f64 {
         let mut segs: Vec<(u64, u64, u32)> = segs.into_iter().collect();
-        segs.sort_unstable();
+        // A grid runs the segments as the caller passes them; the project's kernels sort.
+        if order != TileOrder::Grid {
+            segs.sort_unstable();
+        }
         let key = (model, heads, head_dim, segs);
         if let Some(&t) = self.0.lock().ok().as_ref().and_then(|c| c.get(&key)) {
             return t;
@@ -925,7 +965,8 @@ impl LaunchMemo {
         heads: u32,
         segs: impl IntoIterator<Item = (u64, u64, u32)>,
     ) -> f64 {
-        self.get_or(format!("fwd {m:?}"), heads, head_dim, segs, |s| {
+        let model = (format!("fwd {m:?}"), m.order);
+        self.get_or(model, (heads, heads), head_dim, segs, |s| {
             LaunchBlocks::new(m, heads, head_dim, s.iter().copied()).makespan_ps(m)
         })
     }
@@ -935,11 +976,12 @@ impl LaunchMemo {
         &self,
         m: &BwdBlockModel,
         head_dim: u32,
-        heads: u32,
+        (heads, kv_heads): (u32, u32),
         segs: impl IntoIterator<Item = (u64, u64, u32)>,
     ) -> f64 {
-        self.get_or(format!("bwd {m:?}"), heads, head_dim, segs, |s| {
-            BwdLaunchBlocks::new(m, heads, head_dim, s.iter().copied()).time_ps(m)
+        let model = (format!("bwd {m:?}"), m.order);
+        self.get_or(model, (heads, kv_heads), head_dim, segs, |s| {
+            BwdLaunchBlocks::new(m, heads, kv_heads, head_dim, s.iter().copied()).time_ps(m)
         })
     }
 }
@@ -1089,6 +1131,61 @@ mod tests {
         assert_ne!(p2, want);
         assert_ne!(memo.fwd_ps(&m, 128, 4, segs), want);
         assert_ne!(memo.fwd_ps(&m, 64, 8, segs), want);
+    }
+
+    /// A grid runs the segments in the caller's order: the memo keys on that order, and
+    /// the long segment first or last are two launches.
+    #[test]
+    fn a_grid_launch_is_priced_in_the_callers_order() {
+        let memo = LaunchMemo::default();
+        let m = BlockModel {
+            order: TileOrder::Grid,
+            empty_ns: 0.1,
+            ..BlockModel::h200(1.0, 2.0, 0.1, 0.5, 1.5)
+        };
+        let long = (120_000u64, 120_128u64, 1u32);
+        let mut segs = vec![(0u64, 128u64, 1u32); 300];
+        segs.insert(0, long);
+        let first = launch_fwd_ps_f(0.0, Some(&m), 128, 1, segs.clone());
+        segs.rotate_left(1);
+        let last = launch_fwd_ps_f(0.0, Some(&m), 128, 1, segs.clone());
+        // Last, the long block waits for a free slot behind 300 short ones, then runs
+        // alone; first, it shares its SM with a stream of them from the start.
+        assert_ne!(first.to_bits(), last.to_bits());
+        assert_eq!(
+            memo.fwd_ps(&m, 128, 1, segs.clone()).to_bits(),
+            last.to_bits()
+        );
+        segs.rotate_right(1);
+        assert_eq!(memo.fwd_ps(&m, 128, 1, segs).to_bits(), first.to_bits());
+    }
+
+    #[test]
+    fn the_group_reduction_by_hand() {
+        // 4 query heads over 1 KV head, head_dim 128, two segments ending at 1,000 and
+        // 3 × 500 keys: 2 (dK, dV) × 2,500 keys × (4 read + 1 written) × 128 × 2 bytes.
+        let segs = [(900u64, 1000u64, 1u32), (0, 500, 3)];
+        let bytes = group_reduce_bytes(4, 1, 128, segs);
+        assert_eq!(bytes, 2.0 * 2500.0 * 5.0 * 128.0 * 2.0);
+        assert_eq!(group_reduce_bytes(4, 4, 128, segs), 0.0);
+        let m = BwdBlockModel {
+            reduce_ps_per_byte: 0.25,
+            ..bwd_model()
+        };
+        let grouped = BwdLaunchBlocks::new(&m, 4, 1, 128, segs);
+        let plain = BwdLaunchBlocks::new(&m, 4, 4, 128, segs);
+        assert_eq!(grouped.parts_ps(&m)[3], 0.25 * bytes);
+        assert_eq!(plain.parts_ps(&m)[3], 0.0);
+        assert_eq!(grouped.parts_ps(&m)[..3], plain.parts_ps(&m)[..3]);
+        let bad = BwdBlockModel {
+            reduce_ps_per_byte: -1.0,
+            ..m
+        };
+        let e = bad.validate("c.json").unwrap_err().to_string();
+        assert!(
+            e.contains("c.json: attn_bwd_blocks.reduce_ps_per_byte"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -1280,23 +1377,23 @@ mod tests {
         // One 64-token document at 1 head: 64 rows × 0.002 ns; the dQ block 3 + 10 + 1 ns;
         // the dK/dV block 5 + 7 + 2 ns; each alone on its SM, one launch after the other.
         let want = (64.0 * 0.002 + 14.0 + 14.0) * 1e3;
-        let p = launch_bwd_ps_f(0.0, Some(&m), 128, 1, [(0u64, 64u64, 1u32)]);
+        let p = launch_bwd_ps_f(0.0, Some(&m), 128, (1, 1), [(0u64, 64u64, 1u32)]);
         assert!((p - want).abs() < 1e-6, "{p} {want}");
         // Two heads: the blocks on two SMs, the row work twice.
-        let p2 = launch_bwd_ps_f(0.0, Some(&m), 128, 2, [(0u64, 64u64, 1u32)]);
+        let p2 = launch_bwd_ps_f(0.0, Some(&m), 128, (2, 2), [(0u64, 64u64, 1u32)]);
         assert!((p2 - want - 64.0 * 0.002 * 1e3).abs() < 1e-6, "{p2}");
         // 264 heads: two blocks per SM on all 132 SMs, each 1.5× slower.
-        let p3 = launch_bwd_ps_f(0.0, Some(&m), 128, 264, [(0u64, 64u64, 1u32)]);
+        let p3 = launch_bwd_ps_f(0.0, Some(&m), 128, (264, 264), [(0u64, 64u64, 1u32)]);
         let want3 = (264.0 * 64.0 * 0.002 + 1.5 * 28.0) * 1e3;
         assert!((p3 - want3).abs() < 1e-6, "{p3} {want3}");
         // Without a model: the table's price, bit for bit.
         let t = 98_765.5_f64;
         assert_eq!(
-            launch_bwd_ps_f(t, None, 128, 8, [(0u64, 4096u64, 2u32)]).to_bits(),
+            launch_bwd_ps_f(t, None, 128, (8, 8), [(0u64, 4096u64, 2u32)]).to_bits(),
             t.to_bits()
         );
         // head_dim 64: steps at half the time, the fixed parts and the row work unchanged.
-        let l = BwdLaunchBlocks::new(&m, 1, 64, [(0u64, 64u64, 1u32)]);
+        let l = BwdLaunchBlocks::new(&m, 1, 1, 64, [(0u64, 64u64, 1u32)]);
         let parts = l.parts_ps(&m);
         assert!((parts[1] - (3.0 + 5.5) * 1e3).abs() < 1e-6, "{parts:?}");
         assert!((parts[2] - (5.0 + 4.5) * 1e3).abs() < 1e-6, "{parts:?}");
@@ -1375,7 +1472,7 @@ mod tests {
         assert_eq!(k[1..4], [EMPTY; 3]);
         assert!(k[4..].iter().all(|s| s.rows > 0));
         // The call's price: empties at their own time, nothing for dQ.
-        let l = BwdLaunchBlocks::new(&bwd, 1, 128, [(0, 64, 1)]);
+        let l = BwdLaunchBlocks::new(&bwd, 1, 1, 128, [(0, 64, 1)]);
         assert_eq!(l.parts_ps(&bwd)[1], 0.0);
     }
 }

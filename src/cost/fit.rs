@@ -132,6 +132,8 @@ pub struct Measurement {
     pub tiles: u64,
     /// Query heads per call.
     pub heads: u32,
+    /// KV heads per call (the `kv_heads` column; `heads` where a file has none).
+    pub kv_heads: u32,
     pub head_dim: u32,
     /// Query tokens in the launch.
     pub q_tokens: u64,
@@ -152,7 +154,7 @@ pub struct Measurement {
 /// The first line of a measurement CSV: the format and its version.
 pub const CSV_VERSION_LINE: &str = "#skewsim-measurements,v2";
 
-const HEADER: [&str; 23] = [
+const HEADER: [&str; 24] = [
     "kind",
     "pass",
     "plan",
@@ -167,6 +169,7 @@ const HEADER: [&str; 23] = [
     "segments",
     "tiles",
     "heads",
+    "kv_heads",
     "head_dim",
     "q_tokens",
     "flops",
@@ -237,6 +240,7 @@ pub fn measurements_to_csv(rows: &[Measurement]) -> Result<String> {
             r.segments.to_string(),
             r.tiles.to_string(),
             r.heads.to_string(),
+            r.kv_heads.to_string(),
             r.head_dim.to_string(),
             r.q_tokens.to_string(),
             format!("{:.6e}", r.flops),
@@ -294,19 +298,21 @@ pub fn measurements_from_csv(text: &str, context: &str) -> Result<Vec<Measuremen
         .headers()
         .map_err(|e| parse_error(context, e.to_string()))?
         .clone();
-    let mut col = [0usize; HEADER.len()];
+    // Every column is required but `kv_heads` (a call without it has a KV head per query
+    // head).
+    let mut col = [None; HEADER.len()];
     for (i, name) in HEADER.iter().enumerate() {
-        col[i] = headers
-            .iter()
-            .position(|h| h == *name)
-            .ok_or_else(|| parse_error(context, format!("missing column `{name}`")))?;
+        col[i] = headers.iter().position(|h| h == *name);
+        if col[i].is_none() && *name != "kv_heads" {
+            return Err(parse_error(context, format!("missing column `{name}`")));
+        }
     }
     let mut out = Vec::new();
     for (i, rec) in rdr.records().enumerate() {
         let rec = rec.map_err(|e| parse_error(context, e.to_string()))?;
         let line = i + 3;
         let ctx = format!("{context}: line {line}");
-        let f = |k: usize| rec.get(col[k]).unwrap_or("");
+        let f = |k: usize| col[k].and_then(|c| rec.get(c)).unwrap_or("");
         fn num<T: std::str::FromStr>(s: &str, ctx: &str, name: &str) -> Result<T> {
             s.parse::<T>()
                 .map_err(|_| invalid(format!("{ctx}: {name}"), s, "a number"))
@@ -346,6 +352,7 @@ pub fn measurements_from_csv(text: &str, context: &str) -> Result<Vec<Measuremen
                 "fwd for dispatch and return rows (only attention rows have a backward)",
             ));
         }
+        let heads = num(f(13), &ctx, "heads")?;
         let m = Measurement {
             kind,
             pass,
@@ -360,19 +367,23 @@ pub fn measurements_from_csv(text: &str, context: &str) -> Result<Vec<Measuremen
             units: num(f(10), &ctx, "units")?,
             segments: num(f(11), &ctx, "segments")?,
             tiles: num(f(12), &ctx, "tiles")?,
-            heads: num(f(13), &ctx, "heads")?,
-            head_dim: num(f(14), &ctx, "head_dim")?,
-            q_tokens: num(f(15), &ctx, "q_tokens")?,
-            flops: num(f(16), &ctx, "flops")?,
-            bytes: num(f(17), &ctx, "bytes")?,
-            predicted_ms: match f(18) {
+            heads,
+            kv_heads: match f(14) {
+                "" => heads,
+                s => num(s, &ctx, "kv_heads")?,
+            },
+            head_dim: num(f(15), &ctx, "head_dim")?,
+            q_tokens: num(f(16), &ctx, "q_tokens")?,
+            flops: num(f(17), &ctx, "flops")?,
+            bytes: num(f(18), &ctx, "bytes")?,
+            predicted_ms: match f(19) {
                 "" => None,
                 s => Some(num(s, &ctx, "predicted_ms")?),
             },
-            measured_ms: time(19, "measured_ms")?,
-            p10_ms: time(20, "p10_ms")?,
-            p90_ms: time(21, "p90_ms")?,
-            segs: parse_segs(f(22), &ctx)?,
+            measured_ms: time(20, "measured_ms")?,
+            p10_ms: time(21, "p10_ms")?,
+            p90_ms: time(22, "p90_ms")?,
+            segs: parse_segs(f(23), &ctx)?,
         };
         check_row(&m, &ctx)?;
         out.push(m);
@@ -400,6 +411,13 @@ fn check_row(m: &Measurement, ctx: &str) -> Result<()> {
             format!("{ctx}: heads"),
             m.heads,
             format!("1 to {MAX_HEADS} query heads per call"),
+        ));
+    }
+    if m.kind == MeasureKind::Attn && (m.kv_heads == 0 || m.heads % m.kv_heads.max(1) != 0) {
+        return Err(invalid(
+            format!("{ctx}: kv_heads"),
+            m.kv_heads,
+            format!("a divisor of the row's {} query heads", m.heads),
         ));
     }
     if !(m.flops.is_finite() && m.flops >= 0.0) {
@@ -454,6 +472,9 @@ pub struct Pricing {
     /// The backward kernels' block model, if a calibration fitted one (it then prices every
     /// backward call instead of the table).
     pub bwd_blocks: Option<BwdBlockModel>,
+    /// Pricings of head dims a kernel profile fitted apart (`profile::Kernel::pricing`): a
+    /// row of one of these head dims is priced by its pricing.
+    pub head_dims: Vec<(u32, Pricing)>,
 }
 
 impl Pricing {
@@ -466,6 +487,7 @@ impl Pricing {
             launch: LaunchCosts::default(),
             blocks: None,
             bwd_blocks: None,
+            head_dims: Vec::new(),
         })
     }
 
@@ -482,6 +504,7 @@ impl Pricing {
             launch: c.launch.clone(),
             blocks: c.attn_blocks,
             bwd_blocks: c.attn_bwd_blocks,
+            head_dims: Vec::new(),
         })
     }
 
@@ -561,7 +584,12 @@ impl Pricing {
     /// Backward time of a call's segments, ms, without the call overhead: the table's price
     /// ([`Self::attn_bwd_compute_ms`]), or with a backward block model its kernels' blocks
     /// ([`blocks::launch_bwd_ps_f`]).
-    pub fn attn_bwd_launch_ms(&self, heads: u32, head_dim: u32, segs: &[SegCount]) -> f64 {
+    pub fn attn_bwd_launch_ms(
+        &self,
+        (heads, kv_heads): (u32, u32),
+        head_dim: u32,
+        segs: &[SegCount],
+    ) -> f64 {
         match &self.bwd_blocks {
             None => Self::attn_bwd_compute_ms(
                 &self.eff,
@@ -572,6 +600,7 @@ impl Pricing {
                 segs,
             ),
             Some(m) => {
+                let heads = (heads, kv_heads);
                 blocks::launch_bwd_ps_f(0.0, Some(m), head_dim, heads, Self::seg_ranges(segs))
                     * 1e-9
             }
@@ -591,6 +620,9 @@ impl Pricing {
 
     /// Predicted milliseconds of one measurement row.
     pub fn predict_ms(&self, m: &Measurement) -> f64 {
+        if let Some((_, p)) = self.head_dims.iter().find(|d| d.0 == m.head_dim) {
+            return p.predict_ms(m);
+        }
         match (m.kind, m.pass) {
             (MeasureKind::Attn, _) if m.segs.is_empty() => 0.0,
             (MeasureKind::Attn, Pass::Fwd) => {
@@ -604,7 +636,8 @@ impl Pricing {
                     )
             }
             (MeasureKind::Attn, Pass::Bwd) => {
-                self.bwd_launch_us() * 1e-3 + self.attn_bwd_launch_ms(m.heads, m.head_dim, &m.segs)
+                self.bwd_launch_us() * 1e-3
+                    + self.attn_bwd_launch_ms((m.heads, m.kv_heads), m.head_dim, &m.segs)
             }
             _ if m.bytes == 0 => 0.0,
             _ => self.copy_ms(m.bytes),
@@ -1383,8 +1416,10 @@ struct BwdBlockFit {
 /// The backward block model's fit, by variable projection as [`fit_blocks`]: the two
 /// launches share their block times — the ratios block_ns / iter_ns and row_share and the
 /// pair slowdown are searched ([`search_ratios`], one descent: each candidate prices both
-/// launches of every call); the call overhead, the per-row·head time and the step time
-/// enter a call's time linearly and are solved in closed form for every candidate
+/// launches of every call); the call overhead, the per-row·head time, the step time and —
+/// when some calls have fewer KV heads than query heads — the grouped-query reduction's
+/// time per byte enter a call's time linearly and are solved in closed form for every
+/// candidate
 /// ([`weighted_nnls`], all ≥ 0). No diagonal term: the backward kernels compute every
 /// element of a masked step and select (`attn_bwd.cu`), and a fitted one came out at 0 on
 /// run 15 (0.01 ns of a 1.4–2.4 µs step). One step time for both launches, not one each:
@@ -1401,8 +1436,13 @@ fn fit_bwd_blocks(
     use rayon::prelude::*;
     let launches: Vec<BwdLaunchBlocks> = rows
         .iter()
-        .map(|r| BwdLaunchBlocks::new(template, r.heads, r.head_dim, Pricing::seg_ranges(&r.segs)))
+        .map(|r| {
+            let segs = Pricing::seg_ranges(&r.segs);
+            BwdLaunchBlocks::new(template, r.heads, r.kv_heads, r.head_dim, segs)
+        })
         .collect();
+    // Calls with fewer KV heads than query heads identify the grouped-query reduction.
+    let grouped = launches.iter().any(|l| l.reduce_bytes > 0.0);
     let per_sm = f64::from(template.blocks_per_sm.max(1));
     let grid = template.order == TileOrder::Grid;
     // Ratios → the model at 1 ns steps and 1 ns per row·head.
@@ -1422,15 +1462,19 @@ fn fit_bwd_blocks(
             ..*template
         }
     };
-    // Per candidate: (call ms, ms per row·head ns, ms per step ns) and the relative
-    // residuals.
+    // Per candidate: (call ms, ms per row·head ns, ms per step ns[, ms per reduced
+    // byte]) and the relative residuals.
     let solve_at = |th: &[f64]| -> (Vec<f64>, Vec<f64>) {
         let m = unit(th);
         let xs: Vec<Vec<f64>> = launches
             .par_iter()
             .map(|l| {
                 let p = l.parts_ps(&m);
-                vec![1.0, p[0] * 1e-9, (p[1] + p[2]) * 1e-9]
+                let mut x = vec![1.0, p[0] * 1e-9, (p[1] + p[2]) * 1e-9];
+                if grouped {
+                    x.push(l.reduce_bytes);
+                }
+                x
             })
             .collect();
         linear_part(&xs, rows)
@@ -1487,6 +1531,8 @@ fn fit_bwd_blocks(
             row_head_ns: beta[1],
             dq: t,
             dkdv: t,
+            // ms per byte → ps per byte.
+            reduce_ps_per_byte: beta.get(3).map_or(0.0, |b| b * 1e9),
             ..m
         },
         launch_us: beta[0] * 1e3,
@@ -1714,6 +1760,7 @@ mod tests {
             segments: segs.iter().map(|s| u64::from(s.n)).sum(),
             tiles: 0,
             heads,
+            kv_heads: heads,
             head_dim: 128,
             q_tokens: 0,
             flops: 0.0,
@@ -1754,6 +1801,39 @@ mod tests {
             .to_string();
         assert!(
             e.contains("m.csv: line 3: segs") && e.contains("400:300*2"),
+            "{e}"
+        );
+        // KV heads: written, read back, optional (a file without the column has a KV head
+        // per query head) and refused by name unless they divide the query heads.
+        let mut gqa = rows.clone();
+        gqa[0].kv_heads = 1;
+        let text = measurements_to_csv(&gqa).unwrap();
+        assert_eq!(
+            measurements_from_csv(&text, "m.csv").unwrap()[0].kv_heads,
+            1
+        );
+        let mut lines: Vec<Vec<String>> = text
+            .lines()
+            .skip(1)
+            .map(|l| l.split(',').map(str::to_string).collect())
+            .collect();
+        let col = lines[0].iter().position(|c| c == "kv_heads").unwrap();
+        for l in &mut lines {
+            l.remove(col);
+        }
+        let without = std::iter::once(CSV_VERSION_LINE.to_string())
+            .chain(lines.iter().map(|l| l.join(",")))
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert_eq!(
+            measurements_from_csv(&without, "m.csv").unwrap()[0].kv_heads,
+            2
+        );
+        let odd = text.replacen(",2,1,128,", ",2,3,128,", 1);
+        assert_ne!(odd, text);
+        let e = format!("{:?}", measurements_from_csv(&odd, "m.csv").map(|_| ()));
+        assert!(
+            e.contains("m.csv: line 3: kv_heads") && e.contains('3'),
             "{e}"
         );
         let bad = text.replace("dispatch", "teleport");
@@ -1976,6 +2056,7 @@ mod tests {
             },
             blocks: None,
             bwd_blocks: None,
+            head_dims: Vec::new(),
         };
         // Launches: mixes of whole documents and chunks at deterministic lengths.
         let mut rows = Vec::new();
@@ -2085,6 +2166,7 @@ mod tests {
             },
             blocks: None,
             bwd_blocks: None,
+            head_dims: Vec::new(),
         };
         let mut rows = Vec::new();
         let mut next = lcg(777);

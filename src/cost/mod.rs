@@ -32,6 +32,7 @@
 pub mod blocks;
 #[allow(missing_docs)] // its record and summary fields are documented at the type
 pub mod fit;
+pub mod gemm;
 pub mod kernel;
 pub mod mask;
 pub mod memory;
@@ -421,6 +422,9 @@ pub struct CostModel {
     pub attn_bwd_blocks: Option<BwdBlockModel>,
     /// Block prices of launches already priced (shared by clones; keyed by the model too).
     launch_memo: blocks::LaunchMemo,
+    /// The GEMM model ([`gemm`]) pricing linear work by shape, else `None`: FLOPs at the
+    /// GEMM efficiencies of `hw`.
+    pub gemm: Option<gemm::GemmModel>,
 }
 
 impl CostModel {
@@ -435,6 +439,7 @@ impl CostModel {
             attn_blocks: None,
             attn_bwd_blocks: None,
             launch_memo: blocks::LaunchMemo::default(),
+            gemm: None,
         })
     }
 
@@ -460,7 +465,78 @@ impl CostModel {
             attn_blocks: cal.attn_blocks,
             attn_bwd_blocks: cal.attn_bwd_blocks,
             launch_memo: blocks::LaunchMemo::default(),
+            gemm: None,
         })
+    }
+
+    /// The same model with linear work priced by `g`'s GEMM shapes.
+    pub fn with_gemm(self, g: gemm::GemmModel) -> Self {
+        Self {
+            gemm: Some(g),
+            ..self
+        }
+    }
+
+    /// The forward GEMMs of one piece over `tokens` tokens as (M, N, K, dense): the
+    /// projections token-major, an MoE layer's experts as one grouped GEMM over every
+    /// routed copy.
+    fn piece_gemms(&self, piece: LinearPiece, tokens: u64) -> Vec<(u64, u64, u64, bool)> {
+        let m = &self.model;
+        let (h, d) = (u64::from(m.hidden), u64::from(m.head_dim));
+        let (q, kv) = (u64::from(m.heads_q), u64::from(m.heads_kv));
+        let t = tokens;
+        match (piece, m.ffn) {
+            (LinearPiece::Qkv, _) => vec![(t, (q + 2 * kv) * d, h, true)],
+            (LinearPiece::OutProj, _) => vec![(t, h, q * d, true)],
+            (LinearPiece::Ffn, Ffn::Dense { intermediate }) => {
+                let i = u64::from(intermediate);
+                vec![(t, 2 * i, h, true), (t, h, i, true)]
+            }
+            (LinearPiece::Ffn, Ffn::Moe { experts, top_k, .. }) => {
+                let mut g = vec![(t, u64::from(experts), h, true)];
+                g.extend(self.expert_gemms(t * u64::from(top_k)));
+                g
+            }
+            (LinearPiece::Router, Ffn::Dense { .. }) => Vec::new(),
+            (LinearPiece::Router, Ffn::Moe { experts, .. }) => {
+                vec![(t, u64::from(experts), h, true)]
+            }
+        }
+    }
+
+    /// The expert GEMMs over `copies` routed token copies: gate and up, then down.
+    fn expert_gemms(&self, copies: u64) -> Vec<(u64, u64, u64, bool)> {
+        match self.model.ffn {
+            Ffn::Dense { .. } => Vec::new(),
+            Ffn::Moe {
+                expert_intermediate,
+                ..
+            } => {
+                let (h, i) = (u64::from(self.model.hidden), u64::from(expert_intermediate));
+                vec![(copies, 2 * i, h, false), (copies, h, i, false)]
+            }
+        }
+    }
+
+    /// Time of `gemms`, forward or backward (input gradient M × N by N × K and weight
+    /// gradient K × M by M × N), in ps: by the GEMM model's shapes, else FLOPs at the
+    /// GEMM efficiencies.
+    fn gemms_ps_f(&self, gemms: &[(u64, u64, u64, bool)], bwd: bool) -> f64 {
+        gemms
+            .iter()
+            .map(|&(m, n, k, dense)| match &self.gemm {
+                Some(g) if bwd => g.time_ps(m, k, n) + g.time_ps(k, n, m),
+                Some(g) => g.time_ps(m, n, k),
+                None => {
+                    let f = 2.0 * (m * n * k) as f64 * if bwd { 2.0 } else { 1.0 };
+                    if dense {
+                        self.gemm_ps_f(f, 0.0)
+                    } else {
+                        self.gemm_ps_f(0.0, f)
+                    }
+                }
+            })
+            .sum()
     }
 
     /// The attention shape a step's plan is made for ([`ModelConfig::attn_shape`]).
@@ -533,12 +609,23 @@ impl CostModel {
     /// plus its RMSNorm over `norm_tokens` (the pieces that start with one: QKV and the
     /// feed-forward; `norm_tokens` = tokens / TP under sequence parallelism), in ps.
     pub fn piece_fwd_ps_f(&self, piece: LinearPiece, tokens: u64, norm_tokens: u64) -> f64 {
-        let (dense, moe) = self.piece_fwd_flops(piece, tokens);
         let norm = match piece {
             LinearPiece::OutProj => 0.0,
             _ => self.norm_ps(norm_tokens),
         };
-        self.gemm_ps_f(dense, moe) + norm
+        self.piece_gemm_ps_f(piece, tokens) + norm
+    }
+
+    /// Forward time of one piece's GEMMs over `tokens` tokens, ps: by the GEMM model's
+    /// shapes, else its FLOPs at the GEMM efficiencies.
+    fn piece_gemm_ps_f(&self, piece: LinearPiece, tokens: u64) -> f64 {
+        match &self.gemm {
+            Some(_) => self.gemms_ps_f(&self.piece_gemms(piece, tokens), false),
+            None => {
+                let (dense, moe) = self.piece_fwd_flops(piece, tokens);
+                self.gemm_ps_f(dense, moe)
+            }
+        }
     }
 
     /// Forward time of the expert GEMMs of one MoE layer over `copies` routed token copies
@@ -549,7 +636,7 @@ impl CostModel {
             Ffn::Moe {
                 expert_intermediate,
                 ..
-            } => {
+            } if self.gemm.is_none() => {
                 let f = 2.0
                     * copies as f64
                     * 3.0
@@ -557,6 +644,7 @@ impl CostModel {
                     * f64::from(expert_intermediate);
                 self.gemm_ps_f(0.0, f)
             }
+            Ffn::Moe { .. } => self.gemms_ps_f(&self.expert_gemms(copies), false),
         }
     }
 
@@ -603,8 +691,23 @@ impl CostModel {
 
     /// Forward time of one linear block over `tokens` tokens, in ps (unrounded).
     pub fn linear_fwd_ps_f(&self, part: LinearPart, tokens: u64) -> f64 {
+        if self.gemm.is_some() {
+            let g: f64 = Self::part_pieces(part)
+                .iter()
+                .map(|&p| self.piece_gemm_ps_f(p, tokens))
+                .sum();
+            return g + self.norm_ps(tokens);
+        }
         let (dense, moe) = self.linear_fwd_flops(part, tokens);
         self.gemm_ps_f(dense, moe) + self.norm_ps(tokens)
+    }
+
+    /// The pieces of a linear block.
+    fn part_pieces(part: LinearPart) -> &'static [LinearPiece] {
+        match part {
+            LinearPart::PreAttn => &[LinearPiece::Qkv],
+            LinearPart::PostAttn => &[LinearPiece::OutProj, LinearPiece::Ffn],
+        }
     }
 
     /// Forward time of one linear block over `tokens` tokens, in ps.
@@ -612,8 +715,16 @@ impl CostModel {
         self.linear_fwd_ps_f(part, tokens).round() as Ps
     }
 
-    /// Backward time of one linear block (2 × forward GEMM FLOPs, norm read twice).
+    /// Backward time of one linear block: 2 × forward GEMM FLOPs (by the GEMM model: each
+    /// GEMM's input and weight gradients by their shapes), norm read twice.
     pub fn linear_bwd_ps(&self, part: LinearPart, tokens: u64) -> Ps {
+        if self.gemm.is_some() {
+            let g: f64 = Self::part_pieces(part)
+                .iter()
+                .map(|&p| self.gemms_ps_f(&self.piece_gemms(p, tokens), true))
+                .sum();
+            return (g + 2.0 * self.norm_ps(tokens)).round() as Ps;
+        }
         (2.0 * self.linear_fwd_ps_f(part, tokens)).round() as Ps
     }
 
@@ -625,6 +736,10 @@ impl CostModel {
 
     /// Forward FLOPs of the LM head over `tokens` tokens.
     pub fn lm_head_fwd_ps(&self, tokens: u64) -> Ps {
+        if let Some(g) = &self.gemm {
+            let (v, h) = (u64::from(self.model.vocab), u64::from(self.model.hidden));
+            return g.time_ps(tokens, v, h).round() as Ps;
+        }
         let f = tokens as f64 * self.model.lm_head_fwd_flops_per_token();
         (f / (self.hw.peak_tflops * self.hw.gemm_efficiency)).round() as Ps
     }
@@ -690,8 +805,21 @@ impl CostModel {
     ) -> f64 {
         match self.bwd_blocks() {
             None => table_ps,
-            Some(m) => self.launch_memo.bwd_ps(m, self.model.head_dim, heads, segs),
+            Some(m) => {
+                let kv = self.kv_heads_per_call(heads);
+                self.launch_memo
+                    .bwd_ps(m, self.model.head_dim, (heads, kv), segs)
+            }
         }
+    }
+
+    /// KV heads a call of `heads` query heads reads: its share of the model's groups, at
+    /// least one (a KV head replicated to ranks that hold part of its group).
+    pub fn kv_heads_per_call(&self, heads: u32) -> u32 {
+        let (q, kv) = (self.model.heads_q.max(1), self.model.heads_kv.max(1));
+        (u64::from(heads) * u64::from(kv))
+            .div_ceil(u64::from(q))
+            .clamp(1, u64::from(heads.max(1))) as u32
     }
 
     /// The table's compute time of whole documents, without the launch overhead.
@@ -789,6 +917,56 @@ impl CostModel {
 
 #[cfg(test)]
 mod tests {
+    /// With a GEMM model, linear work is priced by each GEMM's shape: a dense layer's
+    /// pieces and their backward (input and weight gradients) by hand; FLOP counts agree.
+    #[test]
+    fn a_gemm_model_prices_the_pieces_by_shape() {
+        let g = gemm::h200(700.0, 3e12, 10.0, 20.0);
+        let c = CostModel::h200(ModelConfig::builtin("llama3-8b").unwrap())
+            .unwrap()
+            .with_gemm(g.clone());
+        let t = 8192u64;
+        // llama3-8b: hidden 4096, 32 + 2 × 8 heads of 128, SwiGLU intermediate 14336.
+        let qkv = g.time_ps(t, 6144, 4096);
+        let o = g.time_ps(t, 4096, 4096);
+        let mlp = g.time_ps(t, 28672, 4096) + g.time_ps(t, 4096, 14336);
+        let norm = 2.0 * (t * 4096 * 2) as f64 / c.hw.hbm_bytes_per_s * 1e12;
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-6 * b.abs().max(1.0);
+        assert!(close(c.piece_fwd_ps_f(LinearPiece::Qkv, t, t), qkv + norm));
+        assert!(close(c.piece_fwd_ps_f(LinearPiece::OutProj, t, t), o));
+        assert!(close(
+            c.linear_fwd_ps_f(LinearPart::PostAttn, t),
+            o + mlp + norm
+        ));
+        let bwd = g.time_ps(t, 4096, 6144) + g.time_ps(4096, 6144, t) + 2.0 * norm;
+        assert_eq!(c.linear_bwd_ps(LinearPart::PreAttn, t), bwd.round() as Ps);
+        assert_eq!(
+            c.lm_head_fwd_ps(t),
+            g.time_ps(t, 128_256, 4096).round() as Ps
+        );
+        for p in [LinearPiece::Qkv, LinearPiece::OutProj, LinearPiece::Ffn] {
+            let f: f64 = c
+                .piece_gemms(p, t)
+                .iter()
+                .map(|&(m, n, k, _)| 2.0 * (m * n * k) as f64)
+                .sum();
+            assert_eq!(f, c.piece_fwd_flops(p, t).0, "{p:?}");
+        }
+        // An MoE layer: the router dense, the experts' FLOPs all of its expert share.
+        let q = CostModel::h200(ModelConfig::builtin("qwen3-30b-a3b").unwrap())
+            .unwrap()
+            .with_gemm(g);
+        let (dense, moe) = q.piece_fwd_flops(LinearPiece::Ffn, t);
+        let sum = |want: bool| -> f64 {
+            q.piece_gemms(LinearPiece::Ffn, t)
+                .iter()
+                .filter(|x| x.3 == want)
+                .map(|&(m, n, k, _)| 2.0 * (m * n * k) as f64)
+                .sum()
+        };
+        assert_eq!((sum(true), sum(false)), (dense, moe));
+    }
+
     use super::*;
 
     fn qwen() -> CostModel {
@@ -911,7 +1089,9 @@ mod tests {
         )
         .unwrap();
         // A whole-document backward is one call: its blocks plus the backward overhead.
-        let want = blocks::launch_bwd_ps_f(0.0, Some(&m), 128, 8, [(0u64, 4096u64, 1u32)]) + 20e6;
+        assert_eq!(c.kv_heads_per_call(8), 1);
+        let want =
+            blocks::launch_bwd_ps_f(0.0, Some(&m), 128, (8, 1), [(0u64, 4096u64, 1u32)]) + 20e6;
         assert_eq!(c.attn_bwd_ps([4096], 8), want.round() as Ps);
         let bad = w.replace("\"iter_ns\": 1500.0", "\"iter_ns\": -1.0");
         let e = Calibration::from_json_str(&bad, "cal.json").unwrap_err();

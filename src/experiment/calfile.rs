@@ -5,9 +5,15 @@
 use std::path::Path;
 
 use crate::cost::fit::Pricing;
+use crate::cost::gemm::GemmModel;
 use crate::cost::profile::Kernel;
 use crate::cost::{Calibration, CostModel, ModelConfig};
 use crate::error::{bail, Context, Result};
+
+/// Where a run's prices come from, as its flags give it: `--calibration`'s file or
+/// `--kernel`'s profile (at most one), else the experiment file's calibration, else
+/// [`Kernel::DEFAULT`].
+pub type Prices<'a> = (Option<&'a Path>, Option<Kernel>);
 
 /// The calibration in `path`, checked; errors name the file.
 pub fn read(path: &Path) -> Result<Calibration> {
@@ -17,24 +23,33 @@ pub fn read(path: &Path) -> Result<Calibration> {
     Calibration::from_json_str(&text, &name)
 }
 
-/// `model` priced by the calibration in `path`, else by the built-in H200 figures.
-pub fn cost_model(model: ModelConfig, path: Option<&Path>) -> Result<CostModel> {
+/// `model` priced by the calibration in `path`, else by the built-in profile of `kernel`
+/// (its calibration at the model's head_dim) and the built-in H200 GEMM model.
+pub fn cost_model(model: ModelConfig, path: Option<&Path>, kernel: Kernel) -> Result<CostModel> {
     Ok(match path {
-        None => CostModel::h200(model)?,
+        None => {
+            let c = kernel.calibration_for(model.head_dim)?;
+            CostModel::calibrated(model, &c, &format!("--kernel {}", kernel.name()))?
+                .with_gemm(GemmModel::h200_default()?)
+        }
         Some(p) => CostModel::calibrated(model, &read(p)?, &p.display().to_string())?,
     })
 }
 
+/// `--kernel`'s kernel, if given; refused with `--calibration` (`calibration`).
+pub fn kernel_flag(kernel: Option<&str>, calibration: bool) -> Result<Option<Kernel>> {
+    match kernel {
+        Some(_) if calibration => bail!("--calibration and --kernel: give one of them"),
+        Some(k) => Ok(Some(Kernel::from_name("--kernel", k)?)),
+        None => Ok(None),
+    }
+}
+
 /// The launch pricing of the calibration in `path`, else of the built-in profile of
-/// `kernel` (`--kernel`), else the built-in H200 one.
+/// `kernel` (`--kernel`), else of the default kernel's ([`Kernel::DEFAULT`]).
 pub fn pricing(path: Option<&Path>, kernel: Option<&str>) -> Result<Pricing> {
-    Ok(match (path, kernel) {
-        (Some(_), Some(_)) => bail!("--calibration and --kernel: give one of them"),
-        (Some(p), None) => Pricing::from_calibration(&read(p)?, &p.display().to_string())?,
-        (None, Some(k)) => Pricing::from_calibration(
-            &Kernel::from_name("--kernel", k)?.calibration()?,
-            &format!("--kernel {k}"),
-        )?,
-        (None, None) => Pricing::h200_default()?,
+    Ok(match (path, kernel_flag(kernel, path.is_some())?) {
+        (Some(p), _) => Pricing::from_calibration(&read(p)?, &p.display().to_string())?,
+        (None, k) => k.unwrap_or(Kernel::DEFAULT).pricing()?,
     })
 }

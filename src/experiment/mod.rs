@@ -185,20 +185,21 @@ pub fn check(file: &str, text: &str, doc: &toml::Table) -> Result<()> {
 }
 
 /// Run the experiment `text`; `path` names it in messages and titles its summary, and the
-/// files it names resolve against `path`'s folder; `calibration` replaces the file's own.
+/// files it names resolve against `path`'s folder; `calibration` (a calibration file or a
+/// built-in kernel profile) replaces the file's own.
 pub fn run_text(
     path: &Path,
     text: &str,
-    calibration: Option<&Path>,
+    calibration: calfile::Prices,
     observer: &dyn Observer,
 ) -> Result<Outcome> {
     let file = path.display().to_string();
     let doc: toml::Table =
         toml::from_str(text).with_context(|| format!("{file} is not valid TOML"))?;
     let kind = kind_of(&file, &doc)?;
-    if calibration.is_some() && !prices_work(&kind) {
+    if (calibration.0.is_some() || calibration.1.is_some()) && !prices_work(&kind) {
         bail!(
-            "--calibration: experiment kind {kind:?} prices no GPU work (kinds that do: train, {})",
+            "--calibration, --kernel: experiment kind {kind:?} prices no GPU work (kinds that do: train, {})",
             schemes::KINDS.join(", ")
         );
     }
@@ -255,7 +256,7 @@ mod tests {
                 asked: AtomicBool::new(false),
             };
             let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
-            let e = run_text(&path, text, None, &obs).unwrap_err();
+            let e = run_text(&path, text, (None, None), &obs).unwrap_err();
             assert_eq!(e, Error::Cancelled, "{file}");
             assert!(obs.asked.load(Ordering::Relaxed), "{file}");
             assert_eq!(obs.seen.load(Ordering::Relaxed), 0, "{file}: no point ran");
@@ -270,7 +271,7 @@ mod tests {
         let text = include_str!("../../experiments/libra-fig8.toml");
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
         assert_eq!(
-            run_text(&path, text, None, &obs).unwrap_err(),
+            run_text(&path, text, (None, None), &obs).unwrap_err(),
             Error::Cancelled
         );
         assert_eq!(obs.seen.load(Ordering::Relaxed), 1);
@@ -278,7 +279,13 @@ mod tests {
 
     #[test]
     fn unknown_kinds_and_schema_errors_are_typed() {
-        let e = run_text(Path::new("x.toml"), "kind = \"nope\"\n", None, &Quiet).unwrap_err();
+        let e = run_text(
+            Path::new("x.toml"),
+            "kind = \"nope\"\n",
+            (None, None),
+            &Quiet,
+        )
+        .unwrap_err();
         assert!(
             matches!(&e, Error::Spec(m) if KINDS.iter().all(|k| m.contains(k))),
             "{e}"
@@ -286,7 +293,7 @@ mod tests {
         let e = run_text(
             Path::new("x.toml"),
             "kind = \"pools\"\n",
-            Some(Path::new("cal.json")),
+            (Some(Path::new("cal.json")), None),
             &Quiet,
         )
         .unwrap_err();

@@ -32,6 +32,8 @@
 //!                                    # prices attention by the measured GPU, planners included
 //! ```
 
+use super::calfile::Prices;
+use crate::cost::profile::Kernel;
 use rayon::prelude::*;
 use serde::Deserialize;
 use std::fmt::Write as _;
@@ -292,8 +294,6 @@ fn load_model(name: &str, base: &Path, file: &str, layers: Option<u32>) -> Resul
     Ok(m)
 }
 
-/// Run the comparison experiment file at `path` from `text` (its contents, possibly with
-/// the corpus replaced); `calibration` (the `--calibration` flag) overrides the file's.
 /// What a run writes.
 pub struct CompareOutput {
     /// summary.md
@@ -339,13 +339,16 @@ pub fn run_text(
     file: &str,
     title: &str,
     base: &Path,
-    calibration: Option<&Path>,
+    calibration: Prices,
     observer: &dyn Observer,
 ) -> Result<CompareOutput> {
     let f = parse(text, file)?;
-    let cal = calibration
-        .map(Path::to_path_buf)
-        .or_else(|| f.calibration.as_ref().map(|c| base.join(c)));
+    let cal = match calibration {
+        (Some(flag), _) => Some(flag.to_path_buf()),
+        (None, None) => f.calibration.as_ref().map(|c| base.join(c)),
+        (None, Some(_)) => None,
+    };
+    let kernel = calibration.1.unwrap_or(Kernel::DEFAULT);
     if !KINDS.contains(&f.kind.as_str()) {
         bail!("{file}: kind = {:?}: one of {}", f.kind, KINDS.join(", "));
     }
@@ -442,8 +445,12 @@ pub fn run_text(
     let mut points = Vec::new();
     for m in models.iter().flatten() {
         let cost = Arc::new(
-            super::calfile::cost_model(load_model(m, base, file, f.layers)?, cal.as_deref())
-                .with_context(|| format!("{file}: calibration"))?,
+            super::calfile::cost_model(
+                load_model(m, base, file, f.layers)?,
+                cal.as_deref(),
+                kernel,
+            )
+            .with_context(|| format!("{file}: calibration"))?,
         );
         for t in &topos {
             let topo = match t {
@@ -557,8 +564,13 @@ pub fn run_text(
     let mut out = render(&f, title, &arms, &results);
     if let Some(c) = &cal {
         out.markdown += &format!(
-            "\nPriced by the calibration `{}` (`skewsim calibrate`), not the built-in H200 table.\n",
+            "\nPriced by the calibration `{}` (`skewsim calibrate`), not the built-in kernel profile.\n",
             c.display()
+        );
+    } else if let (_, Some(k)) = calibration {
+        out.markdown += &format!(
+            "\nPriced by the built-in `{}` kernel profile (`--kernel`).\n",
+            k.name()
         );
     }
     out.markdown += &extra;
@@ -1277,7 +1289,7 @@ pub fn run_default(observer: &dyn Observer) -> Result<CompareOutput> {
         "built-in four-way comparison",
         "default",
         Path::new("."),
-        None,
+        (None, None),
         observer,
     )
 }

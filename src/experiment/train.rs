@@ -27,6 +27,8 @@
 //! [libra]     # pool_size (P, capped at DP), head_shards (H), tile_tokens (B), tau, chunks (M)
 //! ```
 
+use super::calfile::Prices;
+use crate::cost::profile::Kernel;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
@@ -347,8 +349,6 @@ fn mean(v: impl Iterator<Item = f64>) -> f64 {
     }
 }
 
-/// Run a `train` experiment from `text` (the file at `path`, possibly with its corpus
-/// replaced); `calibration` (the `--calibration` flag) overrides the file's.
 /// Topologies shipped in `topologies/`, by name, for `topology = "NAME"`.
 pub(super) const BUILTIN_TOPOLOGIES: &[(&str, &str)] = &[(
     "dgx-h200-roce",
@@ -384,7 +384,7 @@ pub fn run_text(
     file: &str,
     title: &str,
     base: &Path,
-    calibration: Option<&Path>,
+    calibration: Prices,
     observer: &dyn Observer,
 ) -> Result<Outcome> {
     let file = file.to_string();
@@ -399,11 +399,12 @@ pub fn run_text(
         ModelConfig::builtin(&f.model).with_context(|| format!("{file}: model"))?
     };
     let cal_path = match (calibration, &f.calibration) {
-        (Some(flag), _) => Some(flag.to_path_buf()),
-        (None, Some(c)) => Some(path.join(c)),
-        (None, None) => None,
+        ((Some(flag), _), _) => Some(flag.to_path_buf()),
+        ((None, None), Some(c)) => Some(path.join(c)),
+        ((None, _), _) => None,
     };
-    let cost = super::calfile::cost_model(model, cal_path.as_deref())
+    let kernel = calibration.1.unwrap_or(Kernel::DEFAULT);
+    let cost = super::calfile::cost_model(model, cal_path.as_deref(), kernel)
         .with_context(|| format!("{file}: calibration"))?;
     // Planners balance one TP rank's heads.
     let rank_shape = cost

@@ -207,7 +207,8 @@ fn bad_settings_are_named() {
 
 /// `skewsim run --calibration`: a scheme comparison priced by a measured GPU (a calibration
 /// fitted here from the committed run-13 H200 measurements) differs from the built-in
-/// table's, says so in its summary, and a kind that prices no GPU work refuses the flag.
+/// profile's, says so in its summary, and a kind that prices no GPU work refuses the flag.
+/// `--kernel` picks a built-in profile per run: torch-flash is the default.
 #[test]
 fn a_comparison_runs_under_a_calibration() {
     let dir = tmp("calibrated");
@@ -250,7 +251,7 @@ dp = [2]
 "#,
     )
     .unwrap();
-    let run = |out: &str, cal: Option<&Path>| {
+    let run_with = |out: &str, cal: Option<&Path>, extra: &[&str]| {
         let out = dir.join(out);
         let mut args = vec![
             "run",
@@ -261,16 +262,47 @@ dp = [2]
         if let Some(c) = cal {
             args.extend(["--calibration", c.to_str().unwrap()]);
         }
+        args.extend(extra);
         let o = skewsim_at(&args, None, &root());
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         (read(&out.join("points.csv")), read(&out.join("summary.md")))
     };
+    let run = |out: &str, cal: Option<&Path>| run_with(out, cal, &[]);
     let (plain, plain_md) = run("plain", None);
     let (calibrated, md) = run("cal", Some(&cal));
     assert_eq!(plain.lines().count(), calibrated.lines().count());
     assert_ne!(plain, calibrated, "the calibration must change the prices");
     assert!(md.contains("Priced by the calibration"), "{md}");
     assert!(!plain_md.contains("Priced by the calibration"));
+    // --kernel: torch-flash is the default; skewsim prices otherwise and says so.
+    let (flash, flash_md) = run_with("flash", None, &["--kernel", "torch-flash"]);
+    assert_eq!(flash, plain);
+    assert!(
+        flash_md.contains("`torch-flash` kernel profile"),
+        "{flash_md}"
+    );
+    let (own, own_md) = run_with("own", None, &["--kernel", "skewsim"]);
+    assert_ne!(own, plain, "the kernel profile must change the prices");
+    assert!(own_md.contains("`skewsim` kernel profile"), "{own_md}");
+    for (args, want) in [
+        (vec!["--kernel", "fa9"], "torch-flash or skewsim"),
+        (
+            vec![
+                "--kernel",
+                "skewsim",
+                "--calibration",
+                cal.to_str().unwrap(),
+            ],
+            "give one of them",
+        ),
+    ] {
+        let mut a = vec!["run", file.to_str().unwrap()];
+        a.extend(args);
+        let o = skewsim_at(&a, None, &dir);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        assert!(err.contains(want), "{want:?} not in {err}");
+    }
     // The H200 calibration README.md points users at: block models of both passes.
     let shipped = root().join("validate/results/plans_run19/cal_h200.json");
     let c = skewsim::cost::Calibration::from_json_str(&read(&shipped), "cal_h200.json").unwrap();

@@ -259,7 +259,8 @@ fn block_makespan_is_a_bench_arm() {
 }
 
 /// `calibrate --score-only` prices the held-out PyTorch FlashAttention launches by the
-/// built-in torch-flash profile without fitting; the targets' median holds on head_dim 128.
+/// built-in torch-flash profile (a model per head_dim) without fitting: the medians within
+/// 5 %, the backward's p90 within 10 %.
 #[test]
 fn score_only_prices_held_out_torch_launches_by_the_built_in_profile() {
     let m = "validate/results/torch_check/attn_torch-flash_check.csv";
@@ -282,13 +283,15 @@ fn score_only_prices_held_out_torch_launches_by_the_built_in_profile() {
     assert_eq!(v["pricing"], "the built-in torch-flash profile");
     let s = &v["summary"];
     let med = |k: &str| s[k]["median_ape"].as_f64().unwrap();
-    // Head_dim 64 launches included: the profile is fitted at 128 and scales its steps.
-    assert!(med("launch_err") < 6.0, "{}", med("launch_err"));
-    assert!(med("bwd_launch_err") < 6.0, "{}", med("bwd_launch_err"));
-    // The same rows by the √(q·kv) table miss by far more.
-    let old = skewsim(&["--json", "calibrate", "--score-only", "--measurements", m]);
-    let o: serde_json::Value = serde_json::from_slice(&old.stdout).unwrap();
-    assert!(o["summary"]["launch_err"]["median_ape"].as_f64().unwrap() > 3.0 * med("launch_err"));
+    assert!(med("launch_err") < 5.0, "{}", med("launch_err"));
+    assert!(med("bwd_launch_err") < 5.0, "{}", med("bwd_launch_err"));
+    let p90 = s["bwd_launch_err"]["p90_ape"].as_f64().unwrap();
+    assert!(p90 <= 10.0, "{p90}");
+    // It is the default: no --kernel prices the rows alike.
+    let d = skewsim(&["--json", "calibrate", "--score-only", "--measurements", m]);
+    let d: serde_json::Value = serde_json::from_slice(&d.stdout).unwrap();
+    assert_eq!(d["summary"], v["summary"]);
+    assert_eq!(d["pricing"], "the built-in default");
 }
 
 #[test]
@@ -395,4 +398,44 @@ fn calibrate_collectives_recovers_a_hand_made_model_and_scores_it_held_out() {
             Expect::Err(want),
         );
     }
+}
+
+/// `calibrate --gemm --score-only` scores the built-in GEMM model on the committed cuBLAS
+/// measurements; fitting it again from them reproduces the built-in figures' scores; mixing
+/// it with attention measurements is refused by name.
+#[test]
+fn the_gemm_model_scores_the_committed_cublas_measurements() {
+    let (fit, held) = (
+        "validate/results/torch_fit/gemm_fit.csv",
+        "validate/results/torch_check/gemm_check.csv",
+    );
+    let out = skewsim(&[
+        "--json",
+        "calibrate",
+        "--score-only",
+        "--gemm",
+        fit,
+        "--gemm-check",
+        held,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["fit"]["rows"], 420);
+    assert_eq!(v["check"]["rows"], 160);
+    assert!(v["fit"]["median_ape"].as_f64().unwrap() < 5.0, "{v}");
+    assert!(v["check"]["median_ape"].as_f64().unwrap() < 6.0, "{v}");
+    check(
+        &[
+            "calibrate",
+            "--gemm",
+            fit,
+            "--measurements",
+            "validate/results/torch_check/attn_torch-flash_check.csv",
+        ],
+        Expect::Err("calibrate one model at a time"),
+    );
 }

@@ -8,8 +8,9 @@ usage: python3 torch_grid.py SET SEED OUT_DIR [SECTIONS] [BUDGET_S]
 attn   PyTorch's varlen FlashAttention (torch.ops.aten._flash_attention_forward / _backward,
        bf16) over launches of units: a unit is the queries [kv - q, kv) of one sample against
        its keys [0, kv), causal bottom-right (the units skewsim's plans lower to). Written as
-       skewsim measurement CSV v2 (kind attn, pass fwd/bwd; `plan` names the launch and its
-       KV heads: `..._g{h/h_kv}`), so `skewsim calibrate` reads it unchanged.
+       skewsim measurement CSV v2 (kind attn, pass fwd/bwd, a `kv_heads` column; `plan` names
+       the launch and its group: `..._g{h/h_kv}`; `segs` lists the units in the order the
+       launch passes them), so `skewsim calibrate` reads it unchanged.
 cudnn  the same launches through cuDNN's attention (torch.ops.aten._cudnn_attention_*), when
        it runs on this GPU and gives the flash outputs on a q < kv probe.
 gemm   bf16 torch.matmul (cuBLAS) for every shipped model's linear shapes at TP 1/2/4/8:
@@ -164,22 +165,26 @@ class Launch:
             self.do, self.q, self.k, self.v, o, lse, seed, off, None, self.cq, self.ck, self.mq, self.mk, 0.0, True)
 
 
-HEADER = ("kind,pass,plan,seed,scheme,step,ga,pool,worker,chunk,units,segments,tiles,heads,head_dim,"
+HEADER = ("kind,pass,plan,seed,scheme,step,ga,pool,worker,chunk,units,segments,tiles,heads,kv_heads,head_dim,"
           "q_tokens,flops,bytes,predicted_ms,measured_ms,p10_ms,p90_ms,segs")
 
 
 def segs_text(units):
-    hist = {}
+    """The launch's units in the order it passes them (runs of equal units as `q:kv*n`)."""
+    runs = []
     for u in units:
-        hist[u] = hist.get(u, 0) + 1
-    return ";".join(f"{q}:{kv}*{n}" for (q, kv), n in sorted(hist.items()))
+        if runs and runs[-1][0] == u:
+            runs[-1][1] += 1
+        else:
+            runs.append([u, 1])
+    return ";".join(f"{q}:{kv}*{n}" for (q, kv), n in runs)
 
 
-def row(kernel, pas, name, seed, units, h, d, res):
+def row(kernel, pas, name, seed, units, h, g, d, res):
     ms, p10, p90 = res
     tiles = sum((q + 127) // 128 for q, _ in units)
     f = launch_cost(units, h, d)
-    return (f"attn,{pas},{name},{seed},{kernel},0,0,0,0,0,{len(units)},{len(units)},{tiles},{h},{d},"
+    return (f"attn,{pas},{name},{seed},{kernel},0,0,0,0,0,{len(units)},{len(units)},{tiles},{h},{h // g},{d},"
             f"{sum(q for q, _ in units)},{f:.4e},0,,{ms:.5f},{p10:.5f},{p90:.5f},{segs_text(units)}")
 
 
@@ -218,8 +223,8 @@ def attn(set_name, seed, out_dir, n, budget_s, kernels):
                 bwd = L.flash_bwd_fn() if k == "torch-flash" else L.cudnn_bwd_fn()
                 rf = timed(fwd)
                 rb = timed(bwd)
-                files[k].write(row(k, "fwd", name, seed, units, h, d, rf) + "\n")
-                files[k].write(row(k, "bwd", name, seed, units, h, d, rb) + "\n")
+                files[k].write(row(k, "fwd", name, seed, units, h, g, d, rf) + "\n")
+                files[k].write(row(k, "bwd", name, seed, units, h, g, d, rb) + "\n")
                 files[k].flush()
             del L
         except Exception as ex:
