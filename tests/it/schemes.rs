@@ -87,6 +87,11 @@ fn attention_microbench_and_distca_4d_reproduce() {
 }
 
 #[test]
+fn four_way_tp_reproduces() {
+    reproduces("four-way-tp", None);
+}
+
+#[test]
 fn megatron_dcp_blog_reproduces() {
     reproduces("megatron-dcp-blog", Some("1"));
 }
