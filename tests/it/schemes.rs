@@ -185,6 +185,26 @@ fn bad_settings_are_named() {
             "unknown field `alpha`",
         ),
         ("topology = \"dgx-h200-roce\"\n", "", "topology is required"),
+        (
+            "\"distca:eps=0\"",
+            "\"wlbllm:cp=0\"",
+            "cp = \"0\" is not a degree ≥ 1",
+        ),
+        (
+            "\"distca:eps=0\"",
+            "\"wlbllm:cp=3\"",
+            "cp = 3 must divide the point's DP × CP = 1 × 2 = 2 ranks",
+        ),
+        (
+            "seq_len = [131072, 524288]",
+            "seq_len = [131072]\n[[sweep.layout]]\ndp = 1\ncp = 2\nga = 1",
+            "[[sweep.layout]] gives each point its DP",
+        ),
+        (
+            "dp = [1, 8]\nseq_len = [131072, 524288]",
+            "seq_len = [131072, 524288]\n[[sweep.layout]]\nmodel = \"llama-34b\"\ndp = 1\ncp = 2\nga = 8",
+            "model = \"llama-34b\" is not one of the file's models",
+        ),
     ];
     let dir = tmp("bad");
     for (i, (from, to, want)) in cases.iter().enumerate() {
