@@ -109,8 +109,12 @@ pub fn activation_bytes_sharded(m: &ModelConfig, seq_shard: u32) -> u64 {
             experts,
             top_k,
             expert_intermediate,
+            shared_experts,
+            shared_expert_intermediate,
         } => {
-            dt * (2 * h + u64::from(top_k) * (h + 3 * u64::from(expert_intermediate)))
+            dt * (2 * h
+                + u64::from(top_k) * (h + 3 * u64::from(expert_intermediate))
+                + u64::from(shared_experts) * 3 * u64::from(shared_expert_intermediate))
                 + 4 * u64::from(experts)
         }
     };
@@ -138,7 +142,8 @@ pub fn stage_params(m: &ModelConfig, layers: u32, first_stage: bool, last_stage:
     params
 }
 
-/// The routed experts' parameters among [`stage_params`] (0 for a dense model).
+/// The routed experts' parameters among [`stage_params`] (0 for a dense model; shared
+/// experts count as dense parameters).
 pub fn stage_expert_params(m: &ModelConfig, layers: u32) -> u64 {
     match m.ffn {
         Ffn::Dense { .. } => 0,

@@ -386,7 +386,7 @@ pub enum LinearPiece {
     /// The O projection (row-parallel under TP).
     OutProj,
     /// Post-attention RMSNorm and the MLP (column- then row-parallel), or an MoE layer's
-    /// router and every token's top-k experts.
+    /// router, its shared experts and every token's top-k experts.
     Ffn,
     /// Post-attention RMSNorm and an MoE layer's router alone (the experts run after the
     /// expert-parallel dispatch).
@@ -579,9 +579,11 @@ impl CostModel {
     }
 
     /// Forward FLOPs of one piece of a layer's linear work for `tokens` tokens, split into
-    /// (dense GEMM, expert GEMM) FLOPs. `Ffn` of an MoE layer is the router plus every
-    /// token's top-k experts; `Router` the router alone (under expert parallelism the
-    /// experts run on the tokens they receive: [`CostModel::experts_fwd_ps_f`]).
+    /// (dense GEMM, expert GEMM) FLOPs. `Ffn` of an MoE layer is the router and the shared
+    /// experts (dense GEMMs) plus every token's top-k experts; `Router` the router alone
+    /// (under expert parallelism the routed experts run on the tokens they receive:
+    /// [`CostModel::experts_fwd_ps_f`]; the shared ones on the TP group's tokens:
+    /// [`CostModel::shared_experts_fwd_ps_f`]).
     pub fn piece_fwd_flops(&self, piece: LinearPiece, tokens: u64) -> (f64, f64) {
         let m = &self.model;
         let t = tokens as f64;
@@ -593,9 +595,9 @@ impl CostModel {
             LinearPiece::Ffn => match m.ffn {
                 Ffn::Dense { .. } => (2.0 * t * m.ffn_active_params() as f64, 0.0),
                 Ffn::Moe { experts, .. } => {
-                    let router = h * f64::from(experts);
-                    let experts_p = m.ffn_active_params() as f64 - router;
-                    (2.0 * t * router, 2.0 * t * experts_p)
+                    let dense = h * f64::from(experts) + m.shared_expert_params() as f64;
+                    let experts_p = m.ffn_active_params() as f64 - dense;
+                    (2.0 * t * dense, 2.0 * t * experts_p)
                 }
             },
             LinearPiece::Router => match m.ffn {
@@ -646,6 +648,16 @@ impl CostModel {
             }
             Ffn::Moe { .. } => self.gemms_ps_f(&self.expert_gemms(copies), false),
         }
+    }
+
+    /// Forward time of one MoE layer's shared experts over `tokens` tokens (every token runs
+    /// each of them; on a TP rank's model their intermediate size is already / TP, so
+    /// `tokens` is the TP group's), at the dense GEMM efficiency, in ps.
+    pub fn shared_experts_fwd_ps_f(&self, tokens: u64) -> f64 {
+        self.gemm_ps_f(
+            2.0 * tokens as f64 * self.model.shared_expert_params() as f64,
+            0.0,
+        )
     }
 
     /// Bytes one routed token copy carries in an expert-parallel dispatch (and, back, in
@@ -1020,6 +1032,79 @@ mod tests {
         let (d, m) = c.linear_fwd_flops(LinearPart::PostAttn, t);
         assert_eq!(m, 0.0);
         assert_eq!(d, 2.0 * 1000.0 * (4096.0 * 4096.0 + 3.0 * 4096.0 * 14336.0));
+    }
+
+    /// Qwen3-30B-A3B's routed experts with two shared experts of intermediate size 1,024
+    /// added: what they cost per token, per TP rank, and in memory, by hand.
+    #[test]
+    fn shared_experts_by_hand() {
+        use crate::cost::memory::{
+            activation_bytes_sharded, stage_expert_params, stage_rank_params,
+        };
+        let q = ModelConfig::builtin("qwen3-30b-a3b").unwrap();
+        let Ffn::Moe {
+            shared_experts: 0, ..
+        } = q.ffn
+        else {
+            panic!("qwen3-30b-a3b has no shared experts");
+        };
+        let moe = |n, i| Ffn::Moe {
+            experts: 128,
+            top_k: 8,
+            expert_intermediate: 768,
+            shared_experts: n,
+            shared_expert_intermediate: i,
+        };
+        let m = ModelConfig {
+            ffn: moe(2, 1024),
+            ..q.clone()
+        };
+        // 2 · 3 · 2048 · 1024 shared parameters, run by every token.
+        assert_eq!(m.shared_expert_params(), 12_582_912);
+        assert_eq!(m.ffn_active_params(), 37_748_736 + 262_144 + 12_582_912);
+        let c = CostModel::h200(m.clone()).unwrap();
+        // The shared experts are dense GEMMs beside the router; the routed experts unchanged.
+        let (dense, routed) = c.piece_fwd_flops(LinearPiece::Ffn, 10);
+        assert_eq!(dense, 2.0 * 10.0 * (2048.0 * 128.0 + 12_582_912.0));
+        assert_eq!(routed, 2.0 * 10.0 * 8.0 * 3.0 * 2048.0 * 768.0);
+        assert_eq!(
+            c.piece_fwd_flops(LinearPiece::Router, 10),
+            (2.0 * 10.0 * 2048.0 * 128.0, 0.0)
+        );
+        // 2·10·12,582,912 FLOPs at 989 · 0.6 TFLOP/s.
+        let want = 2.0 * 10.0 * 12_582_912.0 / (989.0 * 0.6);
+        assert!((c.shared_experts_fwd_ps_f(10) - want).abs() < 1e-6 * want);
+        // TP 8 under EP: routed experts whole, shared ones split like the dense MLP, so a
+        // TP rank's share of the group's 80 tokens costs what 10 tokens cost whole.
+        let s = c.tp_shard(8, 8).unwrap();
+        assert_eq!(s.model.ffn, moe(2, 128));
+        assert!((s.shared_experts_fwd_ps_f(80) - want).abs() < 1e-6 * want);
+        // Memory: shared experts are dense parameters, held whole by every EP rank; the
+        // saved activations gain 3 · 1,024 bf16 values per shared expert and token.
+        let e = 128 * 3 * 2048 * 768;
+        assert_eq!(stage_expert_params(&m, 1), e);
+        let layer = 18_874_368 + e + 262_144 + 12_582_912 + 2 * 2048;
+        assert_eq!(m.layer_params(), layer);
+        assert_eq!(stage_rank_params(&m, 1, false, false, 8), layer - e + e / 8);
+        assert_eq!(
+            activation_bytes_sharded(&m, 1) - activation_bytes_sharded(&q, 1),
+            2 * 2 * 3 * 1024
+        );
+        // Bad shapes are named.
+        let e = ModelConfig {
+            ffn: moe(1, 1020),
+            ..q.clone()
+        }
+        .tp_shard(8, false)
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("shared-expert intermediate size 1020"), "{e}");
+        let text = include_str!("../../models/qwen3-30b-a3b.toml")
+            .replace("shared_experts = 0", "shared_experts = 1");
+        let e = ModelConfig::from_toml_str(&text, "q.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("ffn.shared_expert_intermediate"), "{e}");
     }
 
     #[test]

@@ -19,7 +19,8 @@ pub enum Ffn {
         /// Intermediate size.
         intermediate: u32,
     },
-    /// A mixture of SwiGLU experts with a linear router; each token runs `top_k` experts.
+    /// A mixture of SwiGLU experts with a linear router; each token runs `top_k` routed
+    /// experts and every shared expert.
     Moe {
         /// Routed experts per layer.
         experts: u32,
@@ -27,6 +28,13 @@ pub enum Ffn {
         top_k: u32,
         /// Intermediate size of one expert.
         expert_intermediate: u32,
+        /// Shared experts per layer: SwiGLU MLPs every token runs (never dispatched), split
+        /// by TP like the dense MLP, their parameters dense (reduced over DP, not EDP).
+        #[serde(default)]
+        shared_experts: u32,
+        /// Intermediate size of one shared expert.
+        #[serde(default)]
+        shared_expert_intermediate: u32,
     },
 }
 
@@ -134,6 +142,7 @@ impl ModelConfig {
                 experts,
                 top_k,
                 expert_intermediate,
+                ..
             } if experts == 0 || top_k == 0 || top_k > experts || expert_intermediate == 0 => {
                 Err(invalid(
                     format!("{ctx}: ffn"),
@@ -141,6 +150,17 @@ impl ModelConfig {
                     "experts > 0, 0 < top_k <= experts, expert_intermediate > 0",
                 ))
             }
+            Ffn::Moe {
+                shared_experts: n,
+                shared_expert_intermediate: i,
+                ..
+            } if (n == 0) != (i == 0) => Err(invalid(
+                format!("{ctx}: ffn.shared_expert_intermediate"),
+                i,
+                format!(
+                    "> 0 with shared_experts = {n} > 0, and 0 (or absent) with none"
+                ),
+            )),
             _ => Ok(()),
         }
     }
@@ -205,20 +225,33 @@ impl ModelConfig {
                 experts,
                 top_k,
                 expert_intermediate,
-            } if split_experts => {
-                if expert_intermediate % tp != 0 {
+                shared_experts,
+                shared_expert_intermediate: si,
+            } => {
+                if split_experts && expert_intermediate % tp != 0 {
                     return bad(format!(
                         "a divisor of {m}'s expert intermediate size {expert_intermediate} \
                          (experts are split by TP when EP = 1)"
                     ));
                 }
+                if si % tp != 0 {
+                    return bad(format!(
+                        "a divisor of {m}'s shared-expert intermediate size {si} (shared \
+                         experts are split by TP like the dense MLP)"
+                    ));
+                }
                 Ffn::Moe {
                     experts,
                     top_k,
-                    expert_intermediate: expert_intermediate / tp,
+                    expert_intermediate: if split_experts {
+                        expert_intermediate / tp
+                    } else {
+                        expert_intermediate
+                    },
+                    shared_experts,
+                    shared_expert_intermediate: si / tp,
                 }
             }
-            moe => moe,
         };
         Ok(ModelConfig {
             heads_q: self.heads_q / tp,
@@ -268,7 +301,8 @@ impl ModelConfig {
         h * q + 2 * h * kv + q * h
     }
 
-    /// Parameters of one layer's feed-forward block (all experts and the router).
+    /// Parameters of one layer's feed-forward block (all experts, shared ones included, and
+    /// the router).
     pub fn ffn_params(&self) -> u64 {
         let h = u64::from(self.hidden);
         match self.ffn {
@@ -278,12 +312,32 @@ impl ModelConfig {
                 expert_intermediate,
                 ..
             } => {
-                u64::from(experts) * 3 * h * u64::from(expert_intermediate) + h * u64::from(experts)
+                u64::from(experts) * 3 * h * u64::from(expert_intermediate)
+                    + h * u64::from(experts)
+                    + self.shared_expert_params()
             }
         }
     }
 
-    /// Feed-forward parameters one token multiplies with (top-k experts and the router).
+    /// Parameters of one layer's shared experts (0 for a dense model or none).
+    pub fn shared_expert_params(&self) -> u64 {
+        match self.ffn {
+            Ffn::Dense { .. } => 0,
+            Ffn::Moe {
+                shared_experts,
+                shared_expert_intermediate,
+                ..
+            } => {
+                u64::from(shared_experts)
+                    * 3
+                    * u64::from(self.hidden)
+                    * u64::from(shared_expert_intermediate)
+            }
+        }
+    }
+
+    /// Feed-forward parameters one token multiplies with (top-k experts, the shared
+    /// experts and the router).
     pub fn ffn_active_params(&self) -> u64 {
         let h = u64::from(self.hidden);
         match self.ffn {
@@ -292,7 +346,12 @@ impl ModelConfig {
                 experts,
                 top_k,
                 expert_intermediate,
-            } => u64::from(top_k) * 3 * h * u64::from(expert_intermediate) + h * u64::from(experts),
+                ..
+            } => {
+                u64::from(top_k) * 3 * h * u64::from(expert_intermediate)
+                    + h * u64::from(experts)
+                    + self.shared_expert_params()
+            }
         }
     }
 

@@ -15,7 +15,9 @@
 //!     # an arm is a scheme with optional `:`-separated tweaks: distca:tight (skewsim's
 //!     # scheduler instead of the repository's), distca:no-ping-pong,
 //!     # distca:signal (1-byte transfers: communication cost removed), distca:eps=0.15,
-//!     # wlbllm:per-document | per-sequence, libra:m=1, megatron-dcp (Megatron-Core's
+//!     # wlbllm:per-document | per-sequence, wlbllm:cp=N (the same GPUs and global batch
+//!     # on CP N: DP and GA rescaled), wlbllm:best-cp (every such CP, the fastest kept),
+//!     # libra:m=1, megatron-dcp (Megatron-Core's
 //!     # dynamic CP):s=TOKENS (max_seqlen_per_dp_cp_rank), :min-cp=N, :load=pairs (ℓ², the
 //!     # code's) | latency (attention + linear time, the blog's); the first arm is the
 //!     # baseline
@@ -28,6 +30,9 @@
 //! [settings] epsilon, ping_pong, s_max, sharding, pool_size, head_shards, tile_tokens,
 //!            tau, chunks, max_seqlen_per_dp_cp_rank (default ⌈L / CP⌉), min_dynamic_cp
 //! [sweep]    dp = [...], corpus = [...], seq_len = [...], topology = [...], model = [...]
+//! [[sweep.layout]]  dp, cp, ga, model = "...", seq_len = N   # instead of dp: the points'
+//!            layouts, each at its model and L only when it names them (a paper's
+//!            GPU counts, each with its own CP and batch)
 //! calibration = "cal.json"           # optional (`skewsim calibrate`; `--calibration` wins):
 //!                                    # prices attention by the measured GPU, planners included
 //! ```
@@ -167,10 +172,35 @@ struct SettingsFile {
 #[serde(deny_unknown_fields, default)]
 struct SweepFile {
     dp: Vec<u32>,
+    layout: Vec<LayoutFile>,
     corpus: Vec<String>,
     seq_len: Vec<u32>,
     topology: Vec<String>,
     model: Vec<String>,
+}
+
+/// One `[[sweep.layout]]`: a point's DP × CP and GA, at one model and L when it names them.
+#[derive(Deserialize, Clone)]
+#[serde(deny_unknown_fields)]
+struct LayoutFile {
+    dp: u32,
+    cp: u32,
+    ga: u32,
+    #[serde(default)]
+    model: Option<String>,
+    #[serde(default)]
+    seq_len: Option<u32>,
+}
+
+/// Which CP an arm runs on at a point.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum CpChoice {
+    /// The point's.
+    Point,
+    /// `wlbllm:cp=N`.
+    Fixed(u32),
+    /// `wlbllm:best-cp`: every CP that keeps the point's GPUs and global batch; the fastest.
+    Best,
 }
 
 /// One arm: a scheme and its tweaks.
@@ -180,6 +210,7 @@ struct Arm {
     scheme: Scheme,
     set: SchemeSettings,
     signal: bool,
+    cp: CpChoice,
 }
 
 fn parse_arm(s: &str, base: &SchemeSettings, file: &str) -> Result<Arm> {
@@ -190,6 +221,7 @@ fn parse_arm(s: &str, base: &SchemeSettings, file: &str) -> Result<Arm> {
         .with_context(|| format!("{file}: arms: {s:?}"))?;
     let mut set = base.clone();
     let mut signal = false;
+    let mut cp = CpChoice::Point;
     for t in parts {
         match (scheme, t) {
             (Scheme::DistCa, "no-ping-pong") => set.ping_pong = false,
@@ -203,6 +235,12 @@ fn parse_arm(s: &str, base: &SchemeSettings, file: &str) -> Result<Arm> {
             (Scheme::WlbLlm, m @ ("per-document" | "per-sequence" | "adaptive")) => {
                 set.sharding = m.parse()?
             }
+            (Scheme::WlbLlm, c) if c.starts_with("cp=") => {
+                cp = CpChoice::Fixed(c[3..].parse().ok().filter(|&n: &u32| n >= 1).ok_or_else(
+                    || spec_error!("{file}: arms: {s:?}: cp = {:?} is not a degree ≥ 1", &c[3..]),
+                )?);
+            }
+            (Scheme::WlbLlm, "best-cp") => cp = CpChoice::Best,
             (Scheme::Libra, m) if m.starts_with("m=") => {
                 set.libra.chunks = m[2..].parse().map_err(|_| {
                     spec_error!("{file}: arms: {s:?}: m = {:?} is not a count", &m[2..])
@@ -223,7 +261,8 @@ fn parse_arm(s: &str, base: &SchemeSettings, file: &str) -> Result<Arm> {
             }
             _ => bail!(
                 "{file}: arms: {s:?}: unknown tweak {t:?} for {name} (distca: tight, \
-                 no-ping-pong, signal, eps=X; wlbllm: adaptive, per-document, per-sequence; libra: m=N; \
+                 no-ping-pong, signal, eps=X; wlbllm: adaptive, per-document, per-sequence, cp=N, best-cp; \
+                 libra: m=N; \
                  megatron-dcp: s=TOKENS, min-cp=N, load=pairs|latency)"
             ),
         }
@@ -233,6 +272,7 @@ fn parse_arm(s: &str, base: &SchemeSettings, file: &str) -> Result<Arm> {
         scheme,
         set,
         signal,
+        cp,
     })
 }
 
@@ -245,6 +285,10 @@ struct ArmResult {
     seq_len: u32,
     dp: u32,
     gpus: u32,
+    cp: u32,
+    ga: u32,
+    /// The CP the arm ran on (`wlbllm:best-cp`'s choice).
+    ran_cp: u32,
     arm: String,
     iteration_ms: f64,
     tokens_per_s: f64,
@@ -417,9 +461,44 @@ pub fn run_text(
     } else {
         f.sweep.dp.clone()
     };
-    for &dp in &dps {
+    let layouts: Vec<LayoutFile> = if f.sweep.layout.is_empty() {
+        dps.iter()
+            .map(|&dp| LayoutFile {
+                dp,
+                cp: f.parallel.cp,
+                ga: f.parallel.ga,
+                model: None,
+                seq_len: None,
+            })
+            .collect()
+    } else if !f.sweep.dp.is_empty() || f.parallel.dp.is_some() {
+        bail!(
+            "{file}: [[sweep.layout]] gives each point its DP: drop [sweep] dp and [parallel] dp"
+        );
+    } else {
+        f.sweep.layout.clone()
+    };
+    for (i, y) in layouts.iter().enumerate() {
         let p = &f.parallel;
-        super::inputs::check_layout(file, "[parallel]/[sweep]", [dp, p.pp, p.cp, p.tp], p.ga)?;
+        let table = if f.sweep.layout.is_empty() {
+            "[parallel]/[sweep]".to_string()
+        } else {
+            format!("[[sweep.layout]] #{}", i + 1)
+        };
+        super::inputs::check_layout(file, &table, [y.dp, p.pp, y.cp, p.tp], y.ga)?;
+        for a in &arms {
+            for c in arm_cps(a, y.dp, y.cp, y.ga) {
+                arm_layout(&a.label, c, y.dp, y.cp, y.ga)
+                    .with_context(|| format!("{file}: arms at {table}"))?;
+            }
+        }
+        let named =
+            |v: &[String], one: &String, x: &String| v.contains(x) || (v.is_empty() && one == x);
+        if let Some(m) = &y.model {
+            if !named(&f.sweep.model, &f.model, m) {
+                bail!("{file}: {table} model = {m:?} is not one of the file's models");
+            }
+        }
     }
     // A [network] topology that [sweep] overrides must still exist.
     if let (Some(t), false) = (&f.network.topology, f.sweep.topology.is_empty()) {
@@ -441,6 +520,8 @@ pub fn run_text(
         corpus: String,
         seq_len: u32,
         dp: u32,
+        cp: u32,
+        ga: u32,
     }
     let mut points = Vec::new();
     for m in models.iter().flatten() {
@@ -475,19 +556,41 @@ pub fn run_text(
                     })?]
                 };
                 for &l in &lens {
-                    for &dp in &dps {
+                    let at = layouts.iter().filter(|y| {
+                        y.model.as_ref().is_none_or(|x| x == m) && y.seq_len.is_none_or(|x| x == l)
+                    });
+                    let before = points.len();
+                    for y in at {
                         points.push(Point {
                             model: m.clone(),
                             cost: cost.clone(),
                             topo: topo.clone(),
                             corpus: c.clone(),
                             seq_len: l,
-                            dp,
+                            dp: y.dp,
+                            cp: y.cp,
+                            ga: y.ga,
                         });
+                    }
+                    if points.len() == before {
+                        bail!("{file}: no [[sweep.layout]] for model {m} at L = {l}");
                     }
                 }
             }
         }
+    }
+    if let Some((i, _)) = f.sweep.layout.iter().enumerate().find(|(_, y)| {
+        !points.iter().any(|p| {
+            (p.dp, p.cp, p.ga) == (y.dp, y.cp, y.ga)
+                && y.model.as_ref().is_none_or(|m| *m == p.model)
+                && y.seq_len.is_none_or(|l| l == p.seq_len)
+        })
+    }) {
+        bail!(
+            "{file}: [[sweep.layout]] #{} matches no point: its model and seq_len must be among \
+             the file's models and L",
+            i + 1
+        );
     }
     let jobs: Vec<(usize, usize)> = (0..points.len())
         .flat_map(|p| (0..arms.len()).map(move |a| (p, a)))
@@ -502,8 +605,8 @@ pub fn run_text(
             let par = Parallelism {
                 dp: p.dp,
                 pp: f.parallel.pp,
-                cp: f.parallel.cp,
-                ga: f.parallel.ga,
+                cp: p.cp,
+                ga: p.ga,
                 pipeline: f.parallel.pipeline.unwrap_or(PipelineKind::OneFOneB),
                 recompute: f.parallel.recompute,
                 zero_stage: f.parallel.zero_stage,
@@ -515,21 +618,35 @@ pub fn run_text(
                 moe_hot_share: f.parallel.moe_hot_share,
             };
             let ctx = format!(
-                "{file}: point model {} corpus {} L {} DP {} arm {}",
-                p.model, p.corpus, p.seq_len, p.dp, arm.label
+                "{file}: point model {} corpus {} L {} DP {} CP {} arm {}",
+                p.model, p.corpus, p.seq_len, p.dp, p.cp, arm.label
             );
-            run_arm(
-                &f,
-                p.cost.as_ref(),
-                &p.topo,
-                &net_model,
-                &p.corpus,
-                p.seq_len,
-                par,
-                arm,
-            )
-            .map(|mut r| {
+            // the fastest of the arm's CPs (one, unless best-cp); ties keep the first
+            let mut best: Option<ArmResult> = None;
+            for c in arm_cps(arm, p.dp, p.cp, p.ga) {
+                let (dp, cp, ga) = arm_layout(&arm.label, c, p.dp, p.cp, p.ga)?;
+                let r = run_arm(
+                    &f,
+                    p.cost.as_ref(),
+                    &p.topo,
+                    &net_model,
+                    &p.corpus,
+                    p.seq_len,
+                    Parallelism { dp, cp, ga, ..par },
+                    arm,
+                )
+                .with_context(|| format!("{ctx} (CP {cp})"))?;
+                if best
+                    .as_ref()
+                    .is_none_or(|b| r.tokens_per_s > b.tokens_per_s)
+                {
+                    best = Some(r);
+                }
+            }
+            best.map(|mut r| {
                 r.model = p.model.clone();
+                // the point's layout, whatever CP the arm ran on
+                (r.ran_cp, r.dp, r.cp, r.ga) = (r.cp, p.dp, p.cp, p.ga);
                 r
             })
             .with_context(|| ctx)
@@ -549,7 +666,8 @@ pub fn run_text(
                   |---|---|---|---|---|---|---|---|---|---|\n";
         for p in &points {
             let shard = p.cost.tp_shard(f.parallel.tp, f.parallel.ep)?;
-            extra += &tolerance_rows(&f, &shard, &p.model, &p.corpus, p.seq_len, p.dp)?;
+            let lay = [p.dp, p.cp, p.ga];
+            extra += &tolerance_rows(&f, &shard, &p.model, &p.corpus, p.seq_len, lay)?;
         }
     }
     if arms.iter().any(|a| a.scheme == Scheme::WlbLlm) {
@@ -557,7 +675,7 @@ pub fn run_text(
             &f,
             &points
                 .iter()
-                .map(|p| (p.model.clone(), p.cost.clone(), p.seq_len, p.dp))
+                .map(|p| (p.model.clone(), p.cost.clone(), p.seq_len, p.dp, p.cp))
                 .collect::<Vec<_>>(),
         )?;
     }
@@ -578,6 +696,35 @@ pub fn run_text(
         out.markdown += &format!("\n{}\n", f.notes.trim());
     }
     Ok(out)
+}
+
+/// The CPs arm `a` runs at a point of DP `dp` × CP `cp` and GA `ga`: the point's, the
+/// arm's own, or (best-cp) every CP whose DP divides the point's DP × GA sequences.
+fn arm_cps(a: &Arm, dp: u32, cp: u32, ga: u32) -> Vec<u32> {
+    match a.cp {
+        CpChoice::Point => vec![cp],
+        CpChoice::Fixed(c) => vec![c],
+        CpChoice::Best => (1..=dp * cp)
+            .filter(|&c| (dp * cp) % c == 0 && (dp * ga) % ((dp * cp) / c) == 0)
+            .collect(),
+    }
+}
+
+/// The (DP, CP, GA) arm `label` runs on CP `c` at a point of DP `dp` × CP `cp` and GA `ga`:
+/// the same DP × CP ranks and the same DP × GA sequences.
+fn arm_layout(label: &str, c: u32, dp: u32, cp: u32, ga: u32) -> Result<(u32, u32, u32)> {
+    let ranks = dp * cp;
+    if ranks % c != 0 {
+        bail!("{label:?}: cp = {c} must divide the point's DP × CP = {dp} × {cp} = {ranks} ranks");
+    }
+    let (dp2, batch) = (ranks / c, dp * ga);
+    if batch % dp2 != 0 {
+        bail!(
+            "{label:?}: cp = {c} gives DP {dp2}, which must divide the global batch of DP × GA = \
+             {dp} × {ga} = {batch} sequences"
+        );
+    }
+    Ok((dp2, c, batch / dp2))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -625,8 +772,9 @@ fn run_arm(
     let gbs = (par.dp * par.ga) as usize;
     // Every scheme plans one TP rank's head shard.
     let shard = cost.tp_shard(par.tp, par.ep)?;
-    let mut planner =
-        SchemePlanner::new(arm.scheme, arm.set.clone(), &shard, par.dp, gbs, seq_len)?;
+    let mut set = arm.set.clone();
+    (set.cp, set.libra.cp) = (par.cp, par.cp);
+    let mut planner = SchemePlanner::new(arm.scheme, set.clone(), &shard, par.dp, gbs, seq_len)?;
     let mut batches = wl.batches(gbs)?;
     let (mut it, mut tps, mut mfu, mut attn, mut bytes, mut mem) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), 0u64, 0u64);
@@ -639,7 +787,7 @@ fn run_arm(
         let r = simulate_scheme_step_with(
             cost,
             &mut planner,
-            &arm.set,
+            &set,
             par,
             place,
             step,
@@ -672,6 +820,9 @@ fn run_arm(
         seq_len,
         dp: par.dp,
         gpus,
+        cp: par.cp,
+        ga: par.ga,
+        ran_cp: par.cp,
         arm: arm.label.clone(),
         iteration_ms: mean(&it),
         tokens_per_s: mean(&tps),
@@ -698,8 +849,8 @@ fn last_arm_cuts(arms: &[Arm], rs: &[ArmResult]) -> String {
     for r in rs.iter().filter(|r| r.arm == last.label) {
         for o in rs.iter().filter(|o| {
             o.arm != last.label
-                && (&o.model, &o.topology, &o.corpus, o.seq_len, o.dp)
-                    == (&r.model, &r.topology, &r.corpus, r.seq_len, r.dp)
+                && (&o.model, &o.topology, &o.corpus, o.seq_len, o.dp, o.cp)
+                    == (&r.model, &r.topology, &r.corpus, r.seq_len, r.dp, r.cp)
         }) {
             let _ = writeln!(
                 t,
@@ -720,11 +871,14 @@ fn last_arm_cuts(arms: &[Arm], rs: &[ArmResult]) -> String {
 /// WLB-LLM's S_max priced by `cost::memory` (stage 0, the smallest DP of each model and
 /// L): peak memory per rank at S_max = L and 2·L (the default), and the largest S_max that
 /// fits the GPU.
-fn s_max_rows(f: &CompareFile, points: &[(String, Arc<CostModel>, u32, u32)]) -> Result<String> {
+fn s_max_rows(
+    f: &CompareFile,
+    points: &[(String, Arc<CostModel>, u32, u32, u32)],
+) -> Result<String> {
     use crate::balance::pricing::{wlb_max_s_max, wlb_s_max_memory};
     use crate::cost::memory::{stage_rank_params, MemoryInputs, GRAD_BYTES_PER_PARAM};
     use crate::schedule::step::{in_flight, stage_layers};
-    let mut seen: Vec<(String, u32)> = Vec::new();
+    let mut seen: Vec<(String, u32, u32)> = Vec::new();
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     let mut t = String::from(
         "\n## WLB-LLM's memory cap S_max, priced by `cost::memory`\n\n\
@@ -735,11 +889,11 @@ fn s_max_rows(f: &CompareFile, points: &[(String, Arc<CostModel>, u32, u32)]) ->
          |---|---|---|---|---|---|---|\n",
     );
     let par = &f.parallel;
-    for (model, cost, l, dp) in points {
-        if seen.contains(&(model.clone(), *l)) {
+    for (model, cost, l, dp, cp) in points {
+        if seen.contains(&(model.clone(), *l, *cp)) {
             continue;
         }
-        seen.push((model.clone(), *l));
+        seen.push((model.clone(), *l, *cp));
         // One TP rank's memory.
         let shard = cost.tp_shard(par.tp, par.ep)?;
         let cost = &shard;
@@ -753,7 +907,7 @@ fn s_max_rows(f: &CompareFile, points: &[(String, Arc<CostModel>, u32, u32)]) ->
             first_stage: true,
             last_stage: pp == 1,
             zero_stage: par.zero_stage,
-            shard_degree: dp * par.cp,
+            shard_degree: dp * cp,
             tokens_per_rank: 0,
             attn_tokens: 0,
             attn_heads_q: 0,
@@ -764,12 +918,11 @@ fn s_max_rows(f: &CompareFile, points: &[(String, Arc<CostModel>, u32, u32)]) ->
             seq_shard: if par.sp { par.tp } else { 1 },
             expert_shard: par.ep,
         };
-        let at = |s: u32| wlb_s_max_memory(cost, &base, s, par.cp).map(|b| gib(b.total()));
-        let best = wlb_max_s_max(cost, &base, par.cp, crate::balance::wlbllm::KERNEL_TILE)?;
+        let at = |s: u32| wlb_s_max_memory(cost, &base, s, *cp).map(|b| gib(b.total()));
+        let best = wlb_max_s_max(cost, &base, *cp, crate::balance::wlbllm::KERNEL_TILE)?;
         let _ = writeln!(
             t,
-            "| {model} | {l} | {} | {dp} | {:.1} | {:.1} | {} |",
-            par.cp,
+            "| {model} | {l} | {cp} | {dp} | {:.1} | {:.1} | {} |",
             at(*l)?,
             at(l.saturating_mul(2))?,
             best.map_or("none".to_string(), |b| format!(
@@ -790,26 +943,21 @@ fn tolerance_rows(
     model: &str,
     corpus: &str,
     seq_len: u32,
-    dp: u32,
+    [dp, cp, ga]: [u32; 3],
 ) -> Result<String> {
     use crate::balance::distca::DistcaConfig;
     use crate::balance::pricing::distca_tolerance;
-    let servers = (dp * f.parallel.cp) as usize;
+    let servers = (dp * cp) as usize;
     let wl = Workload::Corpus {
         corpus: super::inputs::load_corpus(corpus)?,
         seq_len,
         packing: Packing::Sequential,
         seed: f.workload.seed,
     };
-    let global = wl.step_sequences(0, (dp * f.parallel.ga) as usize)?;
+    let global = wl.step_sequences(0, (dp * ga) as usize)?;
     let batches: Vec<Vec<_>> = global.chunks(dp as usize).map(<[_]>::to_vec).collect();
     let cfg = DistcaConfig::new(cost.attn(), 0.0, crate::balance::wlbllm::KERNEL_TILE)?;
-    let rows = distca_tolerance(
-        &batches,
-        f.parallel.cp,
-        &cfg,
-        &[0.0, 0.05, 0.10, 0.15, 0.20],
-    )?;
+    let rows = distca_tolerance(&batches, cp, &cfg, &[0.0, 0.05, 0.10, 0.15, 0.20])?;
     let (b0, m0) = (
         rows[0].bytes.max(1) as f64,
         rows[0].max_buffer_bytes.max(1) as f64,
@@ -840,6 +988,7 @@ fn render(f: &CompareFile, title: &str, arms: &[Arm], rs: &[ArmResult]) -> Compa
             r.corpus.clone(),
             r.seq_len,
             r.dp,
+            r.cp,
         )
     };
     let baseline = |r: &ArmResult| {
@@ -847,27 +996,45 @@ fn render(f: &CompareFile, title: &str, arms: &[Arm], rs: &[ArmResult]) -> Compa
             .find(|b| key(b) == key(r) && b.arm == arms[0].label)
             .cloned()
     };
-    let mut csv = String::from(
-        "model,topology,corpus,seq_len,dp,gpus,arm,iteration_ms,tokens_per_s,mfu,attn_mean_ms,attn_max_ms,speedup_vs_baseline,attn_reduction_vs_baseline,plan_gib_per_layer,peak_mem_gib,infeasible_ranks\n",
+    // per-point layouts: CP and GA columns, and the CP an arm chose
+    let laid = !f.sweep.layout.is_empty();
+    let mut csv = format!(
+        "model,topology,corpus,seq_len,dp,{}gpus,arm,iteration_ms,tokens_per_s,mfu,attn_mean_ms,attn_max_ms,speedup_vs_baseline,attn_reduction_vs_baseline,plan_gib_per_layer,peak_mem_gib,infeasible_ranks\n",
+        if laid { "cp,ga,ran_cp," } else { "" }
     );
     let mut t = format!(
-        "| model | topology | corpus | L | DP | GPUs | arm | iteration (ms) | tokens/s | MFU | attn layer mean (ms) | attn layer max (ms) | speedup vs {b} | attn cut vs {b} | moved GiB/layer | peak mem (GiB) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| model | topology | corpus | L | {} | GPUs | arm | iteration (ms) | tokens/s | MFU | attn layer mean (ms) | attn layer max (ms) | speedup vs {b} | attn cut vs {b} | moved GiB/layer | peak mem (GiB) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        if laid { "DP × CP × GA" } else { "DP" },
         b = arms[0].label
     );
     for r in rs {
         let b = baseline(r);
+        let (lay_csv, lay_md) = if laid {
+            (
+                format!("{},{},{},", r.cp, r.ga, r.ran_cp),
+                format!("{} × {} × {}", r.dp, r.cp, r.ga),
+            )
+        } else {
+            (String::new(), r.dp.to_string())
+        };
+        let arm_md = if r.ran_cp == r.cp {
+            r.arm.clone()
+        } else {
+            format!("{} (CP {})", r.arm, r.ran_cp)
+        };
         let speed = b.as_ref().map_or(1.0, |b| r.tokens_per_s / b.tokens_per_s);
         let cut = b
             .as_ref()
             .map_or(0.0, |b| 1.0 - r.attn_mean_ms / b.attn_mean_ms.max(1e-12));
         let _ = writeln!(
             csv,
-            "{},{},{},{},{},{},{},{:.3},{:.1},{:.4},{:.3},{:.3},{:.4},{:.4},{:.4},{:.2},{}",
+            "{},{},{},{},{},{}{},{},{:.3},{:.1},{:.4},{:.3},{:.3},{:.4},{:.4},{:.4},{:.2},{}",
             r.model,
             r.topology,
             r.corpus,
             r.seq_len,
             r.dp,
+            lay_csv,
             r.gpus,
             r.arm,
             r.iteration_ms,
@@ -888,9 +1055,9 @@ fn render(f: &CompareFile, title: &str, arms: &[Arm], rs: &[ArmResult]) -> Compa
             r.topology,
             r.corpus,
             r.seq_len,
-            r.dp,
+            lay_md,
             r.gpus,
-            r.arm,
+            arm_md,
             r.iteration_ms,
             r.tokens_per_s,
             r.mfu,
@@ -913,15 +1080,18 @@ fn render(f: &CompareFile, title: &str, arms: &[Arm], rs: &[ArmResult]) -> Compa
         md += &format!("{}\n\n", f.description.trim());
     }
     md += &format!(
-        "Kind `{}`; {} step(s) per point (a GBS window); layers simulated: {}; CP {}, GA {}, PP {}; \
+        "Kind `{}`; {} step(s) per point (a GBS window); layers simulated: {}; {}PP {}; \
          analytical network unless stated; no runtime variance. The attention layer is layer 0's \
          forward core attention (dispatch, kernels, return), its span over all GPUs summed over \
          the micro-batches: the straggler's latency for the step.\n\n",
         f.kind,
         f.steps,
         f.layers.map_or("all".to_string(), |l| l.to_string()),
-        f.parallel.cp,
-        f.parallel.ga,
+        if laid {
+            "DP, CP and GA per point, ".to_string()
+        } else {
+            format!("CP {}, GA {}, ", f.parallel.cp, f.parallel.ga)
+        },
         f.parallel.pp
     );
     if f.parallel.tp > 1 || f.parallel.ep > 1 {
@@ -958,8 +1128,8 @@ fn speedup(arms: &[Arm], rs: &[ArmResult], r: &ArmResult) -> f64 {
     rs.iter()
         .find(|b| {
             b.arm == arms[0].label
-                && (&b.model, &b.topology, &b.corpus, b.seq_len, b.dp)
-                    == (&r.model, &r.topology, &r.corpus, r.seq_len, r.dp)
+                && (&b.model, &b.topology, &b.corpus, b.seq_len, b.dp, b.cp)
+                    == (&r.model, &r.topology, &r.corpus, r.seq_len, r.dp, r.cp)
         })
         .map_or(1.0, |b| r.tokens_per_s / b.tokens_per_s)
 }
@@ -1046,7 +1216,11 @@ fn panels(
     } else {
         String::new()
     };
-    let x_label = format!("GPUs ({tp}DP × CP {}{pp}; log scale)", f.parallel.cp);
+    let x_label = if f.sweep.layout.is_empty() {
+        format!("GPUs ({tp}DP × CP {}{pp}; log scale)", f.parallel.cp)
+    } else {
+        format!("GPUs ({tp}DP × CP{pp}; log scale)")
+    };
     let y_label = if rel {
         format!("speedup over {base_label} (tokens/s ratio, ×)")
     } else {

@@ -391,6 +391,11 @@ pub fn node_blocks(gpus: &[GpuId], gpus_per_node: u32) -> Option<(usize, usize)>
 }
 
 impl CollectiveModel {
+    /// GPUs of one NVLink domain of the modelled fabric (`None`: no fabric known).
+    pub fn domain_gpus(&self) -> Option<u32> {
+        self.fabric.map(|f| f.domain_gpus)
+    }
+
     /// The model of `topo`; `nvls = false` turns NVLS off on top of the topology's own
     /// `[collectives] nvls`.
     pub fn of(topo: &Topology, nvls: bool) -> Self {

@@ -253,14 +253,18 @@ impl RankMap {
                 format!("at most the cluster's {have} GPUs"),
             ));
         }
-        if par.tp > place.gpus_per_node || place.gpus_per_node % par.tp != 0 {
+        // A node, or a multi-node NVLink domain (NVL72) when the fabric is known.
+        let domain = place
+            .coll
+            .domain_gpus()
+            .map_or(place.gpus_per_node, |d| d.max(place.gpus_per_node));
+        if par.tp > domain || domain % par.tp != 0 {
             return Err(invalid(
                 format!("{ctx}: tp"),
                 par.tp,
                 format!(
-                    "a divisor of the {} GPUs of one node (a TP group must sit inside one \
-                     NVLink domain)",
-                    place.gpus_per_node
+                    "a divisor of the {domain} GPUs of one NVLink domain (a TP group must sit \
+                     inside one)"
                 ),
             ));
         }
@@ -449,6 +453,35 @@ mod tests {
         .validate("y")
         .unwrap_err();
         assert!(e.to_string().contains("y: ep"), "{e}");
+    }
+
+    /// On GB200 NVL72 (4-GPU nodes, 72-GPU NVLink domains) a TP group may span nodes of one
+    /// rack; without the fabric, or past the domain, it is refused by name.
+    #[test]
+    fn tp_fits_a_multi_node_nvlink_domain() {
+        use crate::cluster::TopologySpec;
+        use crate::net::collective::CollectiveModel;
+        let spec = TopologySpec::parse(
+            include_str!("../../topologies/gb200-nvl72.toml"),
+            "gb200-nvl72",
+        )
+        .unwrap();
+        let t = spec.build(Some(18)).unwrap();
+        let rack = Placement::new(4, 18).with_collectives(CollectiveModel::of(&t, true));
+        let tp = |n| Parallelism {
+            tp: n,
+            ..par(1, 1, 2)
+        };
+        assert!(RankMap::new(tp(8), rack, "t").is_ok());
+        let e = RankMap::new(tp(16), rack, "t").unwrap_err().to_string();
+        assert!(
+            e.contains("tp") && e.contains("72 GPUs of one NVLink domain"),
+            "{e}"
+        );
+        let e = RankMap::new(tp(8), Placement::new(4, 18), "t")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("4 GPUs of one NVLink domain"), "{e}");
     }
 
     #[test]

@@ -773,10 +773,12 @@ impl<'a> Emitter<'a> {
                         if ep > 1 {
                             // The MoE block runs on the rank's own (sequence-parallel) tokens:
                             // each sends top-k copies, (EP−1)/EP of them to its EP peers, and
-                            // receives as many under uniform routing.
+                            // receives as many under uniform routing. Shared experts, split
+                            // by TP, run on the TP group's tokens.
                             let tin = t.div_ceil(tp as u64);
                             let copies = tin * u64::from(cost.top_k());
-                            d.ffn_f = ps(cost.piece_fwd_ps_f(LinearPiece::Router, tin, tin));
+                            d.ffn_f = ps(cost.piece_fwd_ps_f(LinearPiece::Router, tin, tin)
+                                + cost.shared_experts_fwd_ps_f(t));
                             d.experts_f = ps(cost.experts_fwd_ps_f(copies));
                             d.ep_pair_bytes = copies.div_ceil(ep) * cost.ep_copy_bytes();
                         } else {

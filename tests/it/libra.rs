@@ -123,6 +123,7 @@ fn dp_scaling_slice_reproduces() {
         "libra-dp-scaling",
         &[
             ("dp", arr(vec![int(16)])),
+            ("gbs", arr(vec![int(16)])),
             ("corpus", arr(vec![s("libra-256k")])),
             ("scheme", arr(vec![s("ulysses"), s("libra")])),
         ],

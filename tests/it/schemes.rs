@@ -93,21 +93,32 @@ fn masks_reproduces() {
 }
 
 #[test]
+fn four_way_tp_reproduces() {
+    reproduces("four-way-tp", None);
+}
+
+#[test]
 fn megatron_dcp_blog_reproduces() {
     reproduces("megatron-dcp-blog", Some("1"));
 }
 
 #[test]
 fn a_slice_of_distca_3d_reproduces_its_committed_rows() {
-    // llama3-8b, 64 GPUs, 128K only: the same rows as the committed points.csv.
+    // llama3-8b, 64 GPUs, 128K only (the first layout): the same rows as the committed
+    // points.csv.
     let text = read(&root().join("experiments/distca-3d.toml"));
-    let sliced = text
-        .replace(
-            "model = [\"llama3-8b\", \"llama-34b\"]",
-            "model = [\"llama3-8b\"]",
-        )
-        .replace("dp = [1, 8]", "dp = [1]")
-        .replace("seq_len = [131072, 524288]", "seq_len = [131072]");
+    let mut parts = text.split("[[sweep.layout]]");
+    let sliced = format!(
+        "{}[[sweep.layout]]{}",
+        parts.next().unwrap(),
+        parts.next().unwrap()
+    )
+    .replace(
+        "model = [\"llama3-8b\", \"llama-34b\"]",
+        "model = [\"llama3-8b\"]",
+    )
+    .replace("seq_len = [131072, 524288]", "seq_len = [131072]");
+    assert!(sliced.contains("seq_len = 131072\ndp = 4\ncp = 2\nga = 1"));
     assert_ne!(sliced, text, "the slice must change the sweep");
     let dir = tmp("distca-3d-slice");
     // its topology is the built-in dgx-h200-roce, so the file may live anywhere
@@ -128,7 +139,7 @@ fn a_slice_of_distca_3d_reproduces_its_committed_rows() {
     let ours = read(&dir.join("points.csv"));
     let committed = read(&root().join("experiments/results/distca-3d/points.csv"));
     let rows: Vec<&str> = ours.lines().skip(1).collect();
-    assert_eq!(rows.len(), 7, "seven arms at one point");
+    assert_eq!(rows.len(), 6, "six arms at one point");
     for r in rows {
         assert!(committed.lines().any(|c| c == r), "row not committed: {r}");
     }
@@ -180,6 +191,26 @@ fn bad_settings_are_named() {
             "unknown field `alpha`",
         ),
         ("topology = \"dgx-h200-roce\"\n", "", "topology is required"),
+        (
+            "\"distca:eps=0\"",
+            "\"wlbllm:cp=0\"",
+            "cp = \"0\" is not a degree ≥ 1",
+        ),
+        (
+            "\"distca:eps=0\"",
+            "\"wlbllm:cp=3\"",
+            "cp = 3 must divide the point's DP × CP = 1 × 2 = 2 ranks",
+        ),
+        (
+            "seq_len = [131072, 524288]",
+            "seq_len = [131072]\n[[sweep.layout]]\ndp = 1\ncp = 2\nga = 1",
+            "[[sweep.layout]] gives each point its DP",
+        ),
+        (
+            "dp = [1, 8]\nseq_len = [131072, 524288]",
+            "seq_len = [131072, 524288]\n[[sweep.layout]]\nmodel = \"llama-34b\"\ndp = 1\ncp = 2\nga = 8",
+            "model = \"llama-34b\" is not one of the file's models",
+        ),
     ];
     let dir = tmp("bad");
     for (i, (from, to, want)) in cases.iter().enumerate() {

@@ -634,57 +634,83 @@ fn ep_all_to_all_bytes_per_token_by_hand() {
 #[test]
 fn bad_tp_and_ep_layouts_are_named() {
     let c = CostModel::h200(ModelConfig::builtin("llama3-8b").unwrap()).unwrap();
-    let map = |p: Parallelism| RankMap::new(p, Placement::new(8, 8), "t").unwrap();
-    let batch = [vec![seq(&[8192], 8192)]];
-    let e = build_step(
+    let q = qwen();
+    let one = [vec![seq(&[8192], 8192)]];
+    let two = [one[0].clone(), one[0].clone()];
+    let fail = |cost: &CostModel, p: Parallelism, batch: &[Vec<PackedSeq>]| {
+        let map = RankMap::new(p, Placement::new(8, 8), "t").unwrap();
+        build_step(cost, map, batch, 0, &NoVariance)
+            .unwrap_err()
+            .to_string()
+    };
+    let e = fail(
         &c,
-        map(Parallelism {
+        Parallelism {
             ep: 2,
             tp: 2,
             ..par(1, 1, 1, 1)
-        }),
-        &batch,
-        0,
-        &NoVariance,
-    )
-    .unwrap_err()
-    .to_string();
+        },
+        &one,
+    );
     assert!(
         e.contains("ep") && e.contains("dense model llama3-8b"),
         "{e}"
     );
-    let q = qwen();
-    let e = build_step(
+    let e = fail(
         &q,
-        map(Parallelism {
+        Parallelism {
             ep: 2,
             tp: 2,
             sp: false,
             ..par(1, 1, 1, 1)
-        }),
-        &batch,
-        0,
-        &NoVariance,
-    )
-    .unwrap_err()
-    .to_string();
+        },
+        &one,
+    );
     assert!(
         e.contains("sp") && e.contains("sequence parallelism"),
         "{e}"
     );
-    let e = build_step(
+    let e = fail(
         &q,
-        map(Parallelism {
+        Parallelism {
             ep: 4,
             ..par(2, 1, 2, 1)
-        }),
-        &[batch[0].clone(), batch[0].clone()],
-        0,
-        &NoVariance,
-    )
-    .unwrap_err()
-    .to_string();
+        },
+        &two,
+    );
     assert!(e.contains("TP × CP = 2"), "{e}");
+    // EP must divide the experts (qwen3-30b-a3b: 128; EP 3 lies inside TP × CP = 3).
+    let e = fail(
+        &q,
+        Parallelism {
+            ep: 3,
+            ..par(1, 1, 3, 1)
+        },
+        &one,
+    );
+    assert!(
+        e.contains("ep") && e.contains("a divisor of qwen3-30b-a3b's 128 experts"),
+        "{e}"
+    );
+    // TP larger than a node's NVLink domain, and a layout larger than the cluster.
+    let refused = |p: Parallelism| {
+        RankMap::new(p, Placement::new(8, 8), "t")
+            .unwrap_err()
+            .to_string()
+    };
+    let e = refused(Parallelism {
+        tp: 16,
+        ..par(1, 1, 1, 1)
+    });
+    assert!(e.contains("tp") && e.contains("NVLink domain"), "{e}");
+    let e = refused(Parallelism {
+        tp: 8,
+        ..par(4, 2, 2, 1)
+    });
+    assert!(
+        e.contains("tp × cp × dp × pp") && e.contains("at most the cluster's 64 GPUs"),
+        "{e}"
+    );
 }
 
 #[test]
