@@ -575,7 +575,7 @@ mod measured {
     /// `validate/results/torch_window_h200.csv` (`validate/torch/torch_window.py`: PyTorch's
     /// varlen FlashAttention forward, held-out document mixes of 16K–256K tokens, 8 or 32
     /// heads, head_dim 128) whose mask starts with `kind`, each launch priced whole
-    /// through the default table under its mask.
+    /// through the built-in efficiency table (`CostModel::h200`) under its mask.
     fn median_ape(kind: &str) -> f64 {
         let text = include_str!("../../validate/results/torch_window_h200.csv");
         let c = CostModel::h200(ModelConfig::builtin("llama3-8b").unwrap()).unwrap();
