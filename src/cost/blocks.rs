@@ -1,6 +1,6 @@
 //! The attention kernels as thread blocks on SMs: the call-level price of one forward launch
 //! or one backward call when a calibration fitted a [`BlockModel`] (a calibration's
-//! `attn_blocks`) or a [`BwdBlockModel`] (`attn_bwd_blocks`; issue 7).
+//! `attn_blocks`) or a [`BwdBlockModel`] (`attn_bwd_blocks`).
 //!
 //! A per-segment efficiency table prices FLOPs at a rate looked up by length; the hardware
 //! runs thread blocks. This module prices what the kernels actually run:
@@ -34,8 +34,8 @@
 //!
 //! The forward launch takes its blocks' makespan (+ the call overhead, priced by the
 //! caller). The same formula covers a launch of a few long blocks (bound by its last wave:
-//! run 16's q = 3,072 units at 228–321 TFLOP/s) and one of many short segments (bound by
-//! key-block steps, not FLOPs: run 15's p13). `skewsim calibrate` fits the figures and the
+//! measured q = 3,072 units at 228–321 TFLOP/s) and one of many short segments (bound by
+//! key-block steps, not FLOPs). `skewsim calibrate` fits the figures and the
 //! call overheads to measured calls (`cost::fit`).
 //!
 //! It may not price anything else; without a block model ([`launch_fwd_ps_f`],

@@ -1,4 +1,4 @@
-//! Calibration against GPU measurements (issue 7, "Calibration").
+//! Calibration against GPU measurements.
 //!
 //! Owns the measurement record that `skewsim validate` writes and `skewsim calibrate` reads
 //! ([`Measurement`], CSV text in and out), the [`Pricing`] of one measured launch through

@@ -198,7 +198,7 @@ pub struct Calibration {
     pub attn_bwd_blocks: Option<BwdBlockModel>,
 }
 
-/// Fixed costs a measured GPU adds to the table's compute time (issue 7): the attention
+/// Fixed costs a measured GPU adds to the table's compute time: the attention
 /// launch overhead, the device-to-device copy rate and overhead, and run-to-run jitter.
 /// Defaults: no launch overhead (the table alone, as the engine prices), copies at half
 /// the HBM rate (a copy reads and writes every byte), no jitter figure.

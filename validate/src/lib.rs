@@ -1,4 +1,4 @@
-//! `validate`: skewsim's bridge to real GPUs (issue 7).
+//! `validate`: skewsim's bridge to real GPUs.
 //!
 //! Owns the attention kernels (`validate/kernels/*.cu`, compiled at run time by NVRTC through
 //! cudarc), their float64 CPU reference, the work-unit layout the kernels consume, timing with
@@ -11,9 +11,9 @@
 //!
 //! Kernels: forward versions 1–3 (`attn_fwd.cu`, `attn_fwd_v2.cu`, `attn_fwd_v3.cu`; v3 is the
 //! fast one, 0.93–0.96 of PyTorch's FlashAttention-2 on an H200 for long documents) and the
-//! backward (`attn_bwd.cu`); versions, figures and commands in BENCHMARKS.md, "Validation
-//! (issue 7)". The `skewsim-validate` binary drives them (check, bench, bench-bwd, bench-mixed,
-//! jitter, trace, compile).
+//! backward (`attn_bwd.cu`); versions, figures and commands in BENCHMARKS.md, "Validation".
+//! The `skewsim-validate` binary drives them (check, bench, bench-bwd, bench-mixed, jitter,
+//! trace, compile).
 //!
 //! Everything except [`gpu`] is plain CPU code and is tested on machines without a GPU; [`gpu`]
 //! returns [`Error::NoDriver`] there instead of panicking.

@@ -1,4 +1,4 @@
-//! Moving planned bytes between GPUs through NCCL (issue 7, "Plan execution", two or more
+//! Moving planned bytes between GPUs through NCCL (plan execution on one or more
 //! GPUs): one grouped send/recv exchange (an all-to-all with arbitrary per-pair sizes), timed
 //! with CUDA events on every GPU; the exchange's time is the slowest GPU's.
 //!
