@@ -62,7 +62,7 @@ pub fn run(args: Args, out: Output) -> Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use skewsim::balance::libra::{consecutive_pools, plan_step, LibraParams};
     use skewsim::workload::PackedSeq;
@@ -73,7 +73,8 @@ mod tests {
         dir.join(name)
     }
 
-    fn plan() -> Plan {
+    /// A small checked Libra plan (two pools of CP 2).
+    pub(in crate::cli) fn plan() -> Plan {
         let batch: Vec<PackedSeq> = [vec![300u32, 200], vec![50; 9]]
             .iter()
             .map(|l| PackedSeq::from_lengths(l, 512, 0))

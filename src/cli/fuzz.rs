@@ -275,22 +275,7 @@ fn corpus_spec_and_packing() {
     });
 }
 
-/// A small checked Libra plan as JSON (the plan target's seed input).
+/// A small checked Libra plan as JSON (the plan target's seed input): `check-plan`'s test plan.
 fn small_plan_json() -> String {
-    use skewsim::balance::libra::{consecutive_pools, plan_step, LibraParams};
-    use skewsim::workload::PackedSeq;
-    let batch: Vec<PackedSeq> = [vec![300u32, 200], vec![50; 9]]
-        .iter()
-        .map(|l| PackedSeq::from_lengths(l, 512, 0))
-        .collect();
-    let p = LibraParams {
-        pool_size: 2,
-        cp: 2,
-        tile_tokens: 64,
-        ..LibraParams::default()
-    };
-    plan_step(0, &batch, &consecutive_pools(2, 2), 2, &p)
-        .unwrap()
-        .to_json()
-        .unwrap()
+    super::check_plan::tests::plan().to_json().unwrap()
 }
