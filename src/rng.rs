@@ -15,11 +15,7 @@ pub type Rng = ChaCha8Rng;
 /// Monte-Carlo trial, `stream(seed, "gpu-jitter", gpu)` for one GPU's kernel jitter.
 pub fn stream(seed: u64, purpose: &str, id: u64) -> Rng {
     // FNV-1a over the purpose, then splitmix64 to spread (seed, purpose, id) over the key.
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in purpose.bytes() {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
+    let h = fnv1a(purpose.as_bytes());
     let mut key = [0u8; 32];
     for (i, word) in [seed, h, id, seed ^ h.rotate_left(17) ^ id.rotate_left(41)]
         .into_iter()
@@ -29,6 +25,17 @@ pub fn stream(seed: u64, purpose: &str, id: u64) -> Rng {
             .copy_from_slice(&splitmix64(word.wrapping_add(i as u64)).to_le_bytes());
     }
     ChaCha8Rng::from_seed(key)
+}
+
+/// The 64-bit FNV-1a hash of `bytes`: a stable fingerprint (the same on every machine and
+/// build).
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
 }
 
 fn splitmix64(mut z: u64) -> u64 {

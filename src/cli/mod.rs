@@ -22,6 +22,7 @@ pub mod limits;
 mod plan;
 pub mod pools;
 mod run;
+mod sweep;
 pub mod theory;
 mod topo;
 mod topo_draw;
@@ -51,6 +52,11 @@ pub enum Command {
     Corpus(corpus::Args),
     /// Run an experiment file (TOML) and write runs/NAME/.
     Run(run::Args),
+    /// Split an experiment's sweep points over a Slurm job array (--slurm) or local
+    /// processes (--jobs), one result file per point.
+    Sweep(sweep::Args),
+    /// Gather a sweep folder's point results into the files `run` writes.
+    Merge(sweep::MergeArgs),
     /// Residual load imbalance R − 1 across pools of P sequences, per grouping policy.
     Pools(pools::Args),
     /// Libra Eq. 4's LLN bound beside Monte Carlo; recommends a pool size.
@@ -114,6 +120,8 @@ pub fn main() -> Result<()> {
     };
     match command {
         Command::Run(args) => run::run(args, out),
+        Command::Sweep(args) => sweep::run(args, out),
+        Command::Merge(args) => sweep::merge(args, out),
         Command::Corpus(args) => corpus::run(args, out),
         Command::Pools(args) => pools::run(args, out),
         Command::Theory(args) => theory::run(args, out),

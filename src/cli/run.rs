@@ -66,7 +66,7 @@ pub fn run(args: Args, out: Output) -> Result<()> {
 }
 
 /// Write the run's files into `dir`.
-fn write_files(dir: &Path, o: &Outcome) -> Result<()> {
+pub(super) fn write_files(dir: &Path, o: &Outcome) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     for (name, body) in &o.files {
         let p = dir.join(name);
@@ -77,7 +77,7 @@ fn write_files(dir: &Path, o: &Outcome) -> Result<()> {
 
 /// Print what a run of `o`'s kind prints: its summary and where its files went (or its
 /// result as JSON).
-fn print(o: &Outcome, dir: &Path, t0: Instant, out: Output) -> Result<()> {
+pub(super) fn print(o: &Outcome, dir: &Path, t0: Instant, out: Output) -> Result<()> {
     let names: Vec<&str> = o.files.iter().map(|(n, _)| n.as_str()).collect();
     if o.kind == "pools" {
         eprintln!(

@@ -203,17 +203,45 @@ pub fn run_text(
             schemes::KINDS.join(", ")
         );
     }
-    let title = path
-        .file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let base = path.parent().unwrap_or(Path::new("."));
+    let (title, base) = title_and_base(path);
     match kind.as_str() {
         "pools" => pools::run(path, text, observer),
         "runtime-variance" => variance::run(path, text),
         "train" => train::run_text(text, &file, &title, base, calibration, observer),
         _ => Ok(schemes::run_text(text, &file, &title, base, calibration, observer)?.outcome(kind)),
     }
+}
+
+/// An experiment's summary title (its file's stem) and the folder its paths resolve against.
+fn title_and_base(path: &Path) -> (String, &Path) {
+    let title = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    (title, path.parent().unwrap_or(Path::new(".")))
+}
+
+/// The experiment `text` (arguments as [`run_text`]'s) split into its sweep points, each
+/// run alone (a job-array task, a process) and gathered by [`schemes::Sweep::finish`] into
+/// the files [`run_text`] writes; for the kinds whose points are independent, the scheme
+/// comparisons.
+pub fn sweep(path: &Path, text: &str, calibration: calfile::Prices) -> Result<schemes::Sweep> {
+    let file = path.display().to_string();
+    let doc: toml::Table =
+        toml::from_str(text).with_context(|| format!("{file} is not valid TOML"))?;
+    let kind = kind_of(&file, &doc)?;
+    if !schemes::KINDS.contains(&kind.as_str()) {
+        return Err(Error::Invalid {
+            field: format!("{file}: kind"),
+            value: format!("{kind:?}"),
+            allowed: format!(
+                "a kind whose points run independently, to split over tasks: {}",
+                schemes::KINDS.join(", ")
+            ),
+        });
+    }
+    let (title, base) = title_and_base(path);
+    schemes::Sweep::new(text, &file, &title, base, calibration)
 }
 
 #[cfg(test)]

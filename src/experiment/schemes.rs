@@ -40,9 +40,9 @@
 use super::calfile::Prices;
 use crate::cost::profile::Kernel;
 use rayon::prelude::*;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::balance::distca::DistcaScheduler;
@@ -277,7 +277,8 @@ fn parse_arm(s: &str, base: &SchemeSettings, file: &str) -> Result<Arm> {
 }
 
 /// One (point, arm) result.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct ArmResult {
     model: String,
     topology: String,
@@ -290,12 +291,19 @@ struct ArmResult {
     /// The CP the arm ran on (`wlbllm:best-cp`'s choice).
     ran_cp: u32,
     arm: String,
+    #[serde(with = "exact_f64")]
     iteration_ms: f64,
+    #[serde(with = "exact_f64")]
     tokens_per_s: f64,
+    #[serde(with = "exact_f64")]
     mfu: f64,
+    #[serde(with = "exact_f64")]
     attn_mean_ms: f64,
+    #[serde(with = "exact_f64")]
     attn_max_ms: f64,
+    #[serde(with = "exact_f64")]
     plan_gib: f64,
+    #[serde(with = "exact_f64")]
     peak_mem_gib: f64,
     infeasible: u32,
 }
@@ -386,316 +394,491 @@ pub fn run_text(
     calibration: Prices,
     observer: &dyn Observer,
 ) -> Result<CompareOutput> {
-    let f = parse(text, file)?;
-    let cal = match calibration {
-        (Some(flag), _) => Some(flag.to_path_buf()),
-        (None, None) => f.calibration.as_ref().map(|c| base.join(c)),
-        (None, Some(_)) => None,
-    };
-    let kernel = calibration.1.unwrap_or(Kernel::DEFAULT);
-    if !KINDS.contains(&f.kind.as_str()) {
-        bail!("{file}: kind = {:?}: one of {}", f.kind, KINDS.join(", "));
+    let sweep = Sweep::new(text, file, title, base, calibration)?;
+    let progress = Progress::new(sweep.len(), "points simulated", observer);
+    let results: Vec<Result<PointResult>> = (0..sweep.len())
+        .into_par_iter()
+        .map(|i| {
+            progress.check()?;
+            sweep.run_point(i)
+        })
+        .inspect(|_| progress.tick())
+        .collect();
+    let results: Vec<PointResult> = results.into_iter().collect::<Result<_>>()?;
+    sweep.finish(&results)
+}
+
+/// One simulated point of a comparison: a model, topology, corpus, L and layout, which
+/// every arm runs.
+struct Point {
+    model: String,
+    cost: Arc<CostModel>,
+    topo: Option<(String, TopologySpec)>,
+    corpus: String,
+    seq_len: u32,
+    dp: u32,
+    cp: u32,
+    ga: u32,
+}
+
+/// A comparison experiment split into its sweep points: point `i` is one (point, arm) of
+/// the grid, run by [`Sweep::run_point`] alone — in any order, thread, process or machine
+/// — and [`Sweep::finish`] writes from all of them the files [`run_text`] writes.
+pub struct Sweep {
+    f: CompareFile,
+    file: String,
+    title: String,
+    /// The calibration file that prices the run, if any.
+    cal: Option<PathBuf>,
+    /// `--kernel`'s profile, when it replaced the file's calibration.
+    kernel_flag: Option<Kernel>,
+    arms: Vec<Arm>,
+    points: Vec<Point>,
+    net_model: String,
+}
+
+/// One sweep point's result, lossless through [`PointResult::to_json`] and
+/// [`PointResult::from_json`] (every float kept as its shortest round-tripping decimal), so
+/// that results gathered from files give [`run_text`]'s output byte for byte.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct PointResult(ArmResult);
+
+impl PointResult {
+    /// The result as JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_default()
     }
-    if f.steps == 0 || f.steps > 1000 {
-        bail!("{file}: steps = {} must be in 1..=1000", f.steps);
+
+    /// The result in `text`; `name` (its file) names it in errors.
+    pub fn from_json(text: &str, name: &str) -> Result<PointResult> {
+        serde_json::from_str(text)
+            .map_err(|e| crate::error::parse_error(name, format!("not a sweep point result: {e}")))
     }
-    if f.arms.is_empty() {
-        bail!(
-            "{file}: arms must name at least one scheme (ulysses, wlbllm, distca, libra, \
-             megatron-dcp)"
-        );
+}
+
+/// Serde for an `f64` as the shortest decimal text that parses back to the same bits
+/// (JSON numbers are read back within an ulp, not exactly).
+mod exact_f64 {
+    use serde::{de::Error as _, Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(v)
     }
-    let s = &f.settings;
-    let d = SchemeSettings::default();
-    let dl = LibraParams::default();
-    let mut set = SchemeSettings {
-        cp: f.parallel.cp,
-        s_max: s.s_max,
-        sharding: match &s.sharding {
-            Some(x) => x
-                .parse::<ShardingMode>()
-                .with_context(|| format!("{file}: [settings] sharding"))?,
-            None => d.sharding,
-        },
-        outlier: None,
-        epsilon: s.epsilon.unwrap_or(d.epsilon),
-        ping_pong: s.ping_pong.unwrap_or(d.ping_pong),
-        distca_scheduler: d.distca_scheduler,
-        libra: LibraParams {
-            pool_size: s.pool_size.unwrap_or(dl.pool_size),
-            head_shards: s.head_shards.unwrap_or(dl.head_shards),
-            tile_tokens: s.tile_tokens.unwrap_or(dl.tile_tokens),
-            tau: s.tau.unwrap_or(dl.tau),
-            chunks: s.chunks.unwrap_or(dl.chunks),
-            ..dl
-        },
-        seed: f.workload.seed,
-        max_seqlen_per_rank: s.max_seqlen_per_dp_cp_rank,
-        min_dynamic_cp: s.min_dynamic_cp.unwrap_or(d.min_dynamic_cp),
-        dcp_load: d.dcp_load,
-    };
-    if !(set.epsilon.is_finite() && set.epsilon >= 0.0) {
-        bail!(
-            "{file}: [settings] epsilon = {} must be a finite tolerance ≥ 0 (DistCA: 0.10)",
-            set.epsilon
-        );
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+        let t = String::deserialize(d)?;
+        t.parse()
+            .map_err(|_| D::Error::custom(format!("{t:?} is not a number")))
     }
-    set.libra.cp = f.parallel.cp;
-    let arms: Vec<Arm> = f
-        .arms
-        .iter()
-        .map(|a| parse_arm(a, &set, file))
-        .collect::<Result<_>>()?;
-    let pick = |v: &[String], one: Option<String>| -> Vec<Option<String>> {
-        if v.is_empty() {
-            vec![one]
-        } else {
-            v.iter().cloned().map(Some).collect()
+}
+
+impl Sweep {
+    /// Parse and check the experiment and lay out its points (arguments as [`run_text`]'s);
+    /// nothing is simulated.
+    pub fn new(
+        text: &str,
+        file: &str,
+        title: &str,
+        base: &Path,
+        calibration: Prices,
+    ) -> Result<Sweep> {
+        let f = parse(text, file)?;
+        let cal = match calibration {
+            (Some(flag), _) => Some(flag.to_path_buf()),
+            (None, None) => f.calibration.as_ref().map(|c| base.join(c)),
+            (None, Some(_)) => None,
+        };
+        let kernel = calibration.1.unwrap_or(Kernel::DEFAULT);
+        if !KINDS.contains(&f.kind.as_str()) {
+            bail!("{file}: kind = {:?}: one of {}", f.kind, KINDS.join(", "));
         }
-    };
-    let models = pick(&f.sweep.model, Some(f.model.clone()));
-    let corpora = pick(&f.sweep.corpus, Some(f.workload.corpus.clone()));
-    let topos = pick(&f.sweep.topology, f.network.topology.clone());
-    let dps: Vec<u32> = if f.sweep.dp.is_empty() {
-        vec![f.parallel.dp.unwrap_or(1)]
-    } else {
-        f.sweep.dp.clone()
-    };
-    let layouts: Vec<LayoutFile> = if f.sweep.layout.is_empty() {
-        dps.iter()
-            .map(|&dp| LayoutFile {
-                dp,
-                cp: f.parallel.cp,
-                ga: f.parallel.ga,
-                model: None,
-                seq_len: None,
-            })
-            .collect()
-    } else if !f.sweep.dp.is_empty() || f.parallel.dp.is_some() {
-        bail!(
+        if f.steps == 0 || f.steps > 1000 {
+            bail!("{file}: steps = {} must be in 1..=1000", f.steps);
+        }
+        if f.arms.is_empty() {
+            bail!(
+                "{file}: arms must name at least one scheme (ulysses, wlbllm, distca, libra, \
+             megatron-dcp)"
+            );
+        }
+        let s = &f.settings;
+        let d = SchemeSettings::default();
+        let dl = LibraParams::default();
+        let mut set = SchemeSettings {
+            cp: f.parallel.cp,
+            s_max: s.s_max,
+            sharding: match &s.sharding {
+                Some(x) => x
+                    .parse::<ShardingMode>()
+                    .with_context(|| format!("{file}: [settings] sharding"))?,
+                None => d.sharding,
+            },
+            outlier: None,
+            epsilon: s.epsilon.unwrap_or(d.epsilon),
+            ping_pong: s.ping_pong.unwrap_or(d.ping_pong),
+            distca_scheduler: d.distca_scheduler,
+            libra: LibraParams {
+                pool_size: s.pool_size.unwrap_or(dl.pool_size),
+                head_shards: s.head_shards.unwrap_or(dl.head_shards),
+                tile_tokens: s.tile_tokens.unwrap_or(dl.tile_tokens),
+                tau: s.tau.unwrap_or(dl.tau),
+                chunks: s.chunks.unwrap_or(dl.chunks),
+                ..dl
+            },
+            seed: f.workload.seed,
+            max_seqlen_per_rank: s.max_seqlen_per_dp_cp_rank,
+            min_dynamic_cp: s.min_dynamic_cp.unwrap_or(d.min_dynamic_cp),
+            dcp_load: d.dcp_load,
+        };
+        if !(set.epsilon.is_finite() && set.epsilon >= 0.0) {
+            bail!(
+                "{file}: [settings] epsilon = {} must be a finite tolerance ≥ 0 (DistCA: 0.10)",
+                set.epsilon
+            );
+        }
+        set.libra.cp = f.parallel.cp;
+        let arms: Vec<Arm> = f
+            .arms
+            .iter()
+            .map(|a| parse_arm(a, &set, file))
+            .collect::<Result<_>>()?;
+        let pick = |v: &[String], one: Option<String>| -> Vec<Option<String>> {
+            if v.is_empty() {
+                vec![one]
+            } else {
+                v.iter().cloned().map(Some).collect()
+            }
+        };
+        let models = pick(&f.sweep.model, Some(f.model.clone()));
+        let corpora = pick(&f.sweep.corpus, Some(f.workload.corpus.clone()));
+        let topos = pick(&f.sweep.topology, f.network.topology.clone());
+        let dps: Vec<u32> = if f.sweep.dp.is_empty() {
+            vec![f.parallel.dp.unwrap_or(1)]
+        } else {
+            f.sweep.dp.clone()
+        };
+        let layouts: Vec<LayoutFile> = if f.sweep.layout.is_empty() {
+            dps.iter()
+                .map(|&dp| LayoutFile {
+                    dp,
+                    cp: f.parallel.cp,
+                    ga: f.parallel.ga,
+                    model: None,
+                    seq_len: None,
+                })
+                .collect()
+        } else if !f.sweep.dp.is_empty() || f.parallel.dp.is_some() {
+            bail!(
             "{file}: [[sweep.layout]] gives each point its DP: drop [sweep] dp and [parallel] dp"
         );
-    } else {
-        f.sweep.layout.clone()
-    };
-    for (i, y) in layouts.iter().enumerate() {
-        let p = &f.parallel;
-        let table = if f.sweep.layout.is_empty() {
-            "[parallel]/[sweep]".to_string()
         } else {
-            format!("[[sweep.layout]] #{}", i + 1)
+            f.sweep.layout.clone()
         };
-        super::inputs::check_layout(file, &table, [y.dp, p.pp, y.cp, p.tp], y.ga)?;
-        for a in &arms {
-            for c in arm_cps(a, y.dp, y.cp, y.ga) {
-                arm_layout(&a.label, c, y.dp, y.cp, y.ga)
-                    .with_context(|| format!("{file}: arms at {table}"))?;
-            }
-        }
-        let named =
-            |v: &[String], one: &String, x: &String| v.contains(x) || (v.is_empty() && one == x);
-        if let Some(m) = &y.model {
-            if !named(&f.sweep.model, &f.model, m) {
-                bail!("{file}: {table} model = {m:?} is not one of the file's models");
-            }
-        }
-    }
-    // A [network] topology that [sweep] overrides must still exist.
-    if let (Some(t), false) = (&f.network.topology, f.sweep.topology.is_empty()) {
-        load_topology(t, base, file).context("[network] topology")?;
-    }
-    let net_model = f
-        .network
-        .model
-        .clone()
-        .unwrap_or_else(|| "analytical".into());
-    if !matches!(net_model.as_str(), "analytical" | "flow") {
-        bail!("{file}: [network] model = {net_model:?}: one of analytical, flow");
-    }
-    // points: (model, topology, corpus, seq_len, dp) × arms
-    struct Point {
-        model: String,
-        cost: Arc<CostModel>,
-        topo: Option<(String, TopologySpec)>,
-        corpus: String,
-        seq_len: u32,
-        dp: u32,
-        cp: u32,
-        ga: u32,
-    }
-    let mut points = Vec::new();
-    for m in models.iter().flatten() {
-        let cost = Arc::new(
-            super::calfile::cost_model(
-                load_model(m, base, file, f.layers)?,
-                cal.as_deref(),
-                kernel,
-            )
-            .with_context(|| format!("{file}: calibration"))?,
-        );
-        for t in &topos {
-            let topo = match t {
-                Some(t) => {
-                    let label = Path::new(t)
-                        .file_stem()
-                        .map_or(t.clone(), |x| x.to_string_lossy().into_owned());
-                    Some((label, load_topology(t, base, file)?))
-                }
-                None => None,
+        for (i, y) in layouts.iter().enumerate() {
+            let p = &f.parallel;
+            let table = if f.sweep.layout.is_empty() {
+                "[parallel]/[sweep]".to_string()
+            } else {
+                format!("[[sweep.layout]] #{}", i + 1)
             };
-            for c in corpora.iter().flatten() {
-                let corpus =
-                    super::inputs::load_corpus(c).with_context(|| format!("{file}: corpus"))?;
-                let lens: Vec<u32> = if !f.sweep.seq_len.is_empty() {
-                    f.sweep.seq_len.clone()
-                } else if let Some(l) = f.workload.seq_len {
-                    vec![l]
-                } else {
-                    vec![corpus.default_seq_len().with_context(|| {
-                        format!("{file}: [workload] seq_len is needed for corpus {c}")
-                    })?]
-                };
-                for &l in &lens {
-                    let at = layouts.iter().filter(|y| {
-                        y.model.as_ref().is_none_or(|x| x == m) && y.seq_len.is_none_or(|x| x == l)
-                    });
-                    let before = points.len();
-                    for y in at {
-                        points.push(Point {
-                            model: m.clone(),
-                            cost: cost.clone(),
-                            topo: topo.clone(),
-                            corpus: c.clone(),
-                            seq_len: l,
-                            dp: y.dp,
-                            cp: y.cp,
-                            ga: y.ga,
-                        });
+            super::inputs::check_layout(file, &table, [y.dp, p.pp, y.cp, p.tp], y.ga)?;
+            for a in &arms {
+                for c in arm_cps(a, y.dp, y.cp, y.ga) {
+                    arm_layout(&a.label, c, y.dp, y.cp, y.ga)
+                        .with_context(|| format!("{file}: arms at {table}"))?;
+                }
+            }
+            let named = |v: &[String], one: &String, x: &String| {
+                v.contains(x) || (v.is_empty() && one == x)
+            };
+            if let Some(m) = &y.model {
+                if !named(&f.sweep.model, &f.model, m) {
+                    bail!("{file}: {table} model = {m:?} is not one of the file's models");
+                }
+            }
+        }
+        // A [network] topology that [sweep] overrides must still exist.
+        if let (Some(t), false) = (&f.network.topology, f.sweep.topology.is_empty()) {
+            load_topology(t, base, file).context("[network] topology")?;
+        }
+        let net_model = f
+            .network
+            .model
+            .clone()
+            .unwrap_or_else(|| "analytical".into());
+        if !matches!(net_model.as_str(), "analytical" | "flow") {
+            bail!("{file}: [network] model = {net_model:?}: one of analytical, flow");
+        }
+        // points: (model, topology, corpus, seq_len, dp) × arms
+        let mut points = Vec::new();
+        for m in models.iter().flatten() {
+            let cost = Arc::new(
+                super::calfile::cost_model(
+                    load_model(m, base, file, f.layers)?,
+                    cal.as_deref(),
+                    kernel,
+                )
+                .with_context(|| format!("{file}: calibration"))?,
+            );
+            for t in &topos {
+                let topo = match t {
+                    Some(t) => {
+                        let label = Path::new(t)
+                            .file_stem()
+                            .map_or(t.clone(), |x| x.to_string_lossy().into_owned());
+                        Some((label, load_topology(t, base, file)?))
                     }
-                    if points.len() == before {
-                        bail!("{file}: no [[sweep.layout]] for model {m} at L = {l}");
+                    None => None,
+                };
+                for c in corpora.iter().flatten() {
+                    let corpus =
+                        super::inputs::load_corpus(c).with_context(|| format!("{file}: corpus"))?;
+                    let lens: Vec<u32> = if !f.sweep.seq_len.is_empty() {
+                        f.sweep.seq_len.clone()
+                    } else if let Some(l) = f.workload.seq_len {
+                        vec![l]
+                    } else {
+                        vec![corpus.default_seq_len().with_context(|| {
+                            format!("{file}: [workload] seq_len is needed for corpus {c}")
+                        })?]
+                    };
+                    for &l in &lens {
+                        let at = layouts.iter().filter(|y| {
+                            y.model.as_ref().is_none_or(|x| x == m)
+                                && y.seq_len.is_none_or(|x| x == l)
+                        });
+                        let before = points.len();
+                        for y in at {
+                            points.push(Point {
+                                model: m.clone(),
+                                cost: cost.clone(),
+                                topo: topo.clone(),
+                                corpus: c.clone(),
+                                seq_len: l,
+                                dp: y.dp,
+                                cp: y.cp,
+                                ga: y.ga,
+                            });
+                        }
+                        if points.len() == before {
+                            bail!("{file}: no [[sweep.layout]] for model {m} at L = {l}");
+                        }
                     }
                 }
             }
         }
-    }
-    if let Some((i, _)) = f.sweep.layout.iter().enumerate().find(|(_, y)| {
-        !points.iter().any(|p| {
-            (p.dp, p.cp, p.ga) == (y.dp, y.cp, y.ga)
-                && y.model.as_ref().is_none_or(|m| *m == p.model)
-                && y.seq_len.is_none_or(|l| l == p.seq_len)
-        })
-    }) {
-        bail!(
+        if let Some((i, _)) = f.sweep.layout.iter().enumerate().find(|(_, y)| {
+            !points.iter().any(|p| {
+                (p.dp, p.cp, p.ga) == (y.dp, y.cp, y.ga)
+                    && y.model.as_ref().is_none_or(|m| *m == p.model)
+                    && y.seq_len.is_none_or(|l| l == p.seq_len)
+            })
+        }) {
+            bail!(
             "{file}: [[sweep.layout]] #{} matches no point: its model and seq_len must be among \
              the file's models and L",
             i + 1
         );
-    }
-    let jobs: Vec<(usize, usize)> = (0..points.len())
-        .flat_map(|p| (0..arms.len()).map(move |a| (p, a)))
-        .collect();
-    let progress = Progress::new(jobs.len(), "points simulated", observer);
-    let results: Vec<Result<ArmResult>> = jobs
-        .par_iter()
-        .map(|&(pi, ai)| {
-            progress.check()?;
-            let p = &points[pi];
-            let arm = &arms[ai];
-            let par = Parallelism {
-                dp: p.dp,
-                pp: f.parallel.pp,
-                cp: p.cp,
-                ga: p.ga,
-                pipeline: f.parallel.pipeline.unwrap_or(PipelineKind::OneFOneB),
-                recompute: f.parallel.recompute,
-                zero_stage: f.parallel.zero_stage,
-                dp_buckets: f.parallel.dp_buckets,
-                tp: f.parallel.tp,
-                sp: f.parallel.sp,
-                tp_overlap: f.parallel.tp_overlap,
-                ep: f.parallel.ep,
-                moe_hot_share: f.parallel.moe_hot_share,
-            };
-            let ctx = format!(
-                "{file}: point model {} corpus {} L {} DP {} CP {} arm {}",
-                p.model, p.corpus, p.seq_len, p.dp, p.cp, arm.label
-            );
-            // the fastest of the arm's CPs (one, unless best-cp); ties keep the first
-            let mut best: Option<ArmResult> = None;
-            for c in arm_cps(arm, p.dp, p.cp, p.ga) {
-                let (dp, cp, ga) = arm_layout(&arm.label, c, p.dp, p.cp, p.ga)?;
-                let r = run_arm(
-                    &f,
-                    p.cost.as_ref(),
-                    &p.topo,
-                    &net_model,
-                    &p.corpus,
-                    p.seq_len,
-                    Parallelism { dp, cp, ga, ..par },
-                    arm,
-                )
-                .with_context(|| format!("{ctx} (CP {cp})"))?;
-                if best
-                    .as_ref()
-                    .is_none_or(|b| r.tokens_per_s > b.tokens_per_s)
-                {
-                    best = Some(r);
-                }
-            }
-            best.map(|mut r| {
-                r.model = p.model.clone();
-                // the point's layout, whatever CP the arm ran on
-                (r.ran_cp, r.dp, r.cp, r.ga) = (r.cp, p.dp, p.cp, p.ga);
-                r
-            })
-            .with_context(|| ctx)
+        }
+        Ok(Sweep {
+            f,
+            file: file.to_string(),
+            title: title.to_string(),
+            cal,
+            kernel_flag: calibration.1,
+            arms,
+            points,
+            net_model,
         })
-        .inspect(|_| progress.tick())
-        .collect();
-    let results: Vec<ArmResult> = results.into_iter().collect::<Result<_>>()?;
-    let mut extra = String::new();
-    if f.kind == "attention-microbench" {
-        extra += &last_arm_cuts(&arms, &results);
     }
-    if f.kind == "distca-ablation" {
-        extra += "\n## DistCA's tolerance: what ε trims (scheduler only, step 0 of each point)\n\n\
+
+    /// How many sweep points: the grid's points × arms.
+    pub fn len(&self) -> usize {
+        self.points.len() * self.arms.len()
+    }
+
+    /// The experiment's kind.
+    pub fn kind(&self) -> &str {
+        &self.f.kind
+    }
+
+    /// Whether the sweep has no points.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Point `i` in words (`model M corpus C L N DP d CP c arm A`), for messages.
+    pub fn describe(&self, i: usize) -> String {
+        let (p, arm) = self.job(i);
+        format!(
+            "model {} corpus {} L {} DP {} CP {} arm {}",
+            p.model, p.corpus, p.seq_len, p.dp, p.cp, arm.label
+        )
+    }
+
+    fn job(&self, i: usize) -> (&Point, &Arm) {
+        let a = self.arms.len();
+        (&self.points[i / a], &self.arms[i % a])
+    }
+
+    /// Simulate sweep point `i` (in `0..len()`).
+    pub fn run_point(&self, i: usize) -> Result<PointResult> {
+        if i >= self.len() {
+            return Err(crate::error::Error::Invalid {
+                field: "sweep point".into(),
+                value: i.to_string(),
+                allowed: format!(
+                    "0..={} ({} points)",
+                    self.len().saturating_sub(1),
+                    self.len()
+                ),
+            });
+        }
+        let (p, arm) = self.job(i);
+        let (f, net_model) = (&self.f, &self.net_model);
+        let par = Parallelism {
+            dp: p.dp,
+            pp: f.parallel.pp,
+            cp: p.cp,
+            ga: p.ga,
+            pipeline: f.parallel.pipeline.unwrap_or(PipelineKind::OneFOneB),
+            recompute: f.parallel.recompute,
+            zero_stage: f.parallel.zero_stage,
+            dp_buckets: f.parallel.dp_buckets,
+            tp: f.parallel.tp,
+            sp: f.parallel.sp,
+            tp_overlap: f.parallel.tp_overlap,
+            ep: f.parallel.ep,
+            moe_hot_share: f.parallel.moe_hot_share,
+        };
+        let ctx = format!("{}: point {}", self.file, self.describe(i));
+        // the fastest of the arm's CPs (one, unless best-cp); ties keep the first
+        let mut best: Option<ArmResult> = None;
+        for c in arm_cps(arm, p.dp, p.cp, p.ga) {
+            let (dp, cp, ga) = arm_layout(&arm.label, c, p.dp, p.cp, p.ga)?;
+            let r = run_arm(
+                f,
+                p.cost.as_ref(),
+                &p.topo,
+                net_model,
+                &p.corpus,
+                p.seq_len,
+                Parallelism { dp, cp, ga, ..par },
+                arm,
+            )
+            .with_context(|| format!("{ctx} (CP {cp})"))?;
+            if best
+                .as_ref()
+                .is_none_or(|b| r.tokens_per_s > b.tokens_per_s)
+            {
+                best = Some(r);
+            }
+        }
+        best.map(|mut r| {
+            r.model = p.model.clone();
+            // the point's layout, whatever CP the arm ran on
+            (r.ran_cp, r.dp, r.cp, r.ga) = (r.cp, p.dp, p.cp, p.ga);
+            r
+        })
+        .with_context(|| ctx)
+        .map(PointResult)
+    }
+
+    /// The files of the run from every point's result (`results[i]` point `i`'s), checked
+    /// to be this sweep's points in order.
+    pub fn finish(&self, results: &[PointResult]) -> Result<CompareOutput> {
+        if results.len() != self.len() {
+            bail!(
+                "{}: {} point results for a sweep of {} points",
+                self.file,
+                results.len(),
+                self.len()
+            );
+        }
+        for (i, PointResult(r)) in results.iter().enumerate() {
+            let (p, arm) = self.job(i);
+            let topo = p.topo.as_ref().map(|t| t.0.as_str()).unwrap_or_default();
+            if (
+                &r.model,
+                r.topology.as_str(),
+                &r.corpus,
+                r.seq_len,
+                r.dp,
+                r.cp,
+                r.ga,
+                &r.arm,
+            ) != (
+                &p.model, topo, &p.corpus, p.seq_len, p.dp, p.cp, p.ga, &arm.label,
+            ) {
+                bail!(
+                    "{}: point {i}'s result is for model {} topology {} corpus {} L {} DP {} CP {} \
+                     GA {} arm {}, not the sweep's point {i} ({} GA {})",
+                    self.file,
+                    r.model,
+                    r.topology,
+                    r.corpus,
+                    r.seq_len,
+                    r.dp,
+                    r.cp,
+                    r.ga,
+                    r.arm,
+                    self.describe(i),
+                    p.ga
+                );
+            }
+        }
+        let results: Vec<ArmResult> = results.iter().map(|r| r.0.clone()).collect();
+        let (f, title, arms, points, cal) = (
+            &self.f,
+            self.title.as_str(),
+            &self.arms,
+            &self.points,
+            &self.cal,
+        );
+        let mut extra = String::new();
+        if f.kind == "attention-microbench" {
+            extra += &last_arm_cuts(arms, &results);
+        }
+        if f.kind == "distca-ablation" {
+            extra += "\n## DistCA's tolerance: what ε trims (scheduler only, step 0 of each point)\n\n\
                   Bytes moved and the largest per-server attention buffer (2 × received Q/K/V + outputs \
                   computed for others, `balance::pricing::distca_tolerance`), relative to ε = 0.\n\n\
                   | model | L | servers | ε | moved GiB/layer | vs ε=0 | max buffer (MiB) | vs ε=0 | max deviation | moves |\n\
                   |---|---|---|---|---|---|---|---|---|---|\n";
-        for p in &points {
-            let shard = p.cost.tp_shard(f.parallel.tp, f.parallel.ep)?;
-            let lay = [p.dp, p.cp, p.ga];
-            extra += &tolerance_rows(&f, &shard, &p.model, &p.corpus, p.seq_len, lay)?;
+            for p in points.iter() {
+                let shard = p.cost.tp_shard(f.parallel.tp, f.parallel.ep)?;
+                let lay = [p.dp, p.cp, p.ga];
+                extra += &tolerance_rows(f, &shard, &p.model, &p.corpus, p.seq_len, lay)?;
+            }
         }
-    }
-    if arms.iter().any(|a| a.scheme == Scheme::WlbLlm) {
-        extra += &s_max_rows(
-            &f,
-            &points
-                .iter()
-                .map(|p| (p.model.clone(), p.cost.clone(), p.seq_len, p.dp, p.cp))
-                .collect::<Vec<_>>(),
-        )?;
-    }
-    let mut out = render(&f, title, &arms, &results);
-    if let Some(c) = &cal {
-        out.markdown += &format!(
+        if arms.iter().any(|a| a.scheme == Scheme::WlbLlm) {
+            extra += &s_max_rows(
+                f,
+                &points
+                    .iter()
+                    .map(|p| (p.model.clone(), p.cost.clone(), p.seq_len, p.dp, p.cp))
+                    .collect::<Vec<_>>(),
+            )?;
+        }
+        let mut out = render(f, title, arms, &results);
+        if let Some(c) = &cal {
+            out.markdown += &format!(
             "\nPriced by the calibration `{}` (`skewsim calibrate`), not the built-in kernel profile.\n",
             c.display()
         );
-    } else if let (_, Some(k)) = calibration {
-        out.markdown += &format!(
-            "\nPriced by the built-in `{}` kernel profile (`--kernel`).\n",
-            k.name()
-        );
+        } else if let Some(k) = self.kernel_flag {
+            out.markdown += &format!(
+                "\nPriced by the built-in `{}` kernel profile (`--kernel`).\n",
+                k.name()
+            );
+        }
+        out.markdown += &extra;
+        if !f.notes.is_empty() {
+            out.markdown += &format!("\n{}\n", f.notes.trim());
+        }
+        Ok(out)
     }
-    out.markdown += &extra;
-    if !f.notes.is_empty() {
-        out.markdown += &format!("\n{}\n", f.notes.trim());
-    }
-    Ok(out)
 }
 
 /// The CPs arm `a` runs at a point of DP `dp` × CP `cp` and GA `ga`: the point's, the
