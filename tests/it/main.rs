@@ -12,4 +12,5 @@ mod plans;
 mod pools;
 mod robust;
 mod schemes;
+mod sweep;
 mod validate;
