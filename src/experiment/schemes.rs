@@ -1655,6 +1655,104 @@ pub fn run_default(observer: &dyn Observer) -> Result<CompareOutput> {
 mod tests {
     use super::*;
 
+    /// A point result read back from its JSON has every float's bits, awkward ones
+    /// included, and a wrong or missing field is refused by name.
+    #[test]
+    fn point_results_round_trip_exactly() {
+        let awkward = [
+            0.1 + 0.2,
+            1.0 / 3.0,
+            f64::MIN_POSITIVE / 3.0,
+            f64::MAX,
+            -0.0,
+            123_456.789_012_345_68,
+            f64::INFINITY,
+        ];
+        for (k, &x) in awkward.iter().enumerate() {
+            let r = PointResult(ArmResult {
+                model: "llama3-8b".into(),
+                topology: "dgx-h200-roce".into(),
+                corpus: "wlbllm".into(),
+                seq_len: 65536,
+                dp: 2,
+                gpus: 8,
+                cp: 4,
+                ga: 4,
+                ran_cp: 4,
+                arm: "libra".into(),
+                iteration_ms: x,
+                tokens_per_s: x * 7.0,
+                mfu: x / 7.0,
+                attn_mean_ms: -x,
+                attn_max_ms: x.sqrt(),
+                plan_gib: x.ln_1p(),
+                peak_mem_gib: x * x,
+                infeasible: k as u32,
+            });
+            let back = PointResult::from_json(&r.to_json(), "p.json").unwrap();
+            let bits = |p: &PointResult| {
+                let a = &p.0;
+                [
+                    a.iteration_ms,
+                    a.tokens_per_s,
+                    a.mfu,
+                    a.attn_mean_ms,
+                    a.attn_max_ms,
+                    a.plan_gib,
+                    a.peak_mem_gib,
+                ]
+                .map(f64::to_bits)
+            };
+            assert_eq!(bits(&back), bits(&r), "{x:e}");
+            assert_eq!(back.0.infeasible, k as u32);
+        }
+        let bad = r#"{"model": "m", "mfu": 0.5}"#;
+        let e = PointResult::from_json(bad, "points/3.json")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("points/3.json: not a sweep point result"),
+            "{e}"
+        );
+    }
+
+    /// Points run one by one and gathered by `finish` give `run_text`'s files; results in
+    /// another order are refused by point.
+    #[test]
+    fn a_sweep_point_by_point_finishes_as_run_text() {
+        let text = DEFAULT_FOUR_WAY
+            .replace("steps = 2", "layers = 2\nsteps = 1")
+            .replace("seq_len = 65536", "seq_len = 32768")
+            .replace(
+                "[\"ulysses\", \"wlbllm\", \"distca\", \"libra\"]",
+                "[\"ulysses\", \"libra\"]",
+            )
+            .replace("dp = [2, 4]", "dp = [1, 2]");
+        let (file, base) = ("small.toml", Path::new("."));
+        let sweep = Sweep::new(&text, file, "small", base, (None, None)).unwrap();
+        assert_eq!(sweep.len(), 4);
+        let mut rs: Vec<PointResult> = (0..4).map(|i| sweep.run_point(i).unwrap()).collect();
+        let whole = run_text(
+            &text,
+            file,
+            "small",
+            base,
+            (None, None),
+            &super::super::Quiet,
+        )
+        .unwrap();
+        let parts = sweep.finish(&rs).unwrap();
+        assert_eq!(
+            (parts.markdown, parts.csv, parts.svg),
+            (whole.markdown, whole.csv, whole.svg)
+        );
+        rs.swap(1, 2);
+        let e = sweep.finish(&rs).err().unwrap().to_string();
+        assert!(e.contains("point 1's result is for model llama3-8b"), "{e}");
+        let e = sweep.run_point(4).err().unwrap().to_string();
+        assert!(e.contains("sweep point = 4: 0..=3 (4 points)"), "{e}");
+    }
+
     #[test]
     fn distca_tweaks_compose() {
         let base = SchemeSettings::default();
