@@ -47,7 +47,7 @@ pub struct Args {
     #[arg(long, value_name = "T", value_parser = limits::count::<usize>(0, MAX_POINTS),
           conflicts_with_all = ["chunk", "partition", "time", "bin", "calibration", "kernel"])]
     pub task: Option<usize>,
-    /// Sweep points per array task.
+    /// Sweep points per array task [default: 1].
     #[arg(long, value_name = "K", value_parser = limits::count::<usize>(1, MAX_POINTS))]
     pub chunk: Option<usize>,
     /// The Slurm partition the tasks run in (sbatch --partition).
