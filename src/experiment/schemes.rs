@@ -437,25 +437,12 @@ pub struct Sweep {
     net_model: String,
 }
 
-/// One sweep point's result, lossless through [`PointResult::to_json`] and
-/// [`PointResult::from_json`] (every float kept as its shortest round-tripping decimal), so
-/// that results gathered from files give [`run_text`]'s output byte for byte.
+/// One sweep point's result; lossless through serde (every float kept as its shortest
+/// round-tripping decimal), so that results gathered from files give [`run_text`]'s output
+/// byte for byte.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct PointResult(ArmResult);
-
-impl PointResult {
-    /// The result as JSON.
-    pub fn to_json(&self) -> String {
-        serde_json::to_string_pretty(self).unwrap_or_default()
-    }
-
-    /// The result in `text`; `name` (its file) names it in errors.
-    pub fn from_json(text: &str, name: &str) -> Result<PointResult> {
-        serde_json::from_str(text)
-            .map_err(|e| crate::error::parse_error(name, format!("not a sweep point result: {e}")))
-    }
-}
 
 /// Serde for an `f64` as the shortest decimal text that parses back to the same bits
 /// (JSON numbers are read back within an ulp, not exactly).
@@ -1656,7 +1643,7 @@ mod tests {
     use super::*;
 
     /// A point result read back from its JSON has every float's bits, awkward ones
-    /// included, and a wrong or missing field is refused by name.
+    /// included, and a float given as a JSON number is refused.
     #[test]
     fn point_results_round_trip_exactly() {
         let awkward = [
@@ -1689,7 +1676,8 @@ mod tests {
                 peak_mem_gib: x * x,
                 infeasible: k as u32,
             });
-            let back = PointResult::from_json(&r.to_json(), "p.json").unwrap();
+            let json = serde_json::to_string_pretty(&r).unwrap();
+            let back: PointResult = serde_json::from_str(&json).unwrap();
             let bits = |p: &PointResult| {
                 let a = &p.0;
                 [
@@ -1707,11 +1695,11 @@ mod tests {
             assert_eq!(back.0.infeasible, k as u32);
         }
         let bad = r#"{"model": "m", "mfu": 0.5}"#;
-        let e = PointResult::from_json(bad, "points/3.json")
+        let e = serde_json::from_str::<PointResult>(bad)
             .unwrap_err()
             .to_string();
         assert!(
-            e.starts_with("points/3.json: not a sweep point result"),
+            e.contains("invalid type: floating point `0.5`, expected a string"),
             "{e}"
         );
     }
