@@ -21,6 +21,7 @@ mod libra_config;
 pub mod limits;
 mod plan;
 pub mod pools;
+mod recommend;
 mod run;
 pub mod theory;
 mod topo;
@@ -70,6 +71,8 @@ pub enum Command {
     Validate(validate::Args),
     /// Fit the cost model's kernel table, launch, copy and jitter terms to measurements.
     Calibrate(calibrate::Args),
+    /// Which scheme, settings and layout to run for a model, corpus, cluster and GPU count.
+    Recommend(recommend::Args),
 }
 
 /// How a command prints its result.
@@ -124,5 +127,6 @@ pub fn main() -> Result<()> {
         Command::CheckPlan(args) => check_plan::run(args, out),
         Command::Validate(args) => validate::run(args, out),
         Command::Calibrate(args) => calibrate::run(args, out),
+        Command::Recommend(args) => recommend::run(args, out),
     }
 }
