@@ -10,6 +10,7 @@ pub mod bench;
 mod bench_cluster;
 mod bench_engine;
 mod bench_libra;
+mod bench_recommend;
 mod bench_schemes;
 mod calibrate;
 mod calibrate_coll;
