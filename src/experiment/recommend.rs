@@ -296,6 +296,9 @@ pub struct Recommendation {
     pub simulated: usize,
     /// Candidates a planner refused while simulating (none expected), with the first reason.
     pub refused: Vec<String>,
+    /// Simulated candidates left out of the finalists as equal to a faster one (same scheme
+    /// and layout, the same step to the picosecond: e.g. an S_max that never binds).
+    pub equivalent: usize,
     /// The finalists, best first.
     pub rows: Vec<Row>,
     /// How often the winner was the fastest finalist (wins / seeds).
@@ -822,16 +825,33 @@ fn search(spec: &Spec, s: &Setup, observer: &dyn Observer) -> Result<Recommendat
             refused.first().map_or("none", String::as_str)
         );
     }
-    // finalists: the fastest at the first seed (ties: earlier in estimate order)
-    let mut fin: Vec<usize> = (0..screened.len()).collect();
-    fin.sort_by(|&a, &b| {
+    // finalists: the fastest at the first seed (ties: earlier in estimate order), one of
+    // each set of candidates of one scheme and layout whose step came out the same
+    let mut by_speed: Vec<usize> = (0..screened.len()).collect();
+    by_speed.sort_by(|&a, &b| {
         screened[b]
             .2
             .tokens_per_s
             .total_cmp(&screened[a].2.tokens_per_s)
             .then(a.cmp(&b))
     });
-    fin.truncate(spec.top as usize);
+    let same = |a: usize, b: usize| {
+        let (ca, cb) = (&kept[screened[a].0].0, &kept[screened[b].0].0);
+        let (ra, rb) = (&screened[a].2, &screened[b].2);
+        ca.scheme == cb.scheme
+            && ca.layout() == cb.layout()
+            && ra.iteration_ms == rb.iteration_ms
+            && ra.attn_mean_ms == rb.attn_mean_ms
+    };
+    let mut fin: Vec<usize> = Vec::new();
+    let mut equivalent = 0;
+    for &i in &by_speed {
+        if fin.iter().any(|&f| same(f, i)) {
+            equivalent += 1;
+        } else if fin.len() < spec.top as usize {
+            fin.push(i);
+        }
+    }
     let jobs: Vec<(usize, u32)> = fin
         .iter()
         .flat_map(|&f| (1..spec.seeds).map(move |k| (f, k)))
@@ -886,7 +906,28 @@ fn search(spec: &Spec, s: &Setup, observer: &dyn Observer) -> Result<Recommendat
         bail!("recommend: every finalist went over capacity at some seed");
     };
     let confidence = f64::from(win.wins) / f64::from(spec.seeds);
-    let why = why(&rows);
+    // the comparator of another scheme: a finalist, else the fastest screened one
+    let other = rows
+        .iter()
+        .skip(1)
+        .find(|r| r.candidate.scheme != win.candidate.scheme)
+        .cloned()
+        .or_else(|| {
+            by_speed
+                .iter()
+                .find(|&&i| kept[screened[i].0].0.scheme != win.candidate.scheme)
+                .map(|&i| {
+                    let c = &kept[screened[i].0].0;
+                    row(
+                        c,
+                        c.arm.clone(),
+                        screened[i].1,
+                        std::slice::from_ref(&screened[i].2),
+                    )
+                })
+        })
+        .or_else(|| rows.get(1).cloned());
+    let why = why(win, other.as_ref());
     Ok(Recommendation {
         spec: spec.clone(),
         global_batch: s.gbs,
@@ -894,6 +935,7 @@ fn search(spec: &Spec, s: &Setup, observer: &dyn Observer) -> Result<Recommendat
         rules,
         simulated,
         refused,
+        equivalent,
         rows,
         confidence,
         why,
@@ -1030,17 +1072,11 @@ fn libra_dominated(s: &Setup, alive: &[(Candidate, u64)]) -> Result<Vec<Option<S
     Ok(out)
 }
 
-/// Why the winner wins, from measured figures: against the best finalist of another scheme
-/// (else the runner-up), the time each of attention straggling, exposed communication, the
+/// Why the winner `w` wins, from measured figures: against `o` (the best candidate of
+/// another scheme, else the runner-up), the time each of attention straggling, exposed communication, the
 /// bubble and waiting cost per step, largest saving first.
-fn why(rows: &[Row]) -> String {
-    let w = &rows[0];
-    let Some(o) = rows
-        .iter()
-        .skip(1)
-        .find(|r| r.candidate.scheme != w.candidate.scheme)
-        .or_else(|| rows.get(1))
-    else {
+fn why(w: &Row, o: Option<&Row>) -> String {
+    let Some(o) = o else {
         return format!(
             "{} on {} is the only finalist: {:.0} tokens/s, MFU {:.3}.",
             w.candidate.arm,
@@ -1092,8 +1128,13 @@ fn why(rows: &[Row]) -> String {
     let mut order: Vec<usize> = (0..parts.len()).filter(|&i| shown[i]).collect();
     order.sort_by(|&a, &b| parts[b].0.total_cmp(&parts[a].0).then(a.cmp(&b)));
     let list: Vec<&str> = order.iter().map(|&i| parts[i].1.as_str()).collect();
+    let once = if o.per_seed.len() < w.per_seed.len() {
+        " (simulated at the first seed only)"
+    } else {
+        ""
+    };
     format!(
-        "{} on {} wins at {:.0} tokens/s, {:.2}x {} on {}: {}.",
+        "{} on {} wins at {:.0} tokens/s, {:.2}x {} on {}{once}: {}.",
         w.candidate.arm,
         w.candidate.layout(),
         w.tokens_per_s,
@@ -1173,9 +1214,11 @@ impl Recommendation {
         }
         let _ = writeln!(
             md,
-            "\nSimulated at the first seed: {}; finalists at every seed: {}.",
+            "\nSimulated at the first seed: {}; finalists at every seed: {} (left out as equal to \
+             a faster candidate of the same scheme and layout: {}).",
             self.simulated,
-            self.rows.len()
+            self.rows.len(),
+            self.equivalent
         );
         if !self.refused.is_empty() {
             let _ = writeln!(
