@@ -1540,4 +1540,21 @@ mod tests {
             .to_string();
         assert!(e.contains("unknown tweak \"tight\" for wlbllm"), "{e}");
     }
+
+    #[test]
+    fn knob_tweaks_set_the_settings_they_name() {
+        let base = SchemeSettings::default();
+        let l = parse_arm("libra:p=4:h=2:b=2048:m=1", &base, "f.toml").unwrap();
+        let p = &l.set.libra;
+        assert_eq!(
+            (p.pool_size, p.head_shards, p.tile_tokens, p.chunks),
+            (4, 2, 2048, 1)
+        );
+        let w = parse_arm("wlbllm:s-max=98304", &base, "f.toml").unwrap();
+        assert_eq!(w.set.s_max, Some(98304));
+        for bad in ["libra:p=0", "libra:h=x", "wlbllm:s-max=-1"] {
+            let e = parse_arm(bad, &base, "f.toml").unwrap_err().to_string();
+            assert!(e.contains("is not a count ≥ 1"), "{bad}: {e}");
+        }
+    }
 }
