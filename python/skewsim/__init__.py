@@ -152,3 +152,20 @@ def _flat(row, prefix=""):
         else:
             out[prefix + k] = v
     return out
+
+
+def recommend(corpus, *, gpus, seq_len, model="llama3-8b", topology="dgx-h200-roce",
+              memory_gib=None, global_batch=None, pipeline=False, tp=None, cp=None, pp=None,
+              schemes=(), seeds=3, seed=1, layers=None, simulate=16, top=6, recompute=True,
+              zero_stage=3, calibration=None):
+    """``skewsim recommend``: which scheme, settings and parallel layout to run. Returns a
+    :class:`Run` whose ``points()`` is the ranked table (one row per finalist, best first),
+    ``summary`` the text (pruning counts, table, why the winner wins), ``result`` the whole
+    recommendation as a dict and ``files`` what the command writes."""
+    return Run(*_skewsim.recommend(
+        corpus, gpus, seq_len, model, topology, memory_gib, global_batch, pipeline, tp, cp, pp,
+        list(schemes), seeds, seed, layers, simulate, top, recompute, zero_stage,
+        None if calibration is None else str(calibration)))
+
+
+__all__ += ["recommend"]

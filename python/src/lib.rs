@@ -222,6 +222,79 @@ fn check(py: Python<'_>, text: &str, path: &str) -> PyResult<()> {
     experiment::check(path, text, &doc).map_err(|e| to_py(py, e))
 }
 
+/// `skewsim recommend`: which scheme, settings and layout to run; returns (kind, files,
+/// points file, summary, json) as [`run_text`] does (points: the ranked table).
+#[pyfunction]
+#[pyo3(signature = (corpus, gpus, seq_len, model="llama3-8b".to_string(), topology="dgx-h200-roce".to_string(), memory_gib=None, global_batch=None, pipeline=false, tp=None, cp=None, pp=None, schemes=vec![], seeds=3, seed=1, layers=None, simulate=16, top=6, recompute=true, zero_stage=3, calibration=None))]
+#[allow(clippy::too_many_arguments, clippy::type_complexity)]
+fn recommend(
+    py: Python<'_>,
+    corpus: String,
+    gpus: u32,
+    seq_len: u32,
+    model: String,
+    topology: String,
+    memory_gib: Option<f64>,
+    global_batch: Option<u32>,
+    pipeline: bool,
+    tp: Option<u32>,
+    cp: Option<u32>,
+    pp: Option<u32>,
+    schemes: Vec<String>,
+    seeds: u32,
+    seed: u64,
+    layers: Option<u32>,
+    simulate: u32,
+    top: u32,
+    recompute: bool,
+    zero_stage: u8,
+    calibration: Option<PathBuf>,
+) -> PyResult<(
+    String,
+    Vec<(String, String)>,
+    String,
+    String,
+    Option<String>,
+)> {
+    use skewsim::experiment::recommend::{recommend, Spec};
+    let o = interruptible(py, |obs| {
+        let spec = Spec {
+            memory_gib,
+            global_batch,
+            pipeline,
+            tp,
+            cp,
+            pp,
+            schemes: schemes
+                .iter()
+                .map(|s| s.parse())
+                .collect::<skewsim::Result<_>>()?,
+            seeds,
+            seed,
+            layers,
+            simulate,
+            top,
+            recompute,
+            zero_stage,
+            ..Spec::new(&model, &corpus, &topology, gpus, seq_len)
+        };
+        let r = recommend(
+            &spec,
+            std::path::Path::new("."),
+            (calibration.as_deref(), None),
+            obs,
+        )?;
+        Ok(r.outcome())
+    })?;
+    Ok((
+        o.kind,
+        o.files,
+        o.points_file.to_string(),
+        o.summary,
+        o.json,
+    ))
+}
+
 /// The native module.
 #[pymodule]
 fn _skewsim(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -233,5 +306,6 @@ fn _skewsim(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pools, m)?)?;
     m.add_function(wrap_pyfunction!(theory, m)?)?;
     m.add_function(wrap_pyfunction!(check, m)?)?;
+    m.add_function(wrap_pyfunction!(recommend, m)?)?;
     Ok(())
 }

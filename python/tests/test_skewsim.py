@@ -135,3 +135,18 @@ def test_the_example_reproduces_the_committed_figure(tmp_path):
     assert "libra-256k-gbs128.svg: identical to the committed file" in r.stdout
     assert (tmp_path / "libra-256k-gbs128.svg").read_text(encoding="utf-8") == (
         ROOT / "experiments/results/libra-fig8/libra-256k-gbs128.svg").read_text(encoding="utf-8")
+
+
+def test_recommend_returns_the_ranked_table():
+    r = skewsim.recommend("wlbllm", gpus=8, seq_len=65536, layers=2, seeds=2, simulate=4, top=2)
+    rows = r.points()
+    assert [row["rank"] for row in rows] == list(range(1, len(rows) + 1))
+    assert r.result["rows"][0]["candidate"]["arm"] == rows[0]["arm"]
+    assert "**Recommendation.**" in r.summary
+    assert set(r.files) == {"summary.md", "recommend.csv", "plot.svg", "winner.toml"}
+    again = skewsim.recommend("wlbllm", gpus=8, seq_len=65536, layers=2, seeds=2, simulate=4,
+                              top=2)
+    assert again.files == r.files
+    with pytest.raises(skewsim.SkewsimError) as e:
+        skewsim.recommend("wlbllm", gpus=8, seq_len=65536, seeds=99)
+    assert e.value.field == "seeds"

@@ -105,6 +105,20 @@ pub const ARMS: &[Arm] = &[
         setup: super::bench_engine::arm_engine_fast_path,
     },
     Arm {
+        name: "recommend-1024",
+        what: "skewsim recommend: llama3-8b, wlbllm at 128K, 1,024 H200 GPUs, every scheme and layout, 16 simulated, 6 finalists × 3 seeds",
+        target_s: Some(60.0),
+        runs: 1,
+        setup: super::bench_recommend::recommend_1024,
+    },
+    Arm {
+        name: "recommend-16384",
+        what: "the recommend-1024 search on 16,384 H200 GPUs",
+        target_s: Some(600.0),
+        runs: 1,
+        setup: super::bench_recommend::recommend_16384,
+    },
+    Arm {
         name: "step-4096",
         what: "one full step, qwen3-30b-a3b on 4,096 GPUs (CP 16, DP 256, GA 8), every rank, analytical network",
         target_s: Some(10.0),

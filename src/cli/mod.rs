@@ -10,6 +10,7 @@ pub mod bench;
 mod bench_cluster;
 mod bench_engine;
 mod bench_libra;
+mod bench_recommend;
 mod bench_schemes;
 mod calibrate;
 mod calibrate_coll;
@@ -21,6 +22,7 @@ mod libra_config;
 pub mod limits;
 mod plan;
 pub mod pools;
+mod recommend;
 mod run;
 mod sweep;
 pub mod theory;
@@ -76,6 +78,8 @@ pub enum Command {
     Validate(validate::Args),
     /// Fit the cost model's kernel table, launch, copy and jitter terms to measurements.
     Calibrate(calibrate::Args),
+    /// Which scheme, settings and layout to run for a model, corpus, cluster and GPU count.
+    Recommend(recommend::Args),
 }
 
 /// How a command prints its result.
@@ -132,5 +136,6 @@ pub fn main() -> Result<()> {
         Command::CheckPlan(args) => check_plan::run(args, out),
         Command::Validate(args) => validate::run(args, out),
         Command::Calibrate(args) => calibrate::run(args, out),
+        Command::Recommend(args) => recommend::run(args, out),
     }
 }

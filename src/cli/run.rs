@@ -66,7 +66,7 @@ pub fn run(args: Args, out: Output) -> Result<()> {
 }
 
 /// Write the run's files into `dir`.
-pub(super) fn write_files(dir: &Path, o: &Outcome) -> Result<()> {
+pub(crate) fn write_files(dir: &Path, o: &Outcome) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     for (name, body) in &o.files {
         let p = dir.join(name);

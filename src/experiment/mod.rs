@@ -22,6 +22,7 @@ use crate::error::{bail, Context, Error, Result};
 pub mod calfile;
 pub mod inputs;
 pub mod pools;
+pub mod recommend;
 pub mod schemes;
 pub mod study;
 pub mod train;

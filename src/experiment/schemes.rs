@@ -17,7 +17,8 @@
 //!     # distca:signal (1-byte transfers: communication cost removed), distca:eps=0.15,
 //!     # wlbllm:per-document | per-sequence, wlbllm:cp=N (the same GPUs and global batch
 //!     # on CP N: DP and GA rescaled), wlbllm:best-cp (every such CP, the fastest kept),
-//!     # libra:m=1, megatron-dcp (Megatron-Core's
+//!     # wlbllm:s-max=TOKENS, libra:m=1, libra:p=P, libra:h=H, libra:b=B (pool size, head
+//!     # shards, tile tokens), megatron-dcp (Megatron-Core's
 //!     # dynamic CP):s=TOKENS (max_seqlen_per_dp_cp_rank), :min-cp=N, :load=pairs (ℓ², the
 //!     # code's) | latency (attention + linear time, the blog's); the first arm is the
 //!     # baseline
@@ -205,15 +206,23 @@ enum CpChoice {
 
 /// One arm: a scheme and its tweaks.
 #[derive(Clone, Debug)]
-struct Arm {
-    label: String,
-    scheme: Scheme,
-    set: SchemeSettings,
+pub(crate) struct Arm {
+    pub(crate) label: String,
+    pub(crate) scheme: Scheme,
+    pub(crate) set: SchemeSettings,
     signal: bool,
     cp: CpChoice,
 }
 
-fn parse_arm(s: &str, base: &SchemeSettings, file: &str) -> Result<Arm> {
+/// A tweak's count (`p=8`): a whole number ≥ 1, else an error naming the arm and tweak.
+fn tweak_count(file: &str, arm: &str, name: &str, v: &str) -> Result<u32> {
+    v.parse()
+        .ok()
+        .filter(|&n: &u32| n >= 1)
+        .ok_or_else(|| spec_error!("{file}: arms: {arm:?}: {name} = {v:?} is not a count ≥ 1"))
+}
+
+pub(crate) fn parse_arm(s: &str, base: &SchemeSettings, file: &str) -> Result<Arm> {
     let mut parts = s.split(':');
     let name = parts.next().unwrap_or_default();
     let scheme: Scheme = name
@@ -241,6 +250,18 @@ fn parse_arm(s: &str, base: &SchemeSettings, file: &str) -> Result<Arm> {
                 )?);
             }
             (Scheme::WlbLlm, "best-cp") => cp = CpChoice::Best,
+            (Scheme::WlbLlm, x) if x.starts_with("s-max=") => {
+                set.s_max = Some(tweak_count(file, s, "s-max", &x[6..])?);
+            }
+            (Scheme::Libra, x) if x.starts_with("p=") => {
+                set.libra.pool_size = tweak_count(file, s, "p", &x[2..])?;
+            }
+            (Scheme::Libra, x) if x.starts_with("h=") => {
+                set.libra.head_shards = tweak_count(file, s, "h", &x[2..])?;
+            }
+            (Scheme::Libra, x) if x.starts_with("b=") => {
+                set.libra.tile_tokens = tweak_count(file, s, "b", &x[2..])?;
+            }
             (Scheme::Libra, m) if m.starts_with("m=") => {
                 set.libra.chunks = m[2..].parse().map_err(|_| {
                     spec_error!("{file}: arms: {s:?}: m = {:?} is not a count", &m[2..])
@@ -261,8 +282,8 @@ fn parse_arm(s: &str, base: &SchemeSettings, file: &str) -> Result<Arm> {
             }
             _ => bail!(
                 "{file}: arms: {s:?}: unknown tweak {t:?} for {name} (distca: tight, \
-                 no-ping-pong, signal, eps=X; wlbllm: adaptive, per-document, per-sequence, cp=N, best-cp; \
-                 libra: m=N; \
+                 no-ping-pong, signal, eps=X; wlbllm: adaptive, per-document, per-sequence, cp=N, best-cp, \
+                 s-max=TOKENS; libra: m=N, p=N, h=N, b=TOKENS; \
                  megatron-dcp: s=TOKENS, min-cp=N, load=pairs|latency)"
             ),
         }
@@ -279,36 +300,45 @@ fn parse_arm(s: &str, base: &SchemeSettings, file: &str) -> Result<Arm> {
 /// One (point, arm) result.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct ArmResult {
-    model: String,
-    topology: String,
-    corpus: String,
-    seq_len: u32,
-    dp: u32,
-    gpus: u32,
-    cp: u32,
-    ga: u32,
+pub(crate) struct ArmResult {
+    pub(crate) model: String,
+    pub(crate) topology: String,
+    pub(crate) corpus: String,
+    pub(crate) seq_len: u32,
+    pub(crate) dp: u32,
+    pub(crate) gpus: u32,
+    pub(crate) cp: u32,
+    pub(crate) ga: u32,
     /// The CP the arm ran on (`wlbllm:best-cp`'s choice).
-    ran_cp: u32,
-    arm: String,
+    pub(crate) ran_cp: u32,
+    pub(crate) arm: String,
     #[serde(with = "exact_f64")]
-    iteration_ms: f64,
+    pub(crate) iteration_ms: f64,
     #[serde(with = "exact_f64")]
-    tokens_per_s: f64,
+    pub(crate) tokens_per_s: f64,
     #[serde(with = "exact_f64")]
-    mfu: f64,
+    pub(crate) mfu: f64,
     #[serde(with = "exact_f64")]
-    attn_mean_ms: f64,
+    pub(crate) attn_mean_ms: f64,
     #[serde(with = "exact_f64")]
-    attn_max_ms: f64,
+    pub(crate) attn_max_ms: f64,
     #[serde(with = "exact_f64")]
-    plan_gib: f64,
+    pub(crate) plan_gib: f64,
     #[serde(with = "exact_f64")]
-    peak_mem_gib: f64,
-    infeasible: u32,
+    pub(crate) peak_mem_gib: f64,
+    pub(crate) infeasible: u32,
+    /// Mean over steps of the share of the step lost to the pipeline bubble.
+    #[serde(with = "exact_f64")]
+    pub(crate) bubble: f64,
+    /// Mean over steps of the share of the step spent in exposed communication.
+    #[serde(with = "exact_f64")]
+    pub(crate) exposed_comm: f64,
+    /// Mean over steps of the share of the step spent waiting for peers (stragglers).
+    #[serde(with = "exact_f64")]
+    pub(crate) wait: f64,
 }
 
-fn load_topology(name: &str, base: &Path, file: &str) -> Result<TopologySpec> {
+pub(crate) fn load_topology(name: &str, base: &Path, file: &str) -> Result<TopologySpec> {
     let p = base.join(name);
     let builtin = BUILTIN_TOPOLOGIES
         .iter()
@@ -325,7 +355,12 @@ fn load_topology(name: &str, base: &Path, file: &str) -> Result<TopologySpec> {
     TopologySpec::parse(&text, &src)
 }
 
-fn load_model(name: &str, base: &Path, file: &str, layers: Option<u32>) -> Result<ModelConfig> {
+pub(crate) fn load_model(
+    name: &str,
+    base: &Path,
+    file: &str,
+    layers: Option<u32>,
+) -> Result<ModelConfig> {
     let mut m = if name.ends_with(".toml") {
         let p = base.join(name);
         let t = std::fs::read_to_string(&p)
@@ -740,12 +775,17 @@ impl Sweep {
             moe_hot_share: f.parallel.moe_hot_share,
         };
         let ctx = format!("{}: point {}", self.file, self.describe(i));
+        let opts = RunOpts {
+            steps: f.steps,
+            seed: f.workload.seed,
+            nvls: f.network.nvls,
+        };
         // the fastest of the arm's CPs (one, unless best-cp); ties keep the first
         let mut best: Option<ArmResult> = None;
         for c in arm_cps(arm, p.dp, p.cp, p.ga) {
             let (dp, cp, ga) = arm_layout(&arm.label, c, p.dp, p.cp, p.ga)?;
             let r = run_arm(
-                f,
+                &opts,
                 p.cost.as_ref(),
                 &p.topo,
                 net_model,
@@ -897,9 +937,20 @@ fn arm_layout(label: &str, c: u32, dp: u32, cp: u32, ga: u32) -> Result<(u32, u3
     Ok((dp2, c, batch / dp2))
 }
 
+/// What every arm of a run shares beyond its point: steps per point, the workload's seed
+/// and whether collectives may use NVLS.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RunOpts {
+    pub(crate) steps: u64,
+    pub(crate) seed: u64,
+    pub(crate) nvls: bool,
+}
+
+/// Simulate `arm` at one point: `steps` global batches of `corpus` packed to `seq_len` on
+/// `par`, on the topology `topo` (label, spec) under the network model `net_model`.
 #[allow(clippy::too_many_arguments)]
-fn run_arm(
-    f: &CompareFile,
+pub(crate) fn run_arm(
+    f: &RunOpts,
     cost: &CostModel,
     topo: &Option<(String, TopologySpec)>,
     net_model: &str,
@@ -923,7 +974,7 @@ fn run_arm(
     let net = match topo {
         Some((_, spec)) => {
             let t = Arc::new(spec.build(Some(nodes))?);
-            place = place.with_collectives(CollectiveModel::of(&t, f.network.nvls));
+            place = place.with_collectives(CollectiveModel::of(&t, f.nvls));
             if net_model == "flow" {
                 NetChoice::Flow(t)
             } else {
@@ -936,7 +987,7 @@ fn run_arm(
         corpus: super::inputs::load_corpus(corpus)?,
         seq_len,
         packing: Packing::Sequential,
-        seed: f.workload.seed,
+        seed: f.seed,
     };
     wl.validate("[workload]")?;
     let gbs = (par.dp * par.ga) as usize;
@@ -949,6 +1000,7 @@ fn run_arm(
     let (mut it, mut tps, mut mfu, mut attn, mut bytes, mut mem) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), 0u64, 0u64);
     let mut infeasible = 0;
+    let (mut bubble, mut exposed, mut wait) = (Vec::new(), Vec::new(), Vec::new());
     for step in 0..f.steps {
         let global = batches
             .next()
@@ -970,6 +1022,9 @@ fn run_arm(
         tps.push(r.report.tokens_per_s);
         mfu.push(r.report.mfu);
         attn.push(r.attn_span as f64 * 1e-9);
+        bubble.push(r.report.bubble_fraction);
+        exposed.push(r.report.exposed_comm_fraction);
+        wait.push(r.report.wait_fraction);
         bytes += r.plan_bytes;
         mem = mem.max(
             r.report
@@ -1002,6 +1057,9 @@ fn run_arm(
         plan_gib: gib(bytes) / f.steps as f64,
         peak_mem_gib: gib(mem),
         infeasible,
+        bubble: mean(&bubble),
+        exposed_comm: mean(&exposed),
+        wait: mean(&wait),
     })
 }
 
@@ -1675,6 +1733,9 @@ mod tests {
                 plan_gib: x.ln_1p(),
                 peak_mem_gib: x * x,
                 infeasible: k as u32,
+                bubble: x / 3.0,
+                exposed_comm: x * 0.3,
+                wait: x - 1.0,
             });
             let json = serde_json::to_string_pretty(&r).unwrap();
             let back: PointResult = serde_json::from_str(&json).unwrap();
@@ -1688,6 +1749,9 @@ mod tests {
                     a.attn_max_ms,
                     a.plan_gib,
                     a.peak_mem_gib,
+                    a.bubble,
+                    a.exposed_comm,
+                    a.wait,
                 ]
                 .map(f64::to_bits)
             };
@@ -1753,5 +1817,22 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("unknown tweak \"tight\" for wlbllm"), "{e}");
+    }
+
+    #[test]
+    fn knob_tweaks_set_the_settings_they_name() {
+        let base = SchemeSettings::default();
+        let l = parse_arm("libra:p=4:h=2:b=2048:m=1", &base, "f.toml").unwrap();
+        let p = &l.set.libra;
+        assert_eq!(
+            (p.pool_size, p.head_shards, p.tile_tokens, p.chunks),
+            (4, 2, 2048, 1)
+        );
+        let w = parse_arm("wlbllm:s-max=98304", &base, "f.toml").unwrap();
+        assert_eq!(w.set.s_max, Some(98304));
+        for bad in ["libra:p=0", "libra:h=x", "wlbllm:s-max=-1"] {
+            let e = parse_arm(bad, &base, "f.toml").unwrap_err().to_string();
+            assert!(e.contains("is not a count ≥ 1"), "{bad}: {e}");
+        }
     }
 }

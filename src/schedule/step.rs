@@ -29,12 +29,12 @@
 //! all-to-alls are not repeated). Embedding lookup and the optimizer step are not priced.
 
 use super::stage::{AttentionStage, AttnCall, StepEnv};
-use super::{Coords, PipelineKind, RankMap, RuntimeVariance};
+use super::{Coords, Parallelism, PipelineKind, RankMap, RuntimeVariance};
 use crate::cost::memory::{
     rank_memory, stage_expert_params, stage_grad_bytes, stage_rank_params, MemoryBreakdown,
     MemoryInputs, GRAD_BYTES_PER_PARAM,
 };
-use crate::cost::{CostModel, LinearPart, LinearPiece};
+use crate::cost::{CostModel, LinearPart, LinearPiece, ModelConfig};
 use crate::engine::{
     CollId, Graph, GraphBuilder, OpClass, OpId, OpKind, OpLabel, StreamId, StreamKind, Xfer,
 };
@@ -351,14 +351,7 @@ pub fn build_step_with(
     let shard = cost.tp_shard(par.tp, par.ep)?;
     let cost = &shard;
     let m = &cost.model;
-    let split = match (&attn, head_split(m.heads_q, m.heads_kv, par.cp)) {
-        (_, Ok(s)) => s,
-        (None, Err(e)) => return Err(e),
-        (Some(_), Err(_)) => HeadSplit {
-            q: m.heads_q.div_ceil(par.cp),
-            kv: m.heads_kv.div_ceil(par.cp).max(1),
-        },
-    };
+    let split = attn_split(m, par.cp, attn.is_some())?;
     let env = StepEnv { map, var, step };
     let nanos = attn.as_deref().map_or(1, |a| a.nanos()).max(1) as usize;
     if batch.len() != par.dp as usize {
@@ -1615,6 +1608,20 @@ fn emit_attention(
     }
 }
 
+/// The heads one rank's attention holds on CP `cp`: Ulysses' whole-head split (an error
+/// where CP does not divide the heads), or with a plugged attention stage (`plugged`) the
+/// rounded-up share.
+pub fn attn_split(m: &ModelConfig, cp: u32, plugged: bool) -> Result<HeadSplit> {
+    match head_split(m.heads_q, m.heads_kv, cp) {
+        Ok(s) => Ok(s),
+        Err(e) if !plugged => Err(e),
+        Err(_) => Ok(HeadSplit {
+            q: m.heads_q.div_ceil(cp),
+            kv: m.heads_kv.div_ceil(cp).max(1),
+        }),
+    }
+}
+
 fn rank_memory_of(
     cost: &CostModel,
     map: &RankMap,
@@ -1623,34 +1630,45 @@ fn rank_memory_of(
     batch: &[Vec<PackedSeq>],
     at: Coords,
 ) -> MemoryBreakdown {
-    let par = map.par;
-    let (lf, ll) = stages[at.pp as usize];
     let cap = batch[at.dp as usize]
         .iter()
         .map(|s| u64::from(s.capacity))
         .max()
         .unwrap_or(0);
+    stage_rank_memory(cost, map.par, stages[at.pp as usize], at.pp, split, cap)
+}
+
+/// Peak memory of a rank of pipeline stage `pp_stage` (layers `lf..ll`) under `par`, its
+/// micro-batches holding sequences of up to `cap` tokens; `cost` prices one TP rank.
+pub fn stage_rank_memory(
+    cost: &CostModel,
+    par: Parallelism,
+    (lf, ll): (u32, u32),
+    pp_stage: u32,
+    split: HeadSplit,
+    cap: u64,
+) -> MemoryBreakdown {
     let n_layers = ll - lf;
     let grad_bytes = stage_rank_params(
         &cost.model,
         n_layers,
-        at.pp == 0,
-        at.pp + 1 == par.pp,
+        pp_stage == 0,
+        pp_stage + 1 == par.pp,
         par.ep,
     ) * GRAD_BYTES_PER_PARAM;
     rank_memory(
         &cost.model,
         &MemoryInputs {
             layers: n_layers,
-            first_stage: at.pp == 0,
-            last_stage: at.pp + 1 == par.pp,
+            first_stage: pp_stage == 0,
+            last_stage: pp_stage + 1 == par.pp,
             zero_stage: par.zero_stage,
             shard_degree: par.dp * par.cp,
             tokens_per_rank: cap.div_ceil(u64::from(par.cp)),
             attn_tokens: cap,
             attn_heads_q: split.q,
             attn_heads_kv: split.kv,
-            in_flight: in_flight(par.pipeline, par.pp, at.pp, par.ga),
+            in_flight: in_flight(par.pipeline, par.pp, pp_stage, par.ga),
             recompute: par.recompute,
             bucket_bytes: if par.dp * par.cp > 1 {
                 grad_bytes.div_ceil(u64::from(par.dp_buckets))

@@ -10,6 +10,7 @@ mod common;
 mod libra;
 mod plans;
 mod pools;
+mod recommend;
 mod robust;
 mod schemes;
 mod sweep;
