@@ -438,7 +438,7 @@ seq_len = [65536]
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let md = read(&swapped.join("summary.md"));
     assert!(
-        md.contains("Corpus `prolong-like.txt`, given on the command line (`--corpus`)"),
+        md.contains("prolong-like.txt`, given on the command line (`--corpus`)"),
         "{md}"
     );
     let points = read(&swapped.join("points.csv"));
