@@ -443,6 +443,22 @@ impl CostModel {
         })
     }
 
+    /// The same prices with attention priced by the built-in measured table of whole
+    /// launches ([`EffTable::h200_default`]: PyTorch's varlen FlashAttention-2 on an H200,
+    /// 64K tokens per launch at each heads × document length; backward = forward ×
+    /// `attn_bwd_flop_factor` / `attn_bwd_efficiency`) instead of the thread-block models:
+    /// every launch runs at the measured rate of its shape, so none waits on its longest
+    /// thread block (as a split-KV kernel would not).
+    pub fn by_measured_table(&self) -> Result<Self> {
+        Ok(Self {
+            attn_eff: EffTable::h200_default()?,
+            attn_bwd_eff: None,
+            attn_blocks: None,
+            attn_bwd_blocks: None,
+            ..self.clone()
+        })
+    }
+
     /// The model priced with a calibration file's table and hardware figures.
     pub fn calibrated(model: ModelConfig, cal: &Calibration, context: &str) -> Result<Self> {
         cal.hardware.validate(context)?;

@@ -14,11 +14,15 @@
 //! arms = ["ulysses", "wlbllm", "distca", "libra"]
 //!     # an arm is a scheme with optional `:`-separated tweaks: distca:tight (skewsim's
 //!     # scheduler instead of the repository's), distca:no-ping-pong,
-//!     # distca:signal (1-byte transfers: communication cost removed), distca:eps=0.15,
+//!     # distca:signal, libra:signal, wlbllm:signal (1-byte transfers: communication
+//!     # cost removed, dependencies kept), distca:eps=0.15,
 //!     # wlbllm:per-document | per-sequence, wlbllm:cp=N (the same GPUs and global batch
 //!     # on CP N: DP and GA rescaled), wlbllm:best-cp (every such CP, the fastest kept),
 //!     # wlbllm:s-max=TOKENS, libra:m=1, libra:p=P, libra:h=H, libra:b=B (pool size, head
-//!     # shards, tile tokens), megatron-dcp (Megatron-Core's
+//!     # shards, tile tokens), any arm :table (attention priced by the built-in measured
+//!     # H200 table of whole FlashAttention-2 launches, not the thread-block models: no
+//!     # launch waits on its longest block),
+//!     # megatron-dcp (Megatron-Core's
 //!     # dynamic CP):s=TOKENS (max_seqlen_per_dp_cp_rank), :min-cp=N, :load=pairs (ℓ², the
 //!     # code's) | latency (attention + linear time, the blog's); the first arm is the
 //!     # baseline
@@ -211,6 +215,9 @@ pub(crate) struct Arm {
     pub(crate) scheme: Scheme,
     pub(crate) set: SchemeSettings,
     signal: bool,
+    /// `:table`: attention priced by the built-in measured H200 table of whole launches,
+    /// not the thread-block models.
+    table: bool,
     cp: CpChoice,
 }
 
@@ -229,13 +236,14 @@ pub(crate) fn parse_arm(s: &str, base: &SchemeSettings, file: &str) -> Result<Ar
         .parse()
         .with_context(|| format!("{file}: arms: {s:?}"))?;
     let mut set = base.clone();
-    let mut signal = false;
+    let (mut signal, mut table) = (false, false);
     let mut cp = CpChoice::Point;
     for t in parts {
         match (scheme, t) {
+            (_, "table") => table = true,
             (Scheme::DistCa, "no-ping-pong") => set.ping_pong = false,
             (Scheme::DistCa, "tight") => set.distca_scheduler = DistcaScheduler::Tight,
-            (Scheme::DistCa, "signal") => signal = true,
+            (Scheme::DistCa | Scheme::Libra | Scheme::WlbLlm, "signal") => signal = true,
             (Scheme::DistCa, e) if e.starts_with("eps=") => {
                 set.epsilon = e[4..].parse().map_err(|_| {
                     spec_error!("{file}: arms: {s:?}: eps = {:?} is not a number", &e[4..])
@@ -281,9 +289,9 @@ pub(crate) fn parse_arm(s: &str, base: &SchemeSettings, file: &str) -> Result<Ar
                 })?;
             }
             _ => bail!(
-                "{file}: arms: {s:?}: unknown tweak {t:?} for {name} (distca: tight, \
+                "{file}: arms: {s:?}: unknown tweak {t:?} for {name} (any scheme: table; distca: tight, \
                  no-ping-pong, signal, eps=X; wlbllm: adaptive, per-document, per-sequence, cp=N, best-cp, \
-                 s-max=TOKENS; libra: m=N, p=N, h=N, b=TOKENS; \
+                 signal, s-max=TOKENS; libra: m=N, p=N, h=N, b=TOKENS, signal; \
                  megatron-dcp: s=TOKENS, min-cp=N, load=pairs|latency)"
             ),
         }
@@ -293,6 +301,7 @@ pub(crate) fn parse_arm(s: &str, base: &SchemeSettings, file: &str) -> Result<Ar
         scheme,
         set,
         signal,
+        table,
         cp,
     })
 }
@@ -959,6 +968,13 @@ pub(crate) fn run_arm(
     par: Parallelism,
     arm: &Arm,
 ) -> Result<ArmResult> {
+    let by_table;
+    let cost = if arm.table {
+        by_table = cost.by_measured_table()?;
+        &by_table
+    } else {
+        cost
+    };
     let gpus = par.dp * par.pp * par.cp * par.tp;
     // the topology's node size (each swept topology brings its own)
     let Some(gpn) = topo.as_ref().map(|t| t.1.gpus_per_node) else {

@@ -9,7 +9,8 @@
 //! model = "qwen3-30b-a3b"           # a built-in, or a path to a model TOML
 //! # calibration = "cal.json"        # replaces the H200 attention table / hardware figures
 //! steps = 2
-//! [cluster]   # gpus_per_node, nodes
+//! [cluster]   # gpus_per_node, nodes; allow_subset = true lets a point's TP·CP·DP·PP
+//!             # use fewer GPUs than nodes × gpus_per_node (otherwise it must equal it)
 //! [network]   # topology = "../topologies/dgx-h200-roce.toml", model = "analytical" | "flow"
 //!             # | "stub" (stub: alpha_us, intra_gbytes_per_s, inter_gbytes_per_s),
 //!             # nvls = true | false (NVLS collectives where the topology has them)
@@ -66,7 +67,7 @@ struct TrainFile {
     calibration: Option<PathBuf>,
     #[serde(default = "one")]
     steps: u64,
-    cluster: Placement,
+    cluster: ClusterSpec,
     #[serde(default)]
     network: NetSpec,
     parallel: Parallelism,
@@ -84,6 +85,54 @@ struct TrainFile {
     /// Libra's settings (for the `libra*` schemes).
     #[serde(default)]
     libra: Option<LibraSpec>,
+}
+
+/// `[cluster]`: the cluster the layout runs on. Every point's TP × CP × DP × PP must cover
+/// its GPUs exactly unless `allow_subset` lets a point leave some idle (a DP sweep on the
+/// cluster of its largest point).
+#[derive(Deserialize, Clone, Copy)]
+#[serde(deny_unknown_fields)]
+struct ClusterSpec {
+    gpus_per_node: u32,
+    nodes: u32,
+    #[serde(default)]
+    allow_subset: bool,
+}
+
+impl ClusterSpec {
+    fn placement(&self) -> Placement {
+        Placement::new(self.gpus_per_node, self.nodes)
+    }
+
+    /// Refuse a layout that does not cover the cluster (or, with `allow_subset`, exceeds it),
+    /// saying which DP would.
+    fn check_covers(&self, par: &Parallelism, file: &str) -> Result<()> {
+        let have = u64::from(self.gpus_per_node) * u64::from(self.nodes);
+        let gpus = par.gpus();
+        if gpus == have || (self.allow_subset && gpus < have) {
+            return Ok(());
+        }
+        let (tp, cp, dp, pp) = (par.tp, par.cp, par.dp, par.pp);
+        let rest = u64::from(tp) * u64::from(cp) * u64::from(pp);
+        let fix = if have % rest == 0 {
+            format!("dp = {} at this TP, CP and PP", have / rest)
+        } else {
+            format!("TP × CP × PP = {rest} does not divide {have}: change them")
+        };
+        bail!(
+            "{file}: [parallel] tp × cp × dp × pp = {tp} × {cp} × {dp} × {pp} = {gpus} GPUs \
+             (EP {} groups fold over them, adding none) but [cluster] has {} nodes × {} = {have}: \
+             allowed is a layout of exactly {have} GPUs ({fix}){}",
+            par.ep,
+            self.nodes,
+            self.gpus_per_node,
+            if gpus < have {
+                ", or `[cluster] allow_subset = true` to leave the rest idle"
+            } else {
+                ""
+            }
+        )
+    }
 }
 
 /// `[libra]`: Libra's knobs; CP comes from `[parallel]`, the shape from the model.
@@ -369,6 +418,14 @@ fn parse(text: &str, file: &str) -> Result<TrainFile> {
             }
         }
     }
+    let dps = match &f.sweep {
+        Some(s) if !s.dp.is_empty() => s.dp.clone(),
+        _ => vec![f.parallel.dp],
+    };
+    for dp in dps {
+        f.cluster
+            .check_covers(&Parallelism { dp, ..f.parallel }, file)?;
+    }
     Ok(f)
 }
 
@@ -460,8 +517,9 @@ pub fn run_text(
     let cluster = match &topo {
         Some(t) => f
             .cluster
+            .placement()
             .with_collectives(CollectiveModel::of(t, f.network.nvls)),
-        None => f.cluster,
+        None => f.cluster.placement(),
     };
     let net = match (f.network.model.as_deref(), &topo) {
         (None | Some("stub"), None) | (Some("stub"), Some(_)) => NetChoice::Stub(f.network.clone()),

@@ -144,6 +144,8 @@ struct RankDur {
     oproj_f: Ps,
     ffn_f: Ps,
     experts_f: Ps,
+    /// Under TP and EP, the shared experts (between their all-gather and reduce-scatter).
+    shared_f: Ps,
     /// The activation of the rank's tokens (what a TP all-gather gathers).
     tp_bytes: u64,
     /// Bytes an EP dispatch sends to each peer of the EP group.
@@ -174,6 +176,7 @@ enum Piece {
     OutProj,
     Ffn,
     Experts,
+    Shared,
     Head,
 }
 
@@ -562,6 +565,9 @@ struct Emitter<'a> {
     /// Linear work as chains of pieces and TP/EP collectives (TP or EP > 1); else one op
     /// per linear block.
     chain: bool,
+    /// Under TP and EP, the shared experts run as a piece of their own between a TP
+    /// all-gather and reduce-scatter (the model has shared experts).
+    shared_chain: bool,
     stages: Vec<StageState>,
     /// Per stage, nano-batch and rank at (p · nanos + k) · W + i: the rank's last op (the
     /// op its next linear block waits for).
@@ -587,6 +593,9 @@ impl<'a> Emitter<'a> {
         let m = &cost.model;
         let (dp, pp, cp, ga, tp) = (par.dp, par.pp, par.cp, par.ga, par.tp);
         let chain = tp > 1 || par.ep > 1;
+        let shared_chain = tp > 1
+            && par.ep > 1
+            && matches!(m.ffn, crate::cost::Ffn::Moe { shared_experts, .. } if shared_experts > 0);
         let gpus = map.gpus();
         let per_layer = if chain { 20 } else { 8 };
         let ops_est =
@@ -694,6 +703,7 @@ impl<'a> Emitter<'a> {
             wn,
             tp: tpu,
             chain,
+            shared_chain,
             stages,
             last: vec![NONE; pp as usize * nanos * wn],
             f_first: vec![NONE; nslots],
@@ -722,8 +732,14 @@ impl<'a> Emitter<'a> {
         let par = self.cx.map.par;
         let (cp, cpu, tp) = (par.cp, par.cp as usize, self.tp);
         let last_stage = p + 1 == par.pp;
-        let (cost, nanos, wn, split, chain) =
-            (self.cost, self.nanos, self.wn, self.split, self.chain);
+        let (cost, nanos, wn, split, chain, shared_chain) = (
+            self.cost,
+            self.nanos,
+            self.wn,
+            self.split,
+            self.chain,
+            self.shared_chain,
+        );
         let a = cost.attn();
         let seq_shard = if par.sp { tp as u64 } else { 1 };
         let ep = u64::from(par.ep);
@@ -767,11 +783,17 @@ impl<'a> Emitter<'a> {
                             // The MoE block runs on the rank's own (sequence-parallel) tokens:
                             // each sends top-k copies, (EP−1)/EP of them to its EP peers, and
                             // receives as many under uniform routing. Shared experts, split
-                            // by TP, run on the TP group's tokens.
+                            // by TP, run on the TP group's tokens: under TP a piece of their
+                            // own between an all-gather and a reduce-scatter.
                             let tin = t.div_ceil(tp as u64);
                             let copies = tin * u64::from(cost.top_k());
-                            d.ffn_f = ps(cost.piece_fwd_ps_f(LinearPiece::Router, tin, tin)
-                                + cost.shared_experts_fwd_ps_f(t));
+                            let router = cost.piece_fwd_ps_f(LinearPiece::Router, tin, tin);
+                            let shared = cost.shared_experts_fwd_ps_f(t);
+                            if shared_chain {
+                                (d.ffn_f, d.shared_f) = (ps(router), ps(shared));
+                            } else {
+                                d.ffn_f = ps(router + shared);
+                            }
                             d.experts_f = ps(cost.experts_fwd_ps_f(copies));
                             d.ep_pair_bytes = copies.div_ceil(ep) * cost.ep_copy_bytes();
                         } else {
@@ -800,7 +822,9 @@ impl<'a> Emitter<'a> {
     /// The links of the block after layer l's attention (O projection, feed-forward):
     /// with SP a reduce-scatter after the O projection and an all-gather + reduce-scatter
     /// around the MLP (without SP, two all-reduces); under EP the router, the dispatch, the
-    /// experts and the combine instead of the MLP.
+    /// experts and the combine instead of the MLP, then under TP the shared experts (a
+    /// TP-split dense MLP, as Megatron's `SharedExpertMLP`) between an all-gather and a
+    /// reduce-scatter.
     fn links_post(&self) -> Vec<Link> {
         let par = self.cx.map.par;
         let (tp, sp) = (par.tp > 1, par.sp);
@@ -816,6 +840,9 @@ impl<'a> Emitter<'a> {
                 Link::Gemm(Piece::Experts),
                 Link::Ep,
             ]);
+            if self.shared_chain {
+                v.extend([Link::Ag, Link::Gemm(Piece::Shared), Link::Rs]);
+            }
         } else {
             if tp && sp {
                 v.push(Link::Ag);
@@ -924,6 +951,7 @@ impl<'a> Emitter<'a> {
                                 Piece::OutProj => d.oproj_f,
                                 Piece::Ffn => d.ffn_f,
                                 Piece::Experts => d.experts_f,
+                                Piece::Shared => d.shared_f,
                                 Piece::Head => d.head_f,
                             };
                             let head = piece == Piece::Head;

@@ -221,13 +221,61 @@ fn bad_train_files_name_the_field() {
         ),
         ("steps = 2", "steps = 2\nbogus = 1", "bogus"),
     ];
+    // These cases leave the layout's coverage of the cluster aside.
+    let subset = TRAIN.replace("nodes = 2", "nodes = 2\nallow_subset = true");
     for (i, (from, to, want)) in cases.iter().enumerate() {
-        let out = run_train(&base.join(i.to_string()), "1", &TRAIN.replace(from, to));
+        let out = run_train(&base.join(i.to_string()), "1", &subset.replace(from, to));
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{to}: accepted");
         assert!(!stderr.contains("panicked"), "{to}: panicked: {stderr}");
         assert!(stderr.contains(want), "{to}: {want:?} not in {stderr}");
     }
+}
+
+/// The layout must cover the stated cluster: TP × CP × DP × PP = 8 of its 16 GPUs is refused
+/// with the DP that would cover it and the option that allows a subset, which then runs;
+/// more GPUs than the cluster has are refused even with the option.
+#[test]
+fn a_layout_must_cover_the_cluster_unless_a_subset_is_allowed() {
+    let base = scratch("cli-cover");
+    let half = TRAIN.replace("dp = 2\npp = 1", "dp = 1\npp = 1");
+    let out = run_train(&base.join("half"), "1", &half);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "a layout of 8 of 16 GPUs was accepted"
+    );
+    for want in [
+        "tp × cp × dp × pp = 1 × 8 × 1 × 1 = 8 GPUs",
+        "[cluster] has 2 nodes × 8 = 16",
+        "exactly 16 GPUs (dp = 2 at this TP, CP and PP)",
+        "allow_subset = true",
+    ] {
+        assert!(err.contains(want), "{want:?} not in {err}");
+    }
+    let allowed = half.replace("nodes = 2", "nodes = 2\nallow_subset = true");
+    let out = run_train(&base.join("subset"), "1", &allowed);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let over = allowed.replace("dp = 1\npp = 1", "dp = 4\npp = 1");
+    let out = run_train(&base.join("over"), "1", &over);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && !err.contains("panicked"), "{err}");
+    assert!(
+        err.contains("= 32 GPUs") && err.contains("dp = 2") && !err.contains("allow_subset"),
+        "{err}"
+    );
+    // A sweep is checked point by point.
+    let sweep = format!("{TRAIN}[sweep]\ndp = [1, 2]\ngbs = [4]\n");
+    let out = run_train(&base.join("sweep"), "1", &sweep);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("1 × 8 × 1 × 1 = 8 GPUs"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -14,24 +14,34 @@ fn read(p: &Path) -> String {
     std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }
 
+/// The arguments of `skewsim run FILE --out OUT`.
+fn run_args<'a>(file: &'a Path, out: &'a Path) -> Vec<&'a str> {
+    vec![
+        "run",
+        file.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]
+}
+
+/// `skewsim run FILE --out OUT` on `threads` threads (None: the default), which must succeed.
+fn run_into(file: &Path, out: &Path, threads: Option<&str>) {
+    let o = skewsim_at(&run_args(file, out), threads, &root());
+    assert!(
+        o.status.success(),
+        "{}: {}",
+        file.display(),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
 /// Run `experiments/NAME.toml` and compare every output file with the committed one.
 fn reproduces(name: &str, threads: Option<&str>) {
     let out = tmp(name);
-    let file = root().join(format!("experiments/{name}.toml"));
-    let o = skewsim_at(
-        &[
-            "run",
-            file.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-        ],
+    run_into(
+        &root().join(format!("experiments/{name}.toml")),
+        &out,
         threads,
-        &root(),
-    );
-    assert!(
-        o.status.success(),
-        "{name}: {}",
-        String::from_utf8_lossy(&o.stderr)
     );
     for f in ["summary.md", "points.csv", "plot.svg"] {
         let ours = read(&out.join(f));
@@ -81,9 +91,41 @@ fn four_way_plot_has_a_panel_per_corpus_and_topology() {
 }
 
 #[test]
-fn attention_microbench_and_distca_4d_reproduce() {
-    reproduces("attention-microbench", None);
+fn distca_4d_reproduces() {
     reproduces("distca-4d", None);
+}
+
+/// Run `sliced` (a slice of `experiments/NAME.toml`; its topology is the built-in
+/// dgx-h200-roce, so the file may live anywhere) and check that it gives `rows` rows, each
+/// one of the committed `experiments/results/NAME/points.csv`.
+fn slice_reproduces_committed_rows(name: &str, sliced: &str, rows: usize) {
+    let dir = tmp(&format!("{name}-slice"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join(format!("{name}-slice.toml"));
+    std::fs::write(&file, sliced).unwrap();
+    run_into(&file, &dir, None);
+    let ours = read(&dir.join("points.csv"));
+    let committed = read(&root().join(format!("experiments/results/{name}/points.csv")));
+    let got: Vec<&str> = ours.lines().skip(1).collect();
+    assert_eq!(got.len(), rows, "{ours}");
+    for r in got {
+        assert!(committed.lines().any(|c| c == r), "row not committed: {r}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// The 256K half of attention-microbench (all nine arms, its ablations included)
+/// reproduces the committed rows; the 1M half is the same code on a longer corpus and
+/// minutes more of simulation.
+#[test]
+fn a_slice_of_attention_microbench_reproduces_its_committed_rows() {
+    let text = read(&root().join("experiments/attention-microbench.toml"));
+    let sliced = text.replace(
+        "corpus = [\"libra-256k\", \"libra-1m\"]",
+        "corpus = [\"libra-256k\"]",
+    );
+    assert_ne!(sliced, text, "the slice must change the sweep");
+    slice_reproduces_committed_rows("attention-microbench", &sliced, 9);
 }
 
 /// Sliding-window layer mixes (model files with an `attention` pattern) reproduce.
@@ -120,30 +162,8 @@ fn a_slice_of_distca_3d_reproduces_its_committed_rows() {
     .replace("seq_len = [131072, 524288]", "seq_len = [131072]");
     assert!(sliced.contains("seq_len = 131072\ndp = 4\ncp = 2\nga = 1"));
     assert_ne!(sliced, text, "the slice must change the sweep");
-    let dir = tmp("distca-3d-slice");
-    // its topology is the built-in dgx-h200-roce, so the file may live anywhere
-    let file = dir.join("distca-3d-slice.toml");
-    std::fs::write(&file, sliced).unwrap();
-    let o = skewsim_at(
-        &[
-            "run",
-            file.to_str().unwrap(),
-            "--out",
-            dir.to_str().unwrap(),
-        ],
-        None,
-        &root(),
-    );
-    std::fs::remove_file(&file).ok();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let ours = read(&dir.join("points.csv"));
-    let committed = read(&root().join("experiments/results/distca-3d/points.csv"));
-    let rows: Vec<&str> = ours.lines().skip(1).collect();
-    assert_eq!(rows.len(), 6, "six arms at one point");
-    for r in rows {
-        assert!(committed.lines().any(|c| c == r), "row not committed: {r}");
-    }
-    std::fs::remove_dir_all(&dir).ok();
+    // six arms at one point
+    slice_reproduces_committed_rows("distca-3d", &sliced, 6);
 }
 
 #[test]
@@ -284,12 +304,7 @@ dp = [2]
     .unwrap();
     let run_with = |out: &str, cal: Option<&Path>, extra: &[&str]| {
         let out = dir.join(out);
-        let mut args = vec![
-            "run",
-            file.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-        ];
+        let mut args = run_args(&file, &out);
         if let Some(c) = cal {
             args.extend(["--calibration", c.to_str().unwrap()]);
         }
@@ -370,5 +385,76 @@ dp = [2]
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(err.contains("prices no GPU work"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// The DistCA paper's second dataset as an arm: `skewsim run FILE --corpus PATH` runs a
+/// DistCA experiment on another real length list (one length per line, here a ProLong-like
+/// long tail written by the test) without editing the file; the summary says so, every row
+/// names the file, the figures are the new corpus's, and a missing file is named.
+#[test]
+fn a_distca_experiment_runs_on_a_corpus_given_on_the_command_line() {
+    let dir = tmp("distca-corpus");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("distca-small.toml");
+    std::fs::write(
+        &file,
+        r#"arms = ["wlbllm", "distca", "distca:signal"]
+kind = "distca-ablation"
+steps = 1
+model = "llama3-8b"
+layers = 2
+[parallel]
+tp = 4
+cp = 2
+ga = 2
+[network]
+topology = "dgx-h200-roce"
+[workload]
+corpus = "wlbllm"
+seed = 1
+[sweep]
+dp = [1]
+seq_len = [65536]
+"#,
+    )
+    .unwrap();
+    // A long tail: lengths 1 ..= 60,000, most short, a few near the cap.
+    let lengths: String = (0..3000u64)
+        .map(|i| format!("{}\n", 1 + (i * 7919 % 3000).pow(4) / 1_350_000_000))
+        .collect();
+    let corpus = dir.join("prolong-like.txt");
+    std::fs::write(&corpus, lengths).unwrap();
+    let run = |out: &str, extra: &[&str]| {
+        let out = dir.join(out);
+        let mut args = run_args(&file, &out);
+        args.extend(extra);
+        let o = skewsim_at(&args, None, &root());
+        (o, out)
+    };
+    let (o, plain) = run("plain", &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (o, swapped) = run("prolong", &["--corpus", corpus.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let md = read(&swapped.join("summary.md"));
+    assert!(
+        md.contains("prolong-like.txt`, given on the command line (`--corpus`)"),
+        "{md}"
+    );
+    let points = read(&swapped.join("points.csv"));
+    let rows: Vec<&str> = points.lines().skip(1).collect();
+    assert_eq!(rows.len(), 3, "{points}");
+    assert!(
+        rows.iter().all(|r| r.contains("prolong-like.txt")),
+        "{points}"
+    );
+    assert_ne!(points, read(&plain.join("points.csv")));
+    let (o, _) = run("missing", &["--corpus", "no/such/lengths.txt"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && !err.contains("panicked"), "{err}");
+    assert!(
+        err.contains("corpus trace file no/such/lengths.txt does not exist"),
+        "{err}"
+    );
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -632,6 +632,45 @@ fn ep_all_to_all_bytes_per_token_by_hand() {
 }
 
 #[test]
+fn shared_experts_under_tp_and_ep_add_their_gather_and_scatter_by_hand() {
+    // Qwen3-30B-A3B with one shared expert (intermediate 2048) at TP 2 (SP), EP 2, one
+    // 8192-token sequence. Megatron's shared experts are a TP-split dense MLP: per layer,
+    // after the routed experts' combine, an all-gather of the TP group's activation, the
+    // shared MLP and a reduce-scatter, on top of the attention block's all-gather and
+    // reduce-scatter. Each ring step of TP 2 sends (TP−1)/TP = 1/2 of the activation
+    // 8192 · 2048 · 2 bytes to the other rank.
+    let text = include_str!("../../../models/qwen3-30b-a3b.toml").replace(
+        "shared_experts = 0\nshared_expert_intermediate = 0",
+        "shared_experts = 1\nshared_expert_intermediate = 2048",
+    );
+    let shared = CostModel::h200(ModelConfig::from_toml_str(&text, "q.toml").unwrap()).unwrap();
+    let p = Parallelism {
+        tp: 2,
+        ep: 2,
+        ..par(1, 1, 1, 1)
+    };
+    let batch = [vec![seq(&[8192], 8192)]];
+    let act = 8192 * 2048 * 2u64;
+    let (sg, t) = go(&shared, p, &batch);
+    let tp = colls_of(&sg, 0, OpClass::TpComm);
+    // 48 layers × (2 + 2) forward + the LM head's all-gather, and as many backward.
+    assert_eq!(tp.len(), 2 * (48 * 4 + 1));
+    for (_, x) in &tp {
+        assert_eq!(x.len(), 2);
+        assert!(x.iter().all(|xf| xf.bytes == act / 2), "{x:?}");
+    }
+    // Without shared experts: only the attention block's pair per layer.
+    let (sg0, t0) = go(&qwen(), p, &batch);
+    assert_eq!(colls_of(&sg0, 0, OpClass::TpComm).len(), 2 * (48 * 2 + 1));
+    // The shared experts' GEMMs add the TP rank's half of them per layer: three matrices
+    // of 2048 × 1024 over 8192 tokens at the GEMM rate, forward once and backward twice.
+    let extra = compute_busy(&sg, &t, 0) - compute_busy(&sg0, &t0, 0);
+    let rate = shared.hw.peak_tflops * shared.hw.gemm_efficiency;
+    let fwd = (2.0 * 8192.0 * 3.0 * 2048.0 * 1024.0 / rate).round() as Ps;
+    assert_eq!(extra, 48 * 3 * fwd);
+}
+
+#[test]
 fn bad_tp_and_ep_layouts_are_named() {
     let c = CostModel::h200(ModelConfig::builtin("llama3-8b").unwrap()).unwrap();
     let q = qwen();
