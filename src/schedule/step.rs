@@ -25,6 +25,10 @@
 //!   so no port receives two aggregates; other groups send to their first same-node and
 //!   first remote peer.
 //!
+//! With Ulysses' own attention the replicas, which couple only at the gradient all-reduce,
+//! are emitted in parts on every core and laid out as one emitter would lay them out, so
+//! the graph does not depend on the thread count.
+//!
 //! Recomputation adds each layer's forward compute to its backward compute (the
 //! all-to-alls are not repeated). Embedding lookup and the optimizer step are not priced.
 
@@ -679,8 +683,8 @@ struct StageState {
     bucket_ready: Vec<OpId>,
 }
 
-/// Emits a step's ops slot by slot and layer by layer; the drivers in
-/// [`build_step_with`] choose the order (stage by stage, or tick by tick).
+/// Emits a step's ops slot by slot and layer by layer, for a [`Span`] of replicas;
+/// [`Emitter::drive`] chooses the order (stage by stage, or tick by tick).
 struct Emitter<'a> {
     cx: Ctx<'a>,
     cost: &'a CostModel,
