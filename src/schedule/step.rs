@@ -426,7 +426,7 @@ fn build(
         ));
     }
     let graph = match (attn, parts) {
-        (None, Some(n)) => emit_parts(cost, &env, batch, split, n)?,
+        (None, Some(n)) if par.dp > 0 => emit_parts(cost, &env, batch, split, n)?,
         (a, _) => emit_whole(cost, &env, batch, split, a)?,
     };
     let stages = stage_layers(m.layers, par.pp);
