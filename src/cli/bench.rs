@@ -155,7 +155,7 @@ pub const ARMS: &[Arm] = &[
     },
     Arm {
         name: "step-16384-speedup",
-        what: "step-16384 simulated + reported on 1 thread and on the default pool (graph built untimed); speedup in the detail",
+        what: "step-16384 built, simulated and reported on 1 thread and on the default pool; speedup in the detail",
         target_s: None,
         runs: 1,
         setup: super::bench_engine::arm_step_16384_speedup,

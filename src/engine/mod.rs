@@ -36,6 +36,7 @@
 //! by (time, sequence number), so the same graph and network give the same timeline.
 
 pub mod dag;
+pub mod parts;
 pub mod stub_net;
 
 use std::cmp::Reverse;
@@ -188,7 +189,7 @@ pub enum OpKind {
 
 /// One op, 24 bytes: its kind is stored as a one-byte tag and its payload ([`Op::kind`]
 /// rebuilds it), so a step of millions of ops stays compact.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Op {
     /// The kind's payload: a duration, a transfer or a collective.
     arg: u64,
@@ -254,7 +255,7 @@ pub struct StreamInfo {
     pub kind: StreamKind,
 }
 
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct CollInfo {
     parts: u32,
     xfer_start: u32,
@@ -267,7 +268,7 @@ struct CollInfo {
 }
 
 /// An op graph ready to run: ops in CSR form, per-stream issue order, collectives.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Graph {
     /// The ops, by id.
     pub ops: Vec<Op>,

@@ -348,7 +348,7 @@ impl RankMap {
 /// The seam for runtime variance: a multiplicative factor on every kernel's duration,
 /// `kernel_factor × persistent_factor`. Implemented for the cluster's
 /// [`VarianceModel`] below.
-pub trait RuntimeVariance {
+pub trait RuntimeVariance: Sync {
     /// Transient factor of one kernel (1.0 = nominal): op `op` of micro-batch `mb` in layer
     /// `layer` at step `step` on `gpu`. Layer index `layers` stands for the block after the
     /// last layer (final norm, LM head).

@@ -25,6 +25,10 @@
 //!   so no port receives two aggregates; other groups send to their first same-node and
 //!   first remote peer.
 //!
+//! With Ulysses' own attention the replicas, which couple only at the gradient all-reduce,
+//! are emitted in parts on every core and laid out as one emitter would lay them out, so
+//! the graph does not depend on the thread count.
+//!
 //! Recomputation adds each layer's forward compute to its backward compute (the
 //! all-to-alls are not repeated). Embedding lookup and the optimizer step are not priced.
 
@@ -35,6 +39,7 @@ use crate::cost::memory::{
     MemoryInputs, GRAD_BYTES_PER_PARAM,
 };
 use crate::cost::{CostModel, LinearPart, LinearPiece, ModelConfig};
+use crate::engine::parts::{assemble, Mark, Part};
 use crate::engine::{
     CollId, Graph, GraphBuilder, OpClass, OpId, OpKind, OpLabel, StreamId, StreamKind, Xfer,
 };
@@ -42,6 +47,7 @@ use crate::error::{invalid, Result};
 use crate::net::collective::{node_blocks, CollOp};
 use crate::net::{GpuId, Ps};
 use crate::workload::PackedSeq;
+use rayon::prelude::*;
 
 pub use crate::cost::{head_split, HeadSplit};
 
@@ -188,11 +194,18 @@ struct Ctx<'a> {
     mb: u32,
     b: GraphBuilder,
     xf: Vec<Xfer>,
+    /// For a part of some replicas: (GPUs per stage, the part's first offset in a stage,
+    /// its GPUs per stage); its streams are its own, GPU by GPU in stage order.
+    local: Option<(u32, u32, u32)>,
 }
 
 impl Ctx<'_> {
     fn stream(&self, gpu: GpuId, k: StreamKind) -> StreamId {
-        self.map.streams_per_gpu() * gpu + k as u32
+        let g = match self.local {
+            None => gpu,
+            Some((w, first, n)) => gpu / w * n + (gpu % w - first),
+        };
+        self.map.streams_per_gpu() * g + k as u32
     }
 
     /// A kernel of `dur` on `gpu`'s compute stream after `deps`.
@@ -346,8 +359,28 @@ pub fn build_step_with(
     batch: &[Vec<PackedSeq>],
     step: u64,
     var: &dyn RuntimeVariance,
-    mut attn: Option<&mut dyn AttentionStage>,
+    attn: Option<&mut dyn AttentionStage>,
 ) -> Result<StepGraph> {
+    let env = StepEnv { map, var, step };
+    build(
+        cost,
+        env,
+        batch,
+        attn,
+        Some(4 * rayon::current_num_threads()),
+    )
+}
+
+/// [`build_step_with`]; without a plugged stage the replicas are emitted in up to `parts`
+/// parts in parallel (the graph does not depend on how many), or by one emitter (`None`).
+fn build(
+    cost: &CostModel,
+    env: StepEnv<'_>,
+    batch: &[Vec<PackedSeq>],
+    attn: Option<&mut dyn AttentionStage>,
+    parts: Option<usize>,
+) -> Result<StepGraph> {
+    let map = env.map;
     let par = map.par;
     check_moe_layout(&cost.model, par)?;
     // One TP rank's share of the model prices every piece of work below.
@@ -355,8 +388,6 @@ pub fn build_step_with(
     let cost = &shard;
     let m = &cost.model;
     let split = attn_split(m, par.cp, attn.is_some())?;
-    let env = StepEnv { map, var, step };
-    let nanos = attn.as_deref().map_or(1, |a| a.nanos()).max(1) as usize;
     if batch.len() != par.dp as usize {
         return Err(invalid(
             "batch replicas",
@@ -390,27 +421,130 @@ pub fn build_step_with(
             ),
         ));
     }
-    let mut e = Emitter::new(cost, map, batch, var, step, split, nanos);
-    match par.pipeline {
-        PipelineKind::Gpipe | PipelineKind::OneFOneB => {
-            for p in 0..par.pp {
-                for (fwd, mb) in stage_order(par.pipeline, par.pp, p, par.ga) {
-                    e.slot(p, fwd, mb, reborrow(&mut attn), &env)?;
-                }
-                e.dp_allreduce(p);
-            }
-        }
-        PipelineKind::Ticks => {
-            let ticks = crate::balance::distca::pingpong::pp_ticks(par.pp, par.ga)?;
-            for (ti, tick) in ticks.iter().enumerate() {
-                e.tick(ti as u32, tick, reborrow(&mut attn), &env)?;
-            }
-            for p in 0..par.pp {
-                e.dp_allreduce(p);
-            }
-        }
+    let graph = match (attn, parts) {
+        (None, Some(n)) if par.dp > 0 => emit_parts(cost, &env, batch, split, n)?,
+        (a, _) => emit_whole(cost, &env, batch, split, a)?,
+    };
+    let stages = stage_layers(m.layers, par.pp);
+    let tokens = batch.iter().flatten().map(PackedSeq::tokens).sum();
+    let class_pairs = cost.class_pairs(
+        &batch
+            .iter()
+            .flatten()
+            .flat_map(|s| s.lengths())
+            .collect::<Vec<u32>>(),
+    );
+    let memory = (0..map.gpus())
+        .into_par_iter()
+        .map(|g| rank_memory_of(cost, &map, &stages, split, batch, map.coords(g)))
+        .collect();
+    Ok(StepGraph {
+        graph,
+        map,
+        tokens,
+        class_pairs,
+        memory,
+        streams_per_gpu: map.streams_per_gpu(),
+    })
+}
+
+/// The step's graph from one emitter over every replica (`attn`, when given, emits each
+/// layer's attention across replicas).
+fn emit_whole(
+    cost: &CostModel,
+    env: &StepEnv<'_>,
+    batch: &[Vec<PackedSeq>],
+    split: HeadSplit,
+    mut attn: Option<&mut dyn AttentionStage>,
+) -> Result<Graph> {
+    let nanos = attn.as_deref().map_or(1, |a| a.nanos()).max(1) as usize;
+    let mut e = Emitter::new(cost, env, batch, split, nanos, Span::Whole);
+    e.drive(reborrow(&mut attn), env)?;
+    e.pp_edges();
+    e.cx.b.build()
+}
+
+/// The step's graph with Ulysses' own attention, emitted in parallel: the replicas in up to
+/// `parts` parts of consecutive replicas (every replica's ops but the gradient
+/// all-reduces, which couple them), then the all-reduces, laid out as one emitter over
+/// every replica lays them out ([`crate::engine::parts`]), so the graph is the same for any
+/// number of parts and threads.
+fn emit_parts(
+    cost: &CostModel,
+    env: &StepEnv<'_>,
+    batch: &[Vec<PackedSeq>],
+    split: HeadSplit,
+    parts: usize,
+) -> Result<Graph> {
+    let dp = env.map.par.dp as usize;
+    let cs = dp.div_ceil(parts.clamp(1, dp));
+    let nq = dp.div_ceil(cs);
+    let emitted: Vec<Emitted> = (0..nq)
+        .into_par_iter()
+        .map(|q| {
+            let span = Span::Replicas {
+                r0: q * cs,
+                nr: cs.min(dp - q * cs),
+            };
+            let mut e = Emitter::new(cost, env, batch, split, 1, span);
+            e.drive(None, env)?;
+            e.pp_edges();
+            Ok(e.into_part())
+        })
+        .collect::<Result<_>>()?;
+    // The all-reduces, over every replica, in the phases the parts left for them.
+    let mut red = Emitter::new(cost, env, batch, split, 1, Span::Reduce { cs });
+    for (p, st) in red.stages.iter_mut().enumerate() {
+        st.bucket_ready = emitted
+            .iter()
+            .flat_map(|x| x.ready[p].iter().copied())
+            .collect();
     }
-    e.finish()
+    let mut at = emitted[0].reduce_at.iter().peekable();
+    let mut marks = Vec::with_capacity(emitted[0].part.marks.len());
+    for k in 0..emitted[0].part.marks.len() {
+        if let Some(&(_, p)) = at.next_if(|x| x.0 == k) {
+            red.dp_allreduce(p);
+        }
+        marks.push(red.cx.b.mark());
+    }
+    let ext = std::mem::take(&mut red.ext);
+    let streams = red.stream_map.clone();
+    let mut all: Vec<Part> = emitted.into_iter().map(|x| x.part).collect();
+    let infos = red.cx.b.streams().to_vec();
+    all.push(Part {
+        b: red.cx.b,
+        marks,
+        streams,
+    });
+    let (mut b, placed) = assemble(infos, all)?;
+    for (q, dep, op) in ext {
+        b.add_dep(placed.op(q as usize, dep), placed.op(nq, op));
+    }
+    b.build()
+}
+
+/// What a part of some replicas emitted.
+struct Emitted {
+    part: Part,
+    /// Per stage, per rank of the part and bucket: the op after which the bucket's
+    /// gradients are ready.
+    ready: Vec<Vec<OpId>>,
+    /// The phases (index, stage) left for the stages' gradient all-reduces.
+    reduce_at: Vec<(usize, u32)>,
+}
+
+/// Which replicas an [`Emitter`] emits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Span {
+    /// Every replica and the gradient all-reduces, on the graph's streams.
+    Whole,
+    /// Replicas [r0, r0 + nr), on streams of the part's own, marking a phase at the end of
+    /// every loop over replicas and an empty phase where a gradient all-reduce goes.
+    Replicas { r0: usize, nr: usize },
+    /// Only the gradient all-reduces, over every replica, on the graph's streams; the ops
+    /// they wait for are in the parts of `cs` replicas each ([`Emitter::ext`]).
+    Reduce { cs: usize },
 }
 
 /// Expert parallelism needs an MoE model whose experts it divides, EP groups inside one
@@ -545,8 +679,8 @@ struct StageState {
     bucket_ready: Vec<OpId>,
 }
 
-/// Emits a step's ops slot by slot and layer by layer; the drivers in
-/// [`build_step_with`] choose the order (stage by stage, or tick by tick).
+/// Emits a step's ops slot by slot and layer by layer, for a [`Span`] of replicas;
+/// [`Emitter::drive`] chooses the order (stage by stage, or tick by tick).
 struct Emitter<'a> {
     cx: Ctx<'a>,
     cost: &'a CostModel,
@@ -577,37 +711,68 @@ struct Emitter<'a> {
     f_send: Vec<OpId>,
     b_first: Vec<OpId>,
     b_send: Vec<OpId>,
+    /// Which replicas it emits; the first and how many.
+    span: Span,
+    r0: usize,
+    nr: usize,
+    /// The graph's stream of each of the builder's streams.
+    stream_map: Vec<StreamId>,
+    /// Under [`Span::Replicas`]: the end of each phase, and the phases (index, stage) left
+    /// for the gradient all-reduces.
+    marks: Vec<Mark>,
+    reduce_at: Vec<(usize, u32)>,
+    /// Under [`Span::Reduce`]: each all-reduce part's dependency, in the part of replicas
+    /// that holds it: (part, its op, the all-reduce part).
+    ext: Vec<(u32, OpId, OpId)>,
 }
 
 impl<'a> Emitter<'a> {
     fn new(
         cost: &'a CostModel,
-        map: RankMap,
+        env: &StepEnv<'a>,
         batch: &'a [Vec<PackedSeq>],
-        var: &'a dyn RuntimeVariance,
-        step: u64,
         split: HeadSplit,
         nanos: usize,
+        span: Span,
     ) -> Self {
+        let map = env.map;
         let par = map.par;
         let m = &cost.model;
         let (dp, pp, cp, ga, tp) = (par.dp, par.pp, par.cp, par.ga, par.tp);
+        let (cpu, dpu, tpu) = (cp as usize, dp as usize, tp as usize);
+        let (r0, nr) = match span {
+            Span::Replicas { r0, nr } => (r0, nr),
+            Span::Whole | Span::Reduce { .. } => (0, dpu),
+        };
+        let wn = nr * cpu * tpu;
         let chain = tp > 1 || par.ep > 1;
         let shared_chain = tp > 1
             && par.ep > 1
             && matches!(m.ffn, crate::cost::Ffn::Moe { shared_experts, .. } if shared_experts > 0);
-        let gpus = map.gpus();
         let per_layer = if chain { 20 } else { 8 };
-        let ops_est =
-            gpus as usize * ga as usize * (m.layers as usize / pp as usize + 1) * per_layer * nanos
-                + 16;
+        let ops_est = match span {
+            Span::Reduce { .. } => pp as usize * wn * 2 * par.dp_buckets as usize,
+            _ => {
+                pp as usize
+                    * wn
+                    * ga as usize
+                    * (m.layers as usize / pp as usize + 1)
+                    * per_layer
+                    * nanos
+            }
+        } + 16;
+        let w = dpu * cpu * tpu;
         let mut cx = Ctx {
             map,
             mb: 0,
-            var,
-            step,
+            var: env.var,
+            step: env.step,
             b: GraphBuilder::with_capacity(ops_est),
             xf: Vec::new(),
+            local: match span {
+                Span::Replicas { .. } => Some((w as u32, (r0 * cpu * tpu) as u32, wn as u32)),
+                _ => None,
+            },
         };
         let kinds: &[StreamKind] = if map.streams_per_gpu() == 5 {
             &[
@@ -625,13 +790,16 @@ impl<'a> Emitter<'a> {
                 StreamKind::DpComm,
             ]
         };
-        for g in 0..gpus {
-            for &k in kinds {
-                cx.b.add_stream(g, k);
+        let mut stream_map = Vec::with_capacity(pp as usize * wn * kinds.len());
+        for p in 0..pp {
+            let base = map.gpu(p, r0 as u32, 0, 0);
+            for g in base..base + wn as u32 {
+                for &k in kinds {
+                    cx.b.add_stream(g, k);
+                    stream_map.push(map.streams_per_gpu() * g + k as u32);
+                }
             }
         }
-        let (cpu, dpu, tpu) = (cp as usize, dp as usize, tp as usize);
-        let wn = dpu * cpu * tpu;
         let class_costs: Vec<CostModel> = cost.mask_classes().into_iter().map(|c| c.2).collect();
         let nclasses = class_costs.len();
         let layer_class = (0..m.layers)
@@ -653,11 +821,11 @@ impl<'a> Emitter<'a> {
                     PipelineKind::Ticks => ga.checked_sub(1),
                     _ => order.iter().rev().find(|s| !s.0).map(|s| s.1),
                 };
-                let base = map.gpu(p, 0, 0, 0);
+                let base = map.gpu(p, r0 as u32, 0, 0);
                 let groups: Vec<GpuId> = (0..wn as u32).map(|i| base + i).collect();
                 let mut routes = Vec::with_capacity(wn);
                 let mut cp_gpus = Vec::with_capacity(wn);
-                for r in 0..dp {
+                for r in r0 as u32..(r0 + nr) as u32 {
                     for t in 0..tp {
                         let lane: Vec<GpuId> = (0..cp).map(|c| map.gpu(p, r, c, t)).collect();
                         cx.a2a_pattern(&lane, &mut route_buf);
@@ -684,9 +852,9 @@ impl<'a> Emitter<'a> {
                     durs: vec![RankDur::default(); nanos * wn],
                     pair_in: vec![0; wn],
                     pair_out: vec![0; wn],
-                    attn_f: vec![0; dpu * nclasses],
-                    attn_b: vec![0; dpu * nclasses],
-                    tokens: vec![0; dpu],
+                    attn_f: vec![0; nr * nclasses],
+                    attn_b: vec![0; nr * nclasses],
+                    tokens: vec![0; nr],
                     bucket_ready: vec![NONE; wn * nb as usize],
                 }
             })
@@ -710,6 +878,74 @@ impl<'a> Emitter<'a> {
             f_send: vec![NONE; nslots],
             b_first: vec![NONE; nslots],
             b_send: vec![NONE; nslots],
+            span,
+            r0,
+            nr,
+            stream_map,
+            marks: Vec::new(),
+            reduce_at: Vec::new(),
+            ext: Vec::new(),
+        }
+    }
+
+    /// Under [`Span::Replicas`], the end of a phase (a loop over the replicas).
+    fn mark(&mut self) {
+        if let Span::Replicas { .. } = self.span {
+            self.marks.push(self.cx.b.mark());
+        }
+    }
+
+    /// Stage p's gradient all-reduce: emitted, or under [`Span::Replicas`] an empty phase
+    /// left for it.
+    fn reduce(&mut self, p: u32) {
+        if let Span::Replicas { .. } = self.span {
+            self.mark();
+            self.reduce_at.push((self.marks.len(), p));
+            self.mark();
+        } else {
+            self.dp_allreduce(p);
+        }
+    }
+
+    /// Every slot (or tick) of every stage, and the gradient all-reduces.
+    fn drive(
+        &mut self,
+        mut attn: Option<&mut dyn AttentionStage>,
+        env: &StepEnv<'_>,
+    ) -> Result<()> {
+        let par = self.cx.map.par;
+        match par.pipeline {
+            PipelineKind::Gpipe | PipelineKind::OneFOneB => {
+                for p in 0..par.pp {
+                    for (fwd, mb) in stage_order(par.pipeline, par.pp, p, par.ga) {
+                        self.slot(p, fwd, mb, reborrow(&mut attn), env)?;
+                    }
+                    self.reduce(p);
+                }
+            }
+            PipelineKind::Ticks => {
+                let ticks = crate::balance::distca::pingpong::pp_ticks(par.pp, par.ga)?;
+                for (ti, tick) in ticks.iter().enumerate() {
+                    self.tick(ti as u32, tick, reborrow(&mut attn), env)?;
+                }
+                for p in 0..par.pp {
+                    self.reduce(p);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The part a [`Span::Replicas`] emitter made.
+    fn into_part(self) -> Emitted {
+        Emitted {
+            ready: self.stages.into_iter().map(|s| s.bucket_ready).collect(),
+            part: Part {
+                b: self.cx.b,
+                marks: self.marks,
+                streams: self.stream_map,
+            },
+            reduce_at: self.reduce_at,
         }
     }
 
@@ -743,14 +979,14 @@ impl<'a> Emitter<'a> {
         let a = cost.attn();
         let seq_shard = if par.sp { tp as u64 } else { 1 };
         let ep = u64::from(par.ep);
+        let (r0, nr) = (self.r0, self.nr);
         let st = &mut self.stages[p as usize];
-        for r in 0..par.dp as usize {
-            let seq = &self.batch[r][mb as usize];
+        for r in 0..nr {
+            let seq = &self.batch[r0 + r][mb as usize];
             st.tokens[r] = seq.tokens();
-            let dpu = par.dp as usize;
             for (k, c) in self.class_costs.iter().enumerate() {
-                st.attn_f[k * dpu + r] = c.attn_fwd_ps(seq.lengths(), split.q);
-                st.attn_b[k * dpu + r] = c.attn_bwd_ps(seq.lengths(), split.q);
+                st.attn_f[k * nr + r] = c.attn_fwd_ps(seq.lengths(), split.q);
+                st.attn_b[k * nr + r] = c.attn_bwd_ps(seq.lengths(), split.q);
             }
             for c in 0..cpu {
                 let t = chunk(st.tokens[r], cp, c as u32);
@@ -1106,7 +1342,7 @@ impl<'a> Emitter<'a> {
                 let (i, o) = (st.pair_in[at(c)], st.pair_out[at(c)]);
                 (b_in[c], b_out[c]) = if fwd { (i, o) } else { (o, i) };
             }
-            let ri = self.layer_class[l as usize] * self.cx.map.par.dp as usize + r;
+            let ri = self.layer_class[l as usize] * self.nr + r;
             let (attn, extra) = if fwd {
                 (st.attn_f[ri], 0)
             } else {
@@ -1142,10 +1378,11 @@ impl<'a> Emitter<'a> {
             layer: (ll - 1) as u16,
         };
         if self.chain {
-            for r in 0..par.dp as usize {
+            for r in 0..self.nr {
                 let links = self.end_links(last_stage);
                 self.chain(p, mb, ll, r, &links, true);
             }
+            self.mark();
         }
         for i in 0..self.wn {
             let g = self.stages[p as usize].groups[i];
@@ -1170,6 +1407,7 @@ impl<'a> Emitter<'a> {
                 self.f_send[x] = s;
             }
         }
+        self.mark();
     }
 
     /// Rank i's activation (or gradient) to stage `to`: the hidden state of its CP chunk,
@@ -1180,7 +1418,7 @@ impl<'a> Emitter<'a> {
         let (cpu, tp) = (par.cp as usize, self.tp);
         let (r, c) = (i / (cpu * tp), (i / tp) % cpu);
         let src = self.stages[p as usize].groups[i];
-        let dst = self.cx.map.gpu(to, 0, 0, 0) + i as GpuId;
+        let dst = self.cx.map.gpu(to, self.r0 as u32, 0, 0) + i as GpuId;
         let tokens = self.stages[p as usize].tokens[r];
         let bytes = self
             .cost
@@ -1204,7 +1442,7 @@ impl<'a> Emitter<'a> {
             layer: (ll - 1) as u16,
         };
         if self.chain {
-            for r in 0..par.dp as usize {
+            for r in 0..self.nr {
                 let links = self.end_links(last_stage);
                 let first = self.chain(p, mb, ll, r, &links, false);
                 for (j, op) in first.into_iter().enumerate() {
@@ -1212,6 +1450,7 @@ impl<'a> Emitter<'a> {
                     self.b_first[i] = op;
                 }
             }
+            self.mark();
             return;
         }
         for i in 0..self.wn {
@@ -1247,6 +1486,7 @@ impl<'a> Emitter<'a> {
             let x = self.idx(p, i, mb);
             self.b_first[x] = first;
         }
+        self.mark();
     }
 
     fn bwd_linear(&mut self, p: u32, mb: u32, l: u32, r: usize, done: u32) {
@@ -1310,6 +1550,7 @@ impl<'a> Emitter<'a> {
             let x = self.idx(p, i, mb);
             self.b_send[x] = s;
         }
+        self.mark();
     }
 
     /// A plugged stage's attention of (stage p, layer l, mb), over stage p's ranks.
@@ -1345,15 +1586,15 @@ impl<'a> Emitter<'a> {
     ) -> Result<()> {
         self.begin(p, mb);
         let (lf, ll) = (self.stages[p as usize].lf, self.stages[p as usize].ll);
-        let dpu = self.cx.map.par.dp as usize;
         if fwd {
             for l in lf..ll {
-                for r in 0..dpu {
+                for r in 0..self.nr {
                     self.fwd_linear(p, mb, l, r);
                     if attn.is_none() {
                         self.builtin_attn(p, mb, l, r, true);
                     }
                 }
+                self.mark();
                 if let Some(a) = attn.as_deref_mut() {
                     self.stage_attn(a, env, p, l, mb, true)?;
                 }
@@ -1365,12 +1606,13 @@ impl<'a> Emitter<'a> {
                 if let Some(a) = attn.as_deref_mut() {
                     self.stage_attn(a, env, p, l, mb, false)?;
                 }
-                for r in 0..dpu {
+                for r in 0..self.nr {
                     if attn.is_none() {
                         self.builtin_attn(p, mb, l, r, false);
                     }
                     self.bwd_linear(p, mb, l, r, k as u32 + 1);
                 }
+                self.mark();
             }
             self.bwd_end(p, mb);
         }
@@ -1398,7 +1640,6 @@ impl<'a> Emitter<'a> {
             .collect();
         let pooled = attn.as_deref().is_some_and(|a| a.pooled());
         let layers = self.stages[0].ll - self.stages[0].lf;
-        let dpu = self.cx.map.par.dp as usize;
         for &(p, mb) in &active {
             self.begin(p, mb);
             if !fwd {
@@ -1419,7 +1660,7 @@ impl<'a> Emitter<'a> {
                         self.stage_attn(a, env, p, l, mb, false)?;
                     }
                 }
-                for r in 0..dpu {
+                for r in 0..self.nr {
                     if fwd {
                         self.fwd_linear(p, mb, l, r);
                     }
@@ -1430,6 +1671,7 @@ impl<'a> Emitter<'a> {
                         self.bwd_linear(p, mb, l, r, j + 1);
                     }
                 }
+                self.mark();
                 if fwd && !pooled {
                     if let Some(a) = attn.as_deref_mut() {
                         self.stage_attn(a, env, p, l, mb, true)?;
@@ -1518,20 +1760,26 @@ impl<'a> Emitter<'a> {
                 let coll = self.cx.all_reduce(&gpus, chunk(*bytes, nb, bk));
                 for (&i, &g) in ranks.iter().zip(&gpus) {
                     let ready = self.stages[p as usize].bucket_ready[i * nb as usize + bk as usize];
-                    self.cx.b.add_op(
-                        self.cx.stream(g, StreamKind::DpComm),
-                        OpKind::Coll(coll),
-                        lab(bk),
-                        deps(&ready),
-                    );
+                    let s = self.cx.stream(g, StreamKind::DpComm);
+                    if let Span::Reduce { cs } = self.span {
+                        let op = self.cx.b.add_op(s, OpKind::Coll(coll), lab(bk), &[]);
+                        if ready != NONE {
+                            let part = i / (self.rw() * cs);
+                            self.ext.push((part as u32, ready, op));
+                        }
+                    } else {
+                        self.cx
+                            .b
+                            .add_op(s, OpKind::Coll(coll), lab(bk), deps(&ready));
+                    }
                 }
             }
         }
     }
 
-    /// Pipeline edges (a stage's forward waits for the previous stage's activations, its
-    /// backward for the next stage's gradients), memory, and the graph.
-    fn finish(mut self) -> Result<StepGraph> {
+    /// Pipeline edges: a stage's forward waits for the previous stage's activations, its
+    /// backward for the next stage's gradients.
+    fn pp_edges(&mut self) {
         let map = self.cx.map;
         let (pp, ga) = (map.par.pp, map.par.ga);
         for p in 0..pp {
@@ -1548,27 +1796,6 @@ impl<'a> Emitter<'a> {
                 }
             }
         }
-        let stages: Vec<(u32, u32)> = self.stages.iter().map(|s| (s.lf, s.ll)).collect();
-        let (cost, batch, split) = (self.cost, self.batch, self.split);
-        let tokens = batch.iter().flatten().map(PackedSeq::tokens).sum();
-        let class_pairs = cost.class_pairs(
-            &batch
-                .iter()
-                .flatten()
-                .flat_map(|s| s.lengths())
-                .collect::<Vec<u32>>(),
-        );
-        let memory = (0..map.gpus())
-            .map(|g| rank_memory_of(cost, &map, &stages, split, batch, map.coords(g)))
-            .collect();
-        Ok(StepGraph {
-            graph: self.cx.b.build()?,
-            map,
-            tokens,
-            class_pairs,
-            memory,
-            streams_per_gpu: map.streams_per_gpu(),
-        })
     }
 }
 

@@ -829,3 +829,80 @@ fn routing_skew_loads_the_hot_experts_rank_by_hand() {
         assert!(e.contains("moe_hot_share"), "{e}");
     }
 }
+
+/// Emitted in parts (any number, on any number of threads), a step's graph is the one a
+/// single emitter over every replica builds, op for op: under each pipeline kind, with
+/// buckets, recomputation, TP chains, EP with routing skew, and variance with a fault.
+#[test]
+fn parts_build_the_graph_of_one_emitter() {
+    use crate::cluster::{VarianceModel, VarianceSpec};
+    let c = qwen();
+    let mut batch: Vec<Vec<PackedSeq>> = Vec::new();
+    for r in 0..5u32 {
+        batch.push(
+            (0..4u32)
+                .map(|m| seq(&[1024 + 512 * r, 2048 + 256 * m, 300 * (r + m + 1)], 8192))
+                .collect(),
+        );
+    }
+    let faults = crate::cluster::faults::Faults {
+        gpu: vec![crate::cluster::faults::GpuFault {
+            gpu: 3,
+            slowdown: 1.5,
+            from_step: 0,
+            to_step: 9,
+        }],
+        link: Vec::new(),
+    };
+    let mut layouts = Vec::new();
+    for kind in [
+        PipelineKind::OneFOneB,
+        PipelineKind::Gpipe,
+        PipelineKind::Ticks,
+    ] {
+        layouts.push(Parallelism {
+            pipeline: kind,
+            recompute: true,
+            dp_buckets: 3,
+            ..par(5, 2, 2, 4)
+        });
+    }
+    layouts.push(Parallelism {
+        tp: 2,
+        ep: 2,
+        moe_hot_share: 0.5,
+        tp_overlap: true,
+        ..par(5, 2, 2, 4)
+    });
+    layouts.push(Parallelism {
+        tp: 2,
+        sp: false,
+        ..par(5, 1, 1, 4)
+    });
+    for p in layouts {
+        let map = RankMap::new(p, Placement::new(8, 8), "t").unwrap();
+        let var =
+            VarianceModel::new(VarianceSpec::default(), 7, map.gpus()).with_faults(faults.clone());
+        let env = StepEnv {
+            map,
+            var: &var,
+            step: 2,
+        };
+        let whole = build(&c, env, &batch, None, None).unwrap();
+        for n in [1, 2, 3, 5, 64] {
+            let sg = build(&c, env, &batch, None, Some(n)).unwrap();
+            assert!(sg.graph == whole.graph, "{n} parts under {p:?}");
+        }
+        for threads in [1, 3] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let sg = pool
+                .install(|| build_step(&c, map, &batch, 2, &var))
+                .unwrap();
+            assert!(sg.graph == whole.graph, "{threads} threads under {p:?}");
+            assert_eq!(sg.memory, whole.memory);
+        }
+    }
+}
