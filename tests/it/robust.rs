@@ -347,11 +347,6 @@ fn bad_attention_patterns_in_a_model_file_are_named() {
             "the window W must be an integer >= 1",
         ),
         (
-            "chunk.toml",
-            "attention = [\"chunked:262144\"]",
-            "a chunk C no larger than the sequence length L = 131072",
-        ),
-        (
             "tile.toml",
             "attention = [\"2*sliding:4096\", \"causal\"]",
             "divides the model's 32 layers",
