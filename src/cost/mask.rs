@@ -200,6 +200,28 @@ impl Mask {
         }
     }
 
+    /// The most keys any one query attends, whatever its position: `None` under the
+    /// causal mask (unbounded), W, C, or B·(local + global).
+    pub fn max_keys(&self) -> Option<u64> {
+        match *self {
+            Mask::Causal => None,
+            Mask::Sliding { w } => Some(u64::from(w)),
+            Mask::Chunked { c } => Some(u64::from(c)),
+            Mask::BlockSparse {
+                block,
+                local,
+                global,
+            } => Some(u64::from(block) * (u64::from(local) + u64::from(global))),
+        }
+    }
+
+    /// True when a query attends at least as many keys as any query before it (causal,
+    /// sliding): then a range's pairs grow convexly with its queries, and a run of queries
+    /// further into the document never costs less.
+    pub fn keys_monotone(&self) -> bool {
+        matches!(self, Mask::Causal | Mask::Sliding { .. })
+    }
+
     /// The keys sample-local queries [a, e) reach: [key_start(a), e) — what a worker
     /// computing them must hold or receive.
     pub fn reach(&self, a: u64, e: u64) -> (u64, u64) {

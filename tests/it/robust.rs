@@ -332,3 +332,34 @@ fn check_plan_refuses_empty_plans_and_unknown_schemes() {
         "invalid kernel variant = bogus",
     );
 }
+
+#[test]
+fn bad_attention_patterns_in_a_model_file_are_named() {
+    let d = scratch("robust-masks");
+    let base =
+        std::fs::read_to_string(root().join("experiments/masks/llama3-8b-swa4k-50.toml")).unwrap();
+    let pattern = "attention = [\"2*sliding:4096\", \"2*causal\"]";
+    assert!(base.contains(pattern));
+    for (name, attention, want) in [
+        (
+            "w0.toml",
+            "attention = [\"sliding:0\"]",
+            "the window W must be an integer >= 1",
+        ),
+        (
+            "tile.toml",
+            "attention = [\"2*sliding:4096\", \"causal\"]",
+            "divides the model's 32 layers",
+        ),
+    ] {
+        write(&d, name, &base.replace(pattern, attention));
+        let f = experiment(
+            "four-way.toml",
+            &d,
+            &format!("fw-{name}"),
+            "model = \"llama3-8b\"",
+            &format!("model = \"{name}\""),
+        );
+        fails(&["run", &f, "--out", d.join("out").to_str().unwrap()], want);
+    }
+}

@@ -258,7 +258,8 @@ mod tests {
         let halves: Vec<[Vec<u32>; 2]> = super::super::home_ranges(&batch, 1)
             .iter()
             .map(|r| {
-                super::super::nano_split(r).map(|h| h.iter().map(|x| x.sample.index).collect())
+                super::super::nano_split(r, &crate::cost::Mask::Causal)
+                    .map(|h| h.iter().map(|x| x.sample.index).collect())
             })
             .collect();
         for u in &g.units {

@@ -19,8 +19,12 @@
 //!
 //! # Planner (the repository's `plan_items`, `get_priority`, `split_item`)
 //!
-//! Loads are exact causal pairs; F̄ = total / P over the P = DP·CP servers; a server's
-//! surplus is F − F̄ (exact: integers scaled by P).
+//! Loads are exact pairs under the shape's mask (causal in the repository); F̄ = total / P
+//! over the P = DP·CP servers; a server's surplus is F − F̄ (exact: integers scaled by P).
+//! Under another mask ℓ + 1 below reads as the document's pairs per pair of queries,
+//! 2·pairs(ℓ)/ℓ (ℓ + 1 exactly when causal), the split's k is the largest whose inner
+//! ends' pairs fit (k·a causally) and a move brings the K/V its queries reach,
+//! `[key_start(first query), last query + 1)`.
 //!
 //! 1. *Recipients* are the servers below F̄ at the start, largest deficit first (lowest
 //!    index on a tie). Each is planned to the end before the next.
@@ -75,10 +79,10 @@ use std::collections::{BTreeSet, HashMap};
 use serde::{Deserialize, Serialize};
 
 use super::{
-    halves_by_pairs, range_pairs, servers_of, AttnTask, DistcaConfig, DistcaSchedule, SampleRef,
-    ServerWork, Stop, Transfer,
+    halves_by_pairs, largest_fitting, range_pairs, servers_of, AttnTask, DistcaConfig,
+    DistcaSchedule, SampleRef, ServerWork, Stop, Transfer,
 };
-use crate::cost::AttnShape;
+use crate::cost::{AttnShape, Mask};
 use crate::error::{invalid, Result};
 use crate::plan::{Resident, WorkerId};
 use crate::workload::PackedSeq;
@@ -98,9 +102,9 @@ pub struct HomeItem {
 }
 
 impl HomeItem {
-    /// Exact causal pairs.
-    pub fn pairs(&self) -> u64 {
-        range_pairs(self.head.0, self.head.1) + range_pairs(self.tail.0, self.tail.1)
+    /// Exact pairs under `mask`.
+    pub fn pairs(&self, mask: &Mask) -> u64 {
+        range_pairs(mask, self.head.0, self.head.1) + range_pairs(mask, self.tail.0, self.tail.1)
     }
 }
 
@@ -220,11 +224,11 @@ pub fn schedule(batch: &[PackedSeq], cp: u32, cfg: &DistcaConfig) -> Result<Dist
 
 /// Each server's two nano-batches (module doc, "Ping-pong"): items of a document on
 /// several ranks in nano-batch 0, the rest by pairs.
-pub fn nano_splits(batch: &[PackedSeq], cp: u32) -> Vec<[Vec<HomeItem>; 2]> {
+pub fn nano_splits(batch: &[PackedSeq], cp: u32, mask: &Mask) -> Vec<[Vec<HomeItem>; 2]> {
     home_items(batch, cp)
         .into_iter()
         .map(|items| {
-            let pairs: Vec<u64> = items.iter().map(HomeItem::pairs).collect();
+            let pairs: Vec<u64> = items.iter().map(|it| it.pairs(mask)).collect();
             let pin = |i: usize| (!items[i].complete).then_some(0);
             halves_by_pairs(&pairs, pin).map(|h| h.into_iter().map(|i| items[i]).collect())
         })
@@ -240,7 +244,7 @@ pub fn schedule_ping_pong(
     if cp == 0 {
         return Err(invalid("cp", cp, "at least 1 rank per replica"));
     }
-    let splits = nano_splits(batch, cp);
+    let splits = nano_splits(batch, cp, &cfg.shape.mask);
     let half = |h: usize| -> Vec<Vec<HomeItem>> { splits.iter().map(|s| s[h].clone()).collect() };
     Ok([
         schedule_items(batch, cp, &half(0), cfg)?,
@@ -273,10 +277,10 @@ impl Priority {
         }
     }
 
-    /// Bytes per pair for a document of `len` tokens when `m_scaled / P` pairs can move:
-    /// non-increasing in `m_scaled`, so `m_scaled` = the item's pairs × P bounds it below.
-    fn of(&self, len: u32, m_scaled: i128) -> f64 {
-        let l1 = f64::from(len) + 1.0;
+    /// Bytes per pair for a document of `l1` pairs per pair of queries when `m_scaled / P`
+    /// pairs can move: non-increasing in `m_scaled`, so `m_scaled` = the item's pairs × P
+    /// bounds it below.
+    fn of(&self, l1: f64, m_scaled: i128) -> f64 {
         let m = m_scaled as f64 / self.servers;
         self.q / l1 + self.kv * l1 / m
     }
@@ -292,6 +296,7 @@ pub fn schedule_items(
     cfg: &DistcaConfig,
 ) -> Result<DistcaSchedule> {
     let p = servers_of(batch, cp, lists.len(), "item lists")?;
+    let mask = &cfg.shape.mask;
     // What every server holds under the placement: its pieces per sample.
     let placed = home_items(batch, cp);
     let mut held: HashMap<(usize, SampleRef), HomeItem> = HashMap::new();
@@ -312,7 +317,7 @@ pub fn schedule_items(
                     "an item of the repository's placement on that server",
                 ));
             }
-            load[s] += it.pairs();
+            load[s] += it.pairs(mask);
             by_server[s].push(items.len());
             items.push(Item {
                 home: s,
@@ -330,14 +335,21 @@ pub fn schedule_items(
         .collect();
     let threshold = cfg.epsilon * total as f64;
     let prio = Priority::new(shape, p);
-    let len_of =
-        |it: &HomeItem| batch[it.sample.seq as usize].samples[it.sample.index as usize].len;
-    let key_of = |it: &HomeItem| prio.of(len_of(it), i128::from(it.pairs()) * pp).to_bits();
+    // ℓ + 1 of the repository's formula, read under the mask as the pairs per pair of
+    // queries of the document, 2·pairs(ℓ)/ℓ (ℓ + 1 exactly under the causal mask).
+    let l1_of = |it: &HomeItem| {
+        let len = batch[it.sample.seq as usize].samples[it.sample.index as usize].len;
+        2.0 * mask.pairs(u64::from(len)) as f64 / f64::from(len.max(1))
+    };
+    let key_of = |it: &HomeItem| {
+        prio.of(l1_of(it), i128::from(it.pairs(mask)) * pp)
+            .to_bits()
+    };
     // Candidates: items with work on donors, by their priority's lower bound, then order.
     let mut cand: BTreeSet<(u64, usize)> = BTreeSet::new();
     let mut key: Vec<Option<u64>> = vec![None; items.len()];
     for (id, x) in items.iter().enumerate() {
-        if excess[x.home] > 0 && x.it.pairs() > 0 {
+        if excess[x.home] > 0 && x.it.pairs(mask) > 0 {
             let k = key_of(&x.it);
             cand.insert((k, id));
             key[id] = Some(k);
@@ -357,8 +369,10 @@ pub fn schedule_items(
                     break;
                 }
                 let x = &items[id];
-                let m = excess[x.home].min(need).min(i128::from(x.it.pairs()) * pp);
-                let pr = prio.of(len_of(&x.it), m);
+                let m = excess[x.home]
+                    .min(need)
+                    .min(i128::from(x.it.pairs(mask)) * pp);
+                let pr = prio.of(l1_of(&x.it), m);
                 if best.is_none_or(|(bp, bid)| pr < bp || (pr == bp && id < bid)) {
                     best = Some((pr, id));
                 }
@@ -368,27 +382,29 @@ pub fn schedule_items(
             };
             let x = items[id];
             let d = x.home;
-            let f = i128::from(x.it.pairs()) * pp;
+            let f = i128::from(x.it.pairs(mask)) * pp;
             let m = excess[d].min(need).min(f);
             let (q_ranges, moved) = if m >= f {
                 items[id].gone = true;
-                (ranges(x.it.head, x.it.tail), x.it.pairs())
+                (ranges(x.it.head, x.it.tail), x.it.pairs(mask))
             } else {
+                // The inner ends' k: causally k·a pairs exactly; a mask keeps at most as
+                // many, so the causal k is where the search for the largest fitting starts.
                 let (h, tl) = (x.it.head, x.it.tail);
                 let a = i128::from(h.1) + i128::from(tl.0) + 1;
                 let side = (h.1 - h.0).min(tl.1 - tl.0);
-                let k = (m / (pp * a)).min(i128::from(side)) as u32;
+                let inner =
+                    |k: u32| range_pairs(mask, h.1 - k, h.1) + range_pairs(mask, tl.0, tl.0 + k);
+                let k0 = (m / (pp * a)).min(i128::from(side)) as u64;
+                let k = largest_fitting(k0, u64::from(side), 1, |k| {
+                    i128::from(inner(k as u32)) * pp <= m
+                }) as u32;
                 if k == 0 {
                     break;
                 }
-                let head = (h.1 - k, h.1);
-                let tail = (tl.0, tl.0 + k);
                 items[id].it.head.1 -= k;
                 items[id].it.tail.0 += k;
-                (
-                    ranges(head, tail),
-                    range_pairs(head.0, head.1) + range_pairs(tail.0, tail.1),
-                )
+                (ranges((h.1 - k, h.1), (tl.0, tl.0 + k)), inner(k))
             };
             let dm = i128::from(moved) * pp;
             excess[d] -= dm;
@@ -412,20 +428,32 @@ pub fn schedule_items(
             moves.push((t, q_ranges, id));
         }
     }
-    // Keys of `[0, x)` of a sample that server `s` lacks: outside its placed pieces and
-    // past the prefix `[0, d)` earlier moves delivered.
-    let missing = |s: usize, sample: SampleRef, d: u32, x: u32| -> u64 {
-        let d = d.min(x);
+    // Keys of `[a, x)` of a sample that server `s` lacks: outside its placed pieces.
+    let lacking = |s: usize, sample: SampleRef, a: u32, x: u32| -> u32 {
         let mut have = 0;
         if let Some(h) = held.get(&(s, sample)) {
-            for (a, b) in [h.head, h.tail] {
-                have += b.min(x).saturating_sub(a.max(d));
+            for (u, v) in [h.head, h.tail] {
+                have += v.min(x).saturating_sub(u.max(a));
             }
         }
-        u64::from(x - d - have)
+        x - a - have
+    };
+    // Keys a move reaching `[a, x)` must bring: the growth of the hull of the keys earlier
+    // moves delivered (`[0, d)` under the causal mask), outside the placed pieces.
+    let missing = |s: usize, sample: SampleRef, hull: Option<(u32, u32)>, a: u32, x: u32| {
+        u64::from(match hull {
+            None => lacking(s, sample, a, x),
+            Some((u, v)) => lacking(s, sample, a.min(u), x.max(v)) - lacking(s, sample, u, v),
+        })
+    };
+    // The keys `q_ranges` (ascending) reach: [key_start(first query), last query + 1).
+    let reach = |q_ranges: &[(u32, u32)]| -> (u32, u32) {
+        let a = q_ranges.first().map_or(0, |r| r.0);
+        let e = q_ranges.last().map_or(0, |r| r.1);
+        (mask.key_start(u64::from(a)).min(u64::from(e)) as u32, e)
     };
     let task = |home: usize, it: &HomeItem, q_ranges: Vec<(u32, u32)>, kv_tokens: u64| {
-        let pairs: u64 = q_ranges.iter().map(|&(a, b)| range_pairs(a, b)).sum();
+        let pairs: u64 = q_ranges.iter().map(|&(a, b)| range_pairs(mask, a, b)).sum();
         AttnTask {
             sample: it.sample,
             home: home as u32,
@@ -445,19 +473,22 @@ pub fn schedule_items(
             if x.gone || q.is_empty() {
                 continue;
             }
-            let e = q.last().map_or(0, |r| r.1);
-            let kv = missing(s, x.it.sample, 0, e);
+            let (a, e) = reach(&q);
+            let kv = missing(s, x.it.sample, None, a, e);
             tasks[s].push(task(s, &x.it, q, kv));
         }
     }
-    let mut delivered: HashMap<(usize, SampleRef), u32> = HashMap::new();
+    let mut delivered: HashMap<(usize, SampleRef), (u32, u32)> = HashMap::new();
     let mut transfers = Vec::with_capacity(moves.len());
     for (t, q_ranges, id) in moves {
         let x = &items[id];
-        let e = q_ranges.last().map_or(0, |r| r.1);
-        let d = delivered.entry((t, x.it.sample)).or_insert(0);
-        let kv = missing(t, x.it.sample, *d, e);
-        *d = (*d).max(e);
+        let (a, e) = reach(&q_ranges);
+        let hull = delivered.get(&(t, x.it.sample)).copied();
+        let kv = missing(t, x.it.sample, hull, a, e);
+        delivered.insert(
+            (t, x.it.sample),
+            hull.map_or((a, e), |(u, v)| (u.min(a), v.max(e))),
+        );
         let q_tokens: u64 = q_ranges.iter().map(|&(a, b)| u64::from(b - a)).sum();
         let q_bytes = shape.q_bytes(q_tokens, shape.heads_q);
         let tk = task(x.home, &x.it, q_ranges, kv);
@@ -545,7 +576,10 @@ mod tests {
         };
         assert_eq!(ht(&hi[0]), vec![((0, 2), (6, 8), false)]);
         assert_eq!(ht(&hi[1]), vec![((2, 4), (4, 6), false)]);
-        assert_eq!((hi[0][0].pairs(), hi[1][0].pairs()), (18, 18));
+        assert_eq!(
+            (hi[0][0].pairs(&Mask::Causal), hi[1][0].pairs(&Mask::Causal)),
+            (18, 18)
+        );
         let lay: Vec<(u64, u64, u32)> = layout(&one[0], &[5, 6])
             .iter()
             .map(|r| (r.start, r.end, r.worker))
@@ -583,13 +617,47 @@ mod tests {
         );
         // Nano-batches: the pieces of the 6 stay in nano-batch 0; the whole 3s go to the
         // lighter half, 1.
-        let sp = nano_splits(&b, 3);
+        let sp = nano_splits(&b, 3, &Mask::Causal);
         let idx = |v: &[HomeItem]| -> Vec<u32> { v.iter().map(|i| i.sample.index).collect() };
         let got: Vec<(Vec<u32>, Vec<u32>)> = sp.iter().map(|[a, z]| (idx(a), idx(z))).collect();
         assert_eq!(
             got,
             vec![(vec![1], vec![0]), (vec![1], vec![]), (vec![1], vec![2])]
         );
+    }
+
+    #[test]
+    fn sliding_window_inner_ends_by_hand() {
+        // CP 1, servers [6] and [2] under sliding:2: 11 and 3 pairs, F̄ = 7, ε = 0.15. The
+        // 6 is head [0,3) + tail [3,6); server 1 needs 4. The causal count, a = 3 + 3 + 1 = 7 pairs
+        // per query pair, gives k = 0; under the window the inner ends [2,3) +
+        // [3,4) cost keys(2) + keys(3) = 4: k = 1 moves [2,4), reaching keys [1, 4) (3
+        // keys = 6 B, Q 2 B, output 2 B). Loads 7 / 7.
+        let shape = AttnShape {
+            mask: Mask::Sliding { w: 2 },
+            ..super::super::tests::unit()
+        };
+        let c = DistcaConfig::new(shape, 0.15, 128).unwrap();
+        let batch = [seq(&[6], 6), seq(&[2], 6)];
+        let s = schedule(&batch, 1, &c).unwrap();
+        assert_eq!(s.stop, Stop::Balanced);
+        assert_eq!((s.servers[0].pairs, s.servers[1].pairs), (7, 7));
+        assert_eq!(moves(&s), vec![(0, 1, 0, vec![(2, 4)], 10)]);
+        let t = &s.transfers[0];
+        assert_eq!((t.q_bytes, t.out_bytes), (2, 2));
+        assert_eq!(s.servers[0].tasks[0].q_ranges, vec![(0, 2), (4, 6)]);
+        assert_eq!(s.servers[1].tasks[1].pairs, 4);
+        // The plan of the window's schedule checks under the mask: its FLOPs are the
+        // window's 14 pairs and its KV exactly the 3 keys.
+        let p = plan_step_cp(0, &batch, 2, 1, &c, false).unwrap();
+        check(&p.plan).unwrap();
+        let kv: u64 = p.plan.groups[0]
+            .transfers
+            .iter()
+            .filter(|t| matches!(t.carries, Payload::Kv { .. }))
+            .map(|t| t.bytes)
+            .sum();
+        assert_eq!(kv, 6);
     }
 
     #[test]
@@ -753,7 +821,7 @@ mod tests {
                     for t in &w.tasks {
                         let mut pairs = 0;
                         for &(a, b) in &t.q_ranges {
-                            pairs += range_pairs(a, b);
+                            pairs += range_pairs(&Mask::Causal, a, b);
                             for q in a..b {
                                 hit[t.sample.seq as usize][t.sample.index as usize][q as usize] += 1;
                             }

@@ -41,7 +41,7 @@ pub struct SeqChunk {
     pub q_start: u64,
     /// One past the last position.
     pub q_end: u64,
-    /// Exact causal pairs per query head (Eq. 8 without h_q/H).
+    /// Exact pairs per query head under the shape's mask (Eq. 8 without h_q/H).
     pub pairs: u64,
     /// Pool-local worker holding the chunk (Q-home of its tiles).
     pub q_home: u32,
