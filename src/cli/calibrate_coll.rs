@@ -63,7 +63,9 @@ pub fn run(args: &Args, out: Output) -> Result<()> {
     let tname = args.topology.display().to_string();
     let text = std::fs::read_to_string(&args.topology)
         .with_context(|| format!("reading topology {tname} (--topology)"))?;
-    let spec = TopologySpec::parse(&text, &tname)?;
+    let mut spec = TopologySpec::parse(&text, &tname)?;
+    // rows are priced by NCCL's table and the links, never by an earlier fit
+    spec.collectives.fit.clear();
     let most = rows.iter().map(|r| r.gpus).max().unwrap_or(2);
     let topo = Arc::new(spec.build(Some(most.div_ceil(spec.gpus_per_node.max(1))))?);
     let coll = CollectiveModel::of(&topo, args.nvls);
@@ -171,6 +173,13 @@ fn report_text(r: &Report, out: &str) -> String {
         s.push_str(&format!(
             "{:<10}{:>6}{:>12.2}{:>16.1}\n",
             f.algo, f.rows, f.latency_us, f.bandwidth_gbs
+        ));
+    }
+    s.push_str("\nas topology entries (or pass the -o file to `skewsim topo --collectives`):\n");
+    for f in r.fit.iter().filter(|f| f.algo != "p2p") {
+        s.push_str(&format!(
+            "[[collectives.fit]]\nalgo = \"{}\"\nlatency_us = {:.3}\nbandwidth_gbyte_s = {:.3}\n",
+            f.algo, f.latency_us, f.bandwidth_gbs
         ));
     }
     s.push_str(

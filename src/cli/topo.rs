@@ -14,6 +14,7 @@ use skewsim::net::collective::{
     analytical_phases, bus_bandwidth, lower, lowered_time, BusBw, CollOp, Collective,
     CollectiveModel, Transfer,
 };
+use skewsim::net::collective_fit;
 use skewsim::net::{AnalyticalModel, GpuId};
 
 use super::{topo_draw, Output};
@@ -32,6 +33,15 @@ pub struct Args {
     /// Where to write NAME.dot and NAME.svg (default: runs/topo-NAME).
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Price collectives without NVLink SHARP, as a cluster run with `NCCL_NVLS_ENABLE=0`
+    /// (the file's `[collectives] nvls = false` does the same).
+    #[arg(long)]
+    pub no_nvls: bool,
+    /// Price collectives by a measured fit: the `-o` report of `skewsim calibrate
+    /// --collectives` (its per-algorithm latency and bandwidth replace the file's
+    /// `[[collectives.fit]]`).
+    #[arg(long, value_name = "FIT.json")]
+    pub collectives: Option<PathBuf>,
     /// Also list every link (its name, as fault injection spells it, and bandwidth).
     #[arg(long)]
     pub links: bool,
@@ -79,7 +89,18 @@ pub fn run(args: Args, out: Output) -> Result<()> {
     let name = args.file.display().to_string();
     let text =
         std::fs::read_to_string(&args.file).with_context(|| format!("reading topology {name}"))?;
-    let spec = TopologySpec::parse(&text, &name)?;
+    let mut spec = TopologySpec::parse(&text, &name)?;
+    if args.no_nvls {
+        spec.collectives.nvls = false;
+    }
+    if let Some(f) = &args.collectives {
+        let fname = f.display().to_string();
+        let text = std::fs::read_to_string(f)
+            .with_context(|| format!("reading collective fit {fname} (--collectives)"))?;
+        spec.collectives.fit = collective_fit::fit_specs_from_json(&text, &fname)?;
+        spec.validate()
+            .with_context(|| format!("the fit of {fname} (--collectives)"))?;
+    }
     let nodes = args.nodes.unwrap_or(spec.nodes);
     if u64::from(nodes) > super::limits::MAX_DRAWN_NODES && !args.large {
         bail!(

@@ -96,7 +96,7 @@ pub struct NvlinkSpec {
 }
 
 /// `[collectives]`: NCCL on this fabric (`net::collective::CollectiveModel`).
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CollectivesSpec {
     /// Multiplies NCCL's latency table (base + per-step latencies of each algorithm),
@@ -106,13 +106,37 @@ pub struct CollectivesSpec {
     /// pick it (needs `nvlink.sharp_efficiency`); `false` = the cluster runs with
     /// `NCCL_NVLS_ENABLE=0`.
     pub nvls: bool,
+    /// NCCL's tuner picks NVLS for communicators of at least this many GPUs of one NVLink
+    /// domain (≥ 3: `ncclNvlsInit` never builds NVLS for two).
+    pub nvls_min_gpus: u32,
+    /// Measured latency and bandwidth per algorithm (`skewsim calibrate --collectives`
+    /// prints these entries): a listed algorithm, run inside one NVLink domain, is priced
+    /// by them instead of NCCL's latency table and the links' efficiency.
+    pub fit: Vec<CollectiveFitSpec>,
 }
+
+/// `[[collectives.fit]]`: one algorithm's fitted `latency + port bytes / bandwidth`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CollectiveFitSpec {
+    /// `ring`, `NVLS`, `tree` or `PAT` (NCCL's names).
+    pub algo: String,
+    /// µs, including one transfer's start-up; in [0, 1e6].
+    pub latency_us: f64,
+    /// Achieved bytes per second of the busiest GPU port, GB/s; > 0.
+    pub bandwidth_gbyte_s: f64,
+}
+
+/// The algorithm names `[[collectives.fit]]` accepts.
+pub const FIT_ALGOS: [&str; 4] = ["ring", "NVLS", "tree", "PAT"];
 
 impl Default for CollectivesSpec {
     fn default() -> Self {
         Self {
             latency_scale: 1.0,
             nvls: true,
+            nvls_min_gpus: 3,
+            fit: Vec::new(),
         }
     }
 }
@@ -337,6 +361,31 @@ impl TopologySpec {
             "collectives.latency_scale",
             self.collectives.latency_scale,
         )?;
+        let c = &self.collectives;
+        if !(3..=65_536).contains(&c.nvls_min_gpus) {
+            return Err(field_err(
+                s,
+                "collectives.nvls_min_gpus",
+                c.nvls_min_gpus,
+                "an integer in [3, 65536] (NCCL never builds NVLS for two GPUs)",
+            ));
+        }
+        for (i, f) in c.fit.iter().enumerate() {
+            let at = |field: &str| format!("collectives.fit[{i}].{field}");
+            if !FIT_ALGOS.contains(&f.algo.as_str()) {
+                return Err(field_err(s, &at("algo"), &f.algo, &FIT_ALGOS.join(", ")));
+            }
+            if c.fit[..i].iter().any(|g| g.algo == f.algo) {
+                return Err(field_err(
+                    s,
+                    &at("algo"),
+                    &f.algo,
+                    "each algorithm at most once",
+                ));
+            }
+            check_latency(s, &at("latency_us"), f.latency_us)?;
+            check_pos(s, &at("bandwidth_gbyte_s"), f.bandwidth_gbyte_s)?;
+        }
         if let Some(nic) = &self.nic {
             if nic.per_node == 0
                 || nic.per_node > self.gpus_per_node
@@ -981,6 +1030,33 @@ rail_optimized = true
         assert!(e.contains("collectives.latency_scale = 0"), "{e}");
         let e = err_of(&format!("{SMALL}\n[collectives]\nnvls = \"off\"\n"));
         assert!(e.contains("nvls"), "{e}");
+        let e = err_of(&format!("{SMALL}\n[collectives]\nnvls_min_gpus = 2\n"));
+        assert!(
+            e.contains("collectives.nvls_min_gpus = 2") && e.contains("[3, 65536]"),
+            "{e}"
+        );
+        let fit = |algo: &str, lat: &str, bw: &str| {
+            format!("{SMALL}\n[[collectives.fit]]\nalgo = \"{algo}\"\nlatency_us = {lat}\nbandwidth_gbyte_s = {bw}\n")
+        };
+        let e = err_of(&fit("bogus", "10.0", "300.0"));
+        assert!(
+            e.contains("collectives.fit[0].algo = bogus") && e.contains("ring, NVLS, tree, PAT"),
+            "{e}"
+        );
+        let e = err_of(&fit("ring", "-1.0", "300.0"));
+        assert!(e.contains("collectives.fit[0].latency_us = -1"), "{e}");
+        let e = err_of(&fit("ring", "10.0", "0.0"));
+        assert!(
+            e.contains("collectives.fit[0].bandwidth_gbyte_s = 0"),
+            "{e}"
+        );
+        let twice = fit("ring", "10.0", "300.0")
+            + "[[collectives.fit]]\nalgo = \"ring\"\nlatency_us = 1.0\nbandwidth_gbyte_s = 1.0\n";
+        let e = err_of(&twice);
+        assert!(
+            e.contains("collectives.fit[1].algo = ring") && e.contains("at most once"),
+            "{e}"
+        );
         let t = small();
         let e = t.route(0, 16, 0).unwrap_err().to_string();
         assert!(e.contains("[0, 16)"), "{e}");

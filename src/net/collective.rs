@@ -14,17 +14,21 @@
 //!   (all-reduce); latency = base + one per-step latency per ring step, NVLink steps and
 //!   network steps apart (`ncclTopoTuneModel`: `baseLat` + `(nsteps − nInterSteps) ·
 //!   intraLat + nInterSteps · interLat`);
-//! - NVLS (NVLink SHARP) inside one NVLink domain whose topology has
-//!   `nvlink.sharp_efficiency`, more than two GPUs (`ncclNvlsInit`, src/transport/nvls.cc:
-//!   no NVLS when the communicator has ≤ 2 GPUs), unless turned off (`[collectives] nvls =
-//!   false` in the topology, `[network] nvls = false` in an experiment; NCCL's
-//!   `NCCL_NVLS_ENABLE=0`). All-reduce: `multimem.ld_reduce` makes the switch read every
-//!   rank's whole buffer and return its reduced shard, `multimem.st` multicasts it, so each
-//!   GPU link carries S(1 + 1/n) each way; all-gather / reduce-scatter carry S one way and
-//!   S/n the other (why NCCL's ring usually wins for them). Lowered as shift-by-one
-//!   transfers of those bytes × (NVLink efficiency ÷ NVLS efficiency), which load one
-//!   up-link and one down-link per GPU for the time NVLS needs at its own efficiency;
-//!   latency a constant (`hwLat[NVLINK][NVLS]`);
+//! - NVLS (NVLink SHARP) all-reduce inside one NVLink domain whose topology has
+//!   `nvlink.sharp_efficiency`, on communicators of at least `[collectives] nvls_min_gpus`
+//!   GPUs (≥ 3: `ncclNvlsInit`, src/transport/nvls.cc, builds no NVLS for two; the DGX
+//!   H200 files say 6, from NCCL's tuner tables on an H100 node, see their comments),
+//!   unless turned off (`[collectives] nvls = false` in the topology, `[network] nvls =
+//!   false` in an experiment, `skewsim topo --no-nvls`; NCCL's `NCCL_NVLS_ENABLE=0`).
+//!   `multimem.ld_reduce` makes the switch read every rank's whole buffer and return its
+//!   reduced shard, `multimem.st` multicasts it, so each GPU link carries S(1 + 1/n) each
+//!   way. Lowered as shift-by-one transfers of those bytes × (NVLink efficiency ÷ NVLS
+//!   efficiency), which load one up-link and one down-link per GPU for the time NVLS needs
+//!   at its own efficiency; latency a constant (`hwLat[NVLINK][NVLS]`). NVLS all-gather and
+//!   reduce-scatter are not candidates: NCCL's tuner gives them 25.5 / 114.8 / 177.1 GB/s
+//!   against the ring's 720 / 480 / 432 on 2 / 4 / 6 H100s with about the ring's latency
+//!   (NCCL 2.29 `NCCL_DEBUG=TUNING` tables of the same source), so the ring wins from a
+//!   few MiB on;
 //! - tree (all-reduce) and PAT (all-gather, reduce-scatter) when every rank is in its own
 //!   NVLink domain (PAT: `ncclPatEnable`, one GPU per node; the tree is also considered
 //!   only there here): tree latency 2 · log2(nodes) · `interLat`, bandwidth 0.92 × ½ of the
@@ -306,8 +310,6 @@ const PAT_RANK_US: f64 = 2.8;
 const TREE_BW: f64 = 0.92 * 0.5;
 /// PAT: bus bandwidth × 0.75 of the ring's.
 const PAT_BW: f64 = 0.75;
-/// NVLS needs more than two GPUs (`ncclNvlsInit`).
-const NVLS_MIN_GPUS: usize = 3;
 
 /// A collective the model lowers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -346,6 +348,13 @@ pub struct Fabric {
     pub nvls_stretch_ppm: Option<u64>,
     /// NCCL's latency table × this, parts per million.
     pub latency_ppm: u64,
+    /// Smallest communicator NCCL's tuner gives NVLS (`[collectives] nvls_min_gpus`).
+    pub nvls_min_gpus: u32,
+    /// Per-transfer start-up over NVLink, ps.
+    pub nvlink_alpha_ps: Ps,
+    /// Measured (latency ps, port bytes/s) per algorithm, in [`Algo`] order
+    /// (`[[collectives.fit]]`, measured inside one NVLink domain and applied there).
+    pub fits: [Option<(Ps, u64)>; 4],
 }
 
 /// NCCL's algorithm choice and latency on one cluster: the one collective model of
@@ -410,6 +419,16 @@ impl CollectiveModel {
             }
             _ => None,
         };
+        let us_ps = |us: f64| (us * 1e6).round() as Ps;
+        let mut fits = [None; 4];
+        for f in &spec.collectives.fit {
+            if let Some(k) = ALGOS.iter().position(|a| a.name() == f.algo) {
+                fits[k] = Some((
+                    us_ps(f.latency_us),
+                    (f.bandwidth_gbyte_s * 1e9).round() as u64,
+                ));
+            }
+        }
         Self {
             fabric: Some(Fabric {
                 domain_gpus: topo.domain_gpus(),
@@ -417,6 +436,9 @@ impl CollectiveModel {
                 nic_bps: nic_bps.round() as u64,
                 nvls_stretch_ppm,
                 latency_ppm: (spec.collectives.latency_scale * 1e6).round() as u64,
+                nvls_min_gpus: spec.collectives.nvls_min_gpus,
+                nvlink_alpha_ps: us_ps(nv.latency_us),
+                fits,
             }),
         }
     }
@@ -475,13 +497,9 @@ impl CollectiveModel {
             |per: f64| -> Vec<Transfer> { shift(group, 1, per.round() as u64).collect() };
         let s = bytes as f64;
         if let Some(ppm) = f.nvls_stretch_ppm {
-            if d == 1 && n >= NVLS_MIN_GPUS {
-                // All-reduce: S(1 + 1/n) up and down each GPU link; all-gather: S/n up, S
-                // down; reduce-scatter: S up, S/n down.
-                let per = match op {
-                    CollOp::AllReduce => s * (n as f64 + 1.0) / n as f64,
-                    _ => s,
-                };
+            if op == CollOp::AllReduce && d == 1 && n >= f.nvls_min_gpus as usize {
+                // S(1 + 1/n) up and down each GPU link
+                let per = s * (n as f64 + 1.0) / n as f64;
                 cands.push(Lowered {
                     algo: Algo::Nvls,
                     xfers: shift_by_one(per * ppm as f64 * 1e-6),
@@ -503,6 +521,13 @@ impl CollectiveModel {
                     latency: us(log2 * RING_STEP_NET_US / PAT_NET_DIVISOR + n as f64 * PAT_RANK_US),
                 },
             });
+        }
+        if d == 1 {
+            for c in &mut cands {
+                if let Some(fit) = f.fits[c.algo as usize] {
+                    apply_fit(c, fit, &f);
+                }
+            }
         }
         let estimate = |l: &Lowered| -> f64 {
             let link = l
@@ -528,6 +553,21 @@ impl CollectiveModel {
         cands.swap_remove(best)
     }
 }
+
+/// Price `l` (inside one NVLink domain) by a measured `(latency, port bytes/s)`: each
+/// transfer is stretched so that NVLink moves it at the measured rate (the busiest port
+/// then takes `port bytes / rate`), and the latency is what the measurement holds beyond
+/// one transfer's start-up.
+fn apply_fit(l: &mut Lowered, (lat, bps): (Ps, u64), f: &Fabric) {
+    let stretch = f.nvlink_bps as f64 / bps.max(1) as f64;
+    for t in &mut l.xfers {
+        t.bytes = (t.bytes as f64 * stretch).round() as u64;
+    }
+    l.latency = lat.saturating_sub(f.nvlink_alpha_ps);
+}
+
+/// NCCL's algorithms in [`Algo`] order (`Fabric::fits` is indexed by it).
+const ALGOS: [Algo; 4] = [Algo::Ring, Algo::Nvls, Algo::Tree, Algo::Pat];
 
 /// A ring's one-phase transfers: each rank moves `per` bytes. On whole node blocks the ring
 /// runs as NCCL's with one channel per GPU of a node: 1/g of a rank's traffic crosses to
@@ -705,8 +745,11 @@ mod tests {
     }
 
     /// The collective model against every published nccl-tests figure of
-    /// `traces/nccl_tests_published.csv` (H100/H200 8-GPU nodes): NCCL's algorithm, and bus
-    /// bandwidth within 5 % at ≥ 64 MiB and 15 % at 8–32 MiB.
+    /// `traces/nccl_tests_published.csv` (2, 4, 6 and 8 GPUs of H100/H200 NVSwitch nodes):
+    /// NCCL's algorithm on every row; bus bandwidth within the targets (5 % at ≥ 64 MiB,
+    /// 15 % at 8–32 MiB) on the rows the parameters were fitted to and on the 8-GPU rows
+    /// held out. The 2-, 4- and 6-GPU rows (all held out) are printed and bounded by
+    /// [`HELD_OUT_BOUND`]: BENCHMARKS.md lists where they miss the targets.
     #[test]
     fn published_nccl_tests_figures() {
         let t = shipped("dgx-h200-roce.toml", DGX_ROCE, 1);
@@ -728,20 +771,31 @@ mod tests {
                 bus_bandwidth(op.collective(), Some(algo), n as usize, bytes, time).busbw_gbs;
             let err = ours / published - 1.0;
             eprintln!(
-                "{} {} GPUs {:>6} MiB {:>5}: published {published:7.2} GB/s, model {ours:7.2} ({:+.1} %)",
+                "{} {} GPUs {:>6} MiB {:>5} {}: published {published:7.2} GB/s, model {ours:7.2} ({:+.1} %)",
                 f[3],
                 n,
                 bytes >> 20,
                 algo.name(),
+                f[8],
                 100.0 * err
             );
             assert_eq!(algo.name(), f[4], "{line}");
-            let tol = if bytes >= 64 << 20 { 0.05 } else { 0.15 };
+            let tol = if n < 8 && f[8] == "check" {
+                HELD_OUT_BOUND
+            } else if bytes >= 64 << 20 {
+                0.05
+            } else {
+                0.15
+            };
             assert!(err.abs() <= tol, "{line}: model {ours:.1} GB/s");
             rows += 1;
         }
-        assert_eq!(rows, 13);
+        assert_eq!(rows, 55);
     }
+
+    /// Largest bus-bandwidth error of a held-out 2-, 4- or 6-GPU row (BENCHMARKS.md,
+    /// "Calibration figures").
+    const HELD_OUT_BOUND: f64 = 0.25;
 
     #[test]
     fn nccl_picks_its_algorithm_by_size_and_gpu_count() {
@@ -750,9 +804,23 @@ mod tests {
         let off = CollectiveModel::of(&t, false);
         let algo = |c: &CollectiveModel, op, g: &[GpuId], b| c.lower(op, g, b, 8).algo;
         let node = |n: u32| (0..n).collect::<Vec<GpuId>>();
-        // No NVLS on two GPUs (ncclNvlsInit), nor when turned off, nor across nodes.
-        assert_eq!(algo(&on, CollOp::AllReduce, &node(2), 1 << 30), Algo::Ring);
-        assert_eq!(algo(&on, CollOp::AllReduce, &node(8), 1 << 30), Algo::Nvls);
+        // NCCL's tuner on an H100/H200 node: the ring below 6 GPUs (`nvls_min_gpus`), NVLS
+        // from 6; never when turned off, nor across nodes.
+        for (n, want) in [
+            (2, Algo::Ring),
+            (4, Algo::Ring),
+            (5, Algo::Ring),
+            (6, Algo::Nvls),
+            (8, Algo::Nvls),
+        ] {
+            for bytes in [8u64 << 20, 1 << 30] {
+                assert_eq!(
+                    algo(&on, CollOp::AllReduce, &node(n), bytes),
+                    want,
+                    "{n} GPUs, {bytes} B"
+                );
+            }
+        }
         assert_eq!(algo(&off, CollOp::AllReduce, &node(8), 1 << 30), Algo::Ring);
         assert_eq!(
             algo(
@@ -763,8 +831,12 @@ mod tests {
             ),
             Algo::Ring
         );
-        // NVLS all-gather carries S down each link against the ring's 7/8 S: ring when large.
-        assert_eq!(algo(&on, CollOp::AllGather, &node(8), 1 << 30), Algo::Ring);
+        // All-gather and reduce-scatter run as rings on one node at every size.
+        for op in [CollOp::AllGather, CollOp::ReduceScatter] {
+            for bytes in [1u64 << 20, 8 << 20, 1 << 30] {
+                assert_eq!(algo(&on, op, &node(8), bytes), Algo::Ring);
+            }
+        }
         // One GPU on each of 16 nodes: the tree's log-depth latency wins small all-reduces,
         // the ring's bandwidth large ones; PAT likewise for all-gather.
         let rail: Vec<GpuId> = (0..16).map(|k| 8 * k).collect();
@@ -779,6 +851,66 @@ mod tests {
             (Algo::Ring, 0, 8)
         );
         assert_eq!(stub.xfers[0].bytes, (14 * (8u64 << 20)).div_ceil(8));
+    }
+
+    #[test]
+    fn bytes_and_steps_by_hand_on_2_4_and_8_gpus() {
+        // One DGX H200 node: NVLink 450 GB/s × 0.797, α 7.97 µs, NCCL's table × 1.36.
+        let t = shipped("dgx-h200-roce.toml", DGX_ROCE, 1);
+        let on = CollectiveModel::of(&t, true);
+        let s = 1u64 << 30;
+        let lat = |steps: f64| (1.36e6 * (8.4 + 3.4 * steps)).round() as Ps;
+        for (n, op, per, steps) in [
+            // all-reduce: 2(n − 1)/n · S per rank, 2(n − 1) steps
+            (2u32, CollOp::AllReduce, s, 2.0),
+            (4, CollOp::AllReduce, 3 * s / 2, 6.0),
+            // all-gather / reduce-scatter: (n − 1)/n · S, n − 1 steps
+            (2, CollOp::AllGather, s / 2, 1.0),
+            (4, CollOp::ReduceScatter, 3 * s / 4, 3.0),
+            (8, CollOp::AllGather, 7 * s / 8, 7.0),
+            (8, CollOp::ReduceScatter, 7 * s / 8, 7.0),
+        ] {
+            let g: Vec<GpuId> = (0..n).collect();
+            let lw = on.lower(op, &g, s, 8);
+            assert_eq!(lw.algo, Algo::Ring, "{op:?} on {n}");
+            assert_eq!(lw.xfers.len(), n as usize);
+            assert!(lw.xfers.iter().all(|x| x.bytes == per), "{op:?} on {n}");
+            assert_eq!(lw.latency, lat(steps), "{op:?} on {n}");
+            // each rank to the next, one link each way per GPU
+            assert!(lw.xfers.iter().all(|x| x.dst == (x.src + 1) % n));
+        }
+        // NVLS all-reduce on 8: S(1 + 1/8) per GPU port, stretched by 0.797 / 0.679 so
+        // that NVLink carries it at NVLS's rate; NVLS's one latency (23 µs × 1.36).
+        let lw = on.lower(CollOp::AllReduce, &(0..8).collect::<Vec<_>>(), s, 8);
+        let ppm = (0.797f64 / 0.679 * 1e6).round();
+        assert_eq!(lw.algo, Algo::Nvls);
+        assert_eq!(lw.latency, (1.36e6f64 * 23.0).round() as Ps);
+        let want = (s as f64 * 9.0 / 8.0 * ppm * 1e-6).round() as u64;
+        assert!(lw.xfers.iter().all(|x| x.bytes == want));
+    }
+
+    #[test]
+    fn a_measured_fit_prices_its_algorithm() {
+        // ring measured at 30 µs + port bytes / 300 GB/s: a 4-GPU reduce-scatter of 4 GiB
+        // moves 3 GiB through each port, 30 µs + 3 GiB / 300 GB/s, in topo and the engine.
+        let text = format!(
+            "{DGX_ROCE}\n[[collectives.fit]]\nalgo = \"ring\"\nlatency_us = 30.0\nbandwidth_gbyte_s = 300.0\n"
+        );
+        let t = shipped("fit.toml", &text, 1);
+        let coll = CollectiveModel::of(&t, true);
+        let g: Vec<GpuId> = (0..4).collect();
+        let lw = coll.lower(CollOp::ReduceScatter, &g, 4 << 30, 8);
+        let mut a = AnalyticalModel::new(t.clone());
+        let got = lowered_time(&mut a, &lw, 0) as f64;
+        let want = 30e6 + (3u64 << 30) as f64 / 300e9 * 1e12;
+        assert!((got - want).abs() <= 10.0, "{got} ps vs {want}");
+        // NVLS has no fit here: still NCCL's table and the topology's NVLS efficiency.
+        let base = CollectiveModel::of(&shipped("dgx-h200-roce.toml", DGX_ROCE, 1), true);
+        let all: Vec<GpuId> = (0..8).collect();
+        assert_eq!(
+            coll.lower(CollOp::AllReduce, &all, 1 << 30, 8),
+            base.lower(CollOp::AllReduce, &all, 1 << 30, 8)
+        );
     }
 
     #[test]

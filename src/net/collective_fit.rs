@@ -23,6 +23,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
+use crate::cluster::topology::CollectiveFitSpec;
 use crate::cluster::Topology;
 use crate::error::{invalid, parse_error, Result};
 use crate::net::analytical::AnalyticalModel;
@@ -291,6 +292,53 @@ impl AlgoFit {
     }
 }
 
+/// The `fit` of a `skewsim calibrate --collectives -o FILE` report as topology
+/// `[[collectives.fit]]` entries (each checked when the topology is validated). An entry
+/// of `p2p` (the all-to-alls) is not a collective algorithm and is left out.
+pub fn fit_specs_from_json(text: &str, source: &str) -> Result<Vec<CollectiveFitSpec>> {
+    let v: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| parse_error(source, format!("not JSON: {e}")))?;
+    let fit = v.get("fit").and_then(|f| f.as_array()).ok_or_else(|| {
+        parse_error(
+            source,
+            "no `fit` array (expected the -o report of `skewsim calibrate --collectives`)",
+        )
+    })?;
+    let mut out = Vec::new();
+    for (i, e) in fit.iter().enumerate() {
+        let field = |name: &str| {
+            e.get(name)
+                .ok_or_else(|| parse_error(source, format!("fit[{i}]: no `{name}` field")))
+        };
+        let algo = field("algo")?.as_str().ok_or_else(|| {
+            invalid(
+                format!("{source}: fit[{i}].algo"),
+                field("algo").map(|v| v.to_string()).unwrap_or_default(),
+                "a string",
+            )
+        })?;
+        let num = |name: &str| -> Result<f64> {
+            let v = field(name)?;
+            v.as_f64().ok_or_else(|| {
+                invalid(
+                    format!("{source}: fit[{i}].{name}"),
+                    v.to_string(),
+                    "a number",
+                )
+            })
+        };
+        if algo == "p2p" {
+            continue;
+        }
+        out.push(CollectiveFitSpec {
+            algo: algo.to_string(),
+            latency_us: num("latency_us")?,
+            bandwidth_gbyte_s: num("bandwidth_gbs")?,
+        });
+    }
+    Ok(out)
+}
+
 /// Fit `latency + port bytes / bandwidth` per algorithm to (algorithm, port bytes, measured
 /// µs) points, minimising the squared relative error, latency ≥ 0. An algorithm needs two
 /// distinct sizes; the error names one that has fewer, or whose bytes do not take longer.
@@ -422,6 +470,42 @@ mod tests {
             e.to_string().contains("at most the topology's 8 GPUs"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_fit_report_loads_as_topology_entries() {
+        let json = r#"{"fit": [{"algo": "p2p", "rows": 4, "latency_us": 1.0, "bandwidth_gbs": 100.0},
+            {"algo": "ring", "rows": 8, "latency_us": 30.5, "bandwidth_gbs": 343.0}]}"#;
+        let f = fit_specs_from_json(json, "fit.json").unwrap();
+        assert_eq!(
+            f,
+            vec![CollectiveFitSpec {
+                algo: "ring".into(),
+                latency_us: 30.5,
+                bandwidth_gbyte_s: 343.0
+            }]
+        );
+        for (bad, part) in [
+            ("[1, 2]", "no `fit` array"),
+            (
+                "{\"fit\": [{\"algo\": \"ring\", \"latency_us\": 1.0}]}",
+                "fit[0]: no `bandwidth_gbs`",
+            ),
+            (
+                "{\"fit\": [{\"algo\": 3, \"latency_us\": 1.0, \"bandwidth_gbs\": 1.0}]}",
+                "fit[0].algo",
+            ),
+            (
+                "{\"fit\": [{\"algo\": \"ring\", \"latency_us\": \"x\", \"bandwidth_gbs\": 1.0}]}",
+                "fit[0].latency_us",
+            ),
+            ("not json", "not JSON"),
+        ] {
+            let e = fit_specs_from_json(bad, "fit.json")
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("fit.json") && e.contains(part), "{bad}: {e}");
+        }
     }
 
     #[test]

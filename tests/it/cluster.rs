@@ -29,6 +29,23 @@ fn topo_and_variance_commands() {
         "bandwidth_gbyte_s = -1.0",
     );
     let fault = variant("fault.toml", "gpu = 5", "gpu = 500");
+    // a `calibrate --collectives -o` report: ring 30.118 µs + 343.459 GB/s; a 2-GPU
+    // all-reduce of 8 GiB moves 8 GiB through each port: 30.118 + 25,010.1 = 25,040.2 µs
+    let dir = scratch("cluster-fits");
+    std::fs::create_dir_all(&dir).unwrap();
+    let write = |name: &str, text: &str| {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p.display().to_string()
+    };
+    let fit = write(
+        "fit.json",
+        r#"{"fit": [{"algo": "ring", "latency_us": 30.118, "bandwidth_gbs": 343.459}]}"#,
+    );
+    let bad_fit = write(
+        "bad.json",
+        r#"{"fit": [{"algo": "ring", "latency_us": -3, "bandwidth_gbs": 1}]}"#,
+    );
     let cases: Vec<(Vec<&str>, Expect)> = vec![
         (
             vec!["topo", "topologies/test-small.toml", "--out", &out],
@@ -55,6 +72,42 @@ fn topo_and_variance_commands() {
                 &out,
             ],
             Expect::Ok("all_gather"),
+        ),
+        (
+            vec![
+                "topo",
+                "topologies/dgx-h200-roce.toml",
+                "--nodes",
+                "1",
+                "--no-nvls",
+                "--out",
+                &out,
+            ],
+            Expect::Ok("all_reduce (ring)                     8       8 GiB"),
+        ),
+        (
+            vec![
+                "topo",
+                "topologies/dgx-h200-roce.toml",
+                "--nodes",
+                "1",
+                "--collectives",
+                &fit,
+                "--out",
+                &out,
+            ],
+            Expect::Ok("all_reduce (ring)                     2       8 GiB      25040.2"),
+        ),
+        (
+            vec![
+                "topo",
+                "topologies/dgx-h200-roce.toml",
+                "--collectives",
+                &bad_fit,
+                "--out",
+                &out,
+            ],
+            Expect::Err("collectives.fit[0].latency_us = -3"),
         ),
         (
             vec![
