@@ -35,6 +35,7 @@ pub mod fit;
 pub mod fit_window;
 pub mod gemm;
 pub mod kernel;
+pub mod layer;
 pub mod mask;
 pub mod memory;
 pub mod model;
