@@ -257,7 +257,7 @@ fn block_makespan() -> Result<Timed> {
                 segs.push((e - q, e, 1u32));
                 tiles += q.div_ceil(128);
             }
-            LaunchBlocks::new(&m, 32, 128, segs)
+            LaunchBlocks::new(&m, skewsim::cost::Mask::Causal, 32, 128, segs)
         })
         .collect();
     Ok(Box::new(move || {

@@ -113,6 +113,11 @@ pub struct Args {
     /// GEMM measurement CSVs held out: scored, never fitted.
     #[arg(long, num_args = 1..)]
     pub gemm_check: Vec<PathBuf>,
+    /// Fit only the sliding-window step term of `--calibration`'s forward block model to
+    /// the windowed forward rows (`mask` = sliding:W) of `--measurements` at its head_dim,
+    /// every other figure held; write the calibration with it to `--out`.
+    #[arg(long, requires = "calibration")]
+    pub window: bool,
     /// Where to write the calibration JSON.
     #[arg(short, long, default_value = "calibration.json")]
     pub out: PathBuf,
@@ -220,6 +225,7 @@ pub fn trace_rows(json: &str, name: &str) -> Result<Vec<Measurement>> {
             p10_ms: ms,
             p90_ms: ms,
             segs: vec![SegCount { q: l, kv: l, n: b }],
+            mask: skewsim::cost::Mask::Causal,
         });
     }
     Ok(rows)
@@ -302,6 +308,55 @@ struct GemmReport {
     fit: GemmScore,
     check: GemmScore,
     out: Option<String>,
+}
+
+#[derive(Serialize)]
+struct WindowReport {
+    calibration: String,
+    head_dim: u32,
+    window_ns: f64,
+    rows: usize,
+    rms_rel: f64,
+    out: String,
+}
+
+/// `calibrate --window`: fit the window step term of `--calibration`'s forward block model.
+fn run_window(args: &Args, rows: &[Measurement], out: Output) -> Result<()> {
+    let Some(path) = args.calibration.as_deref() else {
+        bail!("--window needs --calibration: the calibration whose block model it extends");
+    };
+    let mut cal = super::calfile::read(path)?;
+    let name = path.display().to_string();
+    let Some(model) = cal.attn_blocks else {
+        bail!("{name}: --window needs a forward block model (attn_blocks)");
+    };
+    let fit_rows = skewsim::cost::fit_window::window_rows(rows, model.head_dim);
+    let f = skewsim::cost::fit_window::fit_window_ns(&model, cal.launch.attn_launch_us, &fit_rows)?;
+    cal.attn_blocks = Some(BlockModel {
+        window_ns: f.window_ns,
+        ..model
+    });
+    let text = serde_json::to_string_pretty(&cal)? + "\n";
+    std::fs::write(&args.out, text).with_context(|| format!("writing {}", args.out.display()))?;
+    let r = WindowReport {
+        calibration: name,
+        head_dim: model.head_dim,
+        window_ns: f.window_ns,
+        rows: f.rows,
+        rms_rel: f.rms_rel,
+        out: args.out.display().to_string(),
+    };
+    out.emit(&r, || {
+        format!(
+            "window step of {} (head_dim {}): {:.1} ns per windowed step over {} launches, RMS {:.2} %; written to {}\n",
+            r.calibration,
+            r.head_dim,
+            r.window_ns,
+            r.rows,
+            100.0 * r.rms_rel,
+            r.out
+        )
+    })
 }
 
 /// `calibrate --gemm`: fit (or with --score-only score) the GEMM model.
@@ -387,6 +442,9 @@ pub fn run(args: Args, out: Output) -> Result<()> {
     if let Some(ex) = &args.exclude_plans {
         rows.retain(|r| !ex.iter().any(|n| r.plan.contains(n.as_str())));
         trace.retain(|r| !ex.iter().any(|n| r.plan.contains(n.as_str())));
+    }
+    if args.window {
+        return run_window(&args, &rows, out);
     }
     if args.score_only {
         rows.extend(trace);

@@ -329,6 +329,7 @@ fn rows_of(
         p10_ms: attn.1,
         p90_ms: attn.2,
         segs: spec.segs.clone(),
+        mask: plan.shape.mask,
     };
     let copy = |kind, bytes, t: (f64, f64, f64)| Measurement {
         kind,

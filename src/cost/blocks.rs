@@ -51,6 +51,7 @@ use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
+use super::Mask;
 use crate::error::{invalid, Result};
 
 /// Streaming multiprocessors of an H200 SXM.
@@ -125,6 +126,11 @@ pub struct BlockModel {
     /// every segment to its longest), ns.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub empty_ns: f64,
+    /// Extra time of each step of a launch the kernel runs in its sliding-window mode, ns
+    /// (FlashAttention-2 applies the two-sided window mask to every element of every step
+    /// and checks its softmax for rows with no key yet; 0: no windowed launches measured).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub window_ns: f64,
 }
 
 /// The order a kernel's grid hands its blocks to the SMs, and which blocks it launches.
@@ -160,6 +166,8 @@ pub struct BlockShape {
     pub n_diag: u32,
     /// Query rows of the tile (p1 − p0).
     pub rows: u32,
+    /// Steps run in the kernel's sliding-window mode (every step of a windowed launch).
+    pub n_local: u32,
 }
 
 impl BlockModel {
@@ -191,6 +199,7 @@ impl BlockModel {
             block_n: FWD_BLOCK_N,
             order: TileOrder::LongestFirst,
             empty_ns: 0.0,
+            window_ns: 0.0,
         }
     }
 
@@ -217,20 +226,28 @@ impl BlockModel {
     /// Check the fields; `ctx` names the file.
     pub fn validate(&self, ctx: &str) -> Result<()> {
         let f = |name: &str| format!("{ctx}: attn_blocks.{name}");
+        if !(self.window_ns.is_finite() && self.window_ns >= 0.0) {
+            return Err(invalid(
+                f("window_ns"),
+                self.window_ns,
+                "a finite time >= 0 ns",
+            ));
+        }
         self.times().validate(&f)?;
         self.slots().validate(&f)?;
         check_geometry(&f, self.head_dim, self.block_m, self.block_n)
     }
 
-    /// The shape of the block of query rows [p0, p1) (keys [0, p1)).
-    pub fn shape(&self, p0: u64, p1: u64) -> BlockShape {
-        query_tile_shape(self.block_n, p0, p1)
+    /// The shape of the block of query rows [p0, p1) under `mask` (causal: keys [0, p1)).
+    pub fn shape(&self, mask: Mask, p0: u64, p1: u64) -> BlockShape {
+        query_tile_shape(self.block_n, mask, p0, p1)
     }
 
-    /// Time in ps of a block of `shape` alone on its SM at `head_dim`.
+    /// Time in ps of a block of `shape` alone on its SM at `head_dim`: [`BlockTimes`]'s,
+    /// plus `window_ns` per step run in the sliding-window mode (scaled like the steps).
     pub fn block_ps(&self, b: BlockShape, head_dim: u32) -> f64 {
-        self.times()
-            .block_ps(b, head_dim_scale(head_dim, self.head_dim), self.block_m)
+        let d = head_dim_scale(head_dim, self.head_dim);
+        self.times().block_ps(b, d, self.block_m) + 1e3 * d * f64::from(b.n_local) * self.window_ns
     }
 }
 
@@ -351,33 +368,71 @@ const EMPTY: BlockShape = BlockShape {
     n_iter: 0,
     n_diag: 0,
     rows: 0,
+    n_local: 0,
 };
 
-/// The shape of a query tile [p0, p1) over keys [0, p1) in steps of `block_n` keys: the
+/// Whether the block models price launches under `mask`: the masks whose kept keys of a
+/// query are one contiguous run ending at the query (causal, sliding window), which the
+/// kernels walk as a range of key blocks. Others are priced by the table.
+pub fn prices_mask(mask: &Mask) -> bool {
+    matches!(mask, Mask::Causal | Mask::Sliding { .. })
+}
+
+/// Blocks in [lo, hi) ∩ [lo2, hi2) (half-open ranges of block indices).
+fn overlap((lo, hi): (u64, u64), (lo2, hi2): (u64, u64)) -> u64 {
+    hi.min(hi2).saturating_sub(lo.max(lo2))
+}
+
+/// Blocks in the union of two ranges of block indices.
+fn union_len(a: (u64, u64), b: (u64, u64)) -> u64 {
+    a.1.saturating_sub(a.0) + b.1.saturating_sub(b.0) - overlap(a, b)
+}
+
+/// The shape of a query tile [p0, p1) in steps of `block_n` keys under `mask` (causal or a
+/// sliding window: [`prices_mask`]): the steps run from the key block holding the first
+/// row's lowest key ([`Mask::key_start`]) to the one holding key p1 − 1, as the kernels'
+/// key loops bound them; its masked steps are those the causal diagonal crosses (keys past
+/// p0) and those the window's lower edge crosses (the rows' lowest keys fall inside). The
 /// forward's and the backward dQ's blocks.
-fn query_tile_shape(block_n: u32, p0: u64, p1: u64) -> BlockShape {
+fn query_tile_shape(block_n: u32, mask: Mask, p0: u64, p1: u64) -> BlockShape {
     debug_assert!(p1 > p0);
     let bn = u64::from(block_n.max(1));
-    let n_iter = p1.div_ceil(bn);
+    let end = p1.div_ceil(bn);
+    let first = mask.key_start(p0) / bn;
+    let diag = ((p0 / bn).min(end), end);
+    let edge = (first, mask.key_start(p1 - 1).div_ceil(bn));
+    let n_iter = (end - first) as u32;
     BlockShape {
-        n_iter: n_iter as u32,
-        n_diag: (n_iter - (p0 / bn).min(n_iter)) as u32,
+        n_iter,
+        n_diag: union_len(diag, edge) as u32,
         rows: (p1 - p0) as u32,
+        n_local: if mask.is_causal() { 0 } else { n_iter },
     }
 }
 
-/// Query tiles of `block_m` rows of every segment (queries [start, end), keys [0, end);
+/// The mask a launch of segments ending at most at `max_end` runs under: a window that
+/// reaches the first key from every query (W − 1 ≥ the longest key range, FlashAttention-2's
+/// `window_size_left >= max_seqlen_k`) runs as the causal kernel.
+fn launch_mask(mask: Mask, max_end: u64) -> Mask {
+    match mask {
+        Mask::Sliding { w } if u64::from(w) > max_end => Mask::Causal,
+        m => m,
+    }
+}
+
+/// Query tiles of `block_m` rows of every segment (queries [start, end) under `mask`;
 /// `n` such segments) in launch order: most keys first (ties: the larger shape first), or
 /// in `Grid` order each segment's tiles from its first, padded to the most any segment has.
 fn query_tiles(
-    block_m: u32,
-    block_n: u32,
+    (block_m, block_n): (u32, u32),
+    mask: Mask,
     order: TileOrder,
     segs: impl IntoIterator<Item = (u64, u64, u32)>,
 ) -> Vec<BlockShape> {
     let bm = u64::from(block_m.max(1));
+    let segs: Vec<(u64, u64, u32)> = segs.into_iter().collect();
+    let mask = launch_mask(mask, segs.iter().map(|s| s.1).max().unwrap_or(0));
     if order == TileOrder::Grid {
-        let segs: Vec<(u64, u64, u32)> = segs.into_iter().collect();
         let tiles = segs
             .iter()
             .map(|&(a, e, _)| e.saturating_sub(a).div_ceil(bm))
@@ -391,7 +446,7 @@ fn query_tiles(
                     if p0 >= e {
                         EMPTY
                     } else {
-                        query_tile_shape(block_n, p0, (p0 + bm).min(e))
+                        query_tile_shape(block_n, mask, p0, (p0 + bm).min(e))
                     }
                 })
                 .collect();
@@ -406,7 +461,7 @@ fn query_tiles(
         let mut p0 = start;
         while p0 < end {
             let p1 = (p0 + bm).min(end);
-            let b = (p1, query_tile_shape(block_n, p0, p1));
+            let b = (p1, query_tile_shape(block_n, mask, p0, p1));
             blocks.extend(std::iter::repeat_n(b, n as usize));
             p0 = p1;
         }
@@ -416,13 +471,14 @@ fn query_tiles(
 }
 
 /// One head's blocks of a launch, in launch order: for every segment (queries [start,
-/// end) of one sample, keys [0, end); `n` such segments) its tiles of `block_m` rows,
-/// most keys first (ties: the larger shape first).
+/// end) of one sample under `mask`; `n` such segments) its tiles of `block_m` rows, most
+/// keys first (ties: the larger shape first), or in the grid's order.
 pub fn launch_blocks(
     m: &BlockModel,
+    mask: Mask,
     segs: impl IntoIterator<Item = (u64, u64, u32)>,
 ) -> Vec<BlockShape> {
-    query_tiles(m.block_m, m.block_n, m.order, segs)
+    query_tiles((m.block_m, m.block_n), mask, m.order, segs)
 }
 
 /// Blocks of one launch list-scheduled one by one; a launch of more passes whole heads
@@ -556,15 +612,16 @@ pub struct LaunchBlocks {
 }
 
 impl LaunchBlocks {
-    /// The launch of `segs` at `heads` query heads per call.
+    /// The launch of `segs` under `mask` at `heads` query heads per call.
     pub fn new(
         m: &BlockModel,
+        mask: Mask,
         heads: u32,
         head_dim: u32,
         segs: impl IntoIterator<Item = (u64, u64, u32)>,
     ) -> Self {
         Self {
-            shapes: launch_blocks(m, segs),
+            shapes: launch_blocks(m, mask, segs),
             heads,
             head_dim,
         }
@@ -581,19 +638,18 @@ impl LaunchBlocks {
     }
 }
 
-/// The forward time in ps of one launch whose segments the table prices at `table_ps`:
-/// `table_ps` itself without a block model, else the launch's blocks' makespan. The call
-/// overhead is the caller's.
+/// The forward time in ps of one launch under `mask` whose segments the table prices at
+/// `table_ps`: `table_ps` itself without a block model, else the launch's blocks'
+/// makespan. The call overhead is the caller's.
 pub fn launch_fwd_ps_f(
     table_ps: f64,
     blocks: Option<&BlockModel>,
-    head_dim: u32,
-    heads: u32,
+    (mask, head_dim, heads): (Mask, u32, u32),
     segs: impl IntoIterator<Item = (u64, u64, u32)>,
 ) -> f64 {
     match blocks {
         None => table_ps,
-        Some(m) => LaunchBlocks::new(m, heads, head_dim, segs).makespan_ps(m),
+        Some(m) => LaunchBlocks::new(m, mask, heads, head_dim, segs).makespan_ps(m),
     }
 }
 
@@ -732,54 +788,78 @@ impl BwdBlockModel {
         check_geometry(&f, self.head_dim, self.block_m, self.block_n)
     }
 
-    /// The shape of the dQ block of query rows [p0, p1) (keys [0, p1)).
-    pub fn dq_shape(&self, p0: u64, p1: u64) -> BlockShape {
-        query_tile_shape(self.block_n, p0, p1)
+    /// The shape of the dQ block of query rows [p0, p1) under `mask`.
+    pub fn dq_shape(&self, mask: Mask, p0: u64, p1: u64) -> BlockShape {
+        query_tile_shape(self.block_n, mask, p0, p1)
     }
 }
 
 /// The dQ launch's blocks of one head in launch order: the query tiles of `m.block_m` rows
-/// of every segment (queries [start, end), keys [0, end)), each over ⌈p1 / block_n⌉ key
-/// blocks, most keys first — the forward's tiling at the backward's tile size.
+/// of every segment (queries [start, end) under `mask`), each over the key blocks its rows
+/// reach, most keys first — the forward's tiling at the backward's tile size.
 pub fn bwd_dq_blocks(
     m: &BwdBlockModel,
+    mask: Mask,
     segs: impl IntoIterator<Item = (u64, u64, u32)>,
 ) -> Vec<BlockShape> {
     if !m.dq_launch {
         return Vec::new();
     }
-    query_tiles(m.block_m, m.block_n, TileOrder::LongestFirst, segs)
+    query_tiles((m.block_m, m.block_n), mask, TileOrder::LongestFirst, segs)
+}
+
+/// The first sample-local query past every query that sees a key before `j`, under `mask`
+/// ([`prices_mask`]'s masks): a window of W keys ends its last such query at j − 2 + W.
+fn queries_end(mask: Mask, j: u64) -> u64 {
+    match mask {
+        Mask::Sliding { w } => (j + u64::from(w)).saturating_sub(1),
+        _ => u64::MAX,
+    }
 }
 
 /// The dK/dV launch's blocks of one head in launch order (`Layout::key_tiles`): per
 /// segment [a, e), its key tiles [j0, j1) = [kb·block_m, min((kb+1)·block_m, e)) of [0, e),
 /// each looping over the query blocks of `block_n` rows aligned to a that hold a position
-/// ≥ j0: qb0 = (j0 − a)/block_n when j0 > a (else 0) to qb1 = ⌈(e − a)/block_n⌉. A block's
-/// rows are its keys (j1 − j0), its diagonal steps the query blocks starting before j1 (the
-/// mask cuts them). Most query rows seeing the tile (e − max(a, j0)) first, ties: the
-/// larger shape first. In `Grid` order: per segment its key tiles from the first, then
-/// empty blocks up to the most key tiles any segment has (the dQ conversion's blocks are
-/// the per row × head term).
+/// ≥ j0: qb0 = (j0 − a)/block_n when j0 > a (else 0) up to qb1 = ⌈(e − a)/block_n⌉, or
+/// under a sliding window to the block holding the last query that sees the tile
+/// ([`queries_end`] of the unclamped tile end, as FlashAttention-2 bounds it). A block's
+/// rows are its keys (j1 − j0), its masked steps the query blocks starting before j1 (the
+/// causal mask cuts them) and those holding rows whose window's lower edge falls inside
+/// the tile; a tile no query sees is an empty block. Most query rows seeing the tile
+/// (e − max(a, j0)) first, ties: the larger shape first. In `Grid` order: per segment its
+/// key tiles from the first, then empty blocks up to the most key tiles any segment has
+/// (the dQ conversion's blocks are the per row × head term).
 pub fn bwd_dkdv_blocks(
     m: &BwdBlockModel,
+    mask: Mask,
     segs: impl IntoIterator<Item = (u64, u64, u32)>,
 ) -> Vec<BlockShape> {
     let (bm, bn) = (u64::from(m.block_m.max(1)), u64::from(m.block_n.max(1)));
     let segs: Vec<(u64, u64, u32)> = segs.into_iter().filter(|&(a, e, _)| e > a).collect();
+    // Query block of sample-local position p ≥ a (aligned to a), rounded up.
+    let qb_up = move |a: u64, p: u64| p.saturating_sub(a).div_ceil(bn);
     // One segment's key tiles from the first, each with the query rows that see it.
-    let tiles_of = |a: u64, e: u64| {
-        let qb1 = (e - a).div_ceil(bn);
+    let tiles_of = move |a: u64, e: u64| {
         (0..e.div_ceil(bm)).map(move |kb| {
             let (j0, j1) = (kb * bm, ((kb + 1) * bm).min(e));
             let qb0 = if j0 > a { (j0 - a) / bn } else { 0 };
-            // Query blocks whose first row a + qb·bn lies before j1.
-            let cut = if j1 > a { (j1 - a).div_ceil(bn) } else { 0 };
+            let qb1 = qb_up(a, e.min(queries_end(mask, (kb + 1) * bm)));
+            if qb1 <= qb0 {
+                return (0, EMPTY);
+            }
+            // Query blocks whose first row a + qb·bn lies before j1; those holding rows
+            // whose lowest key lies inside (j0, j1) (the window's edge).
+            let cut = (qb0, qb_up(a, j1).clamp(qb0, qb1));
+            let lo = queries_end(mask, j0 + 1).max(a);
+            let edge = ((lo - a) / bn, qb_up(a, queries_end(mask, j1)));
+            let edge = (edge.0.clamp(qb0, qb1), edge.1.clamp(qb0, qb1));
             let b = BlockShape {
                 n_iter: (qb1 - qb0) as u32,
-                n_diag: (cut.clamp(qb0, qb1) - qb0) as u32,
+                n_diag: union_len(cut, edge) as u32,
                 rows: (j1 - j0) as u32,
+                n_local: 0,
             };
-            (e - a.max(j0), b)
+            (e.min(queries_end(mask, j1)).saturating_sub(a.max(j0)), b)
         })
     };
     if m.order == TileOrder::Grid {
@@ -844,17 +924,19 @@ pub struct BwdLaunchBlocks {
 }
 
 impl BwdLaunchBlocks {
-    /// The backward call of `segs` at `heads` query heads over `kv_heads` KV heads.
+    /// The backward call of `segs` under `mask` at `heads` query heads over `kv_heads` KV
+    /// heads.
     pub fn new(
         m: &BwdBlockModel,
+        mask: Mask,
         heads: u32,
         kv_heads: u32,
         head_dim: u32,
         segs: impl IntoIterator<Item = (u64, u64, u32)> + Clone,
     ) -> Self {
         Self {
-            dq: bwd_dq_blocks(m, segs.clone()),
-            dkdv: bwd_dkdv_blocks(m, segs.clone()),
+            dq: bwd_dq_blocks(m, mask, segs.clone()),
+            dkdv: bwd_dkdv_blocks(m, mask, segs.clone()),
             reduce_bytes: group_reduce_bytes(heads, kv_heads, head_dim, segs.clone()),
             rows: segs
                 .into_iter()
@@ -890,25 +972,25 @@ impl BwdLaunchBlocks {
     }
 }
 
-/// The backward time in ps of one call whose segments the table prices at `table_ps`:
-/// `table_ps` itself without a backward block model, else its blocks' price
+/// The backward time in ps of one call under `mask` whose segments the table prices at
+/// `table_ps`: `table_ps` itself without a backward block model, else its blocks' price
 /// ([`BwdLaunchBlocks::time_ps`]). The call overhead is the caller's.
 pub fn launch_bwd_ps_f(
     table_ps: f64,
     blocks: Option<&BwdBlockModel>,
-    head_dim: u32,
+    (mask, head_dim): (Mask, u32),
     (heads, kv_heads): (u32, u32),
     segs: impl IntoIterator<Item = (u64, u64, u32)> + Clone,
 ) -> f64 {
     match blocks {
         None => table_ps,
-        Some(m) => BwdLaunchBlocks::new(m, heads, kv_heads, head_dim, segs).time_ps(m),
+        Some(m) => BwdLaunchBlocks::new(m, mask, heads, kv_heads, head_dim, segs).time_ps(m),
     }
 }
 
-/// A launch priced once: the pass and model (as its `Debug` text: every figure's shortest
-/// exact decimal), query and KV heads, head_dim and segments — in canonical order where
-/// the kernel sorts them, else in the caller's.
+/// A launch priced once: the pass, model (as its `Debug` text: every figure's shortest
+/// exact decimal) and mask, query and KV heads, head_dim and segments — in canonical order
+/// where the kernel sorts them, else in the caller's.
 type LaunchKey = (String, (u32, u32), u32, Vec<(u64, u64, u32)>);
 
 /// Entries kept before the memo starts afresh (bounds its memory on long runs).
@@ -961,13 +1043,13 @@ impl LaunchMemo {
     pub fn fwd_ps(
         &self,
         m: &BlockModel,
-        head_dim: u32,
+        (mask, head_dim): (Mask, u32),
         heads: u32,
         segs: impl IntoIterator<Item = (u64, u64, u32)>,
     ) -> f64 {
-        let model = (format!("fwd {m:?}"), m.order);
+        let model = (format!("fwd {m:?} {mask}"), m.order);
         self.get_or(model, (heads, heads), head_dim, segs, |s| {
-            LaunchBlocks::new(m, heads, head_dim, s.iter().copied()).makespan_ps(m)
+            LaunchBlocks::new(m, mask, heads, head_dim, s.iter().copied()).makespan_ps(m)
         })
     }
 
@@ -975,13 +1057,13 @@ impl LaunchMemo {
     pub fn bwd_ps(
         &self,
         m: &BwdBlockModel,
-        head_dim: u32,
+        (mask, head_dim): (Mask, u32),
         (heads, kv_heads): (u32, u32),
         segs: impl IntoIterator<Item = (u64, u64, u32)>,
     ) -> f64 {
-        let model = (format!("bwd {m:?}"), m.order);
+        let model = (format!("bwd {m:?} {mask}"), m.order);
         self.get_or(model, (heads, kv_heads), head_dim, segs, |s| {
-            BwdLaunchBlocks::new(m, heads, kv_heads, head_dim, s.iter().copied()).time_ps(m)
+            BwdLaunchBlocks::new(m, mask, heads, kv_heads, head_dim, s.iter().copied()).time_ps(m)
         })
     }
 }
@@ -989,6 +1071,8 @@ impl LaunchMemo {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const C: Mask = Mask::Causal;
 
     /// Blocks that end within an ulp of the clock of each other, late in a long launch
     /// (the clock's rounding used to leave one with a remainder below 0, whose event then
@@ -1019,8 +1103,8 @@ mod tests {
     fn blocks_are_the_kernels_tiles_most_keys_first() {
         let m = steps_only(1.5);
         // Queries [100, 400) of one sample: tiles [100,228), [228,356), [356,400).
-        let b = launch_blocks(&m, [(100, 400, 1), (0, 64, 2)]);
-        let s = |p0: u64, p1: u64| m.shape(p0, p1);
+        let b = launch_blocks(&m, C, [(100, 400, 1), (0, 64, 2)]);
+        let s = |p0: u64, p1: u64| m.shape(C, p0, p1);
         assert_eq!(
             b,
             vec![s(356, 400), s(228, 356), s(100, 228), s(0, 64), s(0, 64)]
@@ -1032,7 +1116,8 @@ mod tests {
             BlockShape {
                 n_iter: 7,
                 n_diag: 2,
-                rows: 44
+                rows: 44,
+                n_local: 0
             }
         );
         // A 1-row tile at the end of a long sample visits every key block.
@@ -1046,6 +1131,7 @@ mod tests {
             n_iter: 7,
             n_diag: 2,
             rows: 64,
+            n_local: 0,
         };
         // 2 + 7 · 10 · (0.75 + 0.25 · 0.5) + 2 · 3 = 69.25 ns.
         assert!((m.block_ps(b, 128) - 69_250.0).abs() < 1e-6);
@@ -1116,21 +1202,21 @@ mod tests {
         let memo = LaunchMemo::default();
         let m = BlockModel::h200(1.0, 2.0, 0.1, 0.5, 1.4);
         let segs = [(0u64, 5000u64, 2u32), (100, 900, 1)];
-        let want = launch_fwd_ps_f(0.0, Some(&m), 128, 8, segs);
+        let want = launch_fwd_ps_f(0.0, Some(&m), (C, 128, 8), segs);
         // Any order of the segments, twice: the same bits.
         let rev = [segs[1], segs[0]];
-        assert_eq!(memo.fwd_ps(&m, 128, 8, segs).to_bits(), want.to_bits());
-        assert_eq!(memo.fwd_ps(&m, 128, 8, rev).to_bits(), want.to_bits());
+        assert_eq!(memo.fwd_ps(&m, (C, 128), 8, segs).to_bits(), want.to_bits());
+        assert_eq!(memo.fwd_ps(&m, (C, 128), 8, rev).to_bits(), want.to_bits());
         // Another model, heads or head_dim: priced afresh, not served the first price.
         let m2 = BlockModel { iter_ns: 4.0, ..m };
-        let p2 = memo.fwd_ps(&m2, 128, 8, segs);
+        let p2 = memo.fwd_ps(&m2, (C, 128), 8, segs);
         assert_eq!(
             p2.to_bits(),
-            launch_fwd_ps_f(0.0, Some(&m2), 128, 8, segs).to_bits()
+            launch_fwd_ps_f(0.0, Some(&m2), (C, 128, 8), segs).to_bits()
         );
         assert_ne!(p2, want);
-        assert_ne!(memo.fwd_ps(&m, 128, 4, segs), want);
-        assert_ne!(memo.fwd_ps(&m, 64, 8, segs), want);
+        assert_ne!(memo.fwd_ps(&m, (C, 128), 4, segs), want);
+        assert_ne!(memo.fwd_ps(&m, (C, 64), 8, segs), want);
     }
 
     /// A grid runs the segments in the caller's order: the memo keys on that order, and
@@ -1146,18 +1232,21 @@ mod tests {
         let long = (120_000u64, 120_128u64, 1u32);
         let mut segs = vec![(0u64, 128u64, 1u32); 300];
         segs.insert(0, long);
-        let first = launch_fwd_ps_f(0.0, Some(&m), 128, 1, segs.clone());
+        let first = launch_fwd_ps_f(0.0, Some(&m), (C, 128, 1), segs.clone());
         segs.rotate_left(1);
-        let last = launch_fwd_ps_f(0.0, Some(&m), 128, 1, segs.clone());
+        let last = launch_fwd_ps_f(0.0, Some(&m), (C, 128, 1), segs.clone());
         // Last, the long block waits for a free slot behind 300 short ones, then runs
         // alone; first, it shares its SM with a stream of them from the start.
         assert_ne!(first.to_bits(), last.to_bits());
         assert_eq!(
-            memo.fwd_ps(&m, 128, 1, segs.clone()).to_bits(),
+            memo.fwd_ps(&m, (C, 128), 1, segs.clone()).to_bits(),
             last.to_bits()
         );
         segs.rotate_right(1);
-        assert_eq!(memo.fwd_ps(&m, 128, 1, segs).to_bits(), first.to_bits());
+        assert_eq!(
+            memo.fwd_ps(&m, (C, 128), 1, segs).to_bits(),
+            first.to_bits()
+        );
     }
 
     #[test]
@@ -1172,8 +1261,8 @@ mod tests {
             reduce_ps_per_byte: 0.25,
             ..bwd_model()
         };
-        let grouped = BwdLaunchBlocks::new(&m, 4, 1, 128, segs);
-        let plain = BwdLaunchBlocks::new(&m, 4, 4, 128, segs);
+        let grouped = BwdLaunchBlocks::new(&m, C, 4, 1, 128, segs);
+        let plain = BwdLaunchBlocks::new(&m, C, 4, 4, 128, segs);
         assert_eq!(grouped.parts_ps(&m)[3], 0.25 * bytes);
         assert_eq!(plain.parts_ps(&m)[3], 0.0);
         assert_eq!(grouped.parts_ps(&m)[..3], plain.parts_ps(&m)[..3]);
@@ -1192,13 +1281,13 @@ mod tests {
     fn no_block_model_returns_the_table_price_bit_for_bit() {
         let t = 123_456.789_f64;
         assert_eq!(
-            launch_fwd_ps_f(t, None, 128, 8, [(0, 4096, 3)]).to_bits(),
+            launch_fwd_ps_f(t, None, (C, 128, 8), [(0, 4096, 3)]).to_bits(),
             t.to_bits()
         );
         // With one, the blocks' makespan: 1 segment of 128 rows at keys [0, 128), 1 head:
         // 2 steps, both on the diagonal.
         let m = BlockModel::h200(1.0, 2.0, 0.0, 0.5, 1.5);
-        let p = launch_fwd_ps_f(t, Some(&m), 128, 1, [(0, 128, 1)]);
+        let p = launch_fwd_ps_f(t, Some(&m), (C, 128, 1), [(0, 128, 1)]);
         assert!(
             (p - (1.0 + 2.0 * 2.0 + 2.0 * 0.5) * 1e3).abs() < 1e-6,
             "{p}"
@@ -1270,11 +1359,12 @@ mod tests {
             n_iter,
             n_diag,
             rows,
+            n_local: 0,
         };
         // Queries [100, 300) of one sample. dQ: tiles [100,164), [164,228), [228,292),
         // [292,300) over ⌈p1/64⌉ key blocks, those from ⌊p0/64⌋ on masked; most keys first.
         assert_eq!(
-            bwd_dq_blocks(&m, [(100, 300, 1)]),
+            bwd_dq_blocks(&m, C, [(100, 300, 1)]),
             vec![b(5, 1, 8), b(5, 2, 64), b(4, 2, 64), b(3, 2, 64)]
         );
         // dK/dV: key tiles kb = 0..5 of [0, 300), query blocks of 64 rows from a = 100,
@@ -1285,7 +1375,7 @@ mod tests {
         //   kb3 [192,256): qb 1..4 ((192−100)/64 = 1), qb1, qb2    → (3, 2, 64), 108
         //   kb4 [256,300): qb 2..4, both                            → (2, 2, 44), 44
         assert_eq!(
-            bwd_dkdv_blocks(&m, [(100, 300, 1)]),
+            bwd_dkdv_blocks(&m, C, [(100, 300, 1)]),
             vec![
                 b(4, 1, 64),
                 b(4, 0, 64),
@@ -1295,8 +1385,8 @@ mod tests {
             ]
         );
         // Counts repeat blocks; a whole document [0, 64) is one block of each, masked.
-        assert_eq!(bwd_dq_blocks(&m, [(0, 64, 3)]), vec![b(1, 1, 64); 3]);
-        assert_eq!(bwd_dkdv_blocks(&m, [(0, 64, 2)]), vec![b(1, 1, 64); 2]);
+        assert_eq!(bwd_dq_blocks(&m, C, [(0, 64, 3)]), vec![b(1, 1, 64); 3]);
+        assert_eq!(bwd_dkdv_blocks(&m, C, [(0, 64, 2)]), vec![b(1, 1, 64); 2]);
     }
 
     /// The enumeration against the validator's own tiling (`validate::units::Layout`, what
@@ -1335,7 +1425,7 @@ mod tests {
             .map(|t| {
                 let u = &batch.units[t.unit as usize];
                 let p0 = u.a + t.m_block * 64;
-                m.dq_shape(u64::from(p0), u64::from((p0 + 64).min(u.e)))
+                m.dq_shape(C, u64::from(p0), u64::from((p0 + 64).min(u.e)))
             })
             .collect();
         let kv: Vec<BlockShape> = layout
@@ -1354,10 +1444,14 @@ mod tests {
                     n_iter: qb1 - qb0,
                     n_diag,
                     rows: j1 - j0,
+                    n_local: 0,
                 }
             })
             .collect();
-        let ours = (bwd_dq_blocks(&m, segs.clone()), bwd_dkdv_blocks(&m, segs));
+        let ours = (
+            bwd_dq_blocks(&m, C, segs.clone()),
+            bwd_dkdv_blocks(&m, C, segs),
+        );
         for (theirs, mine) in [(&dq, &ours.0), (&kv, &ours.1)] {
             let (mut a, mut b) = (theirs.clone(), mine.clone());
             a.sort();
@@ -1377,23 +1471,23 @@ mod tests {
         // One 64-token document at 1 head: 64 rows × 0.002 ns; the dQ block 3 + 10 + 1 ns;
         // the dK/dV block 5 + 7 + 2 ns; each alone on its SM, one launch after the other.
         let want = (64.0 * 0.002 + 14.0 + 14.0) * 1e3;
-        let p = launch_bwd_ps_f(0.0, Some(&m), 128, (1, 1), [(0u64, 64u64, 1u32)]);
+        let p = launch_bwd_ps_f(0.0, Some(&m), (C, 128), (1, 1), [(0u64, 64u64, 1u32)]);
         assert!((p - want).abs() < 1e-6, "{p} {want}");
         // Two heads: the blocks on two SMs, the row work twice.
-        let p2 = launch_bwd_ps_f(0.0, Some(&m), 128, (2, 2), [(0u64, 64u64, 1u32)]);
+        let p2 = launch_bwd_ps_f(0.0, Some(&m), (C, 128), (2, 2), [(0u64, 64u64, 1u32)]);
         assert!((p2 - want - 64.0 * 0.002 * 1e3).abs() < 1e-6, "{p2}");
         // 264 heads: two blocks per SM on all 132 SMs, each 1.5× slower.
-        let p3 = launch_bwd_ps_f(0.0, Some(&m), 128, (264, 264), [(0u64, 64u64, 1u32)]);
+        let p3 = launch_bwd_ps_f(0.0, Some(&m), (C, 128), (264, 264), [(0u64, 64u64, 1u32)]);
         let want3 = (264.0 * 64.0 * 0.002 + 1.5 * 28.0) * 1e3;
         assert!((p3 - want3).abs() < 1e-6, "{p3} {want3}");
         // Without a model: the table's price, bit for bit.
         let t = 98_765.5_f64;
         assert_eq!(
-            launch_bwd_ps_f(t, None, 128, (8, 8), [(0u64, 4096u64, 2u32)]).to_bits(),
+            launch_bwd_ps_f(t, None, (C, 128), (8, 8), [(0u64, 4096u64, 2u32)]).to_bits(),
             t.to_bits()
         );
         // head_dim 64: steps at half the time, the fixed parts and the row work unchanged.
-        let l = BwdLaunchBlocks::new(&m, 1, 1, 64, [(0u64, 64u64, 1u32)]);
+        let l = BwdLaunchBlocks::new(&m, C, 1, 1, 64, [(0u64, 64u64, 1u32)]);
         let parts = l.parts_ps(&m);
         assert!((parts[1] - (3.0 + 5.5) * 1e3).abs() < 1e-6, "{parts:?}");
         assert!((parts[2] - (5.0 + 4.5) * 1e3).abs() < 1e-6, "{parts:?}");
@@ -1451,12 +1545,12 @@ mod tests {
         };
         // 64 queries (one tile) beside 300 (three): the first is padded with two empties,
         // in grid order (its tile, then the empties), then the second's tiles from its first.
-        let b = launch_blocks(&m, [(0, 64, 1), (100, 400, 1)]);
+        let b = launch_blocks(&m, C, [(0, 64, 1), (100, 400, 1)]);
         assert_eq!(b.len(), 6);
-        assert_eq!(b[0], query_tile_shape(64, 0, 64));
+        assert_eq!(b[0], query_tile_shape(64, C, 0, 64));
         assert_eq!((b[1], b[2]), (EMPTY, EMPTY));
-        assert_eq!(b[3], query_tile_shape(64, 100, 228));
-        assert_eq!(b[5], query_tile_shape(64, 356, 400));
+        assert_eq!(b[3], query_tile_shape(64, C, 100, 228));
+        assert_eq!(b[5], query_tile_shape(64, C, 356, 400));
         assert_eq!(m.block_ps(EMPTY, 128), 500.0);
         // FlashAttention-2's backward: no dQ launch; key tiles padded to the longest prefix.
         let bwd = BwdBlockModel {
@@ -1465,14 +1559,69 @@ mod tests {
             block_m: 128,
             ..bwd_model()
         };
-        assert!(bwd_dq_blocks(&bwd, [(0, 64, 1)]).is_empty());
-        let k = bwd_dkdv_blocks(&bwd, [(0, 64, 1), (100, 400, 2)]);
+        assert!(bwd_dq_blocks(&bwd, C, [(0, 64, 1)]).is_empty());
+        let k = bwd_dkdv_blocks(&bwd, C, [(0, 64, 1), (100, 400, 2)]);
         // ⌈400/128⌉ = 4 key tiles per segment: 1 + 3 empties, then 4 and 4.
         assert_eq!(k.len(), 12);
         assert_eq!(k[1..4], [EMPTY; 3]);
         assert!(k[4..].iter().all(|s| s.rows > 0));
         // The call's price: empties at their own time, nothing for dQ.
-        let l = BwdLaunchBlocks::new(&bwd, 1, 1, 128, [(0, 64, 1)]);
+        let l = BwdLaunchBlocks::new(&bwd, C, 1, 1, 128, [(0, 64, 1)]);
         assert_eq!(l.parts_ps(&bwd)[1], 0.0);
+    }
+
+    /// Tiles under a sliding window by hand: the key loop starts at the block of the first
+    /// row's lowest key; the window's edge and the diagonal are the masked steps; every step
+    /// runs in the window mode and costs `window_ns` more. A window longer than every key
+    /// range runs as the causal kernel.
+    #[test]
+    fn sliding_window_tiles_by_hand() {
+        let w = Mask::Sliding { w: 100 };
+        let m = BlockModel {
+            window_ns: 5.0,
+            ..steps_only(1.5)
+        };
+        // [300, 428): keys from 201 (block 3) to 427 (block 6): 4 steps; the diagonal
+        // crosses blocks 4–6, the edge (lowest keys 201..=328) blocks 3–5.
+        let b = m.shape(w, 300, 428);
+        let want = BlockShape {
+            n_iter: 4,
+            n_diag: 4,
+            rows: 128,
+            n_local: 4,
+        };
+        assert_eq!(b, want);
+        // Alone: 4 unit steps + 4 × 5 ns of window mode.
+        assert_eq!(m.block_ps(b, 128), 24_000.0);
+        // Rows near the sample's start see fewer keys: no edge inside [0, 64).
+        assert_eq!(m.shape(w, 0, 64).n_diag, 1);
+        // A window past every key range: the causal kernel's blocks.
+        let wide = Mask::Sliding { w: 5000 };
+        assert_eq!(
+            launch_blocks(&m, wide, [(0, 4096, 1)]),
+            launch_blocks(&m, C, [(0, 4096, 1)])
+        );
+        assert_ne!(
+            launch_blocks(&m, w, [(0, 4096, 1)]),
+            launch_blocks(&m, C, [(0, 4096, 1)])
+        );
+        // dK/dV under a 64-key window, 64-key tiles and 64-row steps, queries [0, 256):
+        // tile [0, 64) is seen by queries up to 126 (blocks 0–1: diagonal 0, edge 1); tile
+        // [192, 256) by its own block only.
+        let bwd = bwd_model();
+        let k = bwd_dkdv_blocks(&bwd, Mask::Sliding { w: 64 }, [(0, 256, 1)]);
+        let t = |n_iter, n_diag| BlockShape {
+            n_iter,
+            n_diag,
+            rows: 64,
+            n_local: 0,
+        };
+        assert_eq!(k, vec![t(2, 2), t(2, 2), t(2, 2), t(1, 1)]);
+        // Queries [1000, 1064) of a sample under a 64-key window never see keys before
+        // 937: tiles of [0, 896) are empty blocks.
+        let k = bwd_dkdv_blocks(&bwd, Mask::Sliding { w: 64 }, [(1000, 1064, 1)]);
+        assert_eq!(k.iter().filter(|b| **b == EMPTY).count(), 14);
+        assert!(prices_mask(&w) && prices_mask(&C));
+        assert!(!prices_mask(&Mask::Chunked { c: 64 }));
     }
 }

@@ -50,7 +50,7 @@ use super::blocks::{
 };
 use super::{
     attn_bwd_segment_ps_f, attn_segment_ps_f, AttnShape, Calibration, EffPoint, EffTable, Hardware,
-    LaunchCosts,
+    LaunchCosts, Mask,
 };
 use crate::error::{invalid, parse_error, Result};
 
@@ -149,7 +149,13 @@ pub struct Measurement {
     pub p90_ms: f64,
     /// Segment histogram (attention rows).
     pub segs: Vec<SegCount>,
+    /// The mask the launch ran under (the `mask` column; causal where a file has none).
+    pub mask: Mask,
 }
+
+/// The optional column after [`HEADER`]: the launch's mask, written when a row is not
+/// causal.
+const MASK_COLUMN: &str = "mask";
 
 /// The first line of a measurement CSV: the format and its version.
 pub const CSV_VERSION_LINE: &str = "#skewsim-measurements,v2";
@@ -222,10 +228,12 @@ pub fn measurements_to_csv(rows: &[Measurement]) -> Result<String> {
     let mut out = format!("{CSV_VERSION_LINE}\n").into_bytes();
     let mut w = csv::Writer::from_writer(Vec::new());
     let err = |e: csv::Error| parse_error("measurement csv", e.to_string());
-    w.write_record(HEADER).map_err(err)?;
+    let masked = rows.iter().any(|r| !r.mask.is_causal());
+    let extra: &[&str] = if masked { &[MASK_COLUMN] } else { &[] };
+    w.write_record(HEADER.iter().chain(extra)).map_err(err)?;
     let opt = |x: Option<f64>| x.map(|v| format!("{v:.6}")).unwrap_or_default();
     for r in rows {
-        w.write_record([
+        let mut rec = vec![
             r.kind.name().to_string(),
             r.pass.name().to_string(),
             r.plan.clone(),
@@ -250,8 +258,11 @@ pub fn measurements_to_csv(rows: &[Measurement]) -> Result<String> {
             format!("{:.6}", r.p10_ms),
             format!("{:.6}", r.p90_ms),
             segs_text(&r.segs),
-        ])
-        .map_err(err)?;
+        ];
+        if masked {
+            rec.push(r.mask.to_string());
+        }
+        w.write_record(&rec).map_err(err)?;
     }
     let bytes = w
         .into_inner()
@@ -307,6 +318,7 @@ pub fn measurements_from_csv(text: &str, context: &str) -> Result<Vec<Measuremen
             return Err(parse_error(context, format!("missing column `{name}`")));
         }
     }
+    let mask_col = headers.iter().position(|h| h == MASK_COLUMN);
     let mut out = Vec::new();
     for (i, rec) in rdr.records().enumerate() {
         let rec = rec.map_err(|e| parse_error(context, e.to_string()))?;
@@ -384,6 +396,10 @@ pub fn measurements_from_csv(text: &str, context: &str) -> Result<Vec<Measuremen
             p10_ms: time(21, "p10_ms")?,
             p90_ms: time(22, "p90_ms")?,
             segs: parse_segs(f(23), &ctx)?,
+            mask: match mask_col.and_then(|c| rec.get(c)).unwrap_or("") {
+                "" => Mask::Causal,
+                s => Mask::parse(s, &format!("{ctx}: mask"))?,
+            },
         };
         check_row(&m, &ctx)?;
         out.push(m);
@@ -456,6 +472,11 @@ fn check_row(m: &Measurement, ctx: &str) -> Result<()> {
     Ok(())
 }
 
+/// A measured forward launch's blocks under `m`'s geometry.
+pub(crate) fn row_blocks(m: &BlockModel, r: &Measurement) -> LaunchBlocks {
+    LaunchBlocks::new(m, r.mask, r.heads, r.head_dim, Pricing::seg_ranges(&r.segs))
+}
+
 /// Prices measured launches and copies through the cost model's tables and launch terms.
 #[derive(Clone, Debug)]
 pub struct Pricing {
@@ -513,18 +534,20 @@ impl Pricing {
         Self::from_calibration(&Calibration::from_json_str(text, context)?, context)
     }
 
-    fn shape(heads: u32, head_dim: u32) -> AttnShape {
+    fn shape(heads: u32, head_dim: u32, mask: Mask) -> AttnShape {
         AttnShape {
             heads_q: heads,
             heads_kv: 1,
             head_dim,
             dtype_bytes: 2,
-            mask: crate::cost::Mask::Causal,
+            mask,
         }
     }
 
     /// A launch's segments as (start, end, count) in sample-local positions.
-    fn seg_ranges(segs: &[SegCount]) -> impl Iterator<Item = (u64, u64, u32)> + Clone + '_ {
+    pub(crate) fn seg_ranges(
+        segs: &[SegCount],
+    ) -> impl Iterator<Item = (u64, u64, u32)> + Clone + '_ {
         segs.iter()
             .map(|s| (u64::from(s.kv - s.q), u64::from(s.kv), s.n))
     }
@@ -535,22 +558,27 @@ impl Pricing {
         eff: &EffTable,
         blocks: Option<&BlockModel>,
         heads: u32,
-        head_dim: u32,
+        (head_dim, mask): (u32, Mask),
         segs: &[SegCount],
     ) -> f64 {
-        match blocks {
-            None => Self::attn_compute_ms(eff, heads, head_dim, segs),
+        match blocks.filter(|_| blocks::prices_mask(&mask)) {
+            None => Self::attn_compute_ms(eff, heads, (head_dim, mask), segs),
             Some(m) => {
-                blocks::launch_fwd_ps_f(0.0, Some(m), head_dim, heads, Self::seg_ranges(segs))
-                    * 1e-9
+                let key = (mask, head_dim, heads);
+                blocks::launch_fwd_ps_f(0.0, Some(m), key, Self::seg_ranges(segs)) * 1e-9
             }
         }
     }
 
     /// Attention time of a launch's segments at `heads` per call by the table alone, ms,
     /// without the launch overhead.
-    pub fn attn_compute_ms(eff: &EffTable, heads: u32, head_dim: u32, segs: &[SegCount]) -> f64 {
-        let shape = Self::shape(heads, head_dim);
+    pub fn attn_compute_ms(
+        eff: &EffTable,
+        heads: u32,
+        (head_dim, mask): (u32, Mask),
+        segs: &[SegCount],
+    ) -> f64 {
+        let shape = Self::shape(heads, head_dim, mask);
         segs.iter()
             .map(|s| {
                 let (start, end) = (u64::from(s.kv - s.q), u64::from(s.kv));
@@ -567,10 +595,10 @@ impl Pricing {
         bwd: Option<&EffTable>,
         hw: &Hardware,
         heads: u32,
-        head_dim: u32,
+        (head_dim, mask): (u32, Mask),
         segs: &[SegCount],
     ) -> f64 {
-        let shape = Self::shape(heads, head_dim);
+        let shape = Self::shape(heads, head_dim, mask);
         segs.iter()
             .map(|s| {
                 let (start, end) = (u64::from(s.kv - s.q), u64::from(s.kv));
@@ -587,22 +615,25 @@ impl Pricing {
     pub fn attn_bwd_launch_ms(
         &self,
         (heads, kv_heads): (u32, u32),
-        head_dim: u32,
+        (head_dim, mask): (u32, Mask),
         segs: &[SegCount],
     ) -> f64 {
-        match &self.bwd_blocks {
+        match self
+            .bwd_blocks
+            .as_ref()
+            .filter(|_| blocks::prices_mask(&mask))
+        {
             None => Self::attn_bwd_compute_ms(
                 &self.eff,
                 self.bwd.as_ref(),
                 &self.hw,
                 heads,
-                head_dim,
+                (head_dim, mask),
                 segs,
             ),
             Some(m) => {
-                let heads = (heads, kv_heads);
-                blocks::launch_bwd_ps_f(0.0, Some(m), head_dim, heads, Self::seg_ranges(segs))
-                    * 1e-9
+                let (heads, key) = ((heads, kv_heads), (mask, head_dim));
+                blocks::launch_bwd_ps_f(0.0, Some(m), key, heads, Self::seg_ranges(segs)) * 1e-9
             }
         }
     }
@@ -631,13 +662,13 @@ impl Pricing {
                         &self.eff,
                         self.blocks.as_ref(),
                         m.heads,
-                        m.head_dim,
+                        (m.head_dim, m.mask),
                         &m.segs,
                     )
             }
             (MeasureKind::Attn, Pass::Bwd) => {
                 self.bwd_launch_us() * 1e-3
-                    + self.attn_bwd_launch_ms((m.heads, m.kv_heads), m.head_dim, &m.segs)
+                    + self.attn_bwd_launch_ms((m.heads, m.kv_heads), (m.head_dim, m.mask), &m.segs)
             }
             _ if m.bytes == 0 => 0.0,
             _ => self.copy_ms(m.bytes),
@@ -1323,10 +1354,7 @@ fn fit_blocks(
 ) -> Result<BlockFit> {
     let iterations = opts.iterations;
     use rayon::prelude::*;
-    let launches: Vec<LaunchBlocks> = rows
-        .iter()
-        .map(|r| LaunchBlocks::new(template, r.heads, r.head_dim, Pricing::seg_ranges(&r.segs)))
-        .collect();
+    let launches: Vec<LaunchBlocks> = rows.iter().map(|r| row_blocks(template, r)).collect();
     let per_sm = f64::from(template.blocks_per_sm.max(1));
     // A grid of padded segments has empty blocks: their time is a fifth ratio.
     let grid = template.order == TileOrder::Grid;
@@ -1438,7 +1466,7 @@ fn fit_bwd_blocks(
         .iter()
         .map(|r| {
             let segs = Pricing::seg_ranges(&r.segs);
-            BwdLaunchBlocks::new(template, r.heads, r.kv_heads, r.head_dim, segs)
+            BwdLaunchBlocks::new(template, r.mask, r.heads, r.kv_heads, r.head_dim, segs)
         })
         .collect();
     // Calls with fewer KV heads than query heads identify the grouped-query reduction.
@@ -1583,7 +1611,7 @@ pub fn fit(rows: &[Measurement], start: &Pricing, opts: &FitOptions) -> Result<F
         .map(|&(h, l)| start.eff.tflops(h, u64::from(l), u64::from(l)))
         .collect();
     let compute = |eff: &EffTable, r: &Measurement| {
-        Pricing::attn_compute_ms(eff, r.heads, r.head_dim, &r.segs)
+        Pricing::attn_compute_ms(eff, r.heads, (r.head_dim, r.mask), &r.segs)
     };
     let table = fit_table(
         "forward table",
@@ -1627,7 +1655,8 @@ pub fn fit(rows: &[Measurement], start: &Pricing, opts: &FitOptions) -> Result<F
                 .filter_map(|r| {
                     let t = r.measured_ms - launch_us * 1e-3;
                     let f =
-                        Pricing::attn_compute_ms(&fwd_eff, r.heads, r.head_dim, &r.segs) * factor;
+                        Pricing::attn_compute_ms(&fwd_eff, r.heads, (r.head_dim, r.mask), &r.segs)
+                            * factor;
                     (t > 0.0 && f > 0.0).then_some(f / t)
                 })
                 .collect();
@@ -1655,7 +1684,9 @@ pub fn fit(rows: &[Measurement], start: &Pricing, opts: &FitOptions) -> Result<F
             &bstart,
             start.bwd_launch_us(),
             opts,
-            &|eff, r| factor * Pricing::attn_compute_ms(eff, r.heads, r.head_dim, &r.segs),
+            &|eff, r| {
+                factor * Pricing::attn_compute_ms(eff, r.heads, (r.head_dim, r.mask), &r.segs)
+            },
         )?;
         launch.attn_bwd_launch_us = b.launch_us;
         if let Some(e) = ratio(b.launch_us) {
@@ -1770,6 +1801,7 @@ mod tests {
             p10_ms: ms * 0.98,
             p90_ms: ms * 1.02,
             segs,
+            mask: Mask::Causal,
         }
     }
 

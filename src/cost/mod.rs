@@ -32,8 +32,10 @@
 pub mod blocks;
 #[allow(missing_docs)] // its record and summary fields are documented at the type
 pub mod fit;
+pub mod fit_window;
 pub mod gemm;
 pub mod kernel;
+pub mod layer;
 pub mod mask;
 pub mod memory;
 pub mod model;
@@ -804,23 +806,27 @@ impl CostModel {
     ) -> f64 {
         match self.fwd_blocks() {
             None => table_ps,
-            Some(m) => self.launch_memo.fwd_ps(m, self.model.head_dim, heads, segs),
+            Some(m) => {
+                let key = (self.attn().mask, self.model.head_dim);
+                self.launch_memo.fwd_ps(m, key, heads, segs)
+            }
         }
     }
 
-    /// The forward block model where it applies: its tiles are the causal kernel's, so
-    /// layers of another mask are priced by the table ([`attn_segment_ps_f`]).
+    /// The forward block model where it applies: layers whose mask the kernels walk as
+    /// key-block ranges ([`blocks::prices_mask`]: causal, sliding window); layers of another
+    /// mask are priced by the table ([`attn_segment_ps_f`]).
     fn fwd_blocks(&self) -> Option<&BlockModel> {
         self.attn_blocks
             .as_ref()
-            .filter(|_| self.attn().mask.is_causal())
+            .filter(|_| blocks::prices_mask(&self.attn().mask))
     }
 
-    /// The backward block model where it applies (causal layers, as [`Self::fwd_blocks`]).
+    /// The backward block model where it applies (as [`Self::fwd_blocks`]).
     fn bwd_blocks(&self) -> Option<&BwdBlockModel> {
         self.attn_bwd_blocks
             .as_ref()
-            .filter(|_| self.attn().mask.is_causal())
+            .filter(|_| blocks::prices_mask(&self.attn().mask))
     }
 
     /// One backward call's compute time likewise: `table_ps` without a backward block
@@ -835,8 +841,8 @@ impl CostModel {
             None => table_ps,
             Some(m) => {
                 let kv = self.kv_heads_per_call(heads);
-                self.launch_memo
-                    .bwd_ps(m, self.model.head_dim, (heads, kv), segs)
+                let key = (self.attn().mask, self.model.head_dim);
+                self.launch_memo.bwd_ps(m, key, (heads, kv), segs)
             }
         }
     }
@@ -1191,8 +1197,13 @@ mod tests {
         .unwrap();
         // A whole-document backward is one call: its blocks plus the backward overhead.
         assert_eq!(c.kv_heads_per_call(8), 1);
-        let want =
-            blocks::launch_bwd_ps_f(0.0, Some(&m), 128, (8, 1), [(0u64, 4096u64, 1u32)]) + 20e6;
+        let want = blocks::launch_bwd_ps_f(
+            0.0,
+            Some(&m),
+            (Mask::Causal, 128),
+            (8, 1),
+            [(0u64, 4096u64, 1u32)],
+        ) + 20e6;
         assert_eq!(c.attn_bwd_ps([4096], 8), want.round() as Ps);
         let bad = w.replace("\"iter_ns\": 1500.0", "\"iter_ns\": -1.0");
         let e = Calibration::from_json_str(&bad, "cal.json").unwrap_err();

@@ -292,19 +292,25 @@ def gemm(set_name, seed, out_dir, n, budget_s):
 
 
 # ---------------------------------------------------------------- one llama3-8b layer
+def window_kw(window):
+    """FlashAttention's sliding-window arguments for a window of `window` keys (None: causal)."""
+    return {} if window is None else {"window_size_left": window - 1, "window_size_right": 0}
+
+
 class FlashVarlen(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, cu, mx):
-        o, lse, s, off, _ = torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, mx, mx, 0.0, True, False)
+    def forward(ctx, q, k, v, cu, mx, window=None):
+        kw = window_kw(window)
+        o, lse, s, off, _ = torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, mx, mx, 0.0, True, False, **kw)
         ctx.save_for_backward(q, k, v, o, lse, cu, s, off)
-        ctx.mx = mx
+        ctx.mx, ctx.kw = mx, kw
         return o
 
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse, cu, s, off = ctx.saved_tensors
-        dq, dk, dv = torch.ops.aten._flash_attention_backward(do.contiguous(), q, k, v, o, lse, cu, cu, ctx.mx, ctx.mx, 0.0, True, s, off)
-        return dq, dk, dv, None, None
+        dq, dk, dv = torch.ops.aten._flash_attention_backward(do.contiguous(), q, k, v, o, lse, cu, cu, ctx.mx, ctx.mx, 0.0, True, s, off, **ctx.kw)
+        return dq, dk, dv, None, None, None
 
 
 def rope(x, cos, sin):
@@ -330,10 +336,36 @@ def layer_docs(tokens, seq_len, offset):
     return pieces
 
 
-def layer(seed, out_dir):
+def kernel_times(fn):
+    """Per-category device time (attention, gemm, other) of one call of `fn` by torch.profiler,
+    with each kernel's name, call count and µs."""
+    from torch.profiler import profile, ProfilerActivity
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    cats = {}
+    for ev in prof.key_averages():
+        t = ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time_total
+        if t <= 0:
+            continue
+        nm = ev.key.lower()
+        c = "attention" if "flash" in nm else ("gemm" if any(s in nm for s in ("gemm", "nvjet", "cutlass", "xmma", "sm90_", "cublas")) else "other")
+        cats.setdefault(c, {"us": 0.0, "kernels": []})
+        cats[c]["us"] += t
+        cats[c]["kernels"].append([ev.key[:160], ev.count, round(t, 1)])
+    return cats
+
+
+LAYER_CONFIGS = ((32768, 32768, 2000, None), (65536, 32768, 50000, None))
+
+
+def layer(seed, out_dir, configs=LAYER_CONFIGS, name="layer.json"):
+    """One llama3-8b layer per config (tokens, seq_len, trace offset, window or None)."""
     hid, hq, hkv, hd, inter = 4096, 32, 8, 128, 14336
     res = []
-    for tokens, seq_len, offset in ((32768, 32768, 2000), (65536, 32768, 50000)):
+    for tokens, seq_len, offset, window in configs:
         docs = layer_docs(tokens, seq_len, offset)
         gen = torch.Generator(device="cuda").manual_seed(seed)
         p = lambda *s: (torch.randn(*s, device="cuda", dtype=torch.bfloat16, generator=gen) * 0.02).requires_grad_(True)
@@ -354,7 +386,7 @@ def layer(seed, out_dir):
             q, k, v = qkv.split([hq * hd, hkv * hd, hkv * hd], dim=-1)
             q = rope(q.view(tokens, hq, hd), cos, sin)
             k = rope(k.view(tokens, hkv, hd), cos, sin)
-            a = FlashVarlen.apply(q, k, v.reshape(tokens, hkv, hd), cu, mx)
+            a = FlashVarlen.apply(q, k, v.reshape(tokens, hkv, hd), cu, mx, window)
             x2 = x + a.reshape(tokens, hq * hd) @ wo
             h2 = torch.nn.functional.rms_norm(x2, (hid,), n2, 1e-5)
             g, u = (h2 @ wgu).chunk(2, dim=-1)
@@ -364,29 +396,16 @@ def layer(seed, out_dir):
         fb = lambda: torch.autograd.grad(fwd(), params, dy)
         r_f = timed(lambda: fwd(), target_s=0.5, lo=5, hi=20)
         r_fb = timed(fb, target_s=1.0, lo=5, hi=20)
-        from torch.profiler import profile, ProfilerActivity
-        fb()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            fb()
-            torch.cuda.synchronize()
-        cats = {}
-        for ev in prof.key_averages():
-            t = ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time_total
-            if t <= 0:
-                continue
-            nm = ev.key.lower()
-            c = "attention" if "flash" in nm else ("gemm" if any(s in nm for s in ("gemm", "nvjet", "cutlass", "xmma", "sm90_", "cublas")) else "other")
-            cats.setdefault(c, {"us": 0.0, "kernels": []})
-            cats[c]["us"] += t
-            cats[c]["kernels"].append([ev.key[:90], ev.count, round(t, 1)])
+        cats = kernel_times(fb)
+        cats_f = kernel_times(fwd)
         res.append({"model": "llama3-8b", "tp": 1, "tokens": tokens, "seq_len": seq_len, "trace": "traces/wlbllm.json",
-                    "trace_offset": offset, "docs": docs, "fwd_ms": r_f, "fwd_bwd_ms": r_fb, "profile_fwd_bwd": cats})
-        log(f"layer tokens {tokens} docs {len(docs)}: fwd {r_f[0]:.3f} ms, fwd+bwd {r_fb[0]:.3f} ms, "
+                    "trace_offset": offset, "mask": "causal" if window is None else f"sliding:{window}",
+                    "docs": docs, "fwd_ms": r_f, "fwd_bwd_ms": r_fb, "profile_fwd_bwd": cats, "profile_fwd": cats_f})
+        log(f"layer tokens {tokens} window {window} docs {len(docs)}: fwd {r_f[0]:.3f} ms, fwd+bwd {r_fb[0]:.3f} ms, "
             + ", ".join(f"{c} {v['us'] / 1e3:.3f} ms" for c, v in cats.items()))
         del wqkv, wo, wgu, wd, x
         torch.cuda.empty_cache()
-    json.dump(res, open(os.path.join(out_dir, "layer.json"), "w"), indent=1)
+    json.dump(res, open(os.path.join(out_dir, name), "w"), indent=1)
 
 
 def main():

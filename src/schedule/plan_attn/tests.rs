@@ -351,7 +351,12 @@ fn a_calibrated_block_model_prices_a_workers_launch() {
     // At least every block's time spread over the slots at the SMs' shared throughput.
     let m = cal.attn_blocks.unwrap();
     let one_head: f64 = (0..128u64)
-        .map(|k| m.block_ps(m.shape(128 * k, 128 * (k + 1)), 128))
+        .map(|k| {
+            m.block_ps(
+                m.shape(crate::cost::Mask::Causal, 128 * k, 128 * (k + 1)),
+                128,
+            )
+        })
         .sum();
     let even = one_head * 32.0 * 1.4 / (132.0 * 2.0);
     assert!(t as f64 >= even && (t as f64) < 1.1 * even, "{t} {even}");
@@ -389,8 +394,8 @@ fn a_calibrated_block_model_prices_a_workers_launch() {
     // row·head work and the call.
     let m = bw.attn_bwd_blocks.unwrap();
     let (dq, kv) = (
-        crate::cost::blocks::bwd_dq_blocks(&m, [(0, 16_384, 1)]),
-        crate::cost::blocks::bwd_dkdv_blocks(&m, [(0, 16_384, 1)]),
+        crate::cost::blocks::bwd_dq_blocks(&m, crate::cost::Mask::Causal, [(0, 16_384, 1)]),
+        crate::cost::blocks::bwd_dkdv_blocks(&m, crate::cost::Mask::Causal, [(0, 16_384, 1)]),
     );
     assert_eq!((dq.len(), kv.len()), (256, 256));
     let work = |tt: &crate::cost::blocks::BlockTimes, v: &[crate::cost::blocks::BlockShape]| {
