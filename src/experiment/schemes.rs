@@ -51,7 +51,7 @@ use crate::balance::schemes::{Scheme, SchemePlanner, SchemeSettings};
 use crate::balance::wlbllm::lower::ShardingMode;
 use crate::cluster::TopologySpec;
 use crate::cost::{CostModel, ModelConfig};
-use crate::error::{bail, spec_error, Context, Result};
+use crate::error::{bail, invalid, Context, Error, Result};
 use crate::net::collective::CollectiveModel;
 use crate::report::svg::{Chart, Scale, Series};
 use crate::schedule::compare::simulate_scheme_step_with;
@@ -219,6 +219,11 @@ fn parse_arm(s: &str, base: &SchemeSettings, file: &str) -> Result<Arm> {
     let scheme: Scheme = name
         .parse()
         .with_context(|| format!("{file}: arms: {s:?}"))?;
+    // a tweak's value refused, named with the arm it is in
+    let bad = |field: &str, v: &str, allowed: &str| Error::Context {
+        context: format!("{file}: arms: {s:?}"),
+        cause: Box::new(invalid(field, format!("{v:?}"), allowed)),
+    };
     let mut set = base.clone();
     let mut signal = false;
     let mut cp = CpChoice::Point;
@@ -228,36 +233,35 @@ fn parse_arm(s: &str, base: &SchemeSettings, file: &str) -> Result<Arm> {
             (Scheme::DistCa, "tight") => set.distca_scheduler = DistcaScheduler::Tight,
             (Scheme::DistCa, "signal") => signal = true,
             (Scheme::DistCa, e) if e.starts_with("eps=") => {
-                set.epsilon = e[4..].parse().map_err(|_| {
-                    spec_error!("{file}: arms: {s:?}: eps = {:?} is not a number", &e[4..])
-                })?;
+                set.epsilon = e[4..].parse().map_err(|_| bad("eps", &e[4..], "a number"))?;
             }
             (Scheme::WlbLlm, m @ ("per-document" | "per-sequence" | "adaptive")) => {
                 set.sharding = m.parse()?
             }
             (Scheme::WlbLlm, c) if c.starts_with("cp=") => {
-                cp = CpChoice::Fixed(c[3..].parse().ok().filter(|&n: &u32| n >= 1).ok_or_else(
-                    || spec_error!("{file}: arms: {s:?}: cp = {:?} is not a degree ≥ 1", &c[3..]),
-                )?);
+                cp = CpChoice::Fixed(
+                    c[3..]
+                        .parse()
+                        .ok()
+                        .filter(|&n: &u32| n >= 1)
+                        .ok_or_else(|| bad("cp", &c[3..], "a degree ≥ 1"))?,
+                );
             }
             (Scheme::WlbLlm, "best-cp") => cp = CpChoice::Best,
             (Scheme::Libra, m) if m.starts_with("m=") => {
-                set.libra.chunks = m[2..].parse().map_err(|_| {
-                    spec_error!("{file}: arms: {s:?}: m = {:?} is not a count", &m[2..])
-                })?;
+                set.libra.chunks = m[2..].parse().map_err(|_| bad("m", &m[2..], "a count"))?;
             }
             (Scheme::MegatronDcp, x) if x.starts_with("s=") => {
-                set.max_seqlen_per_rank = Some(x[2..].parse().map_err(|_| {
-                    spec_error!("{file}: arms: {s:?}: s = {:?} is not a count", &x[2..])
-                })?);
+                set.max_seqlen_per_rank =
+                    Some(x[2..].parse().map_err(|_| bad("s", &x[2..], "a count"))?);
             }
             (Scheme::MegatronDcp, x) if x.starts_with("load=") => {
                 set.dcp_load = x[5..].parse()?;
             }
             (Scheme::MegatronDcp, x) if x.starts_with("min-cp=") => {
-                set.min_dynamic_cp = x[7..].parse().map_err(|_| {
-                    spec_error!("{file}: arms: {s:?}: min-cp = {:?} is not a count", &x[7..])
-                })?;
+                set.min_dynamic_cp = x[7..]
+                    .parse()
+                    .map_err(|_| bad("min-cp", &x[7..], "a count"))?;
             }
             _ => bail!(
                 "{file}: arms: {s:?}: unknown tweak {t:?} for {name} (distca: tight, \
@@ -328,10 +332,12 @@ fn load_model(name: &str, base: &Path, file: &str, layers: Option<u32>) -> Resul
     };
     if let Some(l) = layers {
         if l == 0 || l > m.layers {
-            bail!(
-                "{file}: layers = {l} must be in 1..={} (the model's layers)",
-                m.layers
-            );
+            return Err(invalid(
+                "layers",
+                l,
+                format!("1..={} (the model's layers)", m.layers),
+            ))
+            .context(file);
         }
         m.layers = l;
     }
@@ -393,11 +399,49 @@ pub fn run_text(
         (None, Some(_)) => None,
     };
     let kernel = calibration.1.unwrap_or(Kernel::DEFAULT);
+    let set = settings(&f, file)?;
+    let arms: Vec<Arm> = f
+        .arms
+        .iter()
+        .map(|a| parse_arm(a, &set, file))
+        .collect::<Result<_>>()?;
+    let layouts = layouts(&f, &arms, file)?;
+    let net_model = net_model(&f, base, file)?;
+    let points = points(&f, &layouts, base, file, cal.as_deref(), kernel)?;
+    let results = simulate(&f, &points, &arms, &net_model, file, observer)?;
+    let extra = extra_sections(&f, &arms, &points, &results)?;
+    let mut out = render(&f, title, &arms, &results);
+    if let Some(c) = &cal {
+        out.markdown += &format!(
+            "\nPriced by the calibration `{}` (`skewsim calibrate`), not the built-in kernel profile.\n",
+            c.display()
+        );
+    } else if let (_, Some(k)) = calibration {
+        out.markdown += &format!(
+            "\nPriced by the built-in `{}` kernel profile (`--kernel`).\n",
+            k.name()
+        );
+    }
+    out.markdown += &extra;
+    if !f.notes.is_empty() {
+        out.markdown += &format!("\n{}\n", f.notes.trim());
+    }
+    Ok(out)
+}
+
+/// The schemes' settings of the file (`[settings]` over the defaults), its kind, steps and
+/// arms checked.
+fn settings(f: &CompareFile, file: &str) -> Result<SchemeSettings> {
     if !KINDS.contains(&f.kind.as_str()) {
-        bail!("{file}: kind = {:?}: one of {}", f.kind, KINDS.join(", "));
+        return Err(invalid(
+            "kind",
+            format!("{:?}", f.kind),
+            format!("one of {}", KINDS.join(", ")),
+        ))
+        .context(file);
     }
     if f.steps == 0 || f.steps > 1000 {
-        bail!("{file}: steps = {} must be in 1..=1000", f.steps);
+        return Err(invalid("steps", f.steps, "an integer in 1..=1000")).context(file);
     }
     if f.arms.is_empty() {
         bail!(
@@ -435,27 +479,20 @@ pub fn run_text(
         dcp_load: d.dcp_load,
     };
     if !(set.epsilon.is_finite() && set.epsilon >= 0.0) {
-        bail!(
-            "{file}: [settings] epsilon = {} must be a finite tolerance ≥ 0 (DistCA: 0.10)",
-            set.epsilon
-        );
+        return Err(invalid(
+            "[settings] epsilon",
+            set.epsilon,
+            "a finite tolerance ≥ 0 (DistCA: 0.10)",
+        ))
+        .context(file);
     }
     set.libra.cp = f.parallel.cp;
-    let arms: Vec<Arm> = f
-        .arms
-        .iter()
-        .map(|a| parse_arm(a, &set, file))
-        .collect::<Result<_>>()?;
-    let pick = |v: &[String], one: Option<String>| -> Vec<Option<String>> {
-        if v.is_empty() {
-            vec![one]
-        } else {
-            v.iter().cloned().map(Some).collect()
-        }
-    };
-    let models = pick(&f.sweep.model, Some(f.model.clone()));
-    let corpora = pick(&f.sweep.corpus, Some(f.workload.corpus.clone()));
-    let topos = pick(&f.sweep.topology, f.network.topology.clone());
+    Ok(set)
+}
+
+/// The (DP, CP, GA) layouts of the points (`[[sweep.layout]]`, else `[parallel]` ×
+/// `[sweep] dp`), each checked with every arm's CPs.
+fn layouts(f: &CompareFile, arms: &[Arm], file: &str) -> Result<Vec<LayoutFile>> {
     let dps: Vec<u32> = if f.sweep.dp.is_empty() {
         vec![f.parallel.dp.unwrap_or(1)]
     } else {
@@ -486,7 +523,7 @@ pub fn run_text(
             format!("[[sweep.layout]] #{}", i + 1)
         };
         super::inputs::check_layout(file, &table, [y.dp, p.pp, y.cp, p.tp], y.ga)?;
-        for a in &arms {
+        for a in arms {
             for c in arm_cps(a, y.dp, y.cp, y.ga) {
                 arm_layout(&a.label, c, y.dp, y.cp, y.ga)
                     .with_context(|| format!("{file}: arms at {table}"))?;
@@ -496,10 +533,21 @@ pub fn run_text(
             |v: &[String], one: &String, x: &String| v.contains(x) || (v.is_empty() && one == x);
         if let Some(m) = &y.model {
             if !named(&f.sweep.model, &f.model, m) {
-                bail!("{file}: {table} model = {m:?} is not one of the file's models");
+                return Err(invalid(
+                    format!("{table} model"),
+                    format!("{m:?}"),
+                    "one of the file's models",
+                ))
+                .context(file);
             }
         }
     }
+    Ok(layouts)
+}
+
+/// The network model of every point (`[network] model`), after checking that a
+/// `[network]` topology `[sweep]` overrides exists.
+fn net_model(f: &CompareFile, base: &Path, file: &str) -> Result<String> {
     // A [network] topology that [sweep] overrides must still exist.
     if let (Some(t), false) = (&f.network.topology, f.sweep.topology.is_empty()) {
         load_topology(t, base, file).context("[network] topology")?;
@@ -510,28 +558,53 @@ pub fn run_text(
         .clone()
         .unwrap_or_else(|| "analytical".into());
     if !matches!(net_model.as_str(), "analytical" | "flow") {
-        bail!("{file}: [network] model = {net_model:?}: one of analytical, flow");
+        return Err(invalid(
+            "[network] model",
+            format!("{net_model:?}"),
+            "one of analytical, flow",
+        ))
+        .context(file);
     }
-    // points: (model, topology, corpus, seq_len, dp) × arms
-    struct Point {
-        model: String,
-        cost: Arc<CostModel>,
-        topo: Option<(String, TopologySpec)>,
-        corpus: String,
-        seq_len: u32,
-        dp: u32,
-        cp: u32,
-        ga: u32,
-    }
+    Ok(net_model)
+}
+
+/// One point of the sweep: model (priced), topology, corpus, L and layout.
+struct Point {
+    model: String,
+    cost: Arc<CostModel>,
+    topo: Option<(String, TopologySpec)>,
+    corpus: String,
+    seq_len: u32,
+    dp: u32,
+    cp: u32,
+    ga: u32,
+}
+
+/// The points: (model, topology, corpus, seq_len) × layouts, each model priced by the
+/// calibration `cal` or the kernel profile.
+fn points(
+    f: &CompareFile,
+    layouts: &[LayoutFile],
+    base: &Path,
+    file: &str,
+    cal: Option<&Path>,
+    kernel: Kernel,
+) -> Result<Vec<Point>> {
+    let pick = |v: &[String], one: Option<String>| -> Vec<Option<String>> {
+        if v.is_empty() {
+            vec![one]
+        } else {
+            v.iter().cloned().map(Some).collect()
+        }
+    };
+    let models = pick(&f.sweep.model, Some(f.model.clone()));
+    let corpora = pick(&f.sweep.corpus, Some(f.workload.corpus.clone()));
+    let topos = pick(&f.sweep.topology, f.network.topology.clone());
     let mut points = Vec::new();
     for m in models.iter().flatten() {
         let cost = Arc::new(
-            super::calfile::cost_model(
-                load_model(m, base, file, f.layers)?,
-                cal.as_deref(),
-                kernel,
-            )
-            .with_context(|| format!("{file}: calibration"))?,
+            super::calfile::cost_model(load_model(m, base, file, f.layers)?, cal, kernel)
+                .with_context(|| format!("{file}: calibration"))?,
         );
         for t in &topos {
             let topo = match t {
@@ -592,6 +665,19 @@ pub fn run_text(
             i + 1
         );
     }
+    Ok(points)
+}
+
+/// Every (point, arm) simulated in parallel, gathered in order; an arm with several CPs
+/// keeps its fastest.
+fn simulate(
+    f: &CompareFile,
+    points: &[Point],
+    arms: &[Arm],
+    net_model: &str,
+    file: &str,
+    observer: &dyn Observer,
+) -> Result<Vec<ArmResult>> {
     let jobs: Vec<(usize, usize)> = (0..points.len())
         .flat_map(|p| (0..arms.len()).map(move |a| (p, a)))
         .collect();
@@ -626,10 +712,10 @@ pub fn run_text(
             for c in arm_cps(arm, p.dp, p.cp, p.ga) {
                 let (dp, cp, ga) = arm_layout(&arm.label, c, p.dp, p.cp, p.ga)?;
                 let r = run_arm(
-                    &f,
+                    f,
                     p.cost.as_ref(),
                     &p.topo,
-                    &net_model,
+                    net_model,
                     &p.corpus,
                     p.seq_len,
                     Parallelism { dp, cp, ga, ..par },
@@ -654,9 +740,20 @@ pub fn run_text(
         .inspect(|_| progress.tick())
         .collect();
     let results: Vec<ArmResult> = results.into_iter().collect::<Result<_>>()?;
+    Ok(results)
+}
+
+/// The kind's own sections: the last arm's cuts (attention-microbench), DistCA's
+/// tolerance rows (distca-ablation) and WLB-LLM's S_max rows.
+fn extra_sections(
+    f: &CompareFile,
+    arms: &[Arm],
+    points: &[Point],
+    results: &[ArmResult],
+) -> Result<String> {
     let mut extra = String::new();
     if f.kind == "attention-microbench" {
-        extra += &last_arm_cuts(&arms, &results);
+        extra += &last_arm_cuts(arms, results);
     }
     if f.kind == "distca-ablation" {
         extra += "\n## DistCA's tolerance: what ε trims (scheduler only, step 0 of each point)\n\n\
@@ -664,38 +761,22 @@ pub fn run_text(
                   computed for others, `balance::pricing::distca_tolerance`), relative to ε = 0.\n\n\
                   | model | L | servers | ε | moved GiB/layer | vs ε=0 | max buffer (MiB) | vs ε=0 | max deviation | moves |\n\
                   |---|---|---|---|---|---|---|---|---|---|\n";
-        for p in &points {
+        for p in points {
             let shard = p.cost.tp_shard(f.parallel.tp, f.parallel.ep)?;
             let lay = [p.dp, p.cp, p.ga];
-            extra += &tolerance_rows(&f, &shard, &p.model, &p.corpus, p.seq_len, lay)?;
+            extra += &tolerance_rows(f, &shard, &p.model, &p.corpus, p.seq_len, lay)?;
         }
     }
     if arms.iter().any(|a| a.scheme == Scheme::WlbLlm) {
         extra += &s_max_rows(
-            &f,
+            f,
             &points
                 .iter()
                 .map(|p| (p.model.clone(), p.cost.clone(), p.seq_len, p.dp, p.cp))
                 .collect::<Vec<_>>(),
         )?;
     }
-    let mut out = render(&f, title, &arms, &results);
-    if let Some(c) = &cal {
-        out.markdown += &format!(
-            "\nPriced by the calibration `{}` (`skewsim calibrate`), not the built-in kernel profile.\n",
-            c.display()
-        );
-    } else if let (_, Some(k)) = calibration {
-        out.markdown += &format!(
-            "\nPriced by the built-in `{}` kernel profile (`--kernel`).\n",
-            k.name()
-        );
-    }
-    out.markdown += &extra;
-    if !f.notes.is_empty() {
-        out.markdown += &format!("\n{}\n", f.notes.trim());
-    }
-    Ok(out)
+    Ok(extra)
 }
 
 /// The CPs arm `a` runs at a point of DP `dp` × CP `cp` and GA `ga`: the point's, the
@@ -715,7 +796,12 @@ fn arm_cps(a: &Arm, dp: u32, cp: u32, ga: u32) -> Vec<u32> {
 fn arm_layout(label: &str, c: u32, dp: u32, cp: u32, ga: u32) -> Result<(u32, u32, u32)> {
     let ranks = dp * cp;
     if ranks % c != 0 {
-        bail!("{label:?}: cp = {c} must divide the point's DP × CP = {dp} × {cp} = {ranks} ranks");
+        return Err(invalid(
+            "cp",
+            c,
+            format!("a divisor of the point's DP × CP = {dp} × {cp} = {ranks} ranks"),
+        ))
+        .context(format!("{label:?}"));
     }
     let (dp2, batch) = (ranks / c, dp * ga);
     if batch % dp2 != 0 {

@@ -194,12 +194,12 @@ fn bad_settings_are_named() {
         (
             "\"distca:eps=0\"",
             "\"wlbllm:cp=0\"",
-            "cp = \"0\" is not a degree ≥ 1",
+            "invalid cp = \"0\": a degree ≥ 1",
         ),
         (
             "\"distca:eps=0\"",
             "\"wlbllm:cp=3\"",
-            "cp = 3 must divide the point's DP × CP = 1 × 2 = 2 ranks",
+            "invalid cp = 3: a divisor of the point's DP × CP = 1 × 2 = 2 ranks",
         ),
         (
             "seq_len = [131072, 524288]",
@@ -209,7 +209,7 @@ fn bad_settings_are_named() {
         (
             "dp = [1, 8]\nseq_len = [131072, 524288]",
             "seq_len = [131072, 524288]\n[[sweep.layout]]\nmodel = \"llama-34b\"\ndp = 1\ncp = 2\nga = 8",
-            "model = \"llama-34b\" is not one of the file's models",
+            "model = \"llama-34b\": one of the file's models",
         ),
     ];
     let dir = tmp("bad");
