@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use crate::error::{bail, invalid, Context, Result};
+use crate::error::{invalid, Context, Result};
 use crate::workload::corpus::Corpus;
 
 /// Load a corpus: a trace file if `spec` names an existing file, else a built-in name or a
@@ -19,7 +19,11 @@ pub fn load_corpus(spec: &str) -> Result<Corpus> {
         .any(|ext| spec.ends_with(ext))
         || spec.contains('/');
     if looks_like_file {
-        bail!("corpus trace file {spec} does not exist");
+        return Err(invalid(
+            "corpus",
+            spec,
+            "a trace file that exists (this one does not exist), a built-in name or a parametric spec",
+        ));
     }
     Corpus::from_spec(spec)
 }

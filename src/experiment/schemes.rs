@@ -233,7 +233,9 @@ fn parse_arm(s: &str, base: &SchemeSettings, file: &str) -> Result<Arm> {
             (Scheme::DistCa, "tight") => set.distca_scheduler = DistcaScheduler::Tight,
             (Scheme::DistCa, "signal") => signal = true,
             (Scheme::DistCa, e) if e.starts_with("eps=") => {
-                set.epsilon = e[4..].parse().map_err(|_| bad("eps", &e[4..], "a number"))?;
+                set.epsilon = e[4..]
+                    .parse()
+                    .map_err(|_| bad("eps", &e[4..], "a number"))?;
             }
             (Scheme::WlbLlm, m @ ("per-document" | "per-sequence" | "adaptive")) => {
                 set.sharding = m.parse()?
@@ -263,12 +265,17 @@ fn parse_arm(s: &str, base: &SchemeSettings, file: &str) -> Result<Arm> {
                     .parse()
                     .map_err(|_| bad("min-cp", &x[7..], "a count"))?;
             }
-            _ => bail!(
-                "{file}: arms: {s:?}: unknown tweak {t:?} for {name} (distca: tight, \
-                 no-ping-pong, signal, eps=X; wlbllm: adaptive, per-document, per-sequence, cp=N, best-cp; \
-                 libra: m=N; \
-                 megatron-dcp: s=TOKENS, min-cp=N, load=pairs|latency)"
-            ),
+            _ => {
+                return Err(bad(
+                    "tweak",
+                    t,
+                    &format!(
+                        "a tweak {name} knows (distca: tight, no-ping-pong, signal, eps=X; \
+                         wlbllm: adaptive, per-document, per-sequence, cp=N, best-cp; libra: m=N; \
+                         megatron-dcp: s=TOKENS, min-cp=N, load=pairs|latency)"
+                    ),
+                ))
+            }
         }
     }
     Ok(Arm {
@@ -444,10 +451,12 @@ fn settings(f: &CompareFile, file: &str) -> Result<SchemeSettings> {
         return Err(invalid("steps", f.steps, "an integer in 1..=1000")).context(file);
     }
     if f.arms.is_empty() {
-        bail!(
-            "{file}: arms must name at least one scheme (ulysses, wlbllm, distca, libra, \
-             megatron-dcp)"
-        );
+        return Err(invalid(
+            "arms",
+            "[]",
+            "at least one scheme (ulysses, wlbllm, distca, libra, megatron-dcp)",
+        ))
+        .context(file);
     }
     let s = &f.settings;
     let d = SchemeSettings::default();
@@ -805,10 +814,15 @@ fn arm_layout(label: &str, c: u32, dp: u32, cp: u32, ga: u32) -> Result<(u32, u3
     }
     let (dp2, batch) = (ranks / c, dp * ga);
     if batch % dp2 != 0 {
-        bail!(
-            "{label:?}: cp = {c} gives DP {dp2}, which must divide the global batch of DP × GA = \
-             {dp} × {ga} = {batch} sequences"
-        );
+        return Err(invalid(
+            "cp",
+            c,
+            format!(
+                "a CP whose DP (here {dp2}) divides the global batch of DP × GA = {dp} × {ga} = \
+                 {batch} sequences"
+            ),
+        ))
+        .context(format!("{label:?}"));
     }
     Ok((dp2, c, batch / dp2))
 }

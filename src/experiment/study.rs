@@ -229,10 +229,11 @@ pub fn parse_packed(
         )
     })?;
     if raw.len() < gbs {
-        bail!(
-            "{name}: holds {} packed sequences but --gbs = {gbs} needs at least {gbs}",
-            raw.len()
-        );
+        return Err(invalid(
+            "--gbs",
+            gbs,
+            format!("at most the {} packed sequences {name} holds", raw.len()),
+        ));
     }
     let mut lens: Vec<Vec<u32>> = Vec::with_capacity(gbs);
     for (i, seq) in raw.iter().take(gbs).enumerate() {
@@ -257,10 +258,14 @@ pub fn parse_packed(
                 .enumerate()
                 .find(|(_, v)| tokens(v) > u64::from(l))
             {
-                bail!(
-                    "{name}: sequence {i} holds {} tokens, more than --seq-len = {l}",
-                    tokens(v)
-                );
+                return Err(invalid(
+                    "--seq-len",
+                    l,
+                    format!(
+                        "at least the {} tokens sequence {i} of {name} holds",
+                        tokens(v)
+                    ),
+                ));
             }
             l
         }
@@ -312,11 +317,15 @@ pub fn trial_loads_under(
             .map(|t| {
                 let batch = global_batch(corpus, *seq_len, gbs, *packing, seed, t)?;
                 if batch.len() != gbs {
-                    bail!(
-                        "corpus {} gave {} packed sequences, fewer than --gbs = {gbs}",
-                        corpus.name(),
-                        batch.len()
-                    );
+                    return Err(invalid(
+                        "--gbs",
+                        gbs,
+                        format!(
+                            "at most the {} packed sequences corpus {} gave",
+                            batch.len(),
+                            corpus.name()
+                        ),
+                    ));
                 }
                 Ok(batch.iter().map(|s| s.load_under(mask)).collect())
             })

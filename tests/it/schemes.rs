@@ -171,7 +171,7 @@ fn bad_settings_are_named() {
         (
             "\"distca:eps=0\"",
             "\"distca:warp\"",
-            "unknown tweak \"warp\"",
+            "invalid tweak = \"warp\"",
         ),
         (
             "\"wlbllm\", \"distca\"",
