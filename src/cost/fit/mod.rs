@@ -11,7 +11,7 @@
 //! formula of its own: a launch of segments costs `attn_launch_us` + Σ segments FLOPs /
 //! `EffTable::tflops(heads, q, kv)` (the engine's formula, Libra Eq. 8 FLOPs at the
 //! measured rate) — or, when the pricing has a block model, `attn_launch_us` + the
-//! makespan of the launch's thread blocks on the SMs ([`blocks::launch_fwd_ps_f`]); a copy
+//! makespan of the launch's thread blocks on the SMs ([`crate::cost::blocks::launch_fwd_ps_f`]); a copy
 //! costs `copy_launch_us` + bytes / `copy_bytes_per_s`.
 //!
 //! Backward rows ([`Pass::Bwd`]: the dQ, dK, dV launches of the same units) price through
@@ -19,7 +19,7 @@
 //! `attn_bwd_flop_factor` × forward FLOPs at the backward table's rate, or at the forward
 //! rate × `attn_bwd_efficiency` while no backward table is known) plus the backward call's
 //! overhead `attn_bwd_launch_us` — or, with a backward block model, that overhead + the
-//! call's per-row·head work and its two launches' makespans ([`blocks::launch_bwd_ps_f`]).
+//! call's per-row·head work and its two launches' makespans ([`crate::cost::blocks::launch_bwd_ps_f`]).
 //!
 //! Fitting: copies by weighted least squares on relative residuals (closed form, 2
 //! unknowns); attention, forward and backward alike, by Levenberg–Marquardt on relative
@@ -32,7 +32,7 @@
 //! price the backward as forward × factor / efficiency. With [`FitOptions::blocks`] the
 //! forward's [`BlockModel`] (five times and factors) and its call overhead are fitted the
 //! same way (Levenberg–Marquardt on the launches' relative residuals, every candidate priced
-//! through [`blocks::LaunchBlocks::makespan_ps`]); the calibration then prices forward
+//! through [`crate::cost::blocks::LaunchBlocks::makespan_ps`]); the calibration then prices forward
 //! launches by it, and keeps the fitted table for the backward's start and for reference.
 //! With [`FitOptions::bwd_blocks`] the backward's [`BwdBlockModel`] is fitted likewise
 //! (shared ratios searched; call overhead, per-row·head time and the dQ and dK/dV step

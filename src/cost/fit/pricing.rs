@@ -163,7 +163,7 @@ impl Pricing {
     }
 
     /// Fixed time of one backward call, µs: the measured one with a backward table or
-    /// block model, else the forward launch's (as [`super::CostModel::attn_bwd_ps`] prices
+    /// block model, else the forward launch's (as [`crate::cost::CostModel::attn_bwd_ps`] prices
     /// it).
     pub fn bwd_launch_us(&self) -> f64 {
         if self.bwd.is_some() || self.bwd_blocks.is_some() {
