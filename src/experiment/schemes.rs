@@ -1580,9 +1580,11 @@ mod tests {
         assert_eq!((a.set.epsilon, a.set.ping_pong), (0.15, false));
         let d = parse_arm("distca:eps=0", &base, "f.toml").unwrap();
         assert_eq!(d.set.distca_scheduler, DistcaScheduler::Reference);
-        let e = parse_arm("wlbllm:tight", &base, "f.toml")
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("unknown tweak \"tight\" for wlbllm"), "{e}");
+        let e = parse_arm("wlbllm:tight", &base, "f.toml").unwrap_err();
+        assert!(
+            matches!(e.root(), Error::Invalid { field, value, allowed }
+                if field == "tweak" && value == "\"tight\"" && allowed.contains("wlbllm knows")),
+            "{e}"
+        );
     }
 }

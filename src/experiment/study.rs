@@ -599,11 +599,10 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("invalid length = -2"), "{e}");
-        let e = parse_packed("f", "[[3], [4]]", Some(3), 2)
-            .unwrap_err()
-            .to_string();
+        let e = parse_packed("f", "[[3], [4]]", Some(3), 2).unwrap_err();
         assert!(
-            e.contains("sequence 1 holds 4 tokens, more than --seq-len = 3"),
+            matches!(&e, crate::Error::Invalid { field, value, allowed }
+                if field == "--seq-len" && value == "3" && allowed.contains("4 tokens sequence 1")),
             "{e}"
         );
         let e = parse_packed("f", "[[3]]", None, 2).unwrap_err().to_string();
