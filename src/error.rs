@@ -66,6 +66,9 @@ pub enum Error {
         /// The stream's kind (`compute`, `cp`, ...).
         stream: &'static str,
     },
+    /// A plan the checker refused: the group and what is wrong with it.
+    #[error("{0}")]
+    Plan(#[from] crate::plan::Violation),
     /// The caller asked a running experiment to stop (checked between sweep points).
     #[error("cancelled")]
     Cancelled,

@@ -1,6 +1,7 @@
 """skewsim from Python: run experiments, study corpora, pool sizes and Libra's bound.
 
-Every function calls the skewsim library (the same code as the ``skewsim`` command), so a
+``plan`` returns one training step's checked plan of any scheme. Every function calls
+the skewsim library (the same code as the ``skewsim`` command), so a
 committed experiment run from here gives the committed numbers. Simulation runs with the
 GIL released; Ctrl-C stops a run between sweep points and raises ``KeyboardInterrupt``.
 Refused input raises :class:`SkewsimError`, whose ``field``, ``value`` and ``allowed``
@@ -17,7 +18,10 @@ from pathlib import Path
 from . import _skewsim
 from ._skewsim import KINDS, SkewsimError
 
-__all__ = ["KINDS", "Run", "SkewsimError", "check", "corpus", "pools", "run", "run_files", "theory"]
+__all__ = [
+    "KINDS", "PlanResult", "Run", "SkewsimError", "check", "corpus", "plan", "pools", "run",
+    "run_files", "theory",
+]
 
 
 class Run:
@@ -141,6 +145,48 @@ def theory(corpus=None, *, packed=None, seq_len=None, gbs=128, pool_sizes=(2, 4,
     c, p = _source(corpus, packed)
     return json.loads(_skewsim.theory(c, p, seq_len, gbs, list(pool_sizes), target, trials,
                                       seed, packing, mask))
+
+
+class PlanResult:
+    """One step's checked plan (``skewsim plan``): ``plan`` (the plan file's JSON as a
+    dict), ``settings`` and ``scheme`` (as resolved), ``step``, ``check`` (the checker's
+    summary), ``groups`` (one dict per group: units, FLOPs, imbalance, bytes moved) and
+    ``pipeline`` (Libra's head chunks per group and worker, when asked for)."""
+
+    def __init__(self, plan_json, report):
+        self.plan_json = plan_json
+        self.plan = json.loads(plan_json)
+        report = json.loads(report)
+        self.settings = report["settings"]
+        self.scheme = report["scheme"]
+        self.step = report["step"]
+        self.check = report["check"]
+        self.groups = report["groups"]
+        self.pipeline = report["pipeline"]
+
+    def write(self, path):
+        """Write the plan file (as ``skewsim plan -o PATH`` does)."""
+        Path(path).write_text(self.plan_json + "\n", encoding="utf-8")
+
+
+def plan(experiment=None, *, step=0, scheme=None, corpus=None, seq_len=None, gbs=None, dp=None,
+         cp=None, pool_size=None, head_shards=None, tile_tokens=None, tau=None, chunks=None,
+         seed=None, packing=None, grouping=None, s_max=None, sharding=None,
+         outlier_thresholds=None, epsilon=None, ping_pong=None, tight=None, pipeline=False):
+    """The checked plan of one training step (``skewsim plan``) as a :class:`PlanResult`.
+
+    ``scheme`` is libra (default), ulysses, wlbllm, distca or megatron-dcp; the settings
+    are the command's flags in snake_case (``outlier_thresholds`` a list, ``ping_pong`` and
+    ``tight`` booleans). ``experiment`` is a settings or experiment file (TOML) that gives
+    them instead; an argument given here overrides it. ``pipeline=True`` also builds
+    Libra's pipeliner chunks.
+    """
+    exp = None if experiment is None else os.fspath(experiment)
+    thresholds = None if outlier_thresholds is None else list(outlier_thresholds)
+    return PlanResult(*_skewsim.plan(
+        exp, step, scheme, corpus, seq_len, gbs, dp, cp, pool_size, head_shards, tile_tokens,
+        tau, chunks, seed, packing, grouping, s_max, sharding, thresholds, epsilon, ping_pong,
+        tight, pipeline))
 
 
 def _flat(row, prefix=""):

@@ -14,6 +14,7 @@ use pyo3::exceptions::{PyException, PyRuntimeError};
 use pyo3::prelude::*;
 
 use skewsim::cost::Mask;
+use skewsim::experiment::plan::{no_budget, plan as make_plan, PlanRequest, SchemeKnobs, Workload};
 use skewsim::experiment::study::{
     check_pool_sizes, check_target, corpus_report, parse_policies, resolve_source, study,
     theory_report, trial_loads, trial_loads_under, DEFAULT_SEQ_LEN,
@@ -213,6 +214,79 @@ fn theory(
     })
 }
 
+/// One step's checked plan of `skewsim plan`: (plan JSON text, report JSON).
+#[pyfunction]
+#[pyo3(signature = (experiment=None, step=0, scheme=None, corpus=None, seq_len=None, gbs=None, dp=None, cp=None, pool_size=None, head_shards=None, tile_tokens=None, tau=None, chunks=None, seed=None, packing=None, grouping=None, s_max=None, sharding=None, outlier_thresholds=None, epsilon=None, ping_pong=None, tight=None, pipeline=false))]
+#[allow(clippy::too_many_arguments)]
+fn plan(
+    py: Python<'_>,
+    experiment: Option<PathBuf>,
+    step: u64,
+    scheme: Option<String>,
+    corpus: Option<String>,
+    seq_len: Option<u32>,
+    gbs: Option<usize>,
+    dp: Option<u32>,
+    cp: Option<u32>,
+    pool_size: Option<u32>,
+    head_shards: Option<u32>,
+    tile_tokens: Option<u32>,
+    tau: Option<f64>,
+    chunks: Option<u32>,
+    seed: Option<u64>,
+    packing: Option<String>,
+    grouping: Option<String>,
+    s_max: Option<u32>,
+    sharding: Option<String>,
+    outlier_thresholds: Option<Vec<u32>>,
+    epsilon: Option<f64>,
+    ping_pong: Option<bool>,
+    tight: Option<bool>,
+    pipeline: bool,
+) -> PyResult<(String, String)> {
+    let req = PlanRequest {
+        file: experiment.as_deref(),
+        workload: Workload {
+            corpus,
+            seq_len,
+            gbs,
+            dp,
+            cp,
+            tau,
+            chunks,
+            seed,
+            packing,
+            grouping,
+        },
+        pool_size,
+        head_shards,
+        tile_tokens,
+        scheme: SchemeKnobs {
+            scheme,
+            s_max,
+            sharding,
+            outlier_thresholds,
+            epsilon,
+            ping_pong,
+            tight,
+        },
+        step,
+        pipeline,
+    };
+    interruptible(py, |_| {
+        let o = make_plan(&req, &no_budget)?;
+        let report = serde_json::json!({
+            "settings": o.settings,
+            "scheme": o.scheme,
+            "step": o.step,
+            "check": o.check,
+            "groups": o.groups,
+            "pipeline": o.pipeline,
+        });
+        Ok((o.plan.to_json()?, report.to_string()))
+    })
+}
+
 /// Check an experiment (TOML text named `path`) against its kind's schema without
 /// running it.
 #[pyfunction]
@@ -307,5 +381,6 @@ fn _skewsim(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(theory, m)?)?;
     m.add_function(wrap_pyfunction!(check, m)?)?;
     m.add_function(wrap_pyfunction!(recommend, m)?)?;
+    m.add_function(wrap_pyfunction!(plan, m)?)?;
     Ok(())
 }

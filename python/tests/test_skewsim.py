@@ -79,16 +79,22 @@ def test_errors_name_the_field_and_the_allowed_values():
         skewsim.corpus("lognormal:median=-1,p99=5")
     assert (e.value.field, e.value.value) == ("median", "-1")
     assert "≥ 1" in e.value.allowed
-    with pytest.raises(skewsim.SkewsimError, match=r"P = 3 does not divide --gbs = 32"):
+    with pytest.raises(skewsim.SkewsimError, match=r"P = 3 does not divide --gbs = 32") as e:
         skewsim.pools("wlbllm", gbs=32, pool_sizes=[3])
-    with pytest.raises(skewsim.SkewsimError, match="unknown experiment kind") as e:
+    assert (e.value.field, e.value.value) == ("--pool-sizes", "3")
+    with pytest.raises(skewsim.SkewsimError) as e:
+        skewsim.theory("wlbllm", gbs=32, target=-1.0)
+    assert (e.value.field, e.value.value) == ("--target", "-1")
+    with pytest.raises(skewsim.SkewsimError) as e:
         skewsim.run({"kind": "nope"})
-    assert all(k in str(e.value) for k in skewsim.KINDS)
+    assert (e.value.field, e.value.value) == ("kind", '"nope"')
+    assert all(k in e.value.allowed for k in skewsim.KINDS)
     with pytest.raises(skewsim.SkewsimError, match="colour"):
         skewsim.check({"kind": "runtime-variance", "gpus": 8, "steps": 5, "seed": 1,
                        "colour": "red"})
-    with pytest.raises(skewsim.SkewsimError, match="gpus = 1"):
+    with pytest.raises(skewsim.SkewsimError, match="gpus = 1") as e:
         skewsim.run({"kind": "runtime-variance", "gpus": 1, "steps": 5, "seed": 1})
+    assert (e.value.field, e.value.value, e.value.allowed) == ("gpus", "1", "an integer in [2, 1000000]")
 
 
 def test_ctrl_c_stops_a_sweep_between_points(monkeypatch):
@@ -150,3 +156,56 @@ def test_recommend_returns_the_ranked_table():
     with pytest.raises(skewsim.SkewsimError) as e:
         skewsim.recommend("wlbllm", gpus=8, seq_len=65536, seeds=99)
     assert e.value.field == "seeds"
+SMALL = dict(corpus="lognormal:median=600,p99=30000", seq_len=32768, gbs=8, dp=4, cp=2,
+             pool_size=2, head_shards=2, tile_tokens=1024, step=1)
+
+
+def skewsim_binary():
+    """The CLI built beside this package (``cargo test`` builds it), else the one on PATH."""
+    import shutil
+    built = ROOT / "target" / "debug" / "skewsim"
+    path = built if built.exists() else shutil.which("skewsim")
+    if path is None:
+        pytest.skip("no skewsim binary to compare with")
+    return str(path)
+
+
+@pytest.mark.parametrize("scheme,extra", [
+    ("libra", {}), ("ulysses", {}), ("wlbllm", {"outlier_thresholds": [2048, 32768]}),
+    ("distca", {"ping_pong": False, "epsilon": 0.05}), ("megatron-dcp", {})])
+def test_plan_writes_the_file_the_command_writes(scheme, extra, tmp_path):
+    p = skewsim.plan(scheme=scheme, **SMALL, **extra)
+    assert p.scheme["scheme"] == scheme and p.step == 1
+    assert p.check["sequences"] > 0 and len(p.groups) == p.check["groups"]
+    assert p.plan["scheme"] == scheme and len(p.plan["groups"]) == len(p.groups)
+    assert sum(g["flops"] for g in p.groups) == pytest.approx(p.check["flops"], rel=1e-12)
+    p.write(tmp_path / "py.json")
+    flags = [a for k, v in SMALL.items() for a in (f"--{k.replace('_', '-')}", str(v))]
+    if "outlier_thresholds" in extra:
+        flags += ["--outlier-thresholds", "2048,32768"]
+    if extra.get("ping_pong") is False:
+        flags += ["--no-ping-pong", "--epsilon", "0.05"]
+    out = tmp_path / "cli.json"
+    subprocess.run([skewsim_binary(), "plan", "--scheme", scheme, "-o", str(out), *flags],
+                   check=True, capture_output=True)
+    assert (tmp_path / "py.json").read_bytes() == out.read_bytes()
+
+
+def test_plan_settings_from_a_file_and_its_errors(tmp_path):
+    f = tmp_path / "settings.toml"
+    f.write_text('corpus = "wlbllm"\ngbs = 16\ndp = 4\ncp = 2\npool_size = 2\n', encoding="utf-8")
+    p = skewsim.plan(f, head_shards=2, pipeline=True)
+    assert (p.settings["corpus"], p.settings["gbs"], p.settings["dp"]) == ("wlbllm", 16, 4)
+    assert p.settings["params"]["head_shards"] == 2  # the argument beats the default
+    assert p.pipeline is not None and len(p.pipeline) == len(p.groups)
+    assert skewsim.plan(f, head_shards=2, pipeline=True).plan == p.plan
+    with pytest.raises(skewsim.SkewsimError) as e:
+        skewsim.plan(scheme="megatron", **SMALL)
+    assert (e.value.field, e.value.value) == ("scheme", "megatron")
+    assert "wlbllm" in e.value.allowed
+    with pytest.raises(skewsim.SkewsimError) as e:
+        skewsim.plan(**{**SMALL, "pool_size": 3})
+    assert e.value.field == "P (pool size)" and e.value.value == "3"
+    f.write_text('gbs = "many"\n', encoding="utf-8")
+    with pytest.raises(skewsim.SkewsimError, match="settings.toml"):
+        skewsim.plan(f)

@@ -5,12 +5,10 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 
+use skewsim::experiment::plan;
 use skewsim::plan::{check, CheckSummary, Plan};
 
 use super::Output;
-
-/// The schemes whose planners write plan files (`plan --scheme`).
-pub const SCHEMES: &[&str] = &["libra", "ulysses", "wlbllm", "distca", "megatron-dcp"];
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -24,11 +22,11 @@ pub fn check_file(file: &Path) -> Result<(Plan, CheckSummary)> {
     let name = file.display().to_string();
     let text = std::fs::read_to_string(file).with_context(|| format!("reading plan {name}"))?;
     let plan = Plan::from_json(&text, &name)?;
-    if !SCHEMES.contains(&plan.scheme.as_str()) {
+    if !plan::SCHEMES.contains(&plan.scheme.as_str()) {
         bail!(
             "{name}: invalid scheme = {:?}: one of {} (the planners that write plans)",
             plan.scheme,
-            SCHEMES.join(", ")
+            plan::SCHEMES.join(", ")
         );
     }
     if plan.groups.is_empty() {

@@ -15,7 +15,9 @@ use skewsim::balance::libra::config::{
 use skewsim::report::svg::{Chart, Mark, Scale, Series};
 use skewsim::report::table::{sig, Table};
 
-use super::plan::{get, policy, Resolved, Workload};
+use skewsim::experiment::plan::{get, load_steps, policy, Resolved};
+
+use super::plan::{budget, Workload};
 use super::{limits, Output};
 
 #[derive(clap::Args)]
@@ -182,9 +184,10 @@ fn chart(rows: &[ConfigRow], rec: &Recommendation) -> String {
 }
 
 pub fn run(args: Args, out: Output) -> Result<()> {
-    let (mut r, table) = args
-        .workload
-        .resolve(args.experiment.as_deref(), None, None, None)?;
+    let (mut r, table) =
+        args.workload
+            .knobs()
+            .resolve(args.experiment.as_deref(), None, None, None)?;
     let pool_sizes = list(
         args.pool_sizes,
         "pool_sizes",
@@ -231,7 +234,7 @@ pub fn run(args: Args, out: Output) -> Result<()> {
     // the shared settings must hold for one candidate before loading the corpus
     r.params.pool_size = pool_sizes.first().copied().unwrap_or(r.params.pool_size);
     r.params.head_shards = head_shards.first().copied().unwrap_or(r.params.head_shards);
-    let steps = super::plan::load_steps(&mut r, args.steps)?;
+    let steps = load_steps(&mut r, args.steps, &budget)?;
     let seed = r.seed;
     let grouping = move |step: usize, loads: &[u64], p: usize| {
         // the same policy and stream as `skewsim plan`

@@ -16,7 +16,7 @@ pub const MAX_SEQUENCES: u64 = 1 << 16;
 /// Documents drawn for length statistics (`corpus --samples`).
 pub const MAX_SAMPLES: u64 = 1 << 26;
 /// Global batches a command walks through (`plan --step`, `libra-config --steps`).
-pub const MAX_STEPS: u64 = 1 << 16;
+pub const MAX_STEPS: u64 = skewsim::experiment::plan::MAX_STEPS;
 /// Simulated GPUs of one point (DP × PP × CP), and any one parallel degree.
 pub const MAX_GPUS: u64 = 1 << 16;
 /// Nodes of a topology drawn by `topo` without `--large`.

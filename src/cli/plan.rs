@@ -15,26 +15,19 @@
 //! to their owners.
 //! A flag overrides the file.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use anyhow::{bail, Context, Result};
-use serde::de::DeserializeOwned;
+use anyhow::{Context, Result};
 use serde::Serialize;
 
-use skewsim::balance::distca::{self, DistcaConfig, DistcaScheduler, DEFAULT_EPSILON};
-use skewsim::balance::libra::{exchange, pipeliner, plan_step, step_shape, LibraParams};
-use skewsim::balance::megatron_dcp::{self, DcpConfig, DcpLoad};
-use skewsim::balance::ulysses::{self, UlyssesParams};
-use skewsim::balance::wlbllm::lower::{ShardingMode, WlbPlanParams};
-use skewsim::balance::wlbllm::{self, ConstantThroughput, WlbConfig, WlbPacker, KERNEL_TILE};
-use skewsim::balance::{group, Policy};
-use skewsim::plan::{check, CheckSummary, Plan};
-use skewsim::workload::pack::{batches, Packing};
-use skewsim::workload::PackedSeq;
+use skewsim::experiment::plan::{
+    self, GroupLine, PlanRequest, Resolved, SchemeKnobs, SchemeSettings,
+};
+use skewsim::plan::CheckSummary;
+use skewsim::workload::corpus::Corpus;
 
 use super::corpus::check_batch_memory;
 use super::{limits, Output};
-use skewsim::experiment::inputs::load_corpus;
 
 /// The workload and cluster settings shared by `plan` and `libra-config`.
 #[derive(clap::Args, Clone, Debug, Default)]
@@ -73,234 +66,34 @@ pub struct Workload {
     pub grouping: Option<String>,
 }
 
-/// Settings resolved from flags, file and defaults.
-#[derive(Clone, Debug, Serialize)]
-pub struct Resolved {
-    pub corpus: String,
-    pub seq_len: u32,
-    pub gbs: usize,
-    pub dp: u32,
-    pub seed: u64,
-    pub packing: String,
-    pub grouping: String,
-    pub params: LibraParams,
-}
-
-/// A settings file of `plan` and `libra-config` (a file without a `kind`): the flags'
-/// names in snake_case, libra-config's candidate lists, nothing else.
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-#[allow(dead_code)] // read for its schema; values are taken by `get`
-struct SettingsFile {
-    description: Option<String>,
-    corpus: Option<String>,
-    seq_len: Option<u32>,
-    gbs: Option<usize>,
-    dp: Option<u32>,
-    cp: Option<u32>,
-    tau: Option<f64>,
-    chunks: Option<u32>,
-    seed: Option<u64>,
-    packing: Option<String>,
-    grouping: Option<String>,
-    pool_size: Option<u32>,
-    head_shards: Option<u32>,
-    tile_tokens: Option<u32>,
-    scheme: Option<String>,
-    s_max: Option<u32>,
-    sharding: Option<String>,
-    outlier_thresholds: Option<Vec<u32>>,
-    epsilon: Option<f64>,
-    ping_pong: Option<bool>,
-    pool_sizes: Option<Vec<u32>>,
-    head_shards_list: Option<Vec<u32>>,
-    tile_tokens_list: Option<Vec<u32>>,
-    /// The same settings in a table of their own.
-    libra: Option<Box<SettingsFile>>,
-}
-
-/// The table of an experiment file that holds Libra settings: an experiment of a kind
-/// `run` knows is checked against that kind's schema (as `run` does), a file without a
-/// `kind` against the settings schema; unknown and mistyped fields are refused by both.
-pub fn experiment_table(file: &Path) -> Result<toml::Table> {
-    let text = std::fs::read_to_string(file)
-        .with_context(|| format!("reading experiment file {}", file.display()))?;
-    let doc: toml::Table =
-        toml::from_str(&text).with_context(|| format!("{} is not valid TOML", file.display()))?;
-    if doc.contains_key("kind") {
-        super::run::check_schema(file, &text, &doc)?;
-    } else {
-        toml::from_str::<SettingsFile>(&text).with_context(|| {
-            format!(
-                "{}: not a valid settings file (a file without `kind` holds the flags' names \
-                 in snake_case)",
-                file.display()
-            )
-        })?;
-    }
-    Ok(match doc.get("libra") {
-        Some(toml::Value::Table(t)) => t.clone(),
-        _ => doc,
-    })
-}
-
-/// `key` of `table` as a `T`, if present.
-pub fn get<T: DeserializeOwned>(table: &toml::Table, key: &str, file: &Path) -> Result<Option<T>> {
-    table
-        .get(key)
-        .map(|v| {
-            v.clone().try_into::<T>().map_err(|e| {
-                anyhow::anyhow!(
-                    "{}: field `{key}` = {v}: {}",
-                    file.display(),
-                    e.to_string().trim()
-                )
-            })
-        })
-        .transpose()
-}
-
 impl Workload {
-    /// Fill what the flags leave out from `file` (if any), then from defaults. `pool_size`,
-    /// `head_shards` and `tile_tokens` are the single values `plan` uses.
-    pub fn resolve(
-        &self,
-        file: Option<&Path>,
-        pool_size: Option<u32>,
-        head_shards: Option<u32>,
-        tile_tokens: Option<u32>,
-    ) -> Result<(Resolved, Option<toml::Table>)> {
-        let table = file.map(experiment_table).transpose()?;
-        let empty = toml::Table::new();
-        let t = table.as_ref().unwrap_or(&empty);
-        let f = file.unwrap_or(Path::new("(no file)"));
-        macro_rules! pick {
-            ($flag:expr, $key:literal, $default:expr) => {
-                match $flag.clone() {
-                    Some(v) => v,
-                    None => get(t, $key, f)?.unwrap_or($default),
-                }
-            };
+    /// The flags as the library's settings.
+    pub fn knobs(&self) -> plan::Workload {
+        plan::Workload {
+            corpus: self.corpus.clone(),
+            seq_len: self.seq_len,
+            gbs: self.gbs,
+            dp: self.dp,
+            cp: self.cp,
+            tau: self.tau,
+            chunks: self.chunks,
+            seed: self.seed,
+            packing: self.packing.clone(),
+            grouping: self.grouping.clone(),
         }
-        let corpus: String = pick!(self.corpus, "corpus", "libra-256k".to_string());
-        let seq_len: Option<u32> = match self.seq_len {
-            Some(v) => Some(v),
-            None => get(t, "seq_len", f)?,
-        };
-        if seq_len == Some(0) {
-            bail!(
-                "{}: invalid seq_len = 0: a sequence length L ≥ 1 token (leave it out for the \
-                 corpus's own)",
-                f.display()
-            );
-        }
-        let d = LibraParams::default();
-        let params = LibraParams {
-            pool_size: pick!(pool_size, "pool_size", d.pool_size),
-            cp: pick!(self.cp, "cp", d.cp),
-            head_shards: pick!(head_shards, "head_shards", d.head_shards),
-            tile_tokens: pick!(tile_tokens, "tile_tokens", d.tile_tokens),
-            tau: pick!(self.tau, "tau", d.tau),
-            chunks: pick!(self.chunks, "chunks", d.chunks),
-            shape: d.shape,
-        };
-        let r = Resolved {
-            seq_len: seq_len.unwrap_or(0),
-            corpus,
-            gbs: pick!(self.gbs, "gbs", 32),
-            dp: pick!(self.dp, "dp", 8),
-            seed: pick!(self.seed, "seed", 0),
-            packing: pick!(self.packing, "packing", "sequential".to_string()),
-            grouping: pick!(self.grouping, "grouping", "vrsp".to_string()),
-            params,
-        };
-        Ok((r, table))
     }
 }
 
-/// Parse a grouping policy; only those that give every pool exactly P sequences.
-pub fn policy(name: &str) -> Result<Policy> {
-    let p: Policy = name.parse()?;
-    if !p.exact_cardinality() {
-        bail!(
-            "invalid grouping = {name}: Libra needs pools of exactly P sequences \
-             (vrsp, production, random, zigzag, zigzag-swap)"
-        );
-    }
-    Ok(p)
-}
-
-/// Group one step's batch into pools with `policy` (Σℓ² loads; `random` seeded by
-/// (seed, step)).
-pub fn pools_of(
-    batch: &[PackedSeq],
-    pool_size: u32,
-    policy: Policy,
+/// The batch memory check of `plan` and `libra-config`: `--max-memory`'s budget.
+pub fn budget(
+    corpus: &Corpus,
+    seq_len: u32,
+    n: usize,
     seed: u64,
-    step: u64,
-) -> skewsim::Result<Vec<Vec<usize>>> {
-    let loads: Vec<u64> = batch.iter().map(PackedSeq::load).collect();
-    let mut rng = skewsim::rng::stream(seed, "libra-grouping", step);
-    group(&loads, pool_size as usize, policy, &mut rng)
-}
-
-/// The global batches of steps 0..n of a resolved workload (corpus loaded, L defaulted),
-/// its GBS, DP and Libra settings checked.
-pub fn load_steps(r: &mut Resolved, n: u64) -> Result<Vec<Vec<PackedSeq>>> {
-    load_batches(r, n, Keep::All, |r| {
-        Ok(step_shape(r.gbs, r.dp, &r.params).map(|_| ())?)
-    })
-}
-
-/// Which of the batches walked through are kept.
-#[derive(Clone, Copy, PartialEq)]
-enum Keep {
-    All,
-    Last,
-}
-
-/// The global batches of steps 0..n (all, or the last only) after `validate` accepted the
-/// resolved settings; the kept batches' memory is checked first.
-fn load_batches(
-    r: &mut Resolved,
-    n: u64,
-    keep: Keep,
-    validate: impl FnOnce(&Resolved) -> Result<()>,
-) -> Result<Vec<Vec<PackedSeq>>> {
-    let corpus = load_corpus(&r.corpus)?;
-    if r.seq_len == 0 {
-        r.seq_len = corpus.default_seq_len().unwrap_or(262_144);
-    }
-    let packing: Packing = r.packing.parse()?;
-    validate(r)?;
-    if n > limits::MAX_STEPS {
-        bail!(
-            "invalid steps = {n}: at most {} global batches are walked through",
-            limits::MAX_STEPS
-        );
-    }
-    let kept = if keep == Keep::All { n } else { 1 };
-    let flag = format!("--gbs {} × {kept} step(s) kept: GBS", r.gbs);
-    check_batch_memory(&corpus, r.seq_len, r.gbs * kept as usize, r.seed, &flag)?;
-    let mut walked = 0u64;
-    let mut steps: Vec<Vec<PackedSeq>> = Vec::new();
-    for b in batches(&corpus, r.seq_len, r.gbs, packing, r.seed, 0)?.take(n as usize) {
-        walked += 1;
-        if keep == Keep::Last {
-            steps.clear();
-        }
-        steps.push(b);
-    }
-    if walked < n {
-        bail!(
-            "corpus {} yields only {} global batches of {} sequences at L = {}; asked for {n}",
-            r.corpus,
-            steps.len(),
-            r.gbs,
-            r.seq_len
-        );
-    }
-    Ok(steps)
+    flag: &str,
+) -> skewsim::Result<()> {
+    check_batch_memory(corpus, seq_len, n, seed, flag)
+        .map_err(|e| skewsim::Error::Spec(format!("{e:#}")))
 }
 
 #[derive(clap::Args)]
@@ -363,58 +156,32 @@ pub struct SchemeArgs {
 }
 
 impl SchemeArgs {
-    /// Fill what the flags leave out from the experiment's table (keys `scheme`, `s_max`,
-    /// `sharding`, `outlier_thresholds` as a list, `epsilon`, `ping_pong`); a flag
-    /// overrides the file.
-    pub fn with_file(&self, table: Option<&toml::Table>, file: Option<&Path>) -> Result<Self> {
-        let Some(t) = table else {
-            return Ok(self.clone());
+    /// The flags as the library's knobs (`--outlier-thresholds` parsed).
+    pub fn knobs(&self) -> Result<SchemeKnobs> {
+        let outlier_thresholds = match &self.outlier_thresholds {
+            None => None,
+            Some(list) => Some(
+                list.split(',')
+                    .map(|x| x.trim().parse::<u32>())
+                    .collect::<std::result::Result<Vec<u32>, _>>()
+                    .map_err(|_| {
+                        anyhow::anyhow!(
+                            "invalid outlier-thresholds = {list}: comma-separated token \
+                             counts L_1 < … < L_(n+1), e.g. 16384,32768,65536"
+                        )
+                    })?,
+            ),
         };
-        let f = file.unwrap_or(Path::new("(no file)"));
-        let thresholds: Option<Vec<u32>> = get(t, "outlier_thresholds", f)?;
-        Ok(SchemeArgs {
-            scheme: self.scheme.clone().or(get(t, "scheme", f)?),
-            s_max: self.s_max.or(get(t, "s_max", f)?),
-            sharding: self.sharding.clone().or(get(t, "sharding", f)?),
-            outlier_thresholds: self
-                .outlier_thresholds
-                .clone()
-                .or(thresholds.map(|v| v.iter().map(u32::to_string).collect::<Vec<_>>().join(","))),
-            epsilon: self.epsilon.or(get(t, "epsilon", f)?),
-            no_ping_pong: self.no_ping_pong || get::<bool>(t, "ping_pong", f)? == Some(false),
-            tight: self.tight || get::<bool>(t, "tight", f)? == Some(true),
+        Ok(SchemeKnobs {
+            scheme: self.scheme.clone(),
+            s_max: self.s_max,
+            sharding: self.sharding.clone(),
+            outlier_thresholds,
+            epsilon: self.epsilon,
+            ping_pong: self.no_ping_pong.then_some(false),
+            tight: self.tight.then_some(true),
         })
     }
-}
-
-/// A scheme's settings as resolved (for the report).
-#[derive(Clone, Debug, Serialize)]
-pub struct SchemeSettings {
-    pub scheme: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub s_max: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub sharding: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub outlier_thresholds: Option<Vec<u32>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub epsilon: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub ping_pong: Option<bool>,
-}
-
-/// One group's line in the report.
-#[derive(Serialize)]
-struct GroupLine {
-    ga: u32,
-    pool: u32,
-    units: usize,
-    flops: f64,
-    intra_pool_imbalance: f64,
-    bytes: u64,
-    q_bytes: u64,
-    kv_bytes: u64,
-    output_bytes: u64,
 }
 
 #[derive(Serialize)]
@@ -427,214 +194,33 @@ struct Report {
     groups: Vec<GroupLine>,
 }
 
-/// Per-worker FLOPs of a group: max / mean − 1.
-fn group_imbalance(g: &skewsim::plan::Group) -> f64 {
-    let loads: Vec<u64> = g
-        .workers
-        .iter()
-        .map(|&w| {
-            g.units
-                .iter()
-                .filter(|u| u.worker == w)
-                .map(|u| u.pairs)
-                .sum()
-        })
-        .collect();
-    skewsim::balance::libra::config::ratio_minus_one(&loads)
-}
-
-/// Build the plan of `step` for resolved settings.
-pub fn build(r: &mut Resolved, step: u64) -> Result<Plan> {
-    let pol = policy(&r.grouping)?;
-    let steps = load_batches(r, step + 1, Keep::Last, |r| {
-        Ok(step_shape(r.gbs, r.dp, &r.params).map(|_| ())?)
-    })?;
-    let batch = steps.last().context("no step to plan")?;
-    let pools = pools_of(batch, r.params.pool_size, pol, r.seed, step)?;
-    Ok(plan_step(step, batch, &pools, r.dp, &r.params)?)
-}
-
-/// Build the plan of `step` for the scheme `a` names (Libra through [`build`]).
-pub fn build_scheme(
-    r: &mut Resolved,
-    a: &SchemeArgs,
-    cp_flag: Option<u32>,
-    step: u64,
-) -> Result<(Plan, SchemeSettings)> {
-    let scheme = a.scheme.clone().unwrap_or_else(|| "libra".into());
-    let mut set = SchemeSettings {
-        scheme: scheme.clone(),
-        s_max: None,
-        sharding: None,
-        outlier_thresholds: None,
-        epsilon: None,
-        ping_pong: None,
-    };
-    let gbs_dp = |r: &Resolved| -> Result<()> {
-        if r.dp == 0 || r.gbs == 0 || r.gbs % r.dp as usize != 0 {
-            bail!(
-                "invalid GBS = {} with DP = {}: GBS must be a positive multiple of DP ≥ 1",
-                r.gbs,
-                r.dp
-            );
-        }
-        Ok(())
-    };
-    let shape = r.params.shape;
-    let plan = match scheme.as_str() {
-        "libra" => build(r, step)?,
-        "ulysses" => {
-            let p = UlyssesParams {
-                cp: r.params.cp,
-                shape,
-            };
-            p.validate()?;
-            let steps = load_batches(r, step + 1, Keep::Last, gbs_dp)?;
-            let batch = steps.last().context("no step to plan")?;
-            ulysses::plan_step(step, batch, r.dp, &p)?
-        }
-        "wlbllm" => {
-            let steps = load_batches(r, step + 1, Keep::All, gbs_dp)?;
-            let s_max = match a.s_max {
-                Some(v) => v,
-                None => r.seq_len.saturating_mul(2),
-            };
-            let sharding: ShardingMode = a.sharding.as_deref().unwrap_or("adaptive").parse()?;
-            let model = ConstantThroughput {
-                shape,
-                ..ConstantThroughput::h200_llama3_8b()
-            };
-            let outlier = match &a.outlier_thresholds {
-                None => None,
-                Some(list) => {
-                    let t = list
-                        .split(',')
-                        .map(|x| x.trim().parse::<u32>())
-                        .collect::<std::result::Result<Vec<u32>, _>>()
-                        .map_err(|_| {
-                            anyhow::anyhow!(
-                                "invalid outlier-thresholds = {list}: comma-separated token \
-                                 counts L_1 < … < L_(n+1), e.g. 16384,32768,65536"
-                            )
-                        })?;
-                    set.outlier_thresholds = Some(t.clone());
-                    Some(wlbllm::OutlierDelay::new(t)?)
-                }
-            };
-            let cfg = WlbConfig::new(r.gbs, s_max, outlier)?;
-            let p = WlbPlanParams {
-                dp: r.dp,
-                cp: r.params.cp,
-                tile: KERNEL_TILE,
-                s_max,
-                sharding,
-                shape,
-            };
-            // check the CP chunking before packing every step
-            wlbllm::CpConfig::new(p.cp, p.tile, s_max)?;
-            let mut packer = WlbPacker::new(cfg, model);
-            let mut out = None;
-            for batch in &steps {
-                out = Some(packer.step(batch)?);
-            }
-            let out = out.context("no step to plan")?;
-            set.s_max = Some(s_max);
-            set.sharding = Some(a.sharding.clone().unwrap_or_else(|| "adaptive".into()));
-            wlbllm::lower::to_plan(&out, &p, &model)?.plan
-        }
-        "distca" => {
-            // DistCA's servers hold the baseline's CP layout when --cp is given (in-place
-            // attention servers over DP·CP GPUs); without it, one server per replica.
-            let cp = cp_flag.unwrap_or(1);
-            r.params.cp = cp;
-            let epsilon = a.epsilon.unwrap_or(DEFAULT_EPSILON);
-            let scheduler = if a.tight {
-                DistcaScheduler::Tight
-            } else {
-                DistcaScheduler::Reference
-            };
-            let cfg = DistcaConfig::new(shape, epsilon, KERNEL_TILE)?.with_scheduler(scheduler);
-            let steps = load_batches(r, step + 1, Keep::Last, gbs_dp)?;
-            let batch = steps.last().context("no step to plan")?;
-            set.epsilon = Some(epsilon);
-            set.ping_pong = Some(!a.no_ping_pong);
-            distca::lower::plan_step_cp(step, batch, r.dp, cp, &cfg, !a.no_ping_pong)?.plan
-        }
-        "megatron-dcp" => {
-            // Megatron's dynamic CP over the DP·CP ranks, S = ⌈L / CP⌉, ℓ² workload.
-            let cp = r.params.cp.max(1);
-            let cfg = DcpConfig::new(r.dp.saturating_mul(cp), r.seq_len.div_ceil(cp), 1)?;
-            let steps = load_batches(r, step + 1, Keep::Last, gbs_dp)?;
-            let batch = steps.last().context("no step to plan")?;
-            let model = ConstantThroughput {
-                shape,
-                ..ConstantThroughput::h200_llama3_8b()
-            };
-            let work = megatron_dcp::sample_work(DcpLoad::Pairs, &model);
-            let sched = megatron_dcp::schedule(batch, &cfg, work)?;
-            megatron_dcp::to_plan(step, &sched, &cfg, &shape)
-        }
-        other => bail!(
-            "invalid scheme = {other}: one of {}",
-            super::check_plan::SCHEMES.join(", ")
-        ),
-    };
-    Ok((plan, set))
-}
-
 pub fn run(args: Args, out: Output) -> Result<()> {
-    let (mut r, table) = args.workload.resolve(
-        args.experiment.as_deref(),
-        args.pool_size,
-        args.head_shards,
-        args.tile_tokens,
-    )?;
-    let file = args.experiment.as_deref();
-    let sa = args.scheme.with_file(table.as_ref(), file)?;
-    if args.pipeline.is_some() && sa.scheme.as_deref().is_some_and(|s| s != "libra") {
-        bail!("--pipeline writes Libra's pipeliner chunks: it needs --scheme libra");
-    }
-    let cp_given = match (args.workload.cp, &table) {
-        (Some(c), _) => Some(c),
-        (None, Some(t)) => get(t, "cp", file.unwrap_or(Path::new("(no file)")))?,
-        (None, None) => None,
+    let req = PlanRequest {
+        file: args.experiment.as_deref(),
+        workload: args.workload.knobs(),
+        pool_size: args.pool_size,
+        head_shards: args.head_shards,
+        tile_tokens: args.tile_tokens,
+        scheme: args.scheme.knobs()?,
+        step: args.step,
+        pipeline: args.pipeline.is_some(),
     };
-    let (plan, scheme) = build_scheme(&mut r, &sa, cp_given, args.step)?;
-    let summary =
-        check(&plan).map_err(|v| anyhow::anyhow!("the planner made a wrong plan: {v}"))?;
-    if let Some(path) = &args.pipeline {
-        let pipes = pipeliner::pipeline_plan(&plan, r.params.chunks)?;
-        std::fs::write(path, serde_json::to_string(&pipes)? + "\n")
+    let o = plan::plan(&req, &budget)?;
+    if let (Some(path), Some(pipes)) = (&args.pipeline, &o.pipeline) {
+        std::fs::write(path, serde_json::to_string(pipes)? + "\n")
             .with_context(|| format!("writing {}", path.display()))?;
     }
-    let json = plan.to_json()?;
+    let json = o.plan.to_json()?;
     std::fs::write(&args.out, json + "\n")
         .with_context(|| format!("writing {}", args.out.display()))?;
-    let groups: Vec<GroupLine> = plan
-        .groups
-        .iter()
-        .map(|g| {
-            let s = exchange::stats(g);
-            GroupLine {
-                ga: g.ga,
-                pool: g.pool,
-                units: g.units.len(),
-                flops: g.units.iter().map(|u| u.flops).sum(),
-                intra_pool_imbalance: group_imbalance(g),
-                bytes: s.total,
-                q_bytes: s.q,
-                kv_bytes: s.kv,
-                output_bytes: s.output,
-            }
-        })
-        .collect();
+    let plan = o.plan;
     let report = Report {
         file: args.out.display().to_string(),
-        settings: r,
-        scheme,
+        settings: o.settings,
+        scheme: o.scheme,
         step: args.step,
-        check: summary,
-        groups,
+        check: o.check,
+        groups: o.groups,
     };
     out.emit(&report, || {
         let r = &report.settings;
@@ -718,106 +304,4 @@ pub fn run(args: Args, out: Output) -> Result<()> {
         );
         s
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn temp(name: &str, body: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("skewsim-plan-cli-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let p = dir.join(name);
-        std::fs::write(&p, body).unwrap();
-        p
-    }
-
-    #[test]
-    fn settings_come_from_flags_then_file_then_defaults() {
-        let f = temp(
-            "exp.toml",
-            "[libra]\ncorpus = \"wlbllm\"\ngbs = 16\ncp = 4\ntau = 0.1\n",
-        );
-        let w = Workload {
-            cp: Some(2),
-            ..Workload::default()
-        };
-        let (r, _) = w.resolve(Some(&f), Some(4), None, None).unwrap();
-        assert_eq!(r.corpus, "wlbllm"); // file
-        assert_eq!(r.gbs, 16); // file
-        assert_eq!(r.params.cp, 2); // flag beats file
-        assert_eq!(r.params.tau, 0.1); // file
-        assert_eq!(r.params.pool_size, 4); // flag
-        assert_eq!(r.params.head_shards, 4); // default
-        assert_eq!((r.dp, r.grouping.as_str()), (8, "vrsp")); // defaults
-
-        let bad = temp("bad.toml", "gbs = \"many\"\n");
-        let e = format!(
-            "{:#}",
-            Workload::default()
-                .resolve(Some(&bad), None, None, None)
-                .unwrap_err()
-        );
-        assert!(
-            e.contains("bad.toml: not a valid settings file") && e.contains("invalid type"),
-            "{e}"
-        );
-    }
-
-    #[test]
-    fn scheme_settings_come_from_flags_then_file() {
-        let f = temp(
-            "scheme.toml",
-            "scheme = \"wlbllm\"\ns_max = 4096\noutlier_thresholds = [10, 20]\n\
-             epsilon = 0.2\nping_pong = false\n",
-        );
-        let t = experiment_table(&f).unwrap();
-        let flags = SchemeArgs {
-            s_max: Some(64),
-            ..SchemeArgs::default()
-        };
-        let a = flags.with_file(Some(&t), Some(&f)).unwrap();
-        assert_eq!(a.scheme.as_deref(), Some("wlbllm")); // file
-        assert_eq!(a.s_max, Some(64)); // flag beats file
-        assert_eq!(a.outlier_thresholds.as_deref(), Some("10,20"));
-        assert_eq!((a.epsilon, a.no_ping_pong), (Some(0.2), true));
-        let bad = temp("scheme-bad.toml", "epsilon = \"tight\"\n");
-        let e = format!("{:#}", experiment_table(&bad).unwrap_err());
-        assert!(
-            e.contains("scheme-bad.toml: not a valid settings file") && e.contains("epsilon"),
-            "{e}"
-        );
-    }
-
-    #[test]
-    fn plan_of_a_small_workload_checks_and_bad_input_is_named() {
-        let w = Workload {
-            corpus: Some("lognormal:median=600,p99=30000".into()),
-            seq_len: Some(32768),
-            gbs: Some(8),
-            dp: Some(4),
-            cp: Some(2),
-            ..Workload::default()
-        };
-        let (mut r, _) = w.resolve(None, Some(2), Some(2), Some(1024)).unwrap();
-        let plan = build(&mut r, 1).unwrap();
-        let s = check(&plan).unwrap();
-        assert_eq!((plan.step, s.sequences, s.groups), (1, 8, 4));
-        // same settings, same plan
-        let (mut r2, _) = w.resolve(None, Some(2), Some(2), Some(1024)).unwrap();
-        assert_eq!(build(&mut r2, 1).unwrap(), plan);
-
-        let (mut r, _) = w.resolve(None, Some(3), None, None).unwrap();
-        let e = build(&mut r, 0).unwrap_err().to_string();
-        assert!(e.contains("P (pool size) = 3: a divisor of DP = 4"), "{e}");
-        let (mut r, _) = w.resolve(None, None, Some(5), None).unwrap();
-        let e = build(&mut r, 0).unwrap_err().to_string();
-        assert!(e.contains("H (head shards) = 5"), "{e}");
-        let (mut r, _) = w.resolve(None, Some(2), None, Some(0)).unwrap();
-        let e = build(&mut r, 0).unwrap_err().to_string();
-        assert!(e.contains("B (tile tokens) = 0"), "{e}");
-        let e = policy("lpt").unwrap_err().to_string();
-        assert!(e.contains("exactly P sequences"), "{e}");
-        assert!(policy("nonsense").is_err());
-    }
 }

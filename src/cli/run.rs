@@ -164,12 +164,6 @@ fn with_corpus(mut doc: toml::Table, corpus: &str) -> Result<String> {
     Ok(toml::to_string(&doc)?)
 }
 
-/// Check an experiment file against its kind's schema exactly as `run` reads it (unknown
-/// and mistyped fields refused) without running it; `doc` is its parsed TOML.
-pub fn check_schema(file: &Path, text: &str, doc: &toml::Table) -> Result<()> {
-    Ok(experiment::check(&file.display().to_string(), text, doc)?)
-}
-
 /// `runs/NAME` for `experiments/NAME.toml`, unless `--out` says otherwise.
 pub fn out_dir(file: &Path, out: Option<&Path>) -> PathBuf {
     out.map(Path::to_path_buf).unwrap_or_else(|| {

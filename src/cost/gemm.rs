@@ -5,7 +5,7 @@
 //! SMs' rate, and tiles run in waves of `sms` ([`GemmModel::time_ps`]):
 //!
 //!   main(tile, s) = ⌈tiles · s / sms⌉ · tm · tn · ⌈K / s⌉ · 2 / (rate / sms)
-//!                   + [s > 1] · M · N · 4 · (s + 1) / bandwidth
+//!                   + \[s > 1\] · M · N · 4 · (s + 1) / bandwidth
 //!
 //! with K split into s slices when that fills idle SMs (s ≤ `max_split`, slices of at
 //! least `min_split_k`; the fp32 partial sums written and read back), the library picking

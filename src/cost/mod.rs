@@ -30,7 +30,6 @@
 //! never formulas elsewhere.
 
 pub mod blocks;
-#[allow(missing_docs)] // its record and summary fields are documented at the type
 pub mod fit;
 pub mod fit_window;
 pub mod gemm;

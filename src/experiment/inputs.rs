@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use crate::error::{bail, Context, Result};
+use crate::error::{invalid, Context, Result};
 use crate::workload::corpus::Corpus;
 
 /// Load a corpus: a trace file if `spec` names an existing file, else a built-in name or a
@@ -19,7 +19,11 @@ pub fn load_corpus(spec: &str) -> Result<Corpus> {
         .any(|ext| spec.ends_with(ext))
         || spec.contains('/');
     if looks_like_file {
-        bail!("corpus trace file {spec} does not exist");
+        return Err(invalid(
+            "corpus",
+            spec,
+            "a trace file that exists (this one does not exist), a built-in name or a parametric spec",
+        ));
     }
     Corpus::from_spec(spec)
 }
@@ -35,18 +39,25 @@ pub const MAX_GA: u64 = 1 << 10;
 pub fn check_layout(file: &str, table: &str, [dp, pp, cp, tp]: [u32; 4], ga: u32) -> Result<()> {
     for (name, v) in [("dp", dp), ("pp", pp), ("cp", cp), ("tp", tp), ("ga", ga)] {
         if v == 0 {
-            bail!("{file}: {table} {name} = 0: a degree ≥ 1");
+            return Err(invalid(format!("{table} {name}"), 0, "a degree ≥ 1")).context(file);
         }
     }
     if u64::from(ga) > MAX_GA {
-        bail!("{file}: {table} ga = {ga}: at most {MAX_GA} micro-batches per step");
+        return Err(invalid(
+            format!("{table} ga"),
+            ga,
+            format!("at most {MAX_GA} micro-batches per step"),
+        ))
+        .context(file);
     }
     let gpus = u64::from(dp) * u64::from(pp) * u64::from(cp) * u64::from(tp);
     if gpus > MAX_SIM_GPUS {
-        bail!(
-            "{file}: {table} tp × cp × dp × pp = {tp} × {cp} × {dp} × {pp} = {gpus} simulated \
-             GPUs: at most {MAX_SIM_GPUS} per point"
-        );
+        return Err(invalid(
+            format!("{table} tp × cp × dp × pp"),
+            format!("{tp} × {cp} × {dp} × {pp} = {gpus} simulated GPUs"),
+            format!("at most {MAX_SIM_GPUS} per point"),
+        ))
+        .context(file);
     }
     Ok(())
 }

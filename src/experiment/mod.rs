@@ -5,7 +5,8 @@
 //!
 //! Each kind has its module: [`schemes`] (`four-way`, `attention-microbench`,
 //! `distca-ablation`), [`train`] (`train`), [`pools`] (`pools`, over the pool [`study`]) and
-//! [`variance`] (`runtime-variance`). Experiments read the files they name (models,
+//! [`variance`] (`runtime-variance`); [`plan`] is one step's plan of any scheme (`skewsim
+//! plan`). Experiments read the files they name (models,
 //! topologies, corpus traces, calibrations) relative to the experiment file; [`inputs`] and
 //! [`calfile`] are those readers.
 //!
@@ -17,10 +18,11 @@
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::error::{bail, Context, Error, Result};
+use crate::error::{bail, invalid, Context, Error, Result};
 
 pub mod calfile;
 pub mod inputs;
+pub mod plan;
 pub mod pools;
 pub mod recommend;
 pub mod schemes;
@@ -160,10 +162,12 @@ impl Outcome {
 pub fn kind_of(file: &str, doc: &toml::Table) -> Result<String> {
     match doc.get("kind") {
         Some(toml::Value::String(k)) if KINDS.contains(&k.as_str()) => Ok(k.clone()),
-        Some(toml::Value::String(k)) => bail!(
-            "{file}: unknown experiment kind = {k:?} (one of: {})",
-            KINDS.join(", ")
-        ),
+        Some(toml::Value::String(k)) => Err(invalid(
+            "kind",
+            format!("{k:?}"),
+            format!("one of: {}", KINDS.join(", ")),
+        ))
+        .context(file),
         _ => bail!(
             "{file}: missing string field `kind` (one of: {})",
             KINDS.join(", ")
@@ -316,7 +320,8 @@ mod tests {
         )
         .unwrap_err();
         assert!(
-            matches!(&e, Error::Spec(m) if KINDS.iter().all(|k| m.contains(k))),
+            matches!(e.root(), Error::Invalid { field, value, allowed }
+                if field == "kind" && value == "\"nope\"" && KINDS.iter().all(|k| allowed.contains(k))),
             "{e}"
         );
         let e = run_text(

@@ -36,7 +36,7 @@ use std::time::Instant;
 use serde::Deserialize;
 
 use crate::balance::Policy;
-use crate::error::{bail, Context, Result};
+use crate::error::{bail, invalid, Context, Result};
 use crate::report::svg::{palette, Chart, Mark, Scale, Series};
 use crate::report::table::{sig, Table};
 
@@ -120,16 +120,18 @@ pub fn parse(name: &str, text: &str) -> Result<Spec> {
         .file_stem()
         .map_or_else(|| "experiment".into(), |s| s.to_string_lossy().into_owned());
     if spec.kind != "pools" {
-        bail!(
-            "{name}: kind = {:?}, but this runner reads kind = \"pools\"",
-            spec.kind
-        );
+        return Err(invalid(
+            "kind",
+            format!("{:?}", spec.kind),
+            "\"pools\" (this runner reads pools experiments)",
+        ))
+        .context(name);
     }
     if spec.corpus.is_empty() {
         bail!("{name}: no [[corpus]] entries (at least one)");
     }
     if spec.gbs.is_empty() {
-        bail!("{name}: gbs = []: at least one global batch size");
+        return Err(invalid("gbs", "[]", "at least one global batch size")).context(name);
     }
     for &g in &spec.gbs {
         check_pool_sizes(&spec.pool_sizes, g).with_context(|| format!("{name}: gbs = {g}"))?;

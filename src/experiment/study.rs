@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use crate::balance::Policy;
 use crate::cost::Mask;
-use crate::error::{bail, spec_error, Context, Result};
+use crate::error::{bail, invalid, spec_error, Context, Result};
 use crate::report::svg::{Chart, Mark, Scale, Series};
 use crate::report::table::{sig, Table};
 use crate::theory::{self, Residual};
@@ -92,7 +92,11 @@ pub struct TheoryReport {
 /// Refuse a target R − 1 that is negative or not finite (`--target`).
 pub fn check_target(target: f64) -> Result<()> {
     if !(target.is_finite() && target >= 0.0) {
-        bail!("invalid --target = {target}: a residual imbalance R − 1 ≥ 0");
+        return Err(invalid(
+            "--target",
+            target,
+            "a residual imbalance R − 1 ≥ 0",
+        ));
     }
     Ok(())
 }
@@ -180,10 +184,10 @@ pub fn resolve_source(
     gbs: usize,
 ) -> Result<Source> {
     if let Some(0) = seq_len {
-        bail!("invalid --seq-len = 0: a sequence length L ≥ 1 token");
+        return Err(invalid("--seq-len", 0, "a sequence length L ≥ 1 token"));
     }
     if gbs == 0 {
-        bail!("invalid --gbs = 0: a global batch of ≥ 1 packed sequence");
+        return Err(invalid("--gbs", 0, "a global batch of ≥ 1 packed sequence"));
     }
     match (corpus, packed) {
         (Some(spec), None) => {
@@ -225,10 +229,11 @@ pub fn parse_packed(
         )
     })?;
     if raw.len() < gbs {
-        bail!(
-            "{name}: holds {} packed sequences but --gbs = {gbs} needs at least {gbs}",
-            raw.len()
-        );
+        return Err(invalid(
+            "--gbs",
+            gbs,
+            format!("at most the {} packed sequences {name} holds", raw.len()),
+        ));
     }
     let mut lens: Vec<Vec<u32>> = Vec::with_capacity(gbs);
     for (i, seq) in raw.iter().take(gbs).enumerate() {
@@ -236,9 +241,10 @@ pub fn parse_packed(
         for (j, n) in seq.iter().enumerate() {
             match n.as_u64() {
                 Some(x) if (1..=u64::from(u32::MAX)).contains(&x) => v.push(x as u32),
-                _ => bail!(
-                    "{name}: sequence {i}, sample {j}: invalid length = {n}: an integer number of tokens ≥ 1"
-                ),
+                _ => {
+                    return Err(invalid("length", n, "an integer number of tokens ≥ 1"))
+                        .context(format!("{name}: sequence {i}, sample {j}"))
+                }
             }
         }
         lens.push(v);
@@ -252,10 +258,14 @@ pub fn parse_packed(
                 .enumerate()
                 .find(|(_, v)| tokens(v) > u64::from(l))
             {
-                bail!(
-                    "{name}: sequence {i} holds {} tokens, more than --seq-len = {l}",
-                    tokens(v)
-                );
+                return Err(invalid(
+                    "--seq-len",
+                    l,
+                    format!(
+                        "at least the {} tokens sequence {i} of {name} holds",
+                        tokens(v)
+                    ),
+                ));
             }
             l
         }
@@ -291,7 +301,7 @@ pub fn trial_loads_under(
     mask: &Mask,
 ) -> Result<Vec<Vec<u64>>> {
     if trials == 0 {
-        bail!("invalid --trials = 0: at least 1 trial");
+        return Err(invalid("--trials", 0, "at least 1 trial"));
     }
     match src {
         Source::Packed { seqs, .. } => {
@@ -307,11 +317,15 @@ pub fn trial_loads_under(
             .map(|t| {
                 let batch = global_batch(corpus, *seq_len, gbs, *packing, seed, t)?;
                 if batch.len() != gbs {
-                    bail!(
-                        "corpus {} gave {} packed sequences, fewer than --gbs = {gbs}",
-                        corpus.name(),
-                        batch.len()
-                    );
+                    return Err(invalid(
+                        "--gbs",
+                        gbs,
+                        format!(
+                            "at most the {} packed sequences corpus {} gave",
+                            batch.len(),
+                            corpus.name()
+                        ),
+                    ));
                 }
                 Ok(batch.iter().map(|s| s.load_under(mask)).collect())
             })
@@ -322,37 +336,44 @@ pub fn trial_loads_under(
 /// Parses and validates `--policies`.
 pub fn parse_policies(names: &[String]) -> Result<Vec<Policy>> {
     if names.is_empty() {
-        bail!(
-            "invalid --policies = \"\": one or more of: {}",
-            Policy::allowed()
-        );
+        return Err(invalid(
+            "--policies",
+            "\"\"",
+            format!("one or more of: {}", Policy::allowed()),
+        ));
     }
     names
         .iter()
-        .map(|n| {
-            n.parse::<Policy>()
-                .map_err(|e| spec_error!("--policies: {e}"))
-        })
+        .map(|n| n.parse::<Policy>().context("--policies"))
         .collect()
 }
 
 /// Checks `--pool-sizes` against D up front, so the error names the flag.
 pub fn check_pool_sizes(pool_sizes: &[usize], gbs: usize) -> Result<()> {
     if pool_sizes.is_empty() {
-        bail!(
-            "invalid --pool-sizes = \"\": one or more pool sizes P ≥ 1 that divide --gbs = {gbs}"
-        );
+        return Err(invalid(
+            "--pool-sizes",
+            "\"\"",
+            format!("one or more pool sizes P ≥ 1 that divide --gbs = {gbs}"),
+        ));
     }
     for &p in pool_sizes {
         if p == 0 {
-            bail!(
-                "invalid --pool-sizes: P = 0: each pool size must be ≥ 1 and divide --gbs = {gbs}"
-            );
+            return Err(invalid(
+                "--pool-sizes",
+                0,
+                format!("P = 0 is no pool size: each must be ≥ 1 and divide --gbs = {gbs}"),
+            ));
         }
         if gbs % p != 0 {
-            bail!(
-                "invalid --pool-sizes: P = {p} does not divide --gbs = {gbs} (K = D/P pools of exactly P); allowed: divisors of {gbs}"
-            );
+            return Err(invalid(
+                "--pool-sizes",
+                p,
+                format!(
+                    "P = {p} does not divide --gbs = {gbs} (K = D/P pools of exactly P); \
+                     allowed: divisors of {gbs}"
+                ),
+            ));
         }
     }
     Ok(())
@@ -578,11 +599,10 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("invalid length = -2"), "{e}");
-        let e = parse_packed("f", "[[3], [4]]", Some(3), 2)
-            .unwrap_err()
-            .to_string();
+        let e = parse_packed("f", "[[3], [4]]", Some(3), 2).unwrap_err();
         assert!(
-            e.contains("sequence 1 holds 4 tokens, more than --seq-len = 3"),
+            matches!(&e, crate::Error::Invalid { field, value, allowed }
+                if field == "--seq-len" && value == "3" && allowed.contains("4 tokens sequence 1")),
             "{e}"
         );
         let e = parse_packed("f", "[[3]]", None, 2).unwrap_err().to_string();

@@ -39,14 +39,14 @@ use crate::balance::libra::LibraParams;
 use crate::cluster::{Faults, Topology, TopologySpec, VarianceModel, VarianceSpec};
 use crate::cost::{CostModel, ModelConfig};
 use crate::engine::stub_net::StubNet;
-use crate::error::{bail, Context, Result};
+use crate::error::{bail, invalid, Context, Result};
 use crate::net::collective::CollectiveModel;
 use crate::net::{AnalyticalModel, FlowModel, NetworkModel};
 use crate::report::comm::cp_comm_busy;
 use crate::report::step::{gpus_csv, microbatches_csv, ms, step_report, steps_csv, StepReport};
 use crate::report::svg::{palette, Chart, Mark, Scale, Series};
 use crate::report::trace::chrome_trace;
-use crate::schedule::plan_step::{simulate_scheme_batch, Scheme};
+use crate::schedule::plan_step::{simulate_scheme_batch, StepAttention};
 use crate::schedule::train::Workload;
 use crate::schedule::{NoVariance, Parallelism, Placement, RankMap, RuntimeVariance};
 use crate::workload::pack::Packing;
@@ -327,7 +327,7 @@ struct PointResult {
 
 #[allow(clippy::too_many_arguments)]
 fn run_point(
-    scheme: &Scheme,
+    scheme: &StepAttention,
     cost: &CostModel,
     par: Parallelism,
     place: Placement,
@@ -414,7 +414,12 @@ fn parse(text: &str, file: &str) -> Result<TrainFile> {
     if let Some(s) = &f.sweep {
         for (k, v) in [("dp", &s.dp), ("gbs", &s.gbs), ("seq_len", &s.seq_len)] {
             if v.contains(&0) {
-                bail!("{file}: [sweep] {k} = {v:?}: every entry ≥ 1");
+                return Err(invalid(
+                    format!("[sweep] {k}"),
+                    format!("{v:?}"),
+                    "every entry ≥ 1",
+                ))
+                .context(file);
             }
         }
     }
@@ -445,8 +450,48 @@ pub fn run_text(
     observer: &dyn Observer,
 ) -> Result<Outcome> {
     let file = file.to_string();
-    let path = base;
     let f = parse(text, &file)?;
+    let setup = setup(&f, &file, base, calibration)?;
+    let points = grid(&f, &file)?;
+    let variants = variants(&f, &setup, &file)?;
+    let results = simulate(&f, &setup, &points, &variants, &file, observer)?;
+    let mut files = Files::default();
+    let mut summary = summary_head(&f, &setup, title);
+    let table = if f.sweep.is_none() {
+        single_point(&f, &setup.cost, &results[0], &mut files, &mut summary)?
+    } else if is_multi(&f) {
+        multi_tables(&results, &f.parallel, &mut files)?
+    } else {
+        scaling(&f, &results, &mut files)?
+    };
+    summary += &table;
+    files.write("summary.md", &summary);
+    Ok(Outcome {
+        kind: f.kind.clone(),
+        files: files.0,
+        points_file: if f.sweep.is_none() {
+            "steps.csv"
+        } else {
+            "points.csv"
+        },
+        summary,
+        json: None,
+    })
+}
+
+/// What every point of a `train` experiment shares: the cost model, one TP rank's attention
+/// shape, the cluster, the network and the runtime variance.
+struct Setup {
+    cost: CostModel,
+    rank_shape: crate::cost::AttnShape,
+    cluster: Placement,
+    net: NetChoice,
+    variance: Option<(VarianceSpec, u64, Faults)>,
+}
+
+/// Read the model, calibration and topology `f` names (relative to `path`) and check its
+/// steps, output and network.
+fn setup(f: &TrainFile, file: &str, path: &Path, calibration: Prices) -> Result<Setup> {
     let model = if f.model.ends_with(".toml") {
         let p = path.join(&f.model);
         let t = std::fs::read_to_string(&p)
@@ -469,14 +514,15 @@ pub fn run_text(
         .with_context(|| format!("{file}: [parallel]"))?
         .attn();
     if f.steps == 0 || f.steps > 10_000 {
-        bail!("{file}: steps = {} must be in 1..=10000", f.steps);
+        return Err(invalid("steps", f.steps, "an integer in 1..=10000")).context(file);
     }
     if f.output.trace_step >= f.steps {
-        bail!(
-            "{file}: [output] trace_step = {} must be a simulated step, 0..{}",
+        return Err(invalid(
+            "[output] trace_step",
             f.output.trace_step,
-            f.steps
-        );
+            format!("a simulated step, 0..{}", f.steps),
+        ))
+        .context(file);
     }
     for (k, v) in [
         ("alpha_us", f.network.alpha_us),
@@ -484,7 +530,12 @@ pub fn run_text(
         ("inter_gbytes_per_s", f.network.inter_gbytes_per_s),
     ] {
         if !(v.is_finite() && v >= 0.0) || (k != "alpha_us" && v == 0.0) {
-            bail!("{file}: [network] {k} = {v} must be a finite positive number");
+            return Err(invalid(
+                format!("[network] {k}"),
+                v,
+                "a finite positive number",
+            ))
+            .context(file);
         }
     }
     let topo = match &f.network.topology {
@@ -505,11 +556,12 @@ pub fn run_text(
             };
             let spec = TopologySpec::parse(&text, &name)?;
             if spec.gpus_per_node != f.cluster.gpus_per_node {
-                bail!(
-                    "{file}: [cluster] gpus_per_node = {} but topology {name} has {}",
+                return Err(invalid(
+                    "[cluster] gpus_per_node",
                     f.cluster.gpus_per_node,
-                    spec.gpus_per_node
-                );
+                    format!("topology {name}'s {}", spec.gpus_per_node),
+                ))
+                .context(file);
             }
             Some(Arc::new(spec.build(Some(f.cluster.nodes))?))
         }
@@ -526,25 +578,48 @@ pub fn run_text(
         (None | Some("analytical"), Some(t)) => NetChoice::Analytical(t.clone()),
         (Some("flow"), Some(t)) => NetChoice::Flow(t.clone()),
         (Some(m @ ("analytical" | "flow")), None) => {
-            bail!("{file}: [network] model = {m:?} needs a `topology` file")
+            return Err(invalid(
+                "[network] model",
+                format!("{m:?}"),
+                "stub without a `topology` file; analytical or flow with one",
+            ))
+            .context(file)
         }
-        (Some(m), _) => bail!("{file}: [network] model = {m:?}: one of stub, analytical, flow"),
+        (Some(m), _) => {
+            return Err(invalid(
+                "[network] model",
+                format!("{m:?}"),
+                "one of stub, analytical, flow",
+            ))
+            .context(file)
+        }
     };
     let faults = match (&topo, topo.as_ref().and_then(|t| t.spec.faults.clone())) {
-        (Some(t), Some(fs)) => fs.resolve(t, &file)?,
+        (Some(t), Some(fs)) => fs.resolve(t, file)?,
         _ => Faults::default(),
     };
     let variance = match &f.variance {
         None => None,
         Some(v) => {
-            v.validate(&file)?;
+            v.validate(file)?;
             Some((*v, f.workload.seed, faults))
         }
     };
-    let mut files = Files::default();
+    Ok(Setup {
+        cost,
+        rank_shape,
+        cluster,
+        net,
+        variance,
+    })
+}
 
-    // The grid of points: (dp, ga, seq_len, corpus).
-    let mut points: Vec<(u32, u32, u32, Option<String>)> = Vec::new();
+/// A point of the grid: (dp, ga, seq_len, corpus).
+type GridPoint = (u32, u32, u32, Option<String>);
+
+/// The grid of points.
+fn grid(f: &TrainFile, file: &str) -> Result<Vec<GridPoint>> {
+    let mut points: Vec<GridPoint> = Vec::new();
     match &f.sweep {
         None => points.push((f.parallel.dp, f.parallel.ga, f.workload.seq_len, None)),
         Some(s) => {
@@ -580,7 +655,12 @@ pub fn run_text(
                     for &g in &gbss {
                         for &d in &dps {
                             if d == 0 || g % d != 0 {
-                                bail!("{file}: [sweep] gbs = {g} is not a multiple of dp = {d} (ga = gbs / dp)");
+                                return Err(invalid(
+                                    "[sweep] gbs",
+                                    g,
+                                    format!("a multiple of dp = {d} (ga = gbs / dp)"),
+                                ))
+                                .context(file);
                             }
                             points.push((d, g / d, l, c.clone()));
                         }
@@ -589,12 +669,21 @@ pub fn run_text(
             }
         }
     }
-    // Attention variants: (scheme, Libra settings), outermost so tables group by scheme.
-    let multi = f.scheme.is_some()
+    Ok(points)
+}
+
+/// Whether the file compares attention variants (a scheme, Libra settings or a sweep of them).
+fn is_multi(f: &TrainFile) -> bool {
+    f.scheme.is_some()
         || f.libra.is_some()
         || f.sweep
             .as_ref()
-            .is_some_and(|s| !(s.scheme.is_empty() && s.pool_size.is_empty() && s.tile.is_empty()));
+            .is_some_and(|s| !(s.scheme.is_empty() && s.pool_size.is_empty() && s.tile.is_empty()))
+}
+
+/// Attention variants: (scheme, Libra settings), outermost so tables group by scheme.
+fn variants(f: &TrainFile, setup: &Setup, file: &str) -> Result<Vec<(String, LibraSpec)>> {
+    let rank_shape = setup.rank_shape;
     let lib = f.libra.unwrap_or_default();
     let sw = f.sweep.clone().unwrap_or_default();
     let schemes = if sw.scheme.is_empty() {
@@ -614,7 +703,8 @@ pub fn run_text(
     };
     let mut variants: Vec<(String, LibraSpec)> = Vec::new();
     for sc in &schemes {
-        Scheme::parse(sc, LibraParams::default()).with_context(|| format!("{file}: scheme"))?;
+        StepAttention::parse(sc, LibraParams::default())
+            .with_context(|| format!("{file}: scheme"))?;
         if sc == "ulysses" {
             variants.push((sc.clone(), lib));
             continue;
@@ -642,6 +732,25 @@ pub fn run_text(
             }
         }
     }
+    Ok(variants)
+}
+
+/// Every (variant, point) simulated, in parallel, gathered in order.
+fn simulate(
+    f: &TrainFile,
+    setup: &Setup,
+    points: &[GridPoint],
+    variants: &[(String, LibraSpec)],
+    file: &str,
+    observer: &dyn Observer,
+) -> Result<Vec<PointResult>> {
+    let Setup {
+        cost,
+        rank_shape,
+        cluster,
+        net,
+        variance,
+    } = setup;
     let points: Vec<(u32, u32, u32, Option<String>, usize)> = (0..variants.len())
         .flat_map(|v| {
             points
@@ -656,7 +765,7 @@ pub fn run_text(
             progress.check()?;
             let (dp, ga, l) = (*dp, *ga, *l);
             let (sc, lv) = &variants[*v];
-            let scheme = Scheme::parse(
+            let scheme = StepAttention::parse(
                 sc,
                 LibraParams {
                     pool_size: lv.pool_size,
@@ -665,14 +774,14 @@ pub fn run_text(
                     tile_tokens: lv.tile_tokens,
                     tau: lv.tau,
                     chunks: lv.chunks,
-                    shape: rank_shape,
+                    shape: *rank_shape,
                 },
             )?;
             let mut spec = f.workload.clone();
             if let Some(c) = c {
                 spec.corpus = Some(c.clone());
             }
-            let wl = workload(&spec, l, &file)?;
+            let wl = workload(&spec, l, file)?;
             let par = Parallelism {
                 dp,
                 ga,
@@ -680,15 +789,15 @@ pub fn run_text(
             };
             let mut r = run_point(
                 &scheme,
-                &cost,
+                cost,
                 par,
-                cluster,
+                *cluster,
                 &wl,
-                &net,
+                net,
                 variance.clone(),
                 f.steps,
                 &f.output,
-                &file,
+                file,
             )?;
             r.seq_len = l;
             r.libra = *lv;
@@ -702,6 +811,12 @@ pub fn run_text(
         .collect();
     let results: Vec<PointResult> = results.into_iter().collect::<Result<_>>()?;
 
+    Ok(results)
+}
+
+/// The summary's title, description and the setup every point shares.
+fn summary_head(f: &TrainFile, setup: &Setup, title: &str) -> String {
+    let (cost, net) = (&setup.cost, &setup.net);
     let mut summary = format!("# {title}\n\n");
     if !f.description.is_empty() {
         summary += &format!("{}\n\n", f.description.trim());
@@ -743,189 +858,186 @@ pub fn run_text(
             f.parallel.tp, f.parallel.sp, f.parallel.tp_overlap, f.parallel.ep
         );
     }
-    let table = if f.sweep.is_none() {
-        let r = &results[0];
-        files.write("steps.csv", steps_csv(&r.steps));
-        files.write("microbatches.csv", microbatches_csv(&r.steps));
-        let mut fwd: Vec<f64> = r
-            .steps
+    summary
+}
+
+/// One point's files (steps, micro-batches, trace, GPUs) and its summary: placement,
+/// forward spread, peak memory; returns the per-step table.
+fn single_point(
+    f: &TrainFile,
+    cost: &CostModel,
+    r: &PointResult,
+    files: &mut Files,
+    summary: &mut String,
+) -> Result<String> {
+    files.write("steps.csv", steps_csv(&r.steps));
+    files.write("microbatches.csv", microbatches_csv(&r.steps));
+    let mut fwd: Vec<f64> = r
+        .steps
+        .iter()
+        .flat_map(|st| st.microbatches.iter().filter(|m| m.stage == 0))
+        .map(|m| m.fwd_span as f64 * 1e-9)
+        .collect();
+    if fwd.len() > 1 {
+        let mean_fwd = mean(fwd.iter().copied()).max(f64::MIN_POSITIVE);
+        fwd.sort_by(f64::total_cmp);
+        let pts = fwd
             .iter()
-            .flat_map(|st| st.microbatches.iter().filter(|m| m.stage == 0))
-            .map(|m| m.fwd_span as f64 * 1e-9)
+            .enumerate()
+            .map(|(i, &x)| ((i + 1) as f64 / fwd.len() as f64, x / mean_fwd))
             .collect();
-        if fwd.len() > 1 {
-            let mean_fwd = mean(fwd.iter().copied()).max(f64::MIN_POSITIVE);
-            fwd.sort_by(f64::total_cmp);
-            let pts = fwd
-                .iter()
-                .enumerate()
-                .map(|(i, &x)| ((i + 1) as f64 / fwd.len() as f64, x / mean_fwd))
-                .collect();
-            let ch = Chart::new("Micro-batch forward time (stage 0), normalised to the mean")
-                .x("fraction of micro-batches", Scale::Linear)
-                .y("forward time / mean", Scale::Linear)
-                .series(Series::new("Ulysses", pts, Mark::LinePoints).color(palette(0)));
-            files.write("microbatches.svg", ch.render());
-        }
-        if let Some(t) = &r.trace {
-            files.write("trace.json", t);
-        }
-        if let Some(g) = &r.gpus {
-            files.write("gpus.csv", g);
-        }
-        summary += &format!("```\n{}```\n\n", r.placement);
-        let fwd: Vec<f64> = r
-            .steps
+        let ch = Chart::new("Micro-batch forward time (stage 0), normalised to the mean")
+            .x("fraction of micro-batches", Scale::Linear)
+            .y("forward time / mean", Scale::Linear)
+            .series(Series::new("Ulysses", pts, Mark::LinePoints).color(palette(0)));
+        files.write("microbatches.svg", ch.render());
+    }
+    if let Some(t) = &r.trace {
+        files.write("trace.json", t);
+    }
+    if let Some(g) = &r.gpus {
+        files.write("gpus.csv", g);
+    }
+    *summary += &format!("```\n{}```\n\n", r.placement);
+    let fwd: Vec<f64> = r
+        .steps
+        .iter()
+        .flat_map(|s| s.microbatches.iter().filter(|m| m.stage == 0))
+        .map(|m| m.fwd_span as f64 * 1e-9)
+        .collect();
+    if !fwd.is_empty() {
+        let mean_fwd = mean(fwd.iter().copied());
+        let (lo, hi) = fwd
             .iter()
-            .flat_map(|s| s.microbatches.iter().filter(|m| m.stage == 0))
-            .map(|m| m.fwd_span as f64 * 1e-9)
-            .collect();
-        if !fwd.is_empty() {
-            let mean_fwd = mean(fwd.iter().copied());
-            let (lo, hi) = fwd
-                .iter()
-                .fold((f64::INFINITY, 0.0f64), |a, &x| (a.0.min(x), a.1.max(x)));
-            summary += &format!(
-                "Micro-batch forward time on stage 0 over {} micro-batches: min {lo:.1} ms, mean {mean_fwd:.1} ms, max {hi:.1} ms (normalised to the mean: {:.2} .. {:.2}).\n\n",
-                fwd.len(),
-                lo / mean_fwd,
-                hi / mean_fwd
+            .fold((f64::INFINITY, 0.0f64), |a, &x| (a.0.min(x), a.1.max(x)));
+        *summary += &format!(
+            "Micro-batch forward time on stage 0 over {} micro-batches: min {lo:.1} ms, mean {mean_fwd:.1} ms, max {hi:.1} ms (normalised to the mean: {:.2} .. {:.2}).\n\n",
+            fwd.len(),
+            lo / mean_fwd,
+            hi / mean_fwd
+        );
+    }
+    if let Some(step) = r.steps.iter().find(|s| s.step == f.output.trace_step) {
+        if let Some(g) = step
+            .gpus
+            .iter()
+            .max_by_key(|g| (g.memory.total(), std::cmp::Reverse(g.gpu)))
+        {
+            let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+            let m = g.memory;
+            *summary += &format!(
+                "Peak memory (step {}): GPU {} needs {:.1} GiB of {:.1} GiB — weights {:.1}, grads {:.1}, optimizer {:.1}, activations {:.1}, attention buffers {:.1}, comm buffers {:.1}.{}\n\n",
+                step.step,
+                g.gpu,
+                gib(m.total()),
+                gib(cost.hw.memory_bytes),
+                gib(m.weights),
+                gib(m.grads),
+                gib(m.optimizer),
+                gib(m.activations),
+                gib(m.attn_buffers),
+                gib(m.comm_buffers),
+                if step.infeasible_ranks > 0 {
+                    format!(" **INFEASIBLE: {} rank(s) exceed the GPU's memory.**", step.infeasible_ranks)
+                } else {
+                    String::new()
+                }
             );
         }
-        if let Some(step) = r.steps.iter().find(|s| s.step == f.output.trace_step) {
-            if let Some(g) = step
-                .gpus
-                .iter()
-                .max_by_key(|g| (g.memory.total(), std::cmp::Reverse(g.gpu)))
-            {
-                let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
-                let m = g.memory;
-                summary += &format!(
-                    "Peak memory (step {}): GPU {} needs {:.1} GiB of {:.1} GiB — weights {:.1}, grads {:.1}, optimizer {:.1}, activations {:.1}, attention buffers {:.1}, comm buffers {:.1}.{}\n\n",
-                    step.step,
-                    g.gpu,
-                    gib(m.total()),
-                    gib(cost.hw.memory_bytes),
-                    gib(m.weights),
-                    gib(m.grads),
-                    gib(m.optimizer),
-                    gib(m.activations),
-                    gib(m.attn_buffers),
-                    gib(m.comm_buffers),
-                    if step.infeasible_ranks > 0 {
-                        format!(" **INFEASIBLE: {} rank(s) exceed the GPU's memory.**", step.infeasible_ranks)
-                    } else {
-                        String::new()
-                    }
-                );
-            }
+    }
+    let mut t = String::from("| step | iteration (ms) | tokens/s | MFU | sync wait | exposed comm | bubble | straggler GPU (excess) | infeasible ranks |\n|---|---|---|---|---|---|---|---|---|\n");
+    for s in &r.steps {
+        writeln!(
+            t,
+            "| {} | {} | {:.0} | {:.3} | {:.3} | {:.3} | {:.3} | {} (+{:.1}%) | {} |",
+            s.step,
+            ms(s.iteration),
+            s.tokens_per_s,
+            s.mfu,
+            s.wait_fraction,
+            s.exposed_comm_fraction,
+            s.bubble_fraction,
+            s.straggler_gpu,
+            100.0 * s.straggler_excess,
+            s.infeasible_ranks
+        )?;
+    }
+    Ok(t)
+}
+
+/// A Ulysses sweep: `points.csv`, the scaling table and `scaling.svg` (efficiency against
+/// the smallest DP of each corpus, L and GBS).
+fn scaling(f: &TrainFile, results: &[PointResult], files: &mut Files) -> Result<String> {
+    let mut csv = String::from("corpus,seq_len,gbs,dp,ga,gpus,mean_iteration_ms,tokens_per_s,mfu,wait_fraction,exposed_comm_fraction,speedup_vs_min_dp,scaling_efficiency,infeasible_ranks\n");
+    let mut t = String::from("| corpus | L | GBS | DP | GA | GPUs | iteration (s) | tokens/s | MFU | sync wait | exposed comm | speedup | scaling eff. |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    // (corpus, L, GBS) → [(DP, scaling efficiency)] for scaling.svg, in input order.
+    let mut curves: Vec<(CurveKey, Vec<(f64, f64)>)> = Vec::new();
+    for r in results {
+        let gbs = r.dp * r.ga;
+        let base = results
+            .iter()
+            .filter(|b| b.seq_len == r.seq_len && b.corpus == r.corpus && b.dp * b.ga == gbs)
+            .min_by_key(|b| b.dp)
+            .map(|b| (b.dp, mean(b.steps.iter().map(|s| s.tokens_per_s))))
+            .unwrap_or((r.dp, 1.0));
+        let tps = mean(r.steps.iter().map(|s| s.tokens_per_s));
+        let speedup = tps / base.1;
+        let eff = speedup / (f64::from(r.dp) / f64::from(base.0));
+        let it = mean(r.steps.iter().map(|s| s.iteration as f64 * 1e-9));
+        let gpus = r.dp * f.parallel.pp * f.parallel.cp * f.parallel.tp;
+        let mfu = mean(r.steps.iter().map(|s| s.mfu));
+        let wait = mean(r.steps.iter().map(|s| s.wait_fraction));
+        let comm = mean(r.steps.iter().map(|s| s.exposed_comm_fraction));
+        let inf = r
+            .steps
+            .iter()
+            .map(|s| s.infeasible_ranks)
+            .max()
+            .unwrap_or(0);
+        let key = (r.corpus.clone(), r.seq_len, gbs);
+        match curves.iter_mut().find(|c| c.0 == key) {
+            Some(c) => c.1.push((f64::from(r.dp), eff)),
+            None => curves.push((key, vec![(f64::from(r.dp), eff)])),
         }
-        let mut t = String::from("| step | iteration (ms) | tokens/s | MFU | sync wait | exposed comm | bubble | straggler GPU (excess) | infeasible ranks |\n|---|---|---|---|---|---|---|---|---|\n");
-        for s in &r.steps {
-            writeln!(
-                t,
-                "| {} | {} | {:.0} | {:.3} | {:.3} | {:.3} | {:.3} | {} (+{:.1}%) | {} |",
-                s.step,
-                ms(s.iteration),
-                s.tokens_per_s,
-                s.mfu,
-                s.wait_fraction,
-                s.exposed_comm_fraction,
-                s.bubble_fraction,
-                s.straggler_gpu,
-                100.0 * s.straggler_excess,
-                s.infeasible_ranks
-            )?;
-        }
-        t
-    } else if multi {
-        multi_tables(&results, &f.parallel, &mut files)?
-    } else {
-        let mut csv = String::from("corpus,seq_len,gbs,dp,ga,gpus,mean_iteration_ms,tokens_per_s,mfu,wait_fraction,exposed_comm_fraction,speedup_vs_min_dp,scaling_efficiency,infeasible_ranks\n");
-        let mut t = String::from("| corpus | L | GBS | DP | GA | GPUs | iteration (s) | tokens/s | MFU | sync wait | exposed comm | speedup | scaling eff. |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-        // (corpus, L, GBS) → [(DP, scaling efficiency)] for scaling.svg, in input order.
-        let mut curves: Vec<(CurveKey, Vec<(f64, f64)>)> = Vec::new();
-        for r in &results {
-            let gbs = r.dp * r.ga;
-            let base = results
-                .iter()
-                .filter(|b| b.seq_len == r.seq_len && b.corpus == r.corpus && b.dp * b.ga == gbs)
-                .min_by_key(|b| b.dp)
-                .map(|b| (b.dp, mean(b.steps.iter().map(|s| s.tokens_per_s))))
-                .unwrap_or((r.dp, 1.0));
-            let tps = mean(r.steps.iter().map(|s| s.tokens_per_s));
-            let speedup = tps / base.1;
-            let eff = speedup / (f64::from(r.dp) / f64::from(base.0));
-            let it = mean(r.steps.iter().map(|s| s.iteration as f64 * 1e-9));
-            let gpus = r.dp * f.parallel.pp * f.parallel.cp * f.parallel.tp;
-            let mfu = mean(r.steps.iter().map(|s| s.mfu));
-            let wait = mean(r.steps.iter().map(|s| s.wait_fraction));
-            let comm = mean(r.steps.iter().map(|s| s.exposed_comm_fraction));
-            let inf = r
-                .steps
-                .iter()
-                .map(|s| s.infeasible_ranks)
-                .max()
-                .unwrap_or(0);
-            let key = (r.corpus.clone(), r.seq_len, gbs);
-            match curves.iter_mut().find(|c| c.0 == key) {
-                Some(c) => c.1.push((f64::from(r.dp), eff)),
-                None => curves.push((key, vec![(f64::from(r.dp), eff)])),
-            }
-            writeln!(csv, "{},{},{gbs},{},{},{gpus},{it:.3},{tps:.1},{mfu:.6},{wait:.6},{comm:.6},{speedup:.4},{eff:.4},{inf}", r.corpus, r.seq_len, r.dp, r.ga)?;
-            writeln!(t, "| {} | {} | {gbs} | {} | {} | {gpus} | {:.3} | {tps:.0} | {mfu:.3} | {wait:.3} | {comm:.3} | {speedup:.2}x | {:.1}% |", r.corpus, r.seq_len, r.dp, r.ga, it / 1e3, 100.0 * eff)?;
-        }
-        files.write("points.csv", csv);
-        let dps: Vec<f64> = {
-            let mut v: Vec<f64> = curves
-                .iter()
-                .flat_map(|c| c.1.iter().map(|p| p.0))
-                .collect();
-            v.sort_by(f64::total_cmp);
-            v.dedup();
-            v
-        };
-        if dps.len() > 1 {
-            let mut ch = Chart::new("Ulysses scaling efficiency vs data parallelism")
-                .x("DP (replicas)", Scale::Log)
-                .x_range(dps[0], dps[dps.len() - 1])
-                .x_ticks(dps)
-                .y("scaling efficiency vs the smallest DP", Scale::Linear)
-                .y_range(0.0, 1.05);
-            for (i, ((corpus, l, gbs), pts)) in curves.iter().enumerate() {
-                let name = if corpus.is_empty() {
-                    format!("L {}K, GBS {gbs}", l >> 10)
-                } else {
-                    format!("{corpus}, GBS {gbs}")
-                };
-                ch = ch.series(Series::new(name, pts.clone(), Mark::LinePoints).color(palette(i)));
-            }
-            if f.sweep
-                .as_ref()
-                .is_some_and(|sw| sw.corpus.iter().any(|c| c == "libra-1m"))
-            {
-                ch = ch.series(
-                    Series::new("paper: 1M, DP 16", vec![(16.0, 0.276)], Mark::Ring)
-                        .color("#000000"),
-                );
-            }
-            files.write("scaling.svg", ch.render());
-        }
-        t
+        writeln!(csv, "{},{},{gbs},{},{},{gpus},{it:.3},{tps:.1},{mfu:.6},{wait:.6},{comm:.6},{speedup:.4},{eff:.4},{inf}", r.corpus, r.seq_len, r.dp, r.ga)?;
+        writeln!(t, "| {} | {} | {gbs} | {} | {} | {gpus} | {:.3} | {tps:.0} | {mfu:.3} | {wait:.3} | {comm:.3} | {speedup:.2}x | {:.1}% |", r.corpus, r.seq_len, r.dp, r.ga, it / 1e3, 100.0 * eff)?;
+    }
+    files.write("points.csv", csv);
+    let dps: Vec<f64> = {
+        let mut v: Vec<f64> = curves
+            .iter()
+            .flat_map(|c| c.1.iter().map(|p| p.0))
+            .collect();
+        v.sort_by(f64::total_cmp);
+        v.dedup();
+        v
     };
-    summary += &table;
-    files.write("summary.md", &summary);
-    Ok(Outcome {
-        kind: f.kind.clone(),
-        files: files.0,
-        points_file: if f.sweep.is_none() {
-            "steps.csv"
-        } else {
-            "points.csv"
-        },
-        summary,
-        json: None,
-    })
+    if dps.len() > 1 {
+        let mut ch = Chart::new("Ulysses scaling efficiency vs data parallelism")
+            .x("DP (replicas)", Scale::Log)
+            .x_range(dps[0], dps[dps.len() - 1])
+            .x_ticks(dps)
+            .y("scaling efficiency vs the smallest DP", Scale::Linear)
+            .y_range(0.0, 1.05);
+        for (i, ((corpus, l, gbs), pts)) in curves.iter().enumerate() {
+            let name = if corpus.is_empty() {
+                format!("L {}K, GBS {gbs}", l >> 10)
+            } else {
+                format!("{corpus}, GBS {gbs}")
+            };
+            ch = ch.series(Series::new(name, pts.clone(), Mark::LinePoints).color(palette(i)));
+        }
+        if f.sweep
+            .as_ref()
+            .is_some_and(|sw| sw.corpus.iter().any(|c| c == "libra-1m"))
+        {
+            ch = ch.series(
+                Series::new("paper: 1M, DP 16", vec![(16.0, 0.276)], Mark::Ring).color("#000000"),
+            );
+        }
+        files.write("scaling.svg", ch.render());
+    }
+    Ok(t)
 }
 
 /// The sweep tables of a multi-scheme run: `points.csv` (one row per point, with compute,

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cluster::variance::{spread_study, SpreadStudy};
 use crate::cluster::{VarianceModel, VarianceSpec};
-use crate::error::{bail, spec_error, Result};
+use crate::error::{invalid, spec_error, Context, Result};
 
 use super::Outcome as RunOutcome;
 
@@ -79,41 +79,34 @@ pub type SeedResults = Vec<(f64, f64)>;
 pub fn simulate(text: &str, source: &str) -> Result<(Experiment, SpreadStudy, SeedResults)> {
     let exp: Experiment =
         toml::from_str(text).map_err(|e| crate::error::parse_error(source, e.to_string()))?;
-    if !(2..=1_000_000).contains(&exp.gpus) {
-        bail!(
-            "{source}: invalid gpus = {}: an integer in [2, 1000000]",
-            exp.gpus
-        );
-    }
-    if !(1..=1_000_000).contains(&exp.steps) {
-        bail!(
-            "{source}: invalid steps = {}: an integer in [1, 1000000]",
-            exp.steps
-        );
-    }
-    if !(1..=100_000).contains(&exp.kernels_per_step) {
-        bail!(
-            "{source}: invalid kernels_per_step = {}: an integer in [1, 100000]",
-            exp.kernels_per_step
-        );
-    }
-    if !(1..=64).contains(&exp.seeds) {
-        bail!(
-            "{source}: invalid seeds = {}: an integer in [1, 64]",
-            exp.seeds
-        );
+    let ranges = [
+        ("gpus", u64::from(exp.gpus), 2, 1_000_000),
+        ("steps", exp.steps, 1, 1_000_000),
+        (
+            "kernels_per_step",
+            u64::from(exp.kernels_per_step),
+            1,
+            100_000,
+        ),
+        ("seeds", u64::from(exp.seeds), 1, 64),
+    ];
+    for (field, v, lo, hi) in ranges {
+        if !(lo..=hi).contains(&v) {
+            return Err(invalid(field, v, format!("an integer in [{lo}, {hi}]"))).context(source);
+        }
     }
     let draws =
         u64::from(exp.gpus) * exp.steps * u64::from(exp.kernels_per_step) * u64::from(exp.seeds);
     if draws > MAX_DRAWS {
-        bail!(
-            "{source}: invalid gpus × steps × kernels_per_step × seeds = {} × {} × {} × {} = \
-             {draws} kernel times: at most {MAX_DRAWS} (a few seconds of drawing)",
-            exp.gpus,
-            exp.steps,
-            exp.kernels_per_step,
-            exp.seeds
-        );
+        return Err(invalid(
+            "gpus × steps × kernels_per_step × seeds",
+            format!(
+                "{} × {} × {} × {} = {draws} kernel times",
+                exp.gpus, exp.steps, exp.kernels_per_step, exp.seeds
+            ),
+            format!("at most {MAX_DRAWS} (a few seconds of drawing)"),
+        ))
+        .context(source);
     }
     let spec = exp.variance.unwrap_or_default();
     spec.validate(source)?;

@@ -442,18 +442,49 @@ fn bad_unit(unit: u32, reason: String) -> Kind {
     Kind::BadUnit { unit, reason }
 }
 
-/// Check one group; returns (Σ units pair·heads, Σ sequences exact pair·heads).
+/// A group's sequences with their indexes, by id.
+type Seqs<'a> = HashMap<u32, SeqView<'a>>;
+/// (unit, the non-executing end).
+type QKey = (u32, WorkerId);
+/// (start, end, transfer index) of KV a worker receives.
+type KvPieces = Vec<(u32, u32, usize)>;
+
+/// What a group's transfers deliver: queries in and outputs back per (unit, home), KV
+/// pieces per (KV group, receiver).
+#[derive(Default)]
+struct Moved {
+    q_in: HashMap<QKey, Vec<(u64, u64)>>,
+    o_out: HashMap<QKey, Vec<(u64, u64)>>,
+    kv_in: HashMap<(KvGroup, WorkerId), KvPieces>,
+}
+
+/// Check one group; returns (Σ units pair·heads, Σ sequences exact pair·heads). One
+/// function per invariant, in order: sequences and layouts, units, coverage, transfers,
+/// then what each unit must receive (queries, outputs, K/V reach) and nothing more.
 fn check_group(
     plan: &Plan,
     g: &super::Group,
     seen_seqs: &mut HashSet<u32>,
 ) -> Result<(u128, u128), Kind> {
-    let shape = &plan.shape;
-    let h = plan.head_shards;
-    let w = plan.heads_per_shard();
     let workers: HashSet<WorkerId> = g.workers.iter().copied().collect();
+    let (seqs, expected) = check_sequences(plan, g, &workers, seen_seqs)?;
+    let (units, got) = check_units(plan, g, &workers, &seqs)?;
+    check_coverage(g, plan.head_shards)?;
+    let mut moved = check_transfers(plan, g, &workers, &seqs, &units)?;
+    let kv_done = check_received(plan, g, &seqs, &mut moved)?;
+    check_nothing_extra(g, &moved, &kv_done)?;
+    Ok((got, expected))
+}
 
-    // 1. sequences and layouts
+/// Sequences: each once in the plan, within capacity, laid out contiguously on the
+/// group's workers; returns them indexed and their exact pair·heads.
+fn check_sequences<'a>(
+    plan: &Plan,
+    g: &'a super::Group,
+    workers: &HashSet<WorkerId>,
+    seen_seqs: &mut HashSet<u32>,
+) -> Result<(Seqs<'a>, u128), Kind> {
+    let shape = &plan.shape;
     let mut seqs: HashMap<u32, SeqView> = HashMap::new();
     let mut expected: u128 = 0;
     for s in &g.sequences {
@@ -505,7 +536,20 @@ fn check_group(
         );
     }
 
-    // 2. units
+    Ok((seqs, expected))
+}
+
+/// Units: ids unique, on the group's workers, query ranges, segments, KV groups, pairs
+/// and FLOPs exactly as recomputed; returns them by id and their pair·heads.
+fn check_units<'a>(
+    plan: &Plan,
+    g: &'a super::Group,
+    workers: &HashSet<WorkerId>,
+    seqs: &Seqs,
+) -> Result<(HashMap<u32, &'a WorkUnit>, u128), Kind> {
+    let shape = &plan.shape;
+    let h = plan.head_shards;
+    let w = plan.heads_per_shard();
     let mut units: HashMap<u32, &WorkUnit> = HashMap::new();
     let mut got: u128 = 0;
     for u in &g.units {
@@ -602,7 +646,11 @@ fn check_group(
         got += u128::from(pairs) * u128::from(w);
     }
 
-    // 3. coverage per (sequence, shard)
+    Ok((units, got))
+}
+
+/// Coverage: every (sequence, head shard) has each query attended exactly once.
+fn check_coverage(g: &super::Group, h: u32) -> Result<(), Kind> {
     type Ranges = Vec<(u64, u64, u32)>; // (q_start, q_end, unit)
     let mut ranges: HashMap<(u32, u32), Ranges> = HashMap::new();
     for u in &g.units {
@@ -651,12 +699,23 @@ fn check_group(
         }
     }
 
-    // 4. transfers
-    type QKey = (u32, WorkerId); // (unit, the non-executing end)
-    let mut q_in: HashMap<QKey, Vec<(u64, u64)>> = HashMap::new();
-    let mut o_out: HashMap<QKey, Vec<(u64, u64)>> = HashMap::new();
-    type KvPieces = Vec<(u32, u32, usize)>; // (start, end, transfer index)
-    let mut kv_in: HashMap<(KvGroup, WorkerId), KvPieces> = HashMap::new();
+    Ok(())
+}
+
+/// Transfers: between two of the group's workers, each payload where its sender holds it
+/// and its bytes exactly as recomputed; returns what they deliver.
+fn check_transfers(
+    plan: &Plan,
+    g: &super::Group,
+    workers: &HashSet<WorkerId>,
+    seqs: &Seqs,
+    units: &HashMap<u32, &WorkUnit>,
+) -> Result<Moved, Kind> {
+    let shape = &plan.shape;
+    let h = plan.head_shards;
+    let w = plan.heads_per_shard();
+    let mut moved = Moved::default();
+    let Moved { q_in, o_out, kv_in } = &mut moved;
     let spans = KvSpans::new(&g.sequences);
     for (i, t) in g.transfers.iter().enumerate() {
         let bad = |reason: String| Kind::BadTransfer {
@@ -696,7 +755,7 @@ fn check_group(
                         "worker {home} does not hold queries [{start}, {end})"
                     )));
                 }
-                let map = if is_q { &mut q_in } else { &mut o_out };
+                let map = if is_q { &mut *q_in } else { &mut *o_out };
                 map.entry((unit, home)).or_default().push((start, end));
                 shape.q_bytes(end - start, w)
             }
@@ -733,7 +792,20 @@ fn check_group(
         }
     }
 
-    // 5. reach
+    Ok(moved)
+}
+
+/// What each unit must receive: the queries and outputs its worker does not hold moved
+/// from and to their home, and the K/V its queries reach under the mask (no key twice,
+/// none below the reach); consumes what is matched from `moved` and returns the
+/// (KV group, worker) pairs that were read.
+fn check_received(
+    plan: &Plan,
+    g: &super::Group,
+    seqs: &Seqs,
+    moved: &mut Moved,
+) -> Result<HashSet<(KvGroup, WorkerId)>, Kind> {
+    let shape = &plan.shape;
     // need per (KV group, executing worker): keys [lo, e) for the largest sample-local
     // query end e of the worker's units reading the group and the lowest key lo they reach
     let mut kv_need: HashMap<(KvGroup, WorkerId), (u32, u32)> = HashMap::new();
@@ -747,35 +819,7 @@ fn check_group(
     let mut kv_done: HashSet<(KvGroup, WorkerId)> = HashSet::new();
     for u in &g.units {
         let sv = &seqs[&u.seq];
-        let pieces = sv.pieces(u.q_start, u.q_end);
-        for (what, map) in [("Q", &mut q_in), ("output", &mut o_out)] {
-            let mut need: HashMap<WorkerId, Vec<(u64, u64)>> = HashMap::new();
-            for &(a, e, home) in &pieces {
-                if home != u.worker {
-                    need.entry(home).or_default().push((a, e));
-                }
-            }
-            let mut homes: Vec<_> = need.into_iter().collect();
-            homes.sort_unstable();
-            for (home, want) in homes {
-                let mut have = map.remove(&(u.id, home)).unwrap_or_default();
-                have.sort_unstable();
-                if let Some(&(a, e)) = want.iter().find(|p| !have.contains(p)) {
-                    return Err(Kind::MissingQ {
-                        unit: u.id,
-                        what,
-                        start: a,
-                        end: e,
-                        home,
-                        worker: u.worker,
-                    });
-                }
-                if have != want {
-                    // every needed piece is there, so something moves twice or too much
-                    map.insert((u.id, home), have);
-                }
-            }
-        }
+        check_q_moved(u, sv, moved)?;
         for &grp in &u.kv_groups {
             if !kv_done.insert((grp, u.worker)) {
                 continue;
@@ -789,7 +833,7 @@ fn check_group(
                 .filter(|p| p.2 == u.worker)
                 .map(|(a, e, _)| ((a - s0) as u32, (e - s0) as u32))
                 .collect();
-            if let Some(v) = kv_in.get(&(grp, u.worker)) {
+            if let Some(v) = moved.kv_in.get(&(grp, u.worker)) {
                 if let Some(&(a, e, _)) = v.iter().filter(|p| p.0 < lo).min() {
                     return Err(Kind::KvOutOfReach {
                         worker: u.worker,
@@ -834,9 +878,51 @@ fn check_group(
             }
         }
     }
-    // anything left over was not needed
+    Ok(kv_done)
+}
+
+/// A unit's queries and outputs held elsewhere are moved from and back to their home.
+fn check_q_moved(u: &WorkUnit, sv: &SeqView, moved: &mut Moved) -> Result<(), Kind> {
+    let pieces = sv.pieces(u.q_start, u.q_end);
+    for (what, map) in [("Q", &mut moved.q_in), ("output", &mut moved.o_out)] {
+        let mut need: HashMap<WorkerId, Vec<(u64, u64)>> = HashMap::new();
+        for &(a, e, home) in &pieces {
+            if home != u.worker {
+                need.entry(home).or_default().push((a, e));
+            }
+        }
+        let mut homes: Vec<_> = need.into_iter().collect();
+        homes.sort_unstable();
+        for (home, want) in homes {
+            let mut have = map.remove(&(u.id, home)).unwrap_or_default();
+            have.sort_unstable();
+            if let Some(&(a, e)) = want.iter().find(|p| !have.contains(p)) {
+                return Err(Kind::MissingQ {
+                    unit: u.id,
+                    what,
+                    start: a,
+                    end: e,
+                    home,
+                    worker: u.worker,
+                });
+            }
+            if have != want {
+                // every needed piece is there, so something moves twice or too much
+                map.insert((u.id, home), have);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Nothing moved that no unit needs (or moved twice): the first such transfer.
+fn check_nothing_extra(
+    g: &super::Group,
+    moved: &Moved,
+    kv_done: &HashSet<(KvGroup, WorkerId)>,
+) -> Result<(), Kind> {
     let mut leftover: Vec<(usize, String)> = Vec::new();
-    for ((unit, home), v) in q_in.iter().chain(o_out.iter()) {
+    for ((unit, home), v) in moved.q_in.iter().chain(moved.o_out.iter()) {
         if !v.is_empty() {
             leftover.push((
                 transfer_index(g, *unit, *home),
@@ -847,7 +933,7 @@ fn check_group(
             ));
         }
     }
-    for ((grp, dst), v) in &kv_in {
+    for ((grp, dst), v) in &moved.kv_in {
         if !kv_done.contains(&(*grp, *dst)) {
             leftover.push((
                 v[0].2,
@@ -867,7 +953,7 @@ fn check_group(
             reason,
         });
     }
-    Ok((got, expected))
+    Ok(())
 }
 
 /// The first Q or output transfer of `unit` with `home` at one end.

@@ -13,6 +13,7 @@ use super::train::split_replicas;
 use super::{RankMap, RuntimeVariance};
 use crate::balance::grouping::vrsp;
 use crate::balance::libra::{consecutive_pools, plan_step as libra_plan, step_shape, LibraParams};
+use crate::balance::schemes::Scheme;
 use crate::cost::CostModel;
 use crate::engine::{run, Timeline};
 use crate::error::{invalid, Result};
@@ -20,9 +21,10 @@ use crate::net::NetworkModel;
 use crate::plan::Plan;
 use crate::workload::PackedSeq;
 
-/// Which attention a step runs.
+/// Which attention a step runs: one [`Scheme`]'s (Ulysses or Libra) and, for Libra,
+/// its settings and which of its parts run (the ablations `train` compares).
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Scheme {
+pub enum StepAttention {
     /// DeepSpeed-Ulysses' all-to-alls (the step builder's own attention).
     Ulysses,
     /// Libra's TAP on pools of P consecutive sequences (no VRSP), no pipelining.
@@ -33,34 +35,42 @@ pub enum Scheme {
     Libra(LibraParams),
 }
 
-impl Scheme {
+impl StepAttention {
     /// The names experiment files use.
     pub const NAMES: [&'static str; 4] = ["ulysses", "libra-tap", "libra-tap-vrsp", "libra"];
 
     /// The scheme named `name` with Libra settings `p` (ignored by Ulysses).
     pub fn parse(name: &str, p: LibraParams) -> Result<Self> {
         Ok(match name {
-            "ulysses" => Scheme::Ulysses,
-            "libra-tap" => Scheme::LibraTap(p),
-            "libra-tap-vrsp" => Scheme::LibraTapVrsp(p),
-            "libra" => Scheme::Libra(p),
+            "ulysses" => StepAttention::Ulysses,
+            "libra-tap" => StepAttention::LibraTap(p),
+            "libra-tap-vrsp" => StepAttention::LibraTapVrsp(p),
+            "libra" => StepAttention::Libra(p),
             _ => {
                 return Err(invalid(
                     "scheme",
                     name,
-                    format!("one of {}", Scheme::NAMES.join(", ")),
+                    format!("one of {}", StepAttention::NAMES.join(", ")),
                 ))
             }
         })
     }
 
+    /// The scheme it runs.
+    pub fn scheme(&self) -> Scheme {
+        match self {
+            StepAttention::Ulysses => Scheme::Ulysses,
+            _ => Scheme::Libra,
+        }
+    }
+
     /// Its name.
     pub fn name(&self) -> &'static str {
         match self {
-            Scheme::Ulysses => "ulysses",
-            Scheme::LibraTap(_) => "libra-tap",
-            Scheme::LibraTapVrsp(_) => "libra-tap-vrsp",
-            Scheme::Libra(_) => "libra",
+            StepAttention::Ulysses => "ulysses",
+            StepAttention::LibraTap(_) => "libra-tap",
+            StepAttention::LibraTapVrsp(_) => "libra-tap-vrsp",
+            StepAttention::Libra(_) => "libra",
         }
     }
 }
@@ -171,7 +181,7 @@ pub fn build_plan_step(
 
 /// Simulate one step of `scheme` whose global batch is `global` (GBS = DP × GA) on `net`.
 pub fn simulate_scheme_batch(
-    scheme: &Scheme,
+    scheme: &StepAttention,
     cost: &CostModel,
     map: RankMap,
     global: Vec<PackedSeq>,
@@ -188,11 +198,11 @@ pub fn simulate_scheme_batch(
         ));
     }
     let sg = match scheme {
-        Scheme::Ulysses => {
+        StepAttention::Ulysses => {
             let batch = split_replicas(global, dp, ga);
             build_step_with(cost, map, &batch, step, var, None)?
         }
-        Scheme::LibraTap(p) | Scheme::LibraTapVrsp(p) | Scheme::Libra(p) => {
+        StepAttention::LibraTap(p) | StepAttention::LibraTapVrsp(p) | StepAttention::Libra(p) => {
             if p.cp != map.par.cp {
                 return Err(invalid(
                     "libra cp",
@@ -200,9 +210,9 @@ pub fn simulate_scheme_batch(
                     format!("the layout's cp = {}", map.par.cp),
                 ));
             }
-            let use_vrsp = !matches!(scheme, Scheme::LibraTap(_));
+            let use_vrsp = !matches!(scheme, StepAttention::LibraTap(_));
             let plan = libra_step_plan(step, &global, dp, p, use_vrsp)?;
-            let m = if matches!(scheme, Scheme::Libra(_)) {
+            let m = if matches!(scheme, StepAttention::Libra(_)) {
                 p.chunks
             } else {
                 1

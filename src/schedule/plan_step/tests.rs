@@ -99,10 +99,10 @@ fn libra_balances_a_skewed_batch_that_ulysses_waits_on() {
     };
     let mut times = Vec::new();
     for s in [
-        Scheme::Ulysses,
-        Scheme::LibraTap(p),
-        Scheme::LibraTapVrsp(p),
-        Scheme::Libra(p),
+        StepAttention::Ulysses,
+        StepAttention::LibraTap(p),
+        StepAttention::LibraTapVrsp(p),
+        StepAttention::Libra(p),
     ] {
         let (sg, t) = simulate_scheme_batch(
             &s,
@@ -126,6 +126,12 @@ fn libra_balances_a_skewed_batch_that_ulysses_waits_on() {
         )
         .unwrap();
         assert_eq!(t.end, t2.end, "{}", s.name());
+        // every variant is one of the schemes, named as the experiment file names it
+        assert_eq!(
+            StepAttention::parse(s.name(), p).unwrap().scheme(),
+            s.scheme()
+        );
+        assert!(s.name().starts_with(s.scheme().name()), "{}", s.name());
         assert!(sg.graph.ops.len() > 100);
         times.push(t.makespan);
     }
@@ -137,7 +143,7 @@ fn libra_balances_a_skewed_batch_that_ulysses_waits_on() {
 
 #[test]
 fn bad_schemes_and_plans_are_named() {
-    let e = Scheme::parse("megatron", LibraParams::default()).unwrap_err();
+    let e = StepAttention::parse("megatron", LibraParams::default()).unwrap_err();
     assert!(e.to_string().contains("libra-tap-vrsp"), "{e}");
     let c = qwen();
     let p = UlyssesParams {
@@ -176,7 +182,7 @@ fn bad_schemes_and_plans_are_named() {
     assert_eq!(b[0][0].capacity, 65_536);
     assert_eq!(b[1][0].tokens(), 0);
     let e = simulate_scheme_batch(
-        &Scheme::Libra(LibraParams::default()),
+        &StepAttention::Libra(LibraParams::default()),
         &c,
         rank_map(2, 1, 8, 2),
         global,
