@@ -453,7 +453,8 @@ seq_len = [65536]
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && !err.contains("panicked"), "{err}");
     assert!(
-        err.contains("corpus trace file no/such/lengths.txt does not exist"),
+        err.contains("invalid corpus = no/such/lengths.txt")
+            && err.contains("this one does not exist"),
         "{err}"
     );
     std::fs::remove_dir_all(&dir).ok();
