@@ -721,11 +721,13 @@ fn search(spec: &Spec, s: &Setup, observer: &dyn Observer) -> Result<Recommendat
         .iter()
         .enumerate()
         .map(|(i, (c, _))| {
-            let a = &attn
-                .iter()
-                .find(|(tp, ep, _)| (*tp, *ep) == (c.tp, c.ep))
-                .expect("priced")
-                .2;
+            let Some((_, _, a)) = attn.iter().find(|(tp, ep, _)| (*tp, *ep) == (c.tp, c.ep)) else {
+                bail!(
+                    "recommend: no attention estimate for TP {} EP {}",
+                    c.tp,
+                    c.ep
+                );
+            };
             estimate_ps(spec, s, c, a).map(|e| (e, i))
         })
         .collect::<Result<_>>()?;
@@ -868,7 +870,9 @@ fn search(spec: &Spec, s: &Setup, observer: &dyn Observer) -> Result<Recommendat
         .collect();
     let mut runs: Vec<Vec<ArmResult>> = fin.iter().map(|&f| vec![screened[f].2.clone()]).collect();
     for ((f, _), r) in jobs.iter().zip(more) {
-        let pos = fin.iter().position(|x| x == f).expect("a finalist");
+        let Some(pos) = fin.iter().position(|x| x == f) else {
+            bail!("recommend: a seed's run of candidate {f} is not a finalist's");
+        };
         runs[pos].push(r?);
     }
     let mut rows: Vec<Row> = fin
@@ -881,12 +885,10 @@ fn search(spec: &Spec, s: &Setup, observer: &dyn Observer) -> Result<Recommendat
         .collect::<Result<_>>()?;
     // a finalist over capacity at another seed is dropped too
     rows.retain(|r| {
-        let over = runs[fin
+        let over = fin
             .iter()
             .position(|&f| kept[screened[f].0].0 == r.candidate)
-            .expect("a finalist")]
-        .iter()
-        .any(|x| x.infeasible > 0);
+            .is_some_and(|p| runs[p].iter().any(|x| x.infeasible > 0));
         !over
     });
     for k in 0..spec.seeds as usize {
