@@ -190,11 +190,11 @@ pub(super) struct BwdBlockFit {
 /// time per byte enter a call's time linearly and are solved in closed form for every
 /// candidate
 /// ([`weighted_nnls`], all ≥ 0). No diagonal term: the backward kernels compute every
-/// element of a masked step and select (`attn_bwd.cu`), and a fitted one came out at 0 on
-/// run 15 (0.01 ns of a 1.4–2.4 µs step). One step time for both launches, not one each:
-/// fitted apart on run 15 they swap order with the data (dQ 2.4 vs dK/dV 1.4 µs without
-/// p13, 1.6 vs 2.3 µs with it — not identified), and shared they hold the held-out slowest
-/// worker within 4.5 % on every split with p13 (apart: up to 9.9 %).
+/// element of a masked step and select (`attn_bwd.cu`), and a fitted one came out at 0
+/// (0.01 ns of a 1.4–2.4 µs step). One step time for both launches, not one each: fitted
+/// apart they swap order with the data (not identified), and shared they hold the held-out
+/// slowest worker closer than apart (BENCHMARKS.md, "Block models of the attention
+/// kernels").
 pub(super) fn fit_bwd_blocks(
     rows: &[&Measurement],
     template: &BwdBlockModel,

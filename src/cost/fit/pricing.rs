@@ -116,11 +116,10 @@ impl Pricing {
         segs: &[SegCount],
     ) -> f64 {
         let shape = Self::shape(heads, head_dim, mask);
-        segs.iter()
-            .map(|s| {
-                let (start, end) = (u64::from(s.kv - s.q), u64::from(s.kv));
+        Self::seg_ranges(segs)
+            .map(|(start, end, n)| {
                 // ps → ms
-                attn_segment_ps_f(eff, &shape, heads, start, end) * f64::from(s.n) * 1e-9
+                attn_segment_ps_f(eff, &shape, heads, start, end) * f64::from(n) * 1e-9
             })
             .sum()
     }
@@ -136,12 +135,9 @@ impl Pricing {
         segs: &[SegCount],
     ) -> f64 {
         let shape = Self::shape(heads, head_dim, mask);
-        segs.iter()
-            .map(|s| {
-                let (start, end) = (u64::from(s.kv - s.q), u64::from(s.kv));
-                attn_bwd_segment_ps_f(eff, bwd, hw, &shape, heads, start, end)
-                    * f64::from(s.n)
-                    * 1e-9
+        Self::seg_ranges(segs)
+            .map(|(start, end, n)| {
+                attn_bwd_segment_ps_f(eff, bwd, hw, &shape, heads, start, end) * f64::from(n) * 1e-9
             })
             .sum()
     }
