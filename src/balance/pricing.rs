@@ -24,7 +24,7 @@ use serde::Serialize;
 use super::distca::{schedule_step, DistcaConfig};
 use super::wlbllm::LatencyModel;
 use crate::cost::memory::{rank_memory, MemoryBreakdown, MemoryInputs};
-use crate::cost::{CostModel, LinearPart, Mask};
+use crate::cost::{attn_segment_ps_f, CostModel, LinearPart, Mask};
 use crate::error::{invalid, Result};
 use crate::workload::PackedSeq;
 
@@ -56,6 +56,15 @@ impl LatencyModel for CostLatency<'_> {
 
     fn mask(&self) -> Mask {
         self.cost.attn().mask
+    }
+
+    /// A whole document through the one attention-time formula: its pairs under the mask
+    /// at the table's rate for its length and the keys its queries reach (the causal
+    /// inversion of [`LatencyModel::attention_s`] would look a windowed document up as a
+    /// shorter causal one). Causal: the same time as `attention_s` of its pairs.
+    fn document_attention_s(&self, len: u32) -> f64 {
+        let a = self.cost.attn();
+        attn_segment_ps_f(&self.cost.attn_eff, &a, a.heads_q, 0, u64::from(len)) * 1e-12
     }
 }
 
@@ -247,6 +256,32 @@ mod tests {
         }
         assert_eq!(m.attention_s(0), 0.0);
         assert!(m.linear_s(2000) > 1.9 * m.linear_s(1000));
+        // A whole document: causal, bit for bit the time of its pairs; under a window, the
+        // cost model's time of the windowed document (rate at its keys reached), not that
+        // of a causal document with as many pairs.
+        for len in [1u32, 4096, 65_536] {
+            let pairs = causal_pairs(u64::from(len));
+            assert_eq!(m.document_attention_s(len), m.attention_s(pairs));
+        }
+        let mut model = ModelConfig::builtin("llama3-8b").unwrap();
+        model.attention = crate::cost::AttentionPattern::new(vec![Mask::Sliding { w: 4096 }]);
+        let cost = CostModel::h200(model).unwrap();
+        let m = CostLatency { cost: &cost };
+        let want = cost.attn_fwd_ps_f([65_536], 32) * 1e-12;
+        let got = m.document_attention_s(65_536);
+        assert!((got - want).abs() <= 1e-9 * want, "{got} vs {want}");
+        // By hand: the table's rate at the document's own length, so the windowed
+        // document takes its share of pairs of the causal one's time; a causal document
+        // with as many pairs is shorter, priced at another rate.
+        let windowed_pairs = Mask::Sliding { w: 4096 }.pairs(65_536);
+        let causal_cost = CostModel::h200(ModelConfig::builtin("llama3-8b").unwrap()).unwrap();
+        let causal_s = CostLatency { cost: &causal_cost }.document_attention_s(65_536);
+        let share = windowed_pairs as f64 / causal_pairs(65_536) as f64;
+        assert!(
+            (got - causal_s * share).abs() <= 1e-9 * got,
+            "{got} vs {causal_s} · {share}"
+        );
+        assert_ne!(got, m.attention_s(windowed_pairs));
     }
 
     #[test]

@@ -75,10 +75,14 @@ pub trait LatencyModel {
     fn mask(&self) -> Mask {
         Mask::Causal
     }
-    /// W_a(d) + W_l(d) for one document of `len` tokens: its exact pairs under
+    /// W_a of one whole document of `len` tokens: its exact pairs under
     /// [`LatencyModel::mask`].
+    fn document_attention_s(&self, len: u32) -> f64 {
+        self.attention_s(self.mask().pairs(u64::from(len)))
+    }
+    /// W_a(d) + W_l(d) for one document of `len` tokens.
     fn document_s(&self, len: u32) -> f64 {
-        self.attention_s(self.mask().pairs(u64::from(len))) + self.linear_s(u64::from(len))
+        self.document_attention_s(len) + self.linear_s(u64::from(len))
     }
 }
 
