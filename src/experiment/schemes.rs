@@ -35,6 +35,8 @@
 //! [settings] epsilon, ping_pong, s_max, sharding, pool_size, head_shards, tile_tokens,
 //!            tau, chunks, max_seqlen_per_dp_cp_rank (default ⌈L / CP⌉), min_dynamic_cp
 //! [sweep]    dp = [...], corpus = [...], seq_len = [...], topology = [...], model = [...]
+//! [sweep.attention]  sliding_share = [...], window = [...], period = N   # the model's
+//!            attention pattern as an axis (`mix.rs`): x of the plot, skew per mix
 //! [[sweep.layout]]  dp, cp, ga, model = "...", seq_len = N   # instead of dp: the points'
 //!            layouts, each at its model and L only when it names them (a paper's
 //!            GPU counts, each with its own CP and batch)
@@ -66,6 +68,8 @@ use crate::workload::pack::Packing;
 
 use super::train::{NetChoice, BUILTIN_TOPOLOGIES};
 use super::{Observer, Outcome, Progress};
+
+mod mix;
 
 /// The kinds this module runs.
 pub const KINDS: &[&str] = &["four-way", "attention-microbench", "distca-ablation"];
@@ -182,6 +186,7 @@ struct SweepFile {
     seq_len: Vec<u32>,
     topology: Vec<String>,
     model: Vec<String>,
+    attention: Option<mix::MixFile>,
 }
 
 /// One `[[sweep.layout]]`: a point's DP × CP and GA, at one model and L when it names them.
@@ -455,7 +460,12 @@ pub fn run_text(
 /// One simulated point of a comparison: a model, topology, corpus, L and layout, which
 /// every arm runs.
 struct Point {
+    /// The model as the results name it (with its `[sweep.attention]` mix).
     model: String,
+    /// The model as the file names it.
+    base_model: String,
+    /// Its `[sweep.attention]` mix.
+    mix: Option<mix::Mix>,
     cost: Arc<CostModel>,
     topo: Option<(String, TopologySpec)>,
     corpus: String,
@@ -643,15 +653,26 @@ impl Sweep {
         }
         // points: (model, topology, corpus, seq_len, dp) × arms
         let mut points = Vec::new();
+        let mut variants = Vec::new();
         for m in models.iter().flatten() {
+            let model = load_model(m, base, file, f.layers)?;
+            match &f.sweep.attention {
+                None => variants.push((m, None, model)),
+                Some(a) => {
+                    for x in mix::mixes(a, model.layers).with_context(|| file.to_string())? {
+                        let mm =
+                            mix::apply(model.clone(), m, &x).with_context(|| file.to_string())?;
+                        variants.push((m, Some(x), mm));
+                    }
+                }
+            }
+        }
+        for (m, mix, model) in variants {
             let cost = Arc::new(
-                super::calfile::cost_model(
-                    load_model(m, base, file, f.layers)?,
-                    cal.as_deref(),
-                    kernel,
-                )
-                .with_context(|| format!("{file}: calibration"))?,
+                super::calfile::cost_model(model, cal.as_deref(), kernel)
+                    .with_context(|| format!("{file}: calibration"))?,
             );
+            let label = mix.map_or(m.clone(), |x| x.label(m));
             for t in &topos {
                 let topo = match t {
                     Some(t) => {
@@ -682,7 +703,9 @@ impl Sweep {
                         let before = points.len();
                         for y in at {
                             points.push(Point {
-                                model: m.clone(),
+                                model: label.clone(),
+                                base_model: m.clone(),
+                                mix,
                                 cost: cost.clone(),
                                 topo: topo.clone(),
                                 corpus: c.clone(),
@@ -702,7 +725,7 @@ impl Sweep {
         if let Some((i, _)) = f.sweep.layout.iter().enumerate().find(|(_, y)| {
             !points.iter().any(|p| {
                 (p.dp, p.cp, p.ga) == (y.dp, y.cp, y.ga)
-                    && y.model.as_ref().is_none_or(|m| *m == p.model)
+                    && y.model.as_ref().is_none_or(|m| *m == p.base_model)
                     && y.seq_len.is_none_or(|l| l == p.seq_len)
             })
         }) {
@@ -898,6 +921,11 @@ impl Sweep {
             )?;
         }
         let mut out = render(f, title, arms, &results);
+        if f.sweep.attention.is_some() {
+            let (tables, svg) = mix::report(self, &results)?;
+            extra += &tables;
+            out.svg = svg;
+        }
         if let Some(c) = &cal {
             out.markdown += &format!(
             "\nPriced by the calibration `{}` (`skewsim calibrate`), not the built-in kernel profile.\n",
