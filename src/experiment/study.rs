@@ -609,4 +609,45 @@ mod tests {
         assert!(e.contains("--gbs = 2"), "{e}");
         assert!(parse_packed("f", "{\"a\": 1}", None, 1).is_err());
     }
+
+    /// The LLN bound's CV under each mask, by hand: sequences [6], [3, 3], [2, 2, 2] (L = 6),
+    /// each document's load 2·pairs(ℓ) − ℓ (ℓ² when causal); D = 3, P = 1, so Eq. 4's
+    /// R − 1 = CV·√(2 ln 3).
+    #[test]
+    fn the_bound_under_each_mask_by_hand() {
+        let (seqs, seq_len) = parse_packed("f", "[[6], [3, 3], [2, 2, 2]]", None, 3).unwrap();
+        let src = Source::Packed {
+            name: "f".into(),
+            seqs,
+            seq_len,
+        };
+        let cv = |v: [f64; 3]| {
+            let mean = v.iter().sum::<f64>() / 3.0;
+            (v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / 3.0).sqrt() / mean
+        };
+        for (mask, loads) in [
+            // ℓ²: 36; 9 + 9; 4 + 4 + 4
+            ("causal", [36, 18, 12]),
+            // pairs 11, 5, 3 (keys per query 1 2 2 2 2 2; 1 2 2; 1 2)
+            ("sliding:2", [16, 14, 12]),
+            // pairs 13, 6, 3 (1 2 3 4 1 2; 1 2 3; 1 2)
+            ("chunked:4", [20, 18, 12]),
+            // pairs 17, 6, 3 (own block and block 0: 1 2 3 4 3 4; 1 2 3; 1 2)
+            ("block-sparse:2:local=1:global=1", [28, 18, 12]),
+        ] {
+            let m = Mask::parse(mask, "mask").unwrap();
+            let l = trial_loads_under(&src, 3, 1, 0, &m).unwrap();
+            assert_eq!(l, [loads.to_vec()], "{mask}");
+            let r = theory_report(&src, &m, &l, 3, &[1], 0, 0.1).unwrap();
+            let want = cv(loads.map(|x| x as f64));
+            assert_eq!(r.mask, m);
+            assert!(
+                (r.load.cv - want).abs() < 1e-12,
+                "{mask}: {} vs {want}",
+                r.load.cv
+            );
+            let bound = want * (2.0 * 3f64.ln()).sqrt();
+            assert!((r.rows[0].bound - bound).abs() < 1e-12, "{mask}");
+        }
+    }
 }

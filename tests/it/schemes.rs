@@ -134,6 +134,103 @@ fn masks_reproduces() {
     reproduces("masks", Some("1"));
 }
 
+/// The share of sliding-window layers × W as a sweep axis (`[sweep.attention]`) reproduces.
+#[test]
+fn masks_share_reproduces() {
+    reproduces("masks-share", None);
+}
+
+/// A causal model gives today's results byte for byte when its all-causal pattern is given
+/// explicitly (the share-0 mix): its rows are the masks experiment's llama3-8b rows (the
+/// same settings), figure for figure.
+#[test]
+fn an_explicit_causal_pattern_gives_the_causal_models_rows() {
+    let share = read(&root().join("experiments/results/masks-share/points.csv"));
+    let masks = read(&root().join("experiments/results/masks/points.csv"));
+    let rows: Vec<String> = share
+        .lines()
+        .filter_map(|l| l.strip_prefix("llama3-8b · causal,"))
+        .map(|l| format!("llama3-8b,{l}"))
+        .collect();
+    assert_eq!(rows.len(), 10, "{share}");
+    for r in &rows {
+        assert!(masks.lines().any(|m| m == r), "not a masks row: {r}");
+    }
+}
+
+/// The committed masks-share plot has the share on its x axis: per corpus a skew panel and
+/// one panel per balancing scheme, each with one line per W (and the baseline's flat line).
+#[test]
+fn masks_share_plot_is_against_the_share() {
+    let svg = read(&root().join("experiments/results/masks-share/plot.svg"));
+    let panels: Vec<&str> = svg.split("<g transform=\"translate(").skip(1).collect();
+    assert_eq!(panels.len(), 10);
+    for p in &panels {
+        assert!(p.contains(">share of sliding-window layers</text>"));
+        for w in ["W = 4K", "W = 16K", "W = 64K"] {
+            assert!(p.contains(&format!("data-series=\"{w}\"")), "{w} missing");
+        }
+    }
+    let skew = panels
+        .iter()
+        .filter(|p| p.contains(">CV of per-sequence load</text>"));
+    assert_eq!(skew.count(), 2);
+    let base = panels
+        .iter()
+        .filter(|p| p.contains("data-series=\"ulysses (baseline = 1)\""));
+    assert_eq!(base.count(), 8);
+}
+
+/// Bad `[sweep.attention]` input is refused by name: W ≤ 0, a share that is not a whole
+/// number of the pattern's layers, a period that does not tile the layers, a model that
+/// has its own pattern.
+#[test]
+fn bad_attention_sweeps_are_named() {
+    let d = tmp("bad-attention");
+    std::fs::create_dir_all(&d).unwrap();
+    let text = read(&root().join("experiments/masks-share.toml"));
+    let own = root().join("experiments/masks/llama3-8b-swa4k-50.toml");
+    let own = format!("model = {:?}", own.to_str().unwrap());
+    for (i, (from, to, want)) in [
+        (
+            "window = [4096, 16384, 65536]",
+            "window = [0]",
+            "invalid [sweep.attention] window = 0: a window W ≥ 1 keys",
+        ),
+        (
+            "window = [4096, 16384, 65536]",
+            "window = [-4096]",
+            "invalid [sweep.attention] window = -4096",
+        ),
+        (
+            "sliding_share = [0.0, 0.25, 0.5, 0.75, 1.0]",
+            "sliding_share = [0.3]",
+            "invalid [sweep.attention] sliding_share = 0.3: a share in 0..=1 that is a whole \
+             number of the pattern's 4 layers",
+        ),
+        (
+            "window = [4096, 16384, 65536]",
+            "window = [4096]\nperiod = 3",
+            "invalid [sweep.attention] period = 3: a number of layers ≥ 1 that divides the 4",
+        ),
+        (
+            "model = \"llama3-8b\"",
+            own.as_str(),
+            "invalid [sweep.attention] model = ",
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        assert!(text.contains(from), "{from}");
+        let f = d.join(format!("bad-{i}.toml"));
+        std::fs::write(&f, text.replacen(from, to, 1)).unwrap();
+        let out = d.join("out");
+        crate::common::fails(&run_args(&f, &out), want);
+    }
+    std::fs::remove_dir_all(&d).ok();
+}
+
 #[test]
 fn four_way_tp_reproduces() {
     reproduces("four-way-tp", None);
