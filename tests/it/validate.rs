@@ -294,6 +294,36 @@ fn score_only_prices_held_out_torch_launches_by_the_built_in_profile() {
     assert_eq!(d["pricing"], "the built-in default");
 }
 
+/// Held-out sliding-window launches (`validate/torch/window_grid.py`: PyTorch's varlen
+/// FlashAttention under `window_size` on an H200) priced by the built-in torch-flash
+/// profile's mask-aware block models: the median error per worker within 5 %, forward and
+/// backward.
+#[test]
+fn score_only_prices_held_out_sliding_window_launches() {
+    let out = skewsim(&[
+        "--json",
+        "calibrate",
+        "--score-only",
+        "--kernel",
+        "torch-flash",
+        "--measurements",
+        "validate/results/production_check/window_check.csv",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["rows"], 800);
+    for k in ["worker_err", "bwd_worker_err"] {
+        let e = &v["summary"][k];
+        assert_eq!(e["n"], 400, "{k}");
+        let med = e["median_ape"].as_f64().unwrap();
+        assert!(med <= 5.0, "{k}: {med}");
+    }
+}
+
 #[test]
 fn kernel_profiles_are_named_and_exclusive() {
     let m = "validate/results/torch_check/attn_torch-flash_check.csv";
