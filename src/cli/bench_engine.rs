@@ -308,6 +308,7 @@ fn arm_step(gpus: u32, flow: bool, tp: u32) -> Result<Timed> {
     let topo = dgx(gpus.div_ceil(8))?;
     Ok(Box::new(move || {
         let (sg, t_build, c_build) = timed(|| Ok(build_step(&cost, map, &batch, 0, &NoVariance)?))?;
+        let m_build = peak_rss_gib();
         let mut net: Box<dyn NetworkModel> = if flow {
             Box::new(FlowModel::new(topo.clone()))
         } else {
@@ -319,11 +320,13 @@ fn arm_step(gpus: u32, flow: bool, tp: u32) -> Result<Timed> {
             "event engine"
         };
         let (tl, t_run, c_run) = timed(|| Ok(run_graph(&sg.graph, net.as_mut())?))?;
+        let m_run = peak_rss_gib();
         let (rep, t_rep, c_rep) = timed(|| Ok(step_report(&sg, &tl, &cost, 0)))?;
+        let ops = sg.graph.ops.len();
         Ok(format!(
-            "{gpus} GPUs (TP {tp}, CP {cp}, DP {dp}, GA {ga}, libra-256k, {} network, {engine}): {} ops, {} events; build {t_build:.2} s ({c_build:.2} cpu), simulate {t_run:.2} s ({c_run:.2} cpu), report {t_rep:.2} s ({c_rep:.2} cpu); simulated iteration {:.1} s, peak RSS {:.2} GiB",
+            "{gpus} GPUs (TP {tp}, CP {cp}, DP {dp}, GA {ga}, libra-256k, {} network, {engine}): {ops} ops ({:.1} graph bytes/op), {} events; build {t_build:.2} s ({c_build:.2} cpu), simulate {t_run:.2} s ({c_run:.2} cpu), report {t_rep:.2} s ({c_rep:.2} cpu); simulated iteration {:.1} s, peak RSS {:.2} GiB (after build {m_build:.2}, after simulate {m_run:.2})",
             if flow { "flow" } else { "analytical" },
-            sg.graph.ops.len(),
+            sg.graph.heap_bytes() as f64 / ops.max(1) as f64,
             tl.events,
             rep.iteration as f64 * 1e-12,
             peak_rss_gib()

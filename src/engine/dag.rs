@@ -51,6 +51,10 @@ struct Dag<'a> {
     wait: Vec<AtomicU32>,
     /// Per op: the latest end among its ended predecessors (its start once `wait` is 0).
     start: Vec<AtomicU64>,
+    /// Per stream: the index into `Graph::stream_ops` of its op that ends next. A stream's
+    /// ops end one after another, each after the last has told it so, so a plain load and
+    /// store suffice.
+    pos: Vec<AtomicU32>,
     end: Vec<AtomicU64>,
     /// Per collective: parts arrived (whole-group).
     arrived: Vec<AtomicU32>,
@@ -158,8 +162,10 @@ impl Dag<'_> {
         self.end[oi].store(end, Relaxed);
         self.wait[oi].store(DONE, Relaxed);
         let (a, b) = (g.succ_off[oi] as usize, g.succ_off[oi + 1] as usize);
-        let stream_next = g.ops[oi].next;
-        let after = (stream_next != OpId::MAX).then_some(stream_next);
+        let st = g.ops[oi].stream as usize;
+        let p = self.pos[st].load(Relaxed) + 1;
+        self.pos[st].store(p, Relaxed);
+        let after = (p < g.stream_off[st + 1]).then(|| g.stream_ops[p as usize]);
         for s in after.into_iter().chain(g.succ[a..b].iter().copied()) {
             let si = s as usize;
             let ready = if self.wait[si].load(Acquire) == 1 {
@@ -216,6 +222,10 @@ pub fn run_dag(g: &Graph, net: &dyn FixedDurations) -> Result<Timeline> {
         net,
         wait,
         start: atomics64(n, 0),
+        pos: g.stream_off[..g.streams.len()]
+            .iter()
+            .map(|&p| AtomicU32::new(p))
+            .collect(),
         end: atomics64(n, 0),
         arrived: (0..nc).map(|_| AtomicU32::new(0)).collect(),
         coll_start: g

@@ -187,50 +187,83 @@ pub enum OpKind {
     Coll(CollId),
 }
 
-/// One op, 24 bytes: its kind is stored as a one-byte tag and its payload ([`Op::kind`]
-/// rebuilds it), so a step of millions of ops stays compact.
+/// One op, 16 bytes: its kind's tag, its class and its payload (a duration, a transfer or a
+/// collective) share one word ([`Op::kind`] and [`Op::label`] rebuild them), and the next
+/// op of its stream is found through the graph's per-stream order, so a step of hundreds of
+/// millions of ops stays compact.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Op {
-    /// The kind's payload: a duration, a transfer or a collective.
-    arg: u64,
+    /// Bits 0..58: the payload; 58..62: the class; 62..64: the kind's tag.
+    word: u64,
     /// Where it runs.
     pub stream: StreamId,
-    /// The next op on the same stream (`OpId::MAX` for the last), so the engine walks a
-    /// stream without an extra indirection.
-    next: OpId,
-    /// What it is.
-    pub label: OpLabel,
-    /// Which kind: `TAG_COMPUTE`, `TAG_SEND` or `TAG_COLL_OP`.
-    tag: u8,
+    /// The label's micro-batch.
+    mb: u16,
+    /// The label's layer.
+    layer: u16,
 }
 
-const TAG_COMPUTE: u8 = 0;
-const TAG_SEND: u8 = 1;
-const TAG_COLL_OP: u8 = 2;
+const TAG_COMPUTE: u64 = 0;
+const TAG_SEND: u64 = 1;
+const TAG_COLL_OP: u64 = 2;
+const PAYLOAD_BITS: u32 = 58;
+/// The longest compute op an [`Op`] holds (2^58 ps, about 80 hours).
+pub const MAX_OP_PS: Ps = (1 << PAYLOAD_BITS) - 1;
+const CLASS_SHIFT: u32 = PAYLOAD_BITS;
+const TAG_SHIFT: u32 = 62;
 
 impl Op {
+    /// The op; a compute duration above [`MAX_OP_PS`] is clamped to it here and rejected
+    /// by [`GraphBuilder::build`].
     fn new(kind: OpKind, stream: StreamId, label: OpLabel) -> Op {
         let (tag, arg) = match kind {
-            OpKind::Compute(d) => (TAG_COMPUTE, d),
+            OpKind::Compute(d) => (TAG_COMPUTE, d.min(MAX_OP_PS)),
             OpKind::Send(x) => (TAG_SEND, u64::from(x)),
             OpKind::Coll(c) => (TAG_COLL_OP, u64::from(c)),
         };
         Op {
-            arg,
+            word: tag << TAG_SHIFT | (label.class as u64) << CLASS_SHIFT | arg,
             stream,
-            next: OpId::MAX,
-            label,
-            tag,
+            mb: label.mb,
+            layer: label.layer,
+        }
+    }
+
+    #[inline]
+    fn tag(&self) -> u64 {
+        self.word >> TAG_SHIFT
+    }
+
+    #[inline]
+    fn arg(&self) -> u64 {
+        self.word & MAX_OP_PS
+    }
+
+    /// The op with its payload replaced by `arg` (a translated id).
+    fn with_arg(self, arg: u64) -> Op {
+        Op {
+            word: self.word & !MAX_OP_PS | arg,
+            ..self
         }
     }
 
     /// What it does.
     #[inline]
     pub fn kind(&self) -> OpKind {
-        match self.tag {
-            TAG_COMPUTE => OpKind::Compute(self.arg),
-            TAG_SEND => OpKind::Send(self.arg as u32),
-            _ => OpKind::Coll(self.arg as u32),
+        match self.tag() {
+            TAG_COMPUTE => OpKind::Compute(self.arg()),
+            TAG_SEND => OpKind::Send(self.arg() as u32),
+            _ => OpKind::Coll(self.arg() as u32),
+        }
+    }
+
+    /// What it is.
+    #[inline]
+    pub fn label(&self) -> OpLabel {
+        OpLabel {
+            class: OpClass::ALL[((self.word >> CLASS_SHIFT) & 0xf) as usize],
+            mb: self.mb,
+            layer: self.layer,
         }
     }
 }
@@ -274,7 +307,8 @@ pub struct Graph {
     pub ops: Vec<Op>,
     /// The streams, by id.
     pub streams: Vec<StreamInfo>,
-    /// All transfers (of sends and of collectives).
+    /// All transfers (of sends and of collectives; collectives with equal transfers share
+    /// one list).
     pub xfers: Vec<Xfer>,
     ndeps: Vec<u32>,
     succ_off: Vec<u32>,
@@ -300,10 +334,14 @@ pub struct Graph {
 #[derive(Default)]
 pub struct GraphBuilder {
     g: Graph,
-    edges: Vec<(OpId, OpId)>,
-    /// Per stream: its last op so far (`OpId::MAX` while it has none) and its op count.
-    tail: Vec<OpId>,
+    /// Dependencies (from, to) in chunks (an assembled graph keeps each part's own).
+    edges: Vec<Vec<(OpId, OpId)>>,
+    /// Per stream: its op count.
     count: Vec<u32>,
+    /// The first compute op longer than [`MAX_OP_PS`], and its duration.
+    too_long: Option<(OpId, Ps)>,
+    /// Per hash of a non-empty transfer list: the first collective that added it.
+    xfer_lists: std::collections::HashMap<u64, CollId>,
 }
 
 impl GraphBuilder {
@@ -312,14 +350,13 @@ impl GraphBuilder {
         let mut b = Self::default();
         b.g.ops.reserve(ops);
         b.g.ndeps.reserve(ops);
-        b.edges.reserve(ops + ops / 2);
+        b.edges = vec![Vec::with_capacity(ops + ops / 2)];
         b
     }
 
     /// A new stream on `gpu`.
     pub fn add_stream(&mut self, gpu: GpuId, kind: StreamKind) -> StreamId {
         self.g.streams.push(StreamInfo { gpu, kind });
-        self.tail.push(OpId::MAX);
         self.count.push(0);
         (self.g.streams.len() - 1) as StreamId
     }
@@ -332,9 +369,14 @@ impl GraphBuilder {
 
     /// [`GraphBuilder::add_collective`] whose parts end `latency` after its last transfer
     /// lands (a collective algorithm's own latency, `net::collective::Lowered::latency`).
+    /// A collective whose transfers equal an earlier one's (the same layer's exchange again,
+    /// one layer on) shares that one's transfers instead of holding a copy.
     pub fn add_collective_with_latency(&mut self, xfers: &[Xfer], latency: Ps) -> CollId {
-        let start = self.g.xfers.len() as u32;
-        self.g.xfers.extend_from_slice(xfers);
+        let c = self.g.colls.len() as CollId;
+        let start = self.shared_xfers(xfers, c).unwrap_or_else(|| {
+            self.g.xfers.extend_from_slice(xfers);
+            (self.g.xfers.len() - xfers.len()) as u32
+        });
         self.g.colls.push(CollInfo {
             parts: 0,
             xfer_start: start,
@@ -343,6 +385,31 @@ impl GraphBuilder {
             latency,
         });
         (self.g.colls.len() - 1) as CollId
+    }
+
+    /// Where an earlier collective's transfers equal `xfers` (none for an empty list), else
+    /// `None` after noting that collective `c` adds them.
+    fn shared_xfers(&mut self, xfers: &[Xfer], c: CollId) -> Option<u32> {
+        if xfers.is_empty() {
+            return None;
+        }
+        const K: u64 = 0x9e37_79b9_7f4a_7c15;
+        let h = xfers.iter().fold(xfers.len() as u64, |h, x| {
+            let h =
+                (h.rotate_left(5) ^ (u64::from(x.src) | u64::from(x.dst) << 32)).wrapping_mul(K);
+            (h.rotate_left(5) ^ x.bytes).wrapping_mul(K)
+        });
+        match self.xfer_lists.entry(h) {
+            std::collections::hash_map::Entry::Occupied(e) => {
+                let ci = self.g.colls[*e.get() as usize];
+                let a = ci.xfer_start as usize;
+                (self.g.xfers[a..a + ci.xfer_len as usize] == *xfers).then_some(ci.xfer_start)
+            }
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(c);
+                None
+            }
+        }
     }
 
     /// A new grouped point-to-point collective (an NCCL group of sends and receives):
@@ -376,21 +443,21 @@ impl GraphBuilder {
         let id = self.g.ops.len() as OpId;
         self.g.ops.push(Op::new(kind, stream, label));
         self.g.ndeps.push(deps.len() as u32);
-        // Link it behind its stream's last op (an unknown stream is rejected by `build`).
-        if let Some(t) = self.tail.get_mut(stream as usize) {
-            if *t != OpId::MAX {
-                self.g.ops[*t as usize].next = id;
-            }
-            *t = id;
-            self.count[stream as usize] += 1;
+        // Count it on its stream (an unknown stream is rejected by `build`).
+        if let Some(n) = self.count.get_mut(stream as usize) {
+            *n += 1;
         }
-        for &d in deps {
-            self.edges.push((d, id));
-        }
-        if let OpKind::Coll(c) = kind {
-            if let Some(ci) = self.g.colls.get_mut(c as usize) {
-                ci.parts += 1;
+        self.edge_chunk().extend(deps.iter().map(|&d| (d, id)));
+        match kind {
+            OpKind::Coll(c) => {
+                if let Some(ci) = self.g.colls.get_mut(c as usize) {
+                    ci.parts += 1;
+                }
             }
+            OpKind::Compute(d) if d > MAX_OP_PS && self.too_long.is_none() => {
+                self.too_long = Some((id, d));
+            }
+            _ => {}
         }
         id
     }
@@ -400,7 +467,16 @@ impl GraphBuilder {
         if let Some(n) = self.g.ndeps.get_mut(op as usize) {
             *n += 1;
         }
-        self.edges.push((dep, op));
+        self.edge_chunk().push((dep, op));
+    }
+
+    /// The chunk new dependencies go to.
+    fn edge_chunk(&mut self) -> &mut Vec<(OpId, OpId)> {
+        if self.edges.is_empty() {
+            self.edges.push(Vec::new());
+        }
+        let last = self.edges.len() - 1;
+        &mut self.edges[last]
     }
 
     /// Ops added so far.
@@ -422,6 +498,13 @@ impl GraphBuilder {
                 "op graph size",
                 format!("{n} ops, {} collectives", g.colls.len()),
                 "fewer than 2^32 - 1 ops and 2^31 collectives",
+            ));
+        }
+        if let Some((op, d)) = self.too_long {
+            return Err(invalid(
+                format!("op {op} duration"),
+                format!("{d} ps"),
+                format!("at most {MAX_OP_PS} ps (about 80 hours)"),
             ));
         }
         let ns = g.streams.len();
@@ -450,6 +533,7 @@ impl GraphBuilder {
         if let Some(&(d, s)) = self
             .edges
             .par_iter()
+            .flatten()
             .find_first(|&&(d, s)| d as usize >= n || s as usize >= n || d == s)
         {
             return Err(invalid(
@@ -468,10 +552,10 @@ impl GraphBuilder {
                 rayon::join(
                     || {
                         let mut off = vec![0; n + 1];
-                        for &(d, _) in &edges {
+                        for &(d, _) in edges.iter().flatten() {
                             off[d as usize + 1] += 1;
                         }
-                        counting_csr(off, edges.iter().copied())
+                        counting_csr(off, edges.iter().flatten().copied())
                     },
                     || {
                         let mut off = vec![0; ns + 1];
@@ -729,9 +813,18 @@ const EV_PART: u64 = 1 << 62;
 
 #[derive(Clone, Copy)]
 struct StreamState {
-    /// The next op to run (`OpId::MAX` when the stream is done).
-    head: OpId,
+    /// The next op to run, as an index into `Graph::stream_ops` (the stream's end when
+    /// it is done).
+    pos: u32,
+    end: u32,
     busy: bool,
+}
+
+impl StreamState {
+    /// The next op to run, if any.
+    fn head(&self, g: &Graph) -> Option<OpId> {
+        (self.pos < self.end).then(|| g.stream_ops[self.pos as usize])
+    }
 }
 const TAG_COLL: u64 = 1 << 63;
 const TAG_PART: u64 = 1 << 62;
@@ -768,10 +861,12 @@ impl Sim<'_, '_> {
 
     fn try_start(&mut self, s: StreamId) {
         let ss = self.st[s as usize];
-        if ss.busy || ss.head == OpId::MAX {
+        if ss.busy {
             return;
         }
-        let op = ss.head;
+        let Some(op) = ss.head(self.g) else {
+            return;
+        };
         if self.deps_left[op as usize] != 0 {
             return;
         }
@@ -823,7 +918,7 @@ impl Sim<'_, '_> {
         let s = o.stream;
         let ss = &mut self.st[s as usize];
         ss.busy = false;
-        ss.head = o.next;
+        ss.pos += 1;
         let (a, b) = (
             self.g.succ_off[oi] as usize,
             self.g.succ_off[oi + 1] as usize,
@@ -911,13 +1006,13 @@ pub fn run(g: &Graph, net: &mut dyn NetworkModel) -> Result<Timeline> {
 
 /// The error for a graph that cannot finish: stream `s`'s op `op` never ran.
 fn stuck_error(g: &Graph, s: StreamId, op: OpId) -> crate::error::Error {
-    let o = g.ops[op as usize];
+    let l = g.ops[op as usize].label();
     let si = s as usize;
     crate::error::Error::Deadlock {
         op,
-        class: o.label.class.name(),
-        mb: o.label.mb,
-        layer: o.label.layer,
+        class: l.class.name(),
+        mb: l.mb,
+        layer: l.layer,
         gpu: g.streams[si].gpu,
         stream: g.streams[si].kind.name(),
     }
@@ -939,11 +1034,8 @@ pub fn run_events(g: &Graph, net: &mut dyn NetworkModel) -> Result<Timeline> {
         deps_left: g.ndeps.clone(),
         st: (0..ns)
             .map(|s| StreamState {
-                head: if g.stream_off[s] < g.stream_off[s + 1] {
-                    g.stream_ops[g.stream_off[s] as usize]
-                } else {
-                    OpId::MAX
-                },
+                pos: g.stream_off[s],
+                end: g.stream_off[s + 1],
                 busy: false,
             })
             .collect(),
@@ -1016,8 +1108,8 @@ pub fn run_events(g: &Graph, net: &mut dyn NetworkModel) -> Result<Timeline> {
         }
     }
     for s in 0..ns {
-        if sim.st[s].head != OpId::MAX {
-            return Err(stuck_error(g, s as StreamId, sim.st[s].head));
+        if let Some(op) = sim.st[s].head(g) {
+            return Err(stuck_error(g, s as StreamId, op));
         }
     }
     sim.t.makespan = sim.t.end.iter().copied().max().unwrap_or(0);

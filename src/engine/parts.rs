@@ -216,52 +216,54 @@ pub fn assemble(streams: Vec<StreamInfo>, mut parts: Vec<Part>) -> Result<(Graph
     let op_id = tables(&ops, &|p| p.b.g.ops.len());
     let coll_id = tables(&colls, &|p| p.b.g.colls.len());
     let xfer_id = tables(&xfers, &|p| p.b.g.xfers.len());
-    let mut tail = vec![OpId::MAX; ns];
-    for (q, p) in parts.iter().enumerate() {
-        for (ls, &gs) in p.streams.iter().enumerate() {
-            if p.b.tail[ls] != OpId::MAX {
-                tail[gs as usize] = op_id[q][p.b.tail[ls] as usize];
-            }
-        }
-    }
     let new_ops: Vec<Op> = gather(&ops.global, |s, i| {
         let q = s % np;
         let mut op = parts[q].b.g.ops[(ops.local[s] + i) as usize];
         op.stream = parts[q].streams[op.stream as usize];
-        if op.next != OpId::MAX {
-            op.next = op_id[q][op.next as usize];
+        match op.tag() {
+            TAG_COLL_OP => op.with_arg(u64::from(coll_id[q][op.arg() as usize])),
+            TAG_SEND => op.with_arg(u64::from(xfer_id[q][op.arg() as usize])),
+            _ => op,
         }
-        match op.tag {
-            TAG_COLL_OP => op.arg = u64::from(coll_id[q][op.arg as usize]),
-            TAG_SEND => op.arg = u64::from(xfer_id[q][op.arg as usize]),
-            _ => {}
-        }
-        op
     });
+    for p in &mut parts {
+        p.b.g.ops = Vec::new();
+    }
     let ndeps: Vec<u32> = gather(&ops.global, |s, i| {
         parts[s % np].b.g.ndeps[(ops.local[s] + i) as usize]
     });
     for p in &mut parts {
-        (p.b.g.ops, p.b.g.ndeps) = (Vec::new(), Vec::new());
+        p.b.g.ndeps = Vec::new();
     }
-    let mut edge_starts = Vec::with_capacity(np + 1);
-    edge_starts.push(0u64);
-    for p in &parts {
-        edge_starts.push(edge_starts[edge_starts.len() - 1] + p.b.edges.len() as u64);
-    }
-    let edges: Vec<(OpId, OpId)> = gather(&edge_starts, |q, i| {
-        let (d, s) = parts[q].b.edges[i as usize];
-        (op_id[q][d as usize], op_id[q][s as usize])
-    });
+    // Each part's dependencies are translated where they lie and kept as its own chunk
+    // (part order is the order one builder would have added them in).
+    let edges: Vec<Vec<(OpId, OpId)>> = parts
+        .par_iter_mut()
+        .zip(&op_id)
+        .flat_map_iter(|(p, ids)| {
+            let mut chunks = std::mem::take(&mut p.b.edges);
+            for (d, s) in chunks.iter_mut().flatten() {
+                (*d, *s) = (ids[*d as usize], ids[*s as usize]);
+            }
+            chunks
+        })
+        .collect();
+    let too_long = parts
+        .iter()
+        .zip(&op_id)
+        .filter_map(|(p, ids)| p.b.too_long.map(|(o, d)| (ids[o as usize], d)))
+        .min();
     drop((op_id, coll_id, xfer_id));
-    for p in &mut parts {
-        p.b.edges = Vec::new();
-    }
     let new_colls: Vec<CollInfo> = gather(&colls.global, |s, i| {
         let q = s % np;
         let mut c = parts[q].b.g.colls[(colls.local[s] + i) as usize];
-        // A collective's transfers and pairs are added with it, in its segment.
-        c.xfer_start = (xfers.global[s] + u64::from(c.xfer_start - xfers.local[s])) as u32;
+        // A collective's pairs, and its transfers unless it shares an earlier collective's
+        // (of its own part), are added with it, in its segment.
+        c.xfer_start = if c.xfer_len == 0 {
+            (xfers.global[s] + u64::from(c.xfer_start - xfers.local[s])) as u32
+        } else {
+            xfers.place(np, q, c.xfer_start)
+        };
         if let Some((a, l)) = c.p2p {
             c.p2p = Some(((pairs.global[s] + u64::from(a - pairs.local[s])) as u32, l));
         }
@@ -285,8 +287,9 @@ pub fn assemble(streams: Vec<StreamInfo>, mut parts: Vec<Part>) -> Result<(Graph
             ..Graph::default()
         },
         edges,
-        tail,
         count,
+        too_long,
+        xfer_lists: Default::default(),
     };
     Ok((b, Placed { ops, parts: np }))
 }

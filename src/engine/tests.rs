@@ -585,8 +585,83 @@ mod differential {
     }
 }
 
-/// An op is 24 bytes (a step holds hundreds of millions).
+/// An op is 16 bytes (a step holds hundreds of millions), and its label and kind survive
+/// the packing.
 #[test]
-fn an_op_is_24_bytes() {
-    assert_eq!(std::mem::size_of::<super::Op>(), 24);
+fn an_op_is_16_bytes() {
+    assert_eq!(std::mem::size_of::<super::Op>(), 16);
+    for (i, &class) in OpClass::ALL.iter().enumerate() {
+        let label = OpLabel {
+            class,
+            mb: i as u16,
+            layer: u16::MAX - i as u16,
+        };
+        for kind in [
+            OpKind::Compute(MAX_OP_PS),
+            OpKind::Send(u32::MAX),
+            OpKind::Coll(COLL_BIT - 1),
+        ] {
+            let op = Op::new(kind, 7, label);
+            assert_eq!((op.kind(), op.label(), op.stream), (kind, label, 7));
+        }
+    }
+}
+
+/// A compute op longer than an op holds is an error naming the op and the limit.
+#[test]
+fn an_op_too_long_to_hold_is_a_named_error() {
+    let mut b = GraphBuilder::default();
+    let s = b.add_stream(0, StreamKind::Compute);
+    b.add_op(s, OpKind::Compute(5), lab(OpClass::LinearFwd), &[]);
+    b.add_op(
+        s,
+        OpKind::Compute(MAX_OP_PS + 1),
+        lab(OpClass::LinearFwd),
+        &[],
+    );
+    let e = b.build().unwrap_err().to_string();
+    assert!(
+        e.contains("op 1 duration") && e.contains(&MAX_OP_PS.to_string()),
+        "{e}"
+    );
+}
+
+/// Collectives with equal transfers share one list; the timeline is that of separate
+/// lists (two all-reduces of the same bytes, then one of other bytes).
+#[test]
+fn collectives_with_equal_transfers_share_them() {
+    let mut b = GraphBuilder::default();
+    let s: Vec<_> = (0..2)
+        .map(|g| b.add_stream(g, StreamKind::CpComm))
+        .collect();
+    let xf = |bytes| {
+        [
+            Xfer {
+                src: 0,
+                dst: 1,
+                bytes,
+            },
+            Xfer {
+                src: 1,
+                dst: 0,
+                bytes,
+            },
+        ]
+    };
+    let cs: Vec<_> = [1000, 1000, 3000, 1000]
+        .map(|bytes| b.add_collective(&xf(bytes)))
+        .to_vec();
+    for &c in &cs {
+        for &st in &s {
+            b.add_op(st, OpKind::Coll(c), lab(OpClass::A2aIn), &[]);
+        }
+    }
+    let g = b.build().unwrap();
+    assert_eq!(g.xfers.len(), 4, "two lists of two");
+    assert_eq!(g.coll_xfers(cs[1]), &xf(1000));
+    assert_eq!(g.coll_xfers(cs[2]), &xf(3000));
+    assert_eq!(g.coll_xfers(cs[3]), &xf(1000));
+    let t = run(&g, &mut net()).unwrap();
+    // Each all-reduce: 1 µs latency + bytes at 1 byte/ps, one after another.
+    assert_eq!(t.makespan, 4 * 1_000_000 + 1000 + 1000 + 3000 + 1000);
 }

@@ -177,8 +177,8 @@ fn measure_gpu(
         for &o in g.stream_ops(s) {
             let op = &g.ops[o as usize];
             let (st, en) = (t.start[o as usize], t.end[o as usize]);
-            if op.label.class.is_forward_compute() && u32::from(op.label.mb) < ga {
-                let f = &mut fwd[op.label.mb as usize];
+            if op.label().class.is_forward_compute() && u32::from(op.label().mb) < ga {
+                let f = &mut fwd[op.label().mb as usize];
                 *f = (f.0.min(st), f.1.max(en));
             }
             match op.kind() {

@@ -50,10 +50,10 @@ pub fn chrome_trace(sg: &StepGraph, t: &Timeline, max_gpus: u32) -> String {
             for &o in g.stream_ops(sid) {
                 let op = g.ops[o as usize];
                 let (st, en) = (t.start[o as usize], t.end[o as usize]);
-                let mb = if op.label.mb == u16::MAX {
+                let mb = if op.label().mb == u16::MAX {
                     String::new()
                 } else {
-                    format!(" mb{}", op.label.mb)
+                    format!(" mb{}", op.label().mb)
                 };
                 let args = match op.kind() {
                     OpKind::Coll(_) => {
@@ -63,8 +63,8 @@ pub fn chrome_trace(sg: &StepGraph, t: &Timeline, max_gpus: u32) -> String {
                 };
                 push(&mut s, format!(
                     "{{\"ph\":\"X\",\"name\":\"{}{mb} L{}\",\"pid\":{node},\"tid\":{sid},\"ts\":{},\"dur\":{}{args}}}",
-                    op.label.class.name(),
-                    op.label.layer,
+                    op.label().class.name(),
+                    op.label().layer,
                     us(st),
                     us(en - st)
                 ));

@@ -122,16 +122,17 @@ fn span_of(sg: &StepGraph, t: &Timeline, fwd_ticks: Option<&[bool]>) -> Ps {
     // those that start before the GPU's first backward linear op of that micro-batch.
     let mut bwd_start: BTreeMap<(u16, u32), Ps> = BTreeMap::new();
     for (i, op) in sg.graph.ops.iter().enumerate() {
-        if fwd_ticks.is_none() && matches!(op.label.class, OpClass::LinearBwd | OpClass::HeadBwd) {
+        if fwd_ticks.is_none() && matches!(op.label().class, OpClass::LinearBwd | OpClass::HeadBwd)
+        {
             let v = bwd_start
-                .entry((op.label.mb, gpu_of(op)))
+                .entry((op.label().mb, gpu_of(op)))
                 .or_insert(Ps::MAX);
             *v = (*v).min(t.start[i]);
         }
     }
     let mut spans: BTreeMap<(u16, u32), (Ps, Ps)> = BTreeMap::new();
     for (i, op) in sg.graph.ops.iter().enumerate() {
-        let l = op.label;
+        let l = op.label();
         if l.layer != 0 || !matches!(l.class, OpClass::AttnFwd | OpClass::A2aIn | OpClass::A2aOut) {
             continue;
         }
@@ -524,7 +525,7 @@ mod tests {
             .graph
             .ops
             .iter()
-            .filter(|o| o.label.class == OpClass::AttnFwd && o.label.mb == 0)
+            .filter(|o| o.label().class == OpClass::AttnFwd && o.label().mb == 0)
             .map(gpu)
             .collect();
         assert!(tick0_attn.iter().any(|&g| g >= 4), "{tick0_attn:?}");
@@ -567,11 +568,11 @@ mod tests {
             match o.kind() {
                 OpKind::Compute(d) => {
                     if d > 0 {
-                        mbs[g].insert(o.label.mb);
+                        mbs[g].insert(o.label().mb);
                     }
                     last[g] = last[g].max(t.end[i]);
                 }
-                OpKind::Coll(c) if o.label.class == OpClass::DpAllReduce => {
+                OpKind::Coll(c) if o.label().class == OpClass::DpAllReduce => {
                     ar[g] = (t.start[i], t.end[i], t.coll_start[c as usize]);
                 }
                 _ => {}
@@ -631,13 +632,13 @@ mod tests {
         for (i, o) in sg.graph.ops.iter().enumerate() {
             let g = gpu(o);
             match o.kind() {
-                OpKind::Coll(c) if o.label.class == OpClass::DpAllReduce => {
+                OpKind::Coll(c) if o.label().class == OpClass::DpAllReduce => {
                     ar.push((g, t.coll_start[c as usize], t.end[i]));
                     continue;
                 }
                 OpKind::Compute(d) if d > 0 => {
-                    mbs[g].insert(o.label.mb);
-                    if o.label.class == OpClass::AttnFwd {
+                    mbs[g].insert(o.label().mb);
+                    if o.label().class == OpClass::AttnFwd {
                         attn[g] += d;
                     }
                 }

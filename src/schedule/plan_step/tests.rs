@@ -239,7 +239,7 @@ fn distca_ping_pong_runs_each_nano_batch_under_the_others_linear_block() {
     let (s1, t1) = step(Overlap::HeadChunks(1));
     let ops = |sg: &StepGraph, class: OpClass| -> Vec<usize> {
         (0..sg.graph.ops.len())
-            .filter(|&i| sg.graph.ops[i].label.class == class)
+            .filter(|&i| sg.graph.ops[i].label().class == class)
             .collect()
     };
     let gpu = |sg: &StepGraph, i: usize| sg.graph.streams[sg.graph.ops[i].stream as usize].gpu;

@@ -318,7 +318,9 @@ fn runtime_variance_reaches_every_kernel() {
             .stream_ops(4 * gpu)
             .iter()
             .map(|&o| o as usize)
-            .find(|&o| sg.graph.ops[o].label.class == class && sg.graph.ops[o].label.layer == layer)
+            .find(|&o| {
+                sg.graph.ops[o].label().class == class && sg.graph.ops[o].label().layer == layer
+            })
             .map(|o| t.end[o] - t.start[o])
             .unwrap()
     };
@@ -401,7 +403,7 @@ fn cluster_variance_model_plugs_into_the_seam() {
         .iter()
         .map(|&o| o as usize)
         .filter(|&o| {
-            sg.graph.ops[o].label.class == OpClass::AttnFwd && sg.graph.ops[o].label.layer == 5
+            sg.graph.ops[o].label().class == OpClass::AttnFwd && sg.graph.ops[o].label().layer == 5
         })
         .map(|o| a.end[o] - a.start[o])
         .collect();
@@ -487,7 +489,7 @@ fn ticks_run_every_stage_in_the_tick_order_and_count_in_flight() {
         // The micro-batch order of the stage's linear ops follows its tick order.
         let mut seen: Vec<(bool, u16)> = Vec::new();
         for &o in sg.graph.stream_ops(4 * gpu) {
-            let l = sg.graph.ops[o as usize].label;
+            let l = sg.graph.ops[o as usize].label();
             let fwd = match l.class {
                 OpClass::LinearFwd | OpClass::HeadFwd => true,
                 OpClass::LinearBwd | OpClass::HeadBwd => false,
@@ -528,8 +530,8 @@ fn colls_of(sg: &StepGraph, gpu: u32, class: OpClass) -> Vec<(OpLabel, Vec<Xfer>
         .filter_map(|o| {
             let op = &sg.graph.ops[o as usize];
             match op.kind() {
-                OpKind::Coll(c) if op.label.class == class => {
-                    Some((op.label, sg.graph.coll_xfers(c).to_vec()))
+                OpKind::Coll(c) if op.label().class == class => {
+                    Some((op.label(), sg.graph.coll_xfers(c).to_vec()))
                 }
                 _ => None,
             }
