@@ -14,6 +14,7 @@ mod bench_recommend;
 mod bench_schemes;
 mod calibrate;
 mod calibrate_coll;
+mod calibrate_elem;
 mod check_plan;
 pub mod corpus;
 #[cfg(test)]
