@@ -30,6 +30,7 @@ pub mod theory;
 mod topo;
 mod topo_draw;
 mod validate;
+mod validate_torch;
 
 /// skewsim: how much does attention-workload skew cost on this cluster, and which
 /// balancing scheme (Ulysses, WLB-LLM, DistCA, Libra) wins it back?
