@@ -113,6 +113,14 @@ pub struct Args {
     /// GEMM measurement CSVs held out: scored, never fitted.
     #[arg(long, num_args = 1..)]
     pub gemm_check: Vec<PathBuf>,
+    /// Elementwise measurement CSVs (`validate/torch/elementwise.py`): fit the elementwise
+    /// model (a call term and a rate per kind and pass) and write it to `--out` (with
+    /// --score-only: score the built-in one) instead of the attention calibration.
+    #[arg(long, num_args = 1..)]
+    pub elementwise: Vec<PathBuf>,
+    /// Elementwise measurement CSVs held out: scored, never fitted.
+    #[arg(long, num_args = 1..)]
+    pub elementwise_check: Vec<PathBuf>,
     /// Fit only the sliding-window step term of `--calibration`'s forward block model to
     /// the windowed forward rows (`mask` = sliding:W) of `--measurements` at its head_dim,
     /// every other figure held; write the calibration with it to `--out`.
@@ -408,6 +416,17 @@ pub fn run(args: Args, out: Output) -> Result<()> {
             bail!("--collectives fits the collective model alone: give it without --measurements, --trace or --gemm");
         }
         return super::calibrate_coll::run(&args, out);
+    }
+    if !args.elementwise.is_empty() || !args.elementwise_check.is_empty() {
+        if !args.measurements.is_empty() || !args.trace.is_empty() || !args.gemm.is_empty() {
+            bail!("--elementwise and --measurements/--trace/--gemm: calibrate one model at a time");
+        }
+        if args.elementwise.is_empty() && !args.score_only {
+            bail!(
+                "--elementwise-check without --elementwise: give the rows to fit (or --score-only)"
+            );
+        }
+        return super::calibrate_elem::run(&args, out);
     }
     if !args.gemm.is_empty() || !args.gemm_check.is_empty() {
         if !args.measurements.is_empty() || !args.trace.is_empty() {

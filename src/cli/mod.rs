@@ -14,6 +14,7 @@ mod bench_recommend;
 mod bench_schemes;
 mod calibrate;
 mod calibrate_coll;
+mod calibrate_elem;
 mod check_plan;
 pub mod corpus;
 #[cfg(test)]
@@ -29,6 +30,7 @@ pub mod theory;
 mod topo;
 mod topo_draw;
 mod validate;
+mod validate_torch;
 
 /// skewsim: how much does attention-workload skew cost on this cluster, and which
 /// balancing scheme (Ulysses, WLB-LLM, DistCA, Libra) wins it back?

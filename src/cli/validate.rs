@@ -14,6 +14,11 @@
 //! grouped send/recv ([`validate::nccl::Mesh`]; with one GPU, `--transport nccl` sends each
 //! GPU's pieces to itself through a one-rank communicator, so the NCCL path runs for real).
 //!
+//! With `--kernel torch-flash` or `torch-cudnn` the same launches, in the same order, run
+//! through PyTorch's varlen attention instead, by the Python sidecar
+//! ([`super::validate_torch`]), timed by the same protocol (warm-up calls, then back-to-back
+//! calls between CUDA events), the copies as device-to-device copies on one GPU.
+//!
 //! Writes the measurement CSV ([`skewsim::cost::fit::Measurement`] rows) that
 //! `skewsim calibrate` reads, and prints predicted vs measured per worker and per step,
 //! predictions from the one cost model ([`skewsim::cost::fit::Pricing`]).
@@ -28,6 +33,7 @@ use skewsim::balance::libra::pipeliner;
 use skewsim::cluster::TopologySpec;
 use skewsim::cost::blocks::FWD_HEAD_DIM;
 use skewsim::cost::fit::{self, MeasureKind, Measurement, Pass, SegCount};
+use skewsim::cost::profile::Kernel;
 use skewsim::net::analytical::AnalyticalModel;
 use skewsim::net::collective::{analytical_phases, Transfer};
 use skewsim::net::GpuId;
@@ -36,6 +42,7 @@ use validate::gpu::{FwdVariant, Gpu};
 use validate::nccl::{Local, Mesh, Move};
 use validate::units::{Batch, Heads, Layout, WorkUnit};
 
+use super::validate_torch::{LaunchReq, LaunchTimes, Request, Sidecar, PROTOCOL};
 use super::Output;
 
 #[derive(clap::Args)]
@@ -51,7 +58,21 @@ pub struct Args {
     /// that divides].
     #[arg(long)]
     pub chunks: Option<u32>,
-    /// Forward kernel variant of the `validate` crate.
+    /// The attention kernel the launches run on: `skewsim` (the project's NVRTC kernels,
+    /// no Python), `torch-flash` (PyTorch's varlen FlashAttention) or `torch-cudnn`
+    /// (PyTorch's cuDNN attention, where it computes these units' causal mask); the torch
+    /// kernels run through `--sidecar` on one GPU, with copies for transfers. Predictions
+    /// use the kernel's built-in profile (`torch-cudnn`: torch-flash's) unless
+    /// `--calibration`.
+    #[arg(long, default_value = "skewsim", value_parser = ["skewsim", "torch-flash", "torch-cudnn"])]
+    pub kernel: String,
+    /// Python interpreter (with PyTorch) that runs the torch kernels' sidecar.
+    #[arg(long, default_value = "python3")]
+    pub python: String,
+    /// The sidecar script the torch kernels run through.
+    #[arg(long, default_value = "validate/torch/sidecar.py")]
+    pub sidecar: PathBuf,
+    /// Forward kernel variant of the `validate` crate (`--kernel skewsim`).
     #[arg(long, default_value = "v3w4")]
     pub variant: String,
     /// Untimed launches before each timed series.
@@ -86,7 +107,7 @@ pub struct Args {
     #[arg(short, long, default_value = "measurements.csv")]
     pub out: PathBuf,
     /// Price predictions with this calibration file (JSON, `skewsim calibrate -o`) instead
-    /// of the built-in default kernel profile (torch-flash).
+    /// of `--kernel`'s built-in profile.
     #[arg(long)]
     pub calibration: Option<PathBuf>,
     /// Topology whose first node's GPUs 0..N price the NCCL exchanges (the simulator's
@@ -289,7 +310,7 @@ pub fn gpu_moves(pieces: &[(u32, u32, u64)], gpus: usize) -> Result<Vec<Move>> {
 /// The measurement rows of one launch spec (attention, dispatch copy, return copy) with
 /// measured figures filled in by `measure` (median, p10, p90 ms).
 #[allow(clippy::too_many_arguments)]
-fn rows_of(
+pub(crate) fn rows_of(
     spec: &LaunchSpec,
     plan_name: &str,
     seed: u64,
@@ -362,6 +383,72 @@ fn rows_of(
 fn quantiles(ms: &[f64]) -> Result<(f64, f64, f64)> {
     let q = |p| validate::stats::quantile(ms, p).ok_or_else(|| anyhow!("no valid timings"));
     Ok((q(0.5)?, q(0.1)?, q(0.9)?))
+}
+
+/// The rows of launches timed by the torch sidecar (`times` in `specs`' order), as
+/// [`rows_of`] writes the project kernel's; `tiles` counts the 128-row query tiles.
+pub(crate) fn torch_rows(
+    specs: &[LaunchSpec],
+    times: &[LaunchTimes],
+    plan_name: &str,
+    seed: u64,
+    plan: &Plan,
+) -> Result<Vec<Measurement>> {
+    let mut rows = Vec::with_capacity(4 * specs.len());
+    for (spec, t) in specs.iter().zip(times) {
+        let (attn, tiles) = match &t.fwd_ms {
+            Some(ms) => (quantiles(ms)?, Layout::new(&spec.batch, 128)?.tiles.len()),
+            None => ((0.0, 0.0, 0.0), 0),
+        };
+        let bwd = t.bwd_ms.as_deref().map(quantiles).transpose()?;
+        let (d, r) = (quantiles(&t.dispatch_ms)?, quantiles(&t.return_ms)?);
+        rows.extend(rows_of(spec, plan_name, seed, plan, tiles, attn, bwd, d, r));
+    }
+    Ok(rows)
+}
+
+/// Every plan's launches through the torch sidecar on `--device`.
+fn measure_torch(args: &Args, plans: &[(String, Plan)]) -> Result<(Vec<Measurement>, String)> {
+    if args.gpus != 1 || args.transport == "nccl" {
+        bail!(
+            "invalid --kernel {} with --gpus {} --transport {}: allowed one GPU with copies (the torch kernels run on --device; --gpus and NCCL go with --kernel skewsim)",
+            args.kernel,
+            args.gpus,
+            args.transport
+        );
+    }
+    let sidecar = Sidecar {
+        python: args.python.clone(),
+        script: args.sidecar.clone(),
+    };
+    let mut rows = Vec::new();
+    let mut device = String::new();
+    for (name, plan) in plans {
+        let t0 = std::time::Instant::now();
+        let m = args.chunks.unwrap_or_else(|| default_chunks(plan));
+        let specs = launches(plan, m)?;
+        let req = Request {
+            protocol: PROTOCOL,
+            kernel: args.kernel.clone(),
+            device: args.device,
+            warmup: args.warmup,
+            reps: args.reps,
+            head_dim: plan.shape.head_dim,
+            bwd: !args.no_bwd,
+            seed: args.seed,
+            launches: specs.iter().map(LaunchReq::of).collect(),
+        };
+        let (ready, times) = sidecar.run(&req).with_context(|| format!("plan {name}"))?;
+        device = format!("{ready}, --kernel {}", args.kernel);
+        let r = torch_rows(&specs, &times, name, args.seed, plan)?;
+        eprintln!(
+            "{name}: {} rows in {:.1} s ({device})",
+            r.len(),
+            t0.elapsed().as_secs_f64()
+        );
+        rows.extend(r);
+    }
+    Ok((rows, device))
 }
 
 /// Elements of `v` (bf16 words) that are NaN.
@@ -509,9 +596,18 @@ fn measure_plan(
     Ok(rows)
 }
 
-/// The pricing a command uses: a calibration file's, else the built-in default profile's.
+/// Measure the plans on `--kernel` and compare with the pricing: `--calibration`'s, else the
+/// kernel's built-in profile.
 pub fn run(args: Args, out: Output) -> Result<()> {
-    let pricing = super::calfile::pricing(args.calibration.as_deref(), None)?;
+    let profile = if args.kernel == "skewsim" {
+        Kernel::Skewsim
+    } else {
+        Kernel::TorchFlash
+    };
+    let pricing = match &args.calibration {
+        Some(p) => super::calfile::pricing(Some(p), None)?,
+        None => profile.pricing()?,
+    };
     // Read and check every plan before touching the GPU.
     let mut plans = Vec::new();
     for f in &args.plan {
@@ -578,6 +674,55 @@ pub fn run(args: Args, out: Output) -> Result<()> {
         print!("{text}");
         return Ok(());
     }
+    let (mut rows, device, exchanged) = if args.kernel == "skewsim" {
+        measure_own(&args, &plans, &pricing)?
+    } else {
+        let (rows, device) = measure_torch(&args, &plans)?;
+        (rows, device, None)
+    };
+    for r in rows.iter_mut().filter(|r| r.predicted_ms.is_none()) {
+        r.predicted_ms = Some(pricing.predict_ms(r));
+    }
+    let csv = fit::measurements_to_csv(&rows)?;
+    std::fs::write(&args.out, csv).with_context(|| format!("writing {}", args.out.display()))?;
+    let summary = fit::summarize(&rows, &pricing);
+    let exchanges = exchanged.map(|gpus| {
+        let pairs: Vec<(f64, f64)> = rows
+            .iter()
+            .filter(|r| r.kind != MeasureKind::Attn && r.bytes > 0)
+            .map(|r| (r.predicted_ms.unwrap_or(0.0), r.measured_ms))
+            .collect();
+        (gpus, fit::ErrStats::of(&pairs))
+    });
+    out.emit(&summary, || {
+        let mut text = format!(
+            "wrote {} ({} rows; {device})\n{}",
+            args.out.display(),
+            rows.len(),
+            summary.table()
+        );
+        if let Some((gpus, e)) = exchanges {
+            text.push_str(&format!(
+                "{:<30}{:>5}{:>14.2}{:>11.2}{:>11.2}\n(the copy line prices the NCCL exchanges as HBM copies; the exchange line by the network model of {})\n",
+                format!("NCCL exchange, {gpus} GPU(s)"),
+                e.n,
+                e.median_ape,
+                e.p90_ape,
+                e.max_ape,
+                args.topology.display()
+            ));
+        }
+        text
+    })
+}
+
+/// Every plan's launches on the project's kernels: rows, the device line, and the GPU count
+/// whose transfers went through NCCL (None: copies).
+fn measure_own(
+    args: &Args,
+    plans: &[(String, Plan)],
+    pricing: &fit::Pricing,
+) -> Result<(Vec<Measurement>, String, Option<usize>)> {
     let open = |ordinal: usize| {
         Gpu::open(ordinal).map_err(|e| match e {
             validate::Error::NoDriver => anyhow!(
@@ -653,19 +798,19 @@ pub fn run(args: Args, out: Output) -> Result<()> {
             "as device-to-device copies (HBM, not a network)"
         }
     );
-    let (gpu_name, driver) = (gpu.name.clone(), gpu.driver_version);
+    let device = format!("GPU {}, driver {}", gpu.name, gpu.driver_version);
     let exchange = match &mesh {
         Some(_) => Some(ExchangeModel::load(&args.topology, gpus.len())?),
         None => None,
     };
     let mut rows = Vec::new();
-    for (name, plan) in &plans {
+    for (name, plan) in plans {
         let t0 = std::time::Instant::now();
         let net = mesh
             .as_ref()
             .zip(exchange.as_ref())
-            .map(|(m, e)| (m, e, &pricing));
-        let r = measure_plan(&mut gpus, net, &args, plan, name)?;
+            .map(|(m, e)| (m, e, pricing));
+        let r = measure_plan(&mut gpus, net, args, plan, name)?;
         eprintln!(
             "{name}: {} rows in {:.1} s",
             r.len(),
@@ -673,46 +818,11 @@ pub fn run(args: Args, out: Output) -> Result<()> {
         );
         rows.extend(r);
     }
-    for r in rows.iter_mut().filter(|r| r.predicted_ms.is_none()) {
-        r.predicted_ms = Some(pricing.predict_ms(r));
-    }
-    let csv = fit::measurements_to_csv(&rows)?;
-    std::fs::write(&args.out, csv).with_context(|| format!("writing {}", args.out.display()))?;
-    let summary = fit::summarize(&rows, &pricing);
-    let exchanges = exchange.map(|_| {
-        let pairs: Vec<(f64, f64)> = rows
-            .iter()
-            .filter(|r| r.kind != MeasureKind::Attn && r.bytes > 0)
-            .map(|r| (r.predicted_ms.unwrap_or(0.0), r.measured_ms))
-            .collect();
-        fit::ErrStats::of(&pairs)
-    });
-    out.emit(&summary, || {
-        let mut text = format!(
-            "wrote {} ({} rows; GPU {}, driver {})\n{}",
-            args.out.display(),
-            rows.len(),
-            gpu_name,
-            driver,
-            summary.table()
-        );
-        if let Some(e) = exchanges {
-            text.push_str(&format!(
-                "{:<30}{:>5}{:>14.2}{:>11.2}{:>11.2}\n(the copy line prices the NCCL exchanges as HBM copies; the exchange line by the network model of {})\n",
-                format!("NCCL exchange, {} GPU(s)", gpus.len()),
-                e.n,
-                e.median_ape,
-                e.p90_ape,
-                e.max_ape,
-                args.topology.display()
-            ));
-        }
-        text
-    })
+    Ok((rows, device, exchange.map(|_| gpus.len())))
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use skewsim::balance::libra::{consecutive_pools, plan_step, LibraParams};
     use skewsim::workload::{PackedSeq, Sample};

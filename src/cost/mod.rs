@@ -30,6 +30,7 @@
 //! never formulas elsewhere.
 
 pub mod blocks;
+pub mod elementwise;
 pub mod fit;
 pub mod fit_window;
 pub mod gemm;
@@ -426,6 +427,9 @@ pub struct CostModel {
     /// The GEMM model ([`gemm`]) pricing linear work by shape, else `None`: FLOPs at the
     /// GEMM efficiencies of `hw`.
     pub gemm: Option<gemm::GemmModel>,
+    /// The elementwise model ([`elementwise`]) pricing a layer's elementwise kernels by
+    /// kind ([`CostModel::layer_time`]), else `None`: their counted bytes at `hw`'s HBM rate.
+    pub elementwise: Option<elementwise::ElementwiseModel>,
 }
 
 impl CostModel {
@@ -441,6 +445,7 @@ impl CostModel {
             attn_bwd_blocks: None,
             launch_memo: blocks::LaunchMemo::default(),
             gemm: None,
+            elementwise: None,
         })
     }
 
@@ -483,6 +488,7 @@ impl CostModel {
             attn_bwd_blocks: cal.attn_bwd_blocks,
             launch_memo: blocks::LaunchMemo::default(),
             gemm: None,
+            elementwise: None,
         })
     }
 
@@ -490,6 +496,14 @@ impl CostModel {
     pub fn with_gemm(self, g: gemm::GemmModel) -> Self {
         Self {
             gemm: Some(g),
+            ..self
+        }
+    }
+
+    /// The same model with a layer's elementwise kernels priced by `e`.
+    pub fn with_elementwise(self, e: elementwise::ElementwiseModel) -> Self {
+        Self {
+            elementwise: Some(e),
             ..self
         }
     }
@@ -711,10 +725,14 @@ impl CostModel {
         })
     }
 
-    /// Time of the RMSNorm in a linear block: read and write the hidden state.
+    /// Time of the RMSNorm in a linear block: its counted bytes at the HBM rate.
     fn norm_ps(&self, tokens: u64) -> f64 {
-        let bytes =
-            2.0 * tokens as f64 * f64::from(self.model.hidden) * f64::from(self.model.dtype_bytes);
+        let bytes = elementwise::bytes(
+            elementwise::ElemKind::RmsNorm,
+            false,
+            &self.elem_dims(),
+            tokens,
+        );
         bytes / self.hw.hbm_bytes_per_s * 1e12
     }
 

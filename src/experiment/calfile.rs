@@ -4,6 +4,7 @@
 
 use std::path::Path;
 
+use crate::cost::elementwise::ElementwiseModel;
 use crate::cost::fit::Pricing;
 use crate::cost::gemm::GemmModel;
 use crate::cost::profile::Kernel;
@@ -24,13 +25,15 @@ pub fn read(path: &Path) -> Result<Calibration> {
 }
 
 /// `model` priced by the calibration in `path`, else by the built-in profile of `kernel`
-/// (its calibration at the model's head_dim) and the built-in H200 GEMM model.
+/// (its calibration at the model's head_dim) and the built-in H200 GEMM and elementwise
+/// models.
 pub fn cost_model(model: ModelConfig, path: Option<&Path>, kernel: Kernel) -> Result<CostModel> {
     Ok(match path {
         None => {
             let c = kernel.calibration_for(model.head_dim)?;
             CostModel::calibrated(model, &c, &format!("--kernel {}", kernel.name()))?
                 .with_gemm(GemmModel::h200_default()?)
+                .with_elementwise(ElementwiseModel::h200_default()?)
         }
         Some(p) => CostModel::calibrated(model, &read(p)?, &p.display().to_string())?,
     })

@@ -469,3 +469,85 @@ fn the_gemm_model_scores_the_committed_cublas_measurements() {
         Expect::Err("calibrate one model at a time"),
     );
 }
+
+/// `--kernel torch-flash` without the sidecar's Python: a named error, exit 1, no CSV; the
+/// torch kernels refuse several GPUs.
+#[test]
+fn validate_through_torch_names_a_missing_python() {
+    let plan = temp("plan-torch.json");
+    let out = skewsim(&[
+        "plan",
+        "--gbs",
+        "2",
+        "--dp",
+        "2",
+        "--cp",
+        "2",
+        "--pool-size",
+        "2",
+        "--seq-len",
+        "8192",
+        "-o",
+        plan.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let csv = temp("m-torch.csv");
+    let p = plan.to_str().unwrap();
+    let c = csv.to_str().unwrap();
+    let out = skewsim(&[
+        "validate",
+        "--kernel",
+        "torch-flash",
+        "--python",
+        "/nonexistent/python3",
+        "--plan",
+        p,
+        "-o",
+        c,
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("cannot start --python /nonexistent/python3"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked") && !csv.exists(), "{err}");
+    let out = skewsim(&[
+        "validate",
+        "--kernel",
+        "torch-cudnn",
+        "--gpus",
+        "2",
+        "--plan",
+        p,
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("invalid --kernel torch-cudnn with --gpus 2"),
+        "{err}"
+    );
+}
+
+/// The built-in elementwise model is what `calibrate --elementwise` fits to the committed
+/// rows.
+#[test]
+fn the_built_in_elementwise_model_is_the_committed_rows_fit() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let cal = temp("elementwise.json");
+    let fit = format!("{root}/validate/results/layer_run/elementwise_fit.csv");
+    let held = format!("{root}/validate/results/layer_run/elementwise_check.csv");
+    let r = calibrate(&["--elementwise", &fit, "--elementwise-check", &held], &cal);
+    assert_eq!(r["kinds"].as_array().unwrap().len(), 7);
+    let got: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cal).unwrap()).unwrap();
+    let shipped: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(format!("{root}/calibrations/elementwise-h200.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(got, shipped);
+}

@@ -17,7 +17,10 @@ gemm   bf16 torch.matmul (cuBLAS) for every shipped model's linear shapes at TP 
        forward (M,N,K) = (tokens, out/TP, in), input grad (tokens, in, out/TP), weight grad
        (in, out/TP, tokens).
 layer  one llama3-8b layer (TP 1) forward + backward on a varlen packed batch of documents
-       drawn from traces/wlbllm.json, with a kernel-time breakdown from torch.profiler.
+       drawn from traces/wlbllm.json, with a kernel-time breakdown from torch.profiler, the
+       wall-clock window of its timed calls (to read the GPU clock log against), its twelve
+       GEMMs (forward, input and weight gradients) and (causal batches) its attention call
+       timed alone.
 
 Timing (every section): one untimed call, then `reps` calls each between two CUDA events
 (reps chosen from that first call to fill about 0.15 s, 3..15); median, p10 and p90 in ms.
@@ -358,10 +361,18 @@ def kernel_times(fn):
     return cats
 
 
-LAYER_CONFIGS = ((32768, 32768, 2000, None), (65536, 32768, 50000, None))
+def layer_configs(set_name, seed):
+    """The layer batches of a set, as (tokens, seq_len, trace offset, window or None): the fit
+    set's four fixed batches, or held-out batches of other sizes whose trace offsets `seed` draws."""
+    if set_name == "fit":
+        return [(32768, 32768, 2000, None), (65536, 32768, 50000, None), (16384, 16384, 9000, None),
+                (32768, 32768, 2000, 4096)]
+    rng = random.Random(seed)
+    return [(t, s, rng.randrange(0, 200000), w) for t, s, w in
+            ((20480, 20480, None), (57344, 28672, None), (36864, 36864, None), (28672, 28672, 1024))]
 
 
-def layer(seed, out_dir, configs=LAYER_CONFIGS, name="layer.json"):
+def layer(seed, out_dir, configs, name):
     """One llama3-8b layer per config (tokens, seq_len, trace offset, window or None)."""
     hid, hq, hkv, hd, inter = 4096, 32, 8, 128, 14336
     res = []
@@ -395,14 +406,31 @@ def layer(seed, out_dir, configs=LAYER_CONFIGS, name="layer.json"):
         params = [x, wqkv, wo, wgu, wd, n1, n2]
         fb = lambda: torch.autograd.grad(fwd(), params, dy)
         r_f = timed(lambda: fwd(), target_s=0.5, lo=5, hi=20)
+        t_fb = time.time()
         r_fb = timed(fb, target_s=1.0, lo=5, hi=20)
+        t_fb = [round(t_fb, 2), round(time.time(), 2)]
         cats = kernel_times(fb)
         cats_f = kernel_times(fwd)
+        gemms = {}
+        for nm, w in (("qkv", wqkv), ("o", wo), ("gate_up", wgu), ("down", wd)):
+            a = torch.randn(tokens, w.shape[0], device="cuda", dtype=torch.bfloat16, generator=gen)
+            g = torch.randn(tokens, w.shape[1], device="cuda", dtype=torch.bfloat16, generator=gen)
+            wd_ = w.detach()
+            gemms[nm] = {"fwd": timed(lambda: a @ wd_, target_s=0.06)[0], "dgrad": timed(lambda: g @ wd_.t(), target_s=0.06)[0],
+                         "wgrad": timed(lambda: a.t() @ g, target_s=0.06)[0]}
+            del a, g
+        attn_alone = None
+        if window is None:  # the layer's attention call alone, timed as the grid's launches
+            L = Launch([(n, n) for n in docs], hq, hq // hkv, hd, seed)
+            attn_alone = {"fwd": timed(L.flash_fwd)[0], "bwd": timed(L.flash_bwd_fn())[0]}
+            del L
         res.append({"model": "llama3-8b", "tp": 1, "tokens": tokens, "seq_len": seq_len, "trace": "traces/wlbllm.json",
                     "trace_offset": offset, "mask": "causal" if window is None else f"sliding:{window}",
-                    "docs": docs, "fwd_ms": r_f, "fwd_bwd_ms": r_fb, "profile_fwd_bwd": cats, "profile_fwd": cats_f})
+                    "docs": docs, "fwd_ms": r_f, "fwd_bwd_ms": r_fb, "fwd_bwd_unix_s": t_fb, "profile_fwd_bwd": cats,
+                    "profile_fwd": cats_f, "gemm_isolated_ms": gemms, "attn_isolated_ms": attn_alone})
         log(f"layer tokens {tokens} window {window} docs {len(docs)}: fwd {r_f[0]:.3f} ms, fwd+bwd {r_fb[0]:.3f} ms, "
-            + ", ".join(f"{c} {v['us'] / 1e3:.3f} ms" for c, v in cats.items()))
+            + ", ".join(f"{c} {v['us'] / 1e3:.3f} ms" for c, v in cats.items())
+            + f"; the GEMMs alone {sum(sum(p.values()) for p in gemms.values()):.3f} ms")
         del wqkv, wo, wgu, wd, x
         torch.cuda.empty_cache()
     json.dump(res, open(os.path.join(out_dir, name), "w"), indent=1)
@@ -435,7 +463,9 @@ def main():
         gemm(set_name, seed, out_dir, 420 if set_name == "fit" else 160, budget * 0.2)
         log("gemm done")
     if "layer" in sections:
-        layer(seed, out_dir)
+        configs = layer_configs(set_name, seed)
+        log(f"layer {set_name} seed {seed}: {configs}")
+        layer(seed, out_dir, configs, f"layer_{set_name}.json")
         log("layer done")
 
 
