@@ -509,15 +509,20 @@ impl Sweep {
         (&self.points[i % n], &self.variants[i / n])
     }
 
-    /// Point `i` in words (`scheme S P p B b H h corpus C L l DP d GA g`), for messages.
+    /// Point `i` in words (`scheme S [P p B b H h] corpus C L l DP d GA g`), for messages.
     pub fn describe(&self, i: usize) -> String {
         let ((dp, ga, l, c), (sc, lv)) = self.job(i);
         let corpus = c.as_ref().or(self.f.workload.corpus.as_ref());
+        let knobs = if sc == "ulysses" {
+            String::new()
+        } else {
+            format!(
+                " P {} B {} H {}",
+                lv.pool_size, lv.tile_tokens, lv.head_shards
+            )
+        };
         format!(
-            "scheme {sc} P {} B {} H {} corpus {} L {l} DP {dp} GA {ga}",
-            lv.pool_size,
-            lv.tile_tokens,
-            lv.head_shards,
+            "scheme {sc}{knobs} corpus {} L {l} DP {dp} GA {ga}",
             corpus.map_or("(sequences)", String::as_str)
         )
     }
