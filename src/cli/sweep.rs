@@ -6,10 +6,12 @@
 //! A sweep folder OUT holds `sweep.json` (what every task runs: the experiment as it was
 //! named, the folder it was named from, its prices, points and chunk), `experiment.toml`
 //! (the experiment's copy, which the tasks and `merge` read), `sweep.sbatch` (the job
-//! array), `points/I.json` (point I's result, written whole or not at all), `points/I.err`
+//! array), `points/I.toml` (point I's result, written whole or not at all; TOML, whose
+//! floats read back exactly), `points/I.err`
 //! (why point I failed), `logs/T.out` (task T's output) and, once merged, the run's files.
 //! Tasks and `merge` work from the folder the experiment was named from, so relative paths
-//! inside it resolve as they did for `run`.
+//! inside it resolve as they did for `run`. Every experiment kind splits (what a point is:
+//! `experiment::sweep`).
 
 use anyhow::{bail, ensure, Context, Result};
 use rayon::prelude::*;
@@ -19,7 +21,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
-use skewsim::experiment::{self, calfile, schemes::PointResult, schemes::Sweep};
+use skewsim::experiment::sweep::{PointResult, Sweep};
+use skewsim::experiment::{self, calfile};
 
 use super::{limits, run, Output};
 
@@ -92,9 +95,9 @@ struct Manifest {
     fingerprint: String,
 }
 
-const FORMAT: &str = "skewsim-sweep-1";
+const FORMAT: &str = "skewsim-sweep-2";
 
-/// `points/I.json`: one point's result.
+/// `points/I.toml`: one point's result.
 #[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PointFile {
@@ -295,7 +298,7 @@ fn run_task(file: &Path, t: usize) -> Result<()> {
     let failed: Vec<usize> = points
         .into_par_iter()
         .filter_map(|i| {
-            let (json, err) = (point_path(&dir, i, "json"), point_path(&dir, i, "err"));
+            let (file, err) = (point_path(&dir, i, "toml"), point_path(&dir, i, "err"));
             let done = sweep
                 .run_point(i)
                 .map_err(anyhow::Error::from)
@@ -305,7 +308,7 @@ fn run_task(file: &Path, t: usize) -> Result<()> {
                         point: i,
                         result: r,
                     };
-                    write(&json, &(serde_json::to_string_pretty(&f)? + "\n"))
+                    write(&file, &toml::to_string(&f)?)
                 });
             match done {
                 Ok(()) => {
@@ -349,7 +352,7 @@ fn run_local(dir: &Path, m: &Manifest, jobs: usize) -> Result<()> {
     let todo: Vec<usize> = (0..m.tasks)
         .filter(|t| {
             (t * m.chunk..((t + 1) * m.chunk).min(m.points))
-                .any(|i| !point_path(dir, i, "json").exists())
+                .any(|i| !point_path(dir, i, "toml").exists())
         })
         .collect();
     // the machine's cores shared among the task processes (results do not depend on it)
@@ -394,7 +397,7 @@ fn merge_at(dir: &Path, t0: Instant, out: Output) -> Result<()> {
     let mut results = Vec::with_capacity(m.points);
     let mut missing = Vec::new();
     for i in 0..m.points {
-        let p = point_path(&dir, i, "json");
+        let p = point_path(&dir, i, "toml");
         let text = match std::fs::read_to_string(&p) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -404,7 +407,7 @@ fn merge_at(dir: &Path, t0: Instant, out: Output) -> Result<()> {
             Err(e) => return Err(e).with_context(|| format!("reading {}", p.display())),
         };
         let name = p.display().to_string();
-        let f: PointFile = serde_json::from_str(&text)
+        let f: PointFile = toml::from_str(&text)
             .map_err(|e| anyhow::anyhow!("{name}: corrupt sweep point file: {e}"))?;
         ensure!(
             f.sweep == m.fingerprint && f.point == i,
@@ -419,7 +422,7 @@ fn merge_at(dir: &Path, t0: Instant, out: Output) -> Result<()> {
     if !missing.is_empty() {
         bail!("{}", missing_report(&dir, &m, &missing));
     }
-    let o = sweep.finish(&results)?.outcome(sweep.kind().to_string());
+    let o = sweep.finish(results)?;
     run::write_files(&dir, &o)?;
     run::print(&o, &dir, t0, out)
 }

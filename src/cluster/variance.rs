@@ -236,7 +236,7 @@ impl VarianceModel {
 }
 
 /// The result of re-running the 256-GPU runtime-variance measurement in simulation.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SpreadStudy {
     /// Per step: (slowest − fastest) ÷ fastest after dropping the `trim` fastest and
     /// `trim` slowest GPUs.

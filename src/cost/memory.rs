@@ -24,7 +24,7 @@
 //! (`seq_shard`; Korthikanti et al. §4.2.2). Under expert parallelism a rank holds
 //! experts / EP of each MoE layer's experts (`expert_shard`).
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{Ffn, ModelConfig};
 
@@ -62,7 +62,7 @@ pub struct MemoryInputs {
 }
 
 /// One rank's peak memory, by kind, in bytes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MemoryBreakdown {
     /// Model weights.
     pub weights: u64,

@@ -27,6 +27,7 @@ pub mod pools;
 pub mod recommend;
 pub mod schemes;
 pub mod study;
+pub mod sweep;
 pub mod train;
 pub mod variance;
 
@@ -199,15 +200,7 @@ pub fn run_text(
     observer: &dyn Observer,
 ) -> Result<Outcome> {
     let file = path.display().to_string();
-    let doc: toml::Table =
-        toml::from_str(text).with_context(|| format!("{file} is not valid TOML"))?;
-    let kind = kind_of(&file, &doc)?;
-    if (calibration.0.is_some() || calibration.1.is_some()) && !prices_work(&kind) {
-        bail!(
-            "--calibration, --kernel: experiment kind {kind:?} prices no GPU work (kinds that do: train, {})",
-            schemes::KINDS.join(", ")
-        );
-    }
+    let kind = priced_kind(&file, text, calibration)?;
     let (title, base) = title_and_base(path);
     match kind.as_str() {
         "pools" => pools::run(path, text, observer),
@@ -215,6 +208,21 @@ pub fn run_text(
         "train" => train::run_text(text, &file, &title, base, calibration, observer),
         _ => Ok(schemes::run_text(text, &file, &title, base, calibration, observer)?.outcome(kind)),
     }
+}
+
+/// The kind of the experiment `text` (`file` names it), refusing a calibration or kernel
+/// profile for a kind that prices no GPU work.
+fn priced_kind(file: &str, text: &str, calibration: calfile::Prices) -> Result<String> {
+    let doc: toml::Table =
+        toml::from_str(text).with_context(|| format!("{file} is not valid TOML"))?;
+    let kind = kind_of(file, &doc)?;
+    if (calibration.0.is_some() || calibration.1.is_some()) && !prices_work(&kind) {
+        bail!(
+            "--calibration, --kernel: experiment kind {kind:?} prices no GPU work (kinds that do: train, {})",
+            schemes::KINDS.join(", ")
+        );
+    }
+    Ok(kind)
 }
 
 /// An experiment's summary title (its file's stem) and the folder its paths resolve against.
@@ -227,26 +235,13 @@ fn title_and_base(path: &Path) -> (String, &Path) {
 }
 
 /// The experiment `text` (arguments as [`run_text`]'s) split into its sweep points, each
-/// run alone (a job-array task, a process) and gathered by [`schemes::Sweep::finish`] into
-/// the files [`run_text`] writes; for the kinds whose points are independent, the scheme
-/// comparisons.
-pub fn sweep(path: &Path, text: &str, calibration: calfile::Prices) -> Result<schemes::Sweep> {
+/// run alone (a job-array task, a process) and gathered by [`sweep::Sweep::finish`] into
+/// the [`Outcome`] [`run_text`] gives; every kind (see [`sweep`] for what a point is).
+pub fn sweep(path: &Path, text: &str, calibration: calfile::Prices) -> Result<sweep::Sweep> {
     let file = path.display().to_string();
-    let doc: toml::Table =
-        toml::from_str(text).with_context(|| format!("{file} is not valid TOML"))?;
-    let kind = kind_of(&file, &doc)?;
-    if !schemes::KINDS.contains(&kind.as_str()) {
-        return Err(Error::Invalid {
-            field: format!("{file}: kind"),
-            value: format!("{kind:?}"),
-            allowed: format!(
-                "a kind whose points run independently, to split over tasks: {}",
-                schemes::KINDS.join(", ")
-            ),
-        });
-    }
+    let kind = priced_kind(&file, text, calibration)?;
     let (title, base) = title_and_base(path);
-    schemes::Sweep::new(text, &file, &title, base, calibration)
+    sweep::Sweep::new(&kind, &file, &title, base, text, calibration)
 }
 
 #[cfg(test)]

@@ -47,7 +47,7 @@ use super::study::{
 use super::{Observer, Outcome};
 
 /// An experiment file of kind `pools`: the pool study over corpora × global batch sizes.
-#[derive(Deserialize, Debug)]
+#[derive(Deserialize, Debug, Clone)]
 #[serde(deny_unknown_fields)]
 pub struct Spec {
     /// Always `pools`.
@@ -152,10 +152,78 @@ pub struct Outputs {
 /// (corpus, D) goes to `observer`, which may cancel between them.
 pub fn execute(spec: &Spec, observer: &dyn Observer) -> Result<Outputs> {
     let t0 = Instant::now();
-    let policies = parse_policies(&spec.policies)?;
-    let packing = spec.packing.parse()?;
-    let mut studies: Vec<(String, Study)> = Vec::new();
-    for c in &spec.corpus {
+    let sweep = Sweep::new(spec.clone())?;
+    let mut studies = Vec::with_capacity(sweep.len());
+    for i in 0..sweep.len() {
+        if observer.cancelled() {
+            return Err(crate::Error::Cancelled);
+        }
+        studies.push(sweep.run_point(i)?);
+        observer.progress(&format!(
+            "{} done ({:.1} s)",
+            sweep.describe(i),
+            t0.elapsed().as_secs_f64()
+        ));
+    }
+    sweep.finish(&studies)
+}
+
+/// A `pools` experiment split into its points: point i is one (corpus, D) study, corpora
+/// outermost in the file's order, run by [`Sweep::run_point`] alone, and [`Sweep::finish`]
+/// writes from all of them the files [`execute`] writes.
+pub struct Sweep {
+    spec: Spec,
+    policies: Vec<Policy>,
+    packing: crate::workload::pack::Packing,
+}
+
+impl Sweep {
+    /// Check the experiment's policies and packing; nothing is simulated.
+    pub fn new(spec: Spec) -> Result<Self> {
+        Ok(Sweep {
+            policies: parse_policies(&spec.policies)?,
+            packing: spec.packing.parse()?,
+            spec,
+        })
+    }
+
+    /// The experiment.
+    pub fn spec(&self) -> &Spec {
+        &self.spec
+    }
+
+    /// How many points: corpora × global batch sizes.
+    pub fn len(&self) -> usize {
+        self.spec.corpus.len() * self.spec.gbs.len()
+    }
+
+    /// Whether the sweep has no points.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Point `i`'s corpus and D.
+    fn job(&self, i: usize) -> (&CorpusSpec, usize) {
+        let g = self.spec.gbs.len();
+        (&self.spec.corpus[i / g], self.spec.gbs[i % g])
+    }
+
+    /// Point `i` in words (`CORPUS at D = G`), for messages.
+    pub fn describe(&self, i: usize) -> String {
+        let (c, gbs) = self.job(i);
+        format!("{} at D = {gbs}", c.name)
+    }
+
+    /// The pool study of point `i` (in `0..len()`).
+    pub fn run_point(&self, i: usize) -> Result<Study> {
+        if i >= self.len() {
+            return Err(invalid(
+                "sweep point",
+                i,
+                format!("0..={} (corpora × gbs)", self.len().saturating_sub(1)),
+            ));
+        }
+        let (c, gbs) = self.job(i);
         let corpus = load_corpus(&c.name)?;
         let seq_len = c
             .seq_len
@@ -164,28 +232,58 @@ pub fn execute(spec: &Spec, observer: &dyn Observer) -> Result<Outputs> {
         let src = Source::Corpus {
             corpus,
             seq_len,
-            packing,
+            packing: self.packing,
         };
-        for &gbs in &spec.gbs {
-            if observer.cancelled() {
-                return Err(crate::Error::Cancelled);
-            }
-            let loads = trial_loads(&src, gbs, spec.trials, spec.seed)?;
-            let st = study(&src, &loads, gbs, &spec.pool_sizes, &policies, spec.seed)?;
-            observer.progress(&format!(
-                "{} at D = {gbs} done ({:.1} s)",
-                c.name,
-                t0.elapsed().as_secs_f64()
-            ));
-            studies.push((c.name.clone(), st));
-        }
+        let loads = trial_loads(&src, gbs, self.spec.trials, self.spec.seed)?;
+        study(
+            &src,
+            &loads,
+            gbs,
+            &self.spec.pool_sizes,
+            &self.policies,
+            self.spec.seed,
+        )
     }
-    let mut files = BTreeMap::new();
-    files.insert("results.csv".to_string(), csv(&studies).to_csv());
-    let charts = charts(spec, &studies, &policies);
-    files.insert("summary.md".to_string(), summary(spec, &studies, &charts));
-    files.extend(charts);
-    Ok(Outputs { files, studies })
+
+    /// The run's files from every point's study (`results[i]` point `i`'s), checked to be
+    /// this sweep's points in order.
+    pub fn finish(&self, results: &[Study]) -> Result<Outputs> {
+        if results.len() != self.len() {
+            return Err(invalid(
+                "sweep point results",
+                results.len(),
+                format!("one per point ({})", self.len()),
+            ))
+            .context(self.spec.stem.as_str());
+        }
+        let mut studies: Vec<(String, Study)> = Vec::with_capacity(results.len());
+        for (i, st) in results.iter().enumerate() {
+            let (c, gbs) = self.job(i);
+            if st.gbs != gbs || st.trials != self.spec.trials || st.seed != self.spec.seed {
+                return Err(invalid(
+                    format!("sweep point {i}'s result"),
+                    format!("D = {}, {} trials, seed {}", st.gbs, st.trials, st.seed),
+                    format!(
+                        "the study of {} ({} trials, seed {})",
+                        self.describe(i),
+                        self.spec.trials,
+                        self.spec.seed
+                    ),
+                ))
+                .context(self.spec.stem.as_str());
+            }
+            studies.push((c.name.clone(), st.clone()));
+        }
+        let mut files = BTreeMap::new();
+        files.insert("results.csv".to_string(), csv(&studies).to_csv());
+        let charts = charts(&self.spec, &studies, &self.policies);
+        files.insert(
+            "summary.md".to_string(),
+            summary(&self.spec, &studies, &charts),
+        );
+        files.extend(charts);
+        Ok(Outputs { files, studies })
+    }
 }
 
 fn csv(studies: &[(String, Study)]) -> Table {
@@ -451,6 +549,11 @@ fn summary(spec: &Spec, studies: &[(String, Study)], charts: &BTreeMap<String, S
 pub fn run(file: &Path, text: &str, observer: &dyn Observer) -> Result<Outcome> {
     let spec = parse(&file.display().to_string(), text)?;
     let o = execute(&spec, observer)?;
+    outcome(&spec, o)
+}
+
+/// A run's [`Outcome`] from its outputs.
+pub fn outcome(spec: &Spec, o: Outputs) -> Result<Outcome> {
     let summary = o.files.get("summary.md").cloned().unwrap_or_default();
     let json: Vec<serde_json::Value> = o
         .studies
@@ -458,7 +561,7 @@ pub fn run(file: &Path, text: &str, observer: &dyn Observer) -> Result<Outcome> 
         .map(|(n, st)| serde_json::json!({"corpus": n, "study": st}))
         .collect();
     Ok(Outcome {
-        kind: spec.kind,
+        kind: spec.kind.clone(),
         files: o.files.into_iter().collect(),
         points_file: "results.csv",
         summary,

@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use rayon::prelude::*;
-use serde::Serialize;
+use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::balance::Policy;
 use crate::cost::Mask;
@@ -380,13 +380,14 @@ pub fn check_pool_sizes(pool_sizes: &[usize], gbs: usize) -> Result<()> {
 }
 
 /// One row of the result table.
-#[derive(Serialize, Clone, Debug)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
 pub struct Row {
     /// Pool size P.
     pub pool_size: usize,
     /// Pools per global batch, K = D / P.
     pub pools: usize,
-    /// Grouping policy.
+    /// Grouping policy (serialized as its name).
+    #[serde(deserialize_with = "policy_by_name")]
     pub policy: Policy,
     /// R − 1 over trials.
     pub r_minus_1: theory::Spread,
@@ -402,8 +403,15 @@ pub struct Row {
     pub cardinality_floor: f64,
 }
 
+/// A policy read back from its name (what `Policy` serializes to).
+fn policy_by_name<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Policy, D::Error> {
+    String::deserialize(d)?
+        .parse()
+        .map_err(serde::de::Error::custom)
+}
+
 /// The whole result of one study.
-#[derive(Serialize, Clone, Debug)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
 pub struct Study {
     /// The corpus or packed file.
     pub source: String,

@@ -30,7 +30,6 @@
 
 use super::calfile::Prices;
 use crate::cost::profile::Kernel;
-use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -53,7 +52,7 @@ use crate::workload::pack::Packing;
 use crate::workload::PackedSeq;
 use std::sync::Arc;
 
-use super::{Files, Observer, Outcome, Progress};
+use super::{Files, Observer, Outcome};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -136,7 +135,7 @@ impl ClusterSpec {
 }
 
 /// `[libra]`: Libra's knobs; CP comes from `[parallel]`, the shape from the model.
-#[derive(Deserialize, Clone, Copy)]
+#[derive(Serialize, Deserialize, Clone, Copy)]
 #[serde(deny_unknown_fields, default)]
 struct LibraSpec {
     pool_size: u32,
@@ -306,8 +305,10 @@ fn workload(w: &WorkloadSpec, seq_len: u32, file: &str) -> Result<Workload> {
     Ok(wl)
 }
 
-/// Everything one point of the experiment produced.
-struct PointResult {
+/// Everything one point of the experiment produced; lossless through a format whose
+/// floats read back exactly (TOML: [`super::sweep::PointResult`]).
+#[derive(Serialize, Deserialize)]
+pub struct PointResult {
     dp: u32,
     ga: u32,
     seq_len: u32,
@@ -325,6 +326,8 @@ struct PointResult {
     exposed: f64,
 }
 
+/// Simulate one point's steps; `out` (a file without `[sweep]`, whose only point writes
+/// them) asks for its step's trace and per-GPU table.
 #[allow(clippy::too_many_arguments)]
 fn run_point(
     scheme: &StepAttention,
@@ -335,7 +338,7 @@ fn run_point(
     net: &NetChoice,
     var: Option<(VarianceSpec, u64, Faults)>,
     steps: u64,
-    out: &OutputSpec,
+    out: Option<&OutputSpec>,
     file: &str,
 ) -> Result<PointResult> {
     let map = RankMap::new(par, place, file)?;
@@ -363,7 +366,7 @@ fn run_point(
         compute += r.gpus.iter().map(|g| g.compute as f64).sum::<f64>() / n;
         exposed += r.gpus.iter().map(|g| g.exposed_comm as f64).sum::<f64>() / n;
         cp_comm += busy.iter().map(|&b| b as f64).sum::<f64>() / n;
-        if step == out.trace_step {
+        if let Some(out) = out.filter(|o| o.trace_step == step) {
             trace = Some(chrome_trace(&sg, &t, out.trace_gpus));
             gpus = Some(gpus_csv(&r));
         }
@@ -449,34 +452,206 @@ pub fn run_text(
     calibration: Prices,
     observer: &dyn Observer,
 ) -> Result<Outcome> {
-    let file = file.to_string();
-    let f = parse(text, &file)?;
-    let setup = setup(&f, &file, base, calibration)?;
-    let points = grid(&f, &file)?;
-    let variants = variants(&f, &setup, &file)?;
-    let results = simulate(&f, &setup, &points, &variants, &file, observer)?;
-    let mut files = Files::default();
-    let mut summary = summary_head(&f, &setup, title);
-    let table = if f.sweep.is_none() {
-        single_point(&f, &setup.cost, &results[0], &mut files, &mut summary)?
-    } else if is_multi(&f) {
-        multi_tables(&results, &f.parallel, &mut files)?
-    } else {
-        scaling(&f, &results, &mut files)?
-    };
-    summary += &table;
-    files.write("summary.md", &summary);
-    Ok(Outcome {
-        kind: f.kind.clone(),
-        files: files.0,
-        points_file: if f.sweep.is_none() {
-            "steps.csv"
+    let sweep = Sweep::new(text, file, title, base, calibration)?;
+    let results = super::sweep::run_points(sweep.len(), observer, |i| sweep.run_point(i))?;
+    sweep.finish(&results)
+}
+
+/// A `train` experiment split into its points: point `i` is one (attention variant, grid
+/// point), variants outermost, run by [`Sweep::run_point`] alone — in any order, thread,
+/// process or machine — and [`Sweep::finish`] writes from all of them the files
+/// [`run_text`] writes. A file without `[sweep]` is one point.
+pub struct Sweep {
+    f: TrainFile,
+    file: String,
+    title: String,
+    setup: Setup,
+    points: Vec<GridPoint>,
+    variants: Vec<(String, LibraSpec)>,
+}
+
+impl Sweep {
+    /// Parse and check the experiment and lay out its points (arguments as [`run_text`]'s);
+    /// nothing is simulated.
+    pub fn new(
+        text: &str,
+        file: &str,
+        title: &str,
+        base: &Path,
+        calibration: Prices,
+    ) -> Result<Sweep> {
+        let f = parse(text, file)?;
+        let setup = setup(&f, file, base, calibration)?;
+        let points = grid(&f, file)?;
+        let variants = variants(&f, &setup, file)?;
+        Ok(Sweep {
+            f,
+            file: file.to_string(),
+            title: title.to_string(),
+            setup,
+            points,
+            variants,
+        })
+    }
+
+    /// How many points: attention variants × grid points.
+    pub fn len(&self) -> usize {
+        self.variants.len() * self.points.len()
+    }
+
+    /// Whether the sweep has no points.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn job(&self, i: usize) -> (&GridPoint, &(String, LibraSpec)) {
+        let n = self.points.len();
+        (&self.points[i % n], &self.variants[i / n])
+    }
+
+    /// Point `i` in words (`scheme S [P p B b H h] corpus C L l DP d GA g`), for messages.
+    pub fn describe(&self, i: usize) -> String {
+        let ((dp, ga, l, c), (sc, lv)) = self.job(i);
+        let corpus = c.as_ref().or(self.f.workload.corpus.as_ref());
+        let knobs = if sc == "ulysses" {
+            String::new()
         } else {
-            "points.csv"
-        },
-        summary,
-        json: None,
-    })
+            format!(
+                " P {} B {} H {}",
+                lv.pool_size, lv.tile_tokens, lv.head_shards
+            )
+        };
+        format!(
+            "scheme {sc}{knobs} corpus {} L {l} DP {dp} GA {ga}",
+            corpus.map_or("(sequences)", String::as_str)
+        )
+    }
+
+    /// Simulate sweep point `i` (in `0..len()`).
+    pub fn run_point(&self, i: usize) -> Result<PointResult> {
+        if i >= self.len() {
+            return Err(invalid(
+                "sweep point",
+                i,
+                format!(
+                    "0..={} ({} points)",
+                    self.len().saturating_sub(1),
+                    self.len()
+                ),
+            ));
+        }
+        let (f, file) = (&self.f, self.file.as_str());
+        let Setup {
+            cost,
+            rank_shape,
+            cluster,
+            net,
+            variance,
+        } = &self.setup;
+        let ((dp, ga, l, c), (sc, lv)) = self.job(i);
+        let (dp, ga, l) = (*dp, *ga, *l);
+        let scheme = StepAttention::parse(
+            sc,
+            LibraParams {
+                pool_size: lv.pool_size,
+                cp: f.parallel.cp,
+                head_shards: lv.head_shards,
+                tile_tokens: lv.tile_tokens,
+                tau: lv.tau,
+                chunks: lv.chunks,
+                shape: *rank_shape,
+            },
+        )?;
+        let mut spec = f.workload.clone();
+        if let Some(c) = c {
+            spec.corpus = Some(c.clone());
+        }
+        let wl = workload(&spec, l, file)?;
+        let par = Parallelism {
+            dp,
+            ga,
+            ..f.parallel
+        };
+        let mut r = run_point(
+            &scheme,
+            cost,
+            par,
+            *cluster,
+            &wl,
+            net,
+            variance.clone(),
+            f.steps,
+            f.sweep.is_none().then_some(&f.output),
+            file,
+        )?;
+        r.seq_len = l;
+        r.libra = *lv;
+        r.corpus = c
+            .clone()
+            .or_else(|| f.workload.corpus.clone())
+            .unwrap_or_default();
+        Ok(r)
+    }
+
+    /// The files of the run from every point's result (`results[i]` point `i`'s), checked
+    /// to be this sweep's points in order.
+    pub fn finish(&self, results: &[PointResult]) -> Result<Outcome> {
+        let (f, setup) = (&self.f, &self.setup);
+        if results.len() != self.len() {
+            return Err(invalid(
+                "sweep point results",
+                results.len(),
+                format!("one per point ({})", self.len()),
+            ))
+            .context(self.file.as_str());
+        }
+        for (i, r) in results.iter().enumerate() {
+            let ((dp, ga, l, _), (sc, lv)) = self.job(i);
+            let lr = &r.libra;
+            if (r.dp, r.ga, r.seq_len, &r.scheme) != (*dp, *ga, *l, sc)
+                || (lr.pool_size, lr.tile_tokens, lr.head_shards)
+                    != (lv.pool_size, lv.tile_tokens, lv.head_shards)
+            {
+                return Err(invalid(
+                    format!("sweep point {i}'s result"),
+                    format!(
+                        "scheme {} P {} B {} H {} L {} DP {} GA {}",
+                        r.scheme,
+                        r.libra.pool_size,
+                        r.libra.tile_tokens,
+                        r.libra.head_shards,
+                        r.seq_len,
+                        r.dp,
+                        r.ga
+                    ),
+                    format!("the sweep's point {i}: {}", self.describe(i)),
+                ))
+                .context(self.file.as_str());
+            }
+        }
+        let mut files = Files::default();
+        let mut summary = summary_head(f, setup, &self.title);
+        let table = if f.sweep.is_none() {
+            single_point(f, &setup.cost, &results[0], &mut files, &mut summary)?
+        } else if is_multi(f) {
+            multi_tables(results, &f.parallel, &mut files)?
+        } else {
+            scaling(f, results, &mut files)?
+        };
+        summary += &table;
+        files.write("summary.md", &summary);
+        Ok(Outcome {
+            kind: f.kind.clone(),
+            files: files.0,
+            points_file: if f.sweep.is_none() {
+                "steps.csv"
+            } else {
+                "points.csv"
+            },
+            summary,
+            json: None,
+        })
+    }
 }
 
 /// What every point of a `train` experiment shares: the cost model, one TP rank's attention
@@ -733,85 +908,6 @@ fn variants(f: &TrainFile, setup: &Setup, file: &str) -> Result<Vec<(String, Lib
         }
     }
     Ok(variants)
-}
-
-/// Every (variant, point) simulated, in parallel, gathered in order.
-fn simulate(
-    f: &TrainFile,
-    setup: &Setup,
-    points: &[GridPoint],
-    variants: &[(String, LibraSpec)],
-    file: &str,
-    observer: &dyn Observer,
-) -> Result<Vec<PointResult>> {
-    let Setup {
-        cost,
-        rank_shape,
-        cluster,
-        net,
-        variance,
-    } = setup;
-    let points: Vec<(u32, u32, u32, Option<String>, usize)> = (0..variants.len())
-        .flat_map(|v| {
-            points
-                .iter()
-                .map(move |(d, g, l, c)| (*d, *g, *l, c.clone(), v))
-        })
-        .collect();
-    let progress = Progress::new(points.len(), "points simulated", observer);
-    let results: Vec<Result<PointResult>> = points
-        .par_iter()
-        .map(|(dp, ga, l, c, v)| {
-            progress.check()?;
-            let (dp, ga, l) = (*dp, *ga, *l);
-            let (sc, lv) = &variants[*v];
-            let scheme = StepAttention::parse(
-                sc,
-                LibraParams {
-                    pool_size: lv.pool_size,
-                    cp: f.parallel.cp,
-                    head_shards: lv.head_shards,
-                    tile_tokens: lv.tile_tokens,
-                    tau: lv.tau,
-                    chunks: lv.chunks,
-                    shape: *rank_shape,
-                },
-            )?;
-            let mut spec = f.workload.clone();
-            if let Some(c) = c {
-                spec.corpus = Some(c.clone());
-            }
-            let wl = workload(&spec, l, file)?;
-            let par = Parallelism {
-                dp,
-                ga,
-                ..f.parallel
-            };
-            let mut r = run_point(
-                &scheme,
-                cost,
-                par,
-                *cluster,
-                &wl,
-                net,
-                variance.clone(),
-                f.steps,
-                &f.output,
-                file,
-            )?;
-            r.seq_len = l;
-            r.libra = *lv;
-            r.corpus = c
-                .clone()
-                .or_else(|| f.workload.corpus.clone())
-                .unwrap_or_default();
-            Ok(r)
-        })
-        .inspect(|_| progress.tick())
-        .collect();
-    let results: Vec<PointResult> = results.into_iter().collect::<Result<_>>()?;
-
-    Ok(results)
 }
 
 /// The summary's title, description and the setup every point shares.

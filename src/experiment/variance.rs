@@ -75,59 +75,133 @@ pub struct Outcome {
 /// (mean, peak) of the extra seeds.
 pub type SeedResults = Vec<(f64, f64)>;
 
-/// Parse the experiment, run it under its seed and its extra seeds.
-pub fn simulate(text: &str, source: &str) -> Result<(Experiment, SpreadStudy, SeedResults)> {
-    let exp: Experiment =
-        toml::from_str(text).map_err(|e| crate::error::parse_error(source, e.to_string()))?;
-    let ranges = [
-        ("gpus", u64::from(exp.gpus), 2, 1_000_000),
-        ("steps", exp.steps, 1, 1_000_000),
-        (
-            "kernels_per_step",
-            u64::from(exp.kernels_per_step),
-            1,
-            100_000,
-        ),
-        ("seeds", u64::from(exp.seeds), 1, 64),
-    ];
-    for (field, v, lo, hi) in ranges {
-        if !(lo..=hi).contains(&v) {
-            return Err(invalid(field, v, format!("an integer in [{lo}, {hi}]"))).context(source);
-        }
-    }
-    let draws =
-        u64::from(exp.gpus) * exp.steps * u64::from(exp.kernels_per_step) * u64::from(exp.seeds);
-    if draws > MAX_DRAWS {
-        return Err(invalid(
-            "gpus × steps × kernels_per_step × seeds",
-            format!(
-                "{} × {} × {} × {} = {draws} kernel times",
-                exp.gpus, exp.steps, exp.kernels_per_step, exp.seeds
+/// A `runtime-variance` experiment split into its points: point k is the study under seed
+/// `seed + k` (k in `0..seeds`), run by [`Sweep::run_point`] alone, and [`Sweep::finish`]
+/// writes from all of them the files [`run`] writes.
+pub struct Sweep {
+    exp: Experiment,
+    spec: VarianceSpec,
+    source: String,
+}
+
+impl Sweep {
+    /// Parse and check the experiment `text` (`source` names it in messages).
+    pub fn new(text: &str, source: &str) -> Result<Sweep> {
+        let exp: Experiment =
+            toml::from_str(text).map_err(|e| crate::error::parse_error(source, e.to_string()))?;
+        let ranges = [
+            ("gpus", u64::from(exp.gpus), 2, 1_000_000),
+            ("steps", exp.steps, 1, 1_000_000),
+            (
+                "kernels_per_step",
+                u64::from(exp.kernels_per_step),
+                1,
+                100_000,
             ),
-            format!("at most {MAX_DRAWS} (a few seconds of drawing)"),
-        ))
-        .context(source);
+            ("seeds", u64::from(exp.seeds), 1, 64),
+        ];
+        for (field, v, lo, hi) in ranges {
+            if !(lo..=hi).contains(&v) {
+                return Err(invalid(field, v, format!("an integer in [{lo}, {hi}]")))
+                    .context(source);
+            }
+        }
+        let draws = u64::from(exp.gpus)
+            * exp.steps
+            * u64::from(exp.kernels_per_step)
+            * u64::from(exp.seeds);
+        if draws > MAX_DRAWS {
+            return Err(invalid(
+                "gpus × steps × kernels_per_step × seeds",
+                format!(
+                    "{} × {} × {} × {} = {draws} kernel times",
+                    exp.gpus, exp.steps, exp.kernels_per_step, exp.seeds
+                ),
+                format!("at most {MAX_DRAWS} (a few seconds of drawing)"),
+            ))
+            .context(source);
+        }
+        let spec = exp.variance.unwrap_or_default();
+        spec.validate(source)?;
+        Ok(Sweep {
+            exp,
+            spec,
+            source: source.to_string(),
+        })
     }
-    let spec = exp.variance.unwrap_or_default();
-    spec.validate(source)?;
-    let run = |seed: u64| {
-        let model = VarianceModel::new(spec, seed, exp.gpus);
+
+    /// How many points: the seeds.
+    pub fn len(&self) -> usize {
+        self.exp.seeds as usize
+    }
+
+    /// Whether the sweep has no points.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Point `k` in words (`seed S`), for messages.
+    pub fn describe(&self, k: usize) -> String {
+        format!("seed {}", self.exp.seed.wrapping_add(k as u64))
+    }
+
+    /// The study under point `k`'s seed.
+    pub fn run_point(&self, k: usize) -> Result<SpreadStudy> {
+        let (exp, source) = (&self.exp, &self.source);
+        if k >= self.len() {
+            return Err(invalid(
+                "sweep point",
+                k,
+                format!("0..={} (one per seed)", self.len().saturating_sub(1)),
+            ));
+        }
+        let model = VarianceModel::new(self.spec, exp.seed.wrapping_add(k as u64), exp.gpus);
         spread_study(&model, exp.gpus, exp.steps, exp.kernels_per_step, exp.trim)
             .map_err(|e| spec_error!("{source}: {e}"))
-    };
-    let study = run(exp.seed)?;
-    let mut others = Vec::new();
-    for k in 1..u64::from(exp.seeds) {
-        let s = run(exp.seed.wrapping_add(k))?;
-        others.push((s.mean, s.peak));
     }
-    Ok((exp, study, others))
+
+    /// The experiment's files from every seed's study (`studies[k]` point `k`'s).
+    pub fn finish(&self, studies: &[SpreadStudy]) -> Result<RunOutcome> {
+        let (exp, source) = (&self.exp, &self.source);
+        if studies.len() != self.len() {
+            return Err(invalid(
+                "sweep point results",
+                studies.len(),
+                format!("one per seed ({})", self.len()),
+            ))
+            .context(source.as_str());
+        }
+        let others: SeedResults = studies[1..].iter().map(|s| (s.mean, s.peak)).collect();
+        outcome(exp, &studies[0], &others, source)
+    }
+
+    /// Every seed's study, in order.
+    fn run_all(&self) -> Result<Vec<SpreadStudy>> {
+        (0..self.len()).map(|k| self.run_point(k)).collect()
+    }
+}
+
+/// Parse the experiment, run it under its seed and its extra seeds.
+pub fn simulate(text: &str, source: &str) -> Result<(Experiment, SpreadStudy, SeedResults)> {
+    let sweep = Sweep::new(text, source)?;
+    let mut studies = sweep.run_all()?;
+    let others = studies[1..].iter().map(|s| (s.mean, s.peak)).collect();
+    Ok((sweep.exp, studies.swap_remove(0), others))
 }
 
 /// Run the experiment in `text` (`file` names it in messages).
 pub fn run(file: &Path, text: &str) -> Result<RunOutcome> {
-    let source = file.display().to_string();
-    let (exp, study, others) = simulate(text, &source)?;
+    let sweep = Sweep::new(text, &file.display().to_string())?;
+    sweep.finish(&sweep.run_all()?)
+}
+
+/// The run's files from the main seed's study and the extra seeds' (mean, peak).
+fn outcome(
+    exp: &Experiment,
+    study: &SpreadStudy,
+    others: &[(f64, f64)],
+    source: &str,
+) -> Result<RunOutcome> {
     let outcome = Outcome {
         gpus: exp.gpus,
         steps: exp.steps,
@@ -136,7 +210,7 @@ pub fn run(file: &Path, text: &str) -> Result<RunOutcome> {
         published_mean: PUBLISHED_MEAN,
         published_peak: PUBLISHED_PEAK,
     };
-    let summary = summary_md(&exp, &study, &others, &source);
+    let summary = summary_md(exp, study, others, source);
     let mut csv = String::from("step,spread\n");
     for (i, x) in study.spread.iter().enumerate() {
         let _ = writeln!(csv, "{i},{x:.6}");
@@ -146,7 +220,7 @@ pub fn run(file: &Path, text: &str) -> Result<RunOutcome> {
         files: vec![
             ("summary.md".into(), summary.clone()),
             ("spread.csv".into(), csv),
-            ("spread.svg".into(), plot(&study)),
+            ("spread.svg".into(), plot(study)),
         ],
         points_file: "spread.csv",
         summary,

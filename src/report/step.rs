@@ -14,7 +14,7 @@
 //! GPU with the most compute; "by how much" is its compute over the mean compute, minus 1.
 
 use rayon::prelude::*;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::cost::memory::MemoryBreakdown;
 use crate::cost::CostModel;
@@ -24,7 +24,7 @@ use crate::schedule::step::StepGraph;
 use crate::schedule::Coords;
 
 /// One GPU's step.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct GpuStats {
     /// Global GPU id.
     pub gpu: u32,
@@ -47,7 +47,7 @@ pub struct GpuStats {
 }
 
 /// The forward time of one micro-batch on one stage of one replica.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MicroBatchTime {
     /// Replica.
     pub replica: u32,
@@ -60,7 +60,7 @@ pub struct MicroBatchTime {
 }
 
 /// Everything measured in one step.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StepReport {
     /// Step index.
     pub step: u64,

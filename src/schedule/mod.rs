@@ -222,7 +222,7 @@ pub struct RankMap {
 }
 
 /// A rank's coordinates.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Coords {
     /// Pipeline stage.
     pub pp: u32,

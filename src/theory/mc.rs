@@ -7,14 +7,14 @@
 //! the result is the same bytes for any `RAYON_NUM_THREADS`.
 
 use rayon::prelude::*;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::balance::{group, imbalance, Policy};
 use crate::error::{invalid, Result};
 use crate::rng::stream;
 
 /// Summary of a sample of values (here R − 1 over trials).
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Spread {
     /// Values summarised.
     pub trials: usize,

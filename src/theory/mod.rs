@@ -20,14 +20,14 @@
 
 pub mod mc;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::{invalid, Result};
 
 pub use mc::{residual_imbalance, Residual, Spread};
 
 /// Moments of a per-sequence load distribution.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LoadStats {
     /// Sequences measured.
     pub n: usize,

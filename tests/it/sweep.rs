@@ -1,6 +1,7 @@
-//! `skewsim sweep` and `skewsim merge`: a sweep split over task processes (`--jobs`) or a
-//! real Slurm job array merges into `run`'s files byte for byte; a merge with points
-//! missing lists them by index and refuses; a corrupt or foreign point file is named.
+//! `skewsim sweep` and `skewsim merge`: a sweep of any experiment kind split over task
+//! processes (`--jobs`) or a real Slurm job array merges into `run`'s files byte for byte;
+//! a merge with points missing lists them by index and refuses; a corrupt or foreign point
+//! file is named.
 
 use crate::common::{root, scratch, skewsim_at};
 use std::io::Write as _;
@@ -37,6 +38,61 @@ dp = [1, 2]
 "#;
 
 const FILES: [&str; 3] = ["summary.md", "points.csv", "plot.svg"];
+
+/// A `train` sweep of four points (Ulysses and Libra at DP 1 and 2, CP 4) with runtime
+/// variance, in well under a second.
+const TRAIN: &str = r#"kind = "train"
+model = "llama3-8b"
+steps = 1
+[cluster]
+gpus_per_node = 8
+nodes = 1
+allow_subset = true
+[network]
+topology = "dgx-h200-roce"
+[variance]
+persistent = { dist = "lognormal", sigma = 0.01 }
+jitter = { dist = "lognormal", sigma = 0.01 }
+[parallel]
+dp = 1
+pp = 1
+cp = 4
+ga = 2
+[workload]
+seq_len = 16384
+seed = 3
+corpus = "libra-256k"
+[libra]
+pool_size = 2
+head_shards = 2
+tile_tokens = 4096
+[sweep]
+dp = [1, 2]
+gbs = [4]
+scheme = ["ulysses", "libra"]
+"#;
+
+/// A `pools` study of four points (two corpora × two global batch sizes).
+const POOLS: &str = r#"kind = "pools"
+title = "small pools"
+seed = 1
+trials = 20
+gbs = [16, 32]
+pool_sizes = [2, 4, 8]
+policies = ["random", "vrsp"]
+[[corpus]]
+name = "libra-256k"
+[[corpus]]
+name = "wlbllm"
+"#;
+
+/// A `runtime-variance` study under three seeds (three points).
+const VARIANCE: &str = r#"kind = "runtime-variance"
+gpus = 32
+steps = 50
+seed = 7
+seeds = 3
+"#;
 
 fn read(p: &Path) -> String {
     std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
@@ -139,15 +195,15 @@ fn a_merge_with_missing_or_corrupt_points_is_refused_by_name() {
     assert!(ok, "{err}");
     assert!(!dir.join("sw/points/0.err").exists());
     // a truncated file, then another point's file in its place
-    let p3 = dir.join("sw/points/3.json");
+    let p3 = dir.join("sw/points/3.toml");
     let good = read(&p3);
     std::fs::write(&p3, &good[..good.len() / 2]).unwrap();
     let (ok, _, err) = sk(&["merge", "sw"], &dir);
     assert!(
-        !ok && err.contains("3.json: corrupt sweep point file"),
+        !ok && err.contains("3.toml: corrupt sweep point file"),
         "{err}"
     );
-    std::fs::copy(dir.join("sw/points/2.json"), &p3).unwrap();
+    std::fs::copy(dir.join("sw/points/2.toml"), &p3).unwrap();
     let (ok, _, err) = sk(&["merge", "sw"], &dir);
     assert!(!ok && err.contains("a result of point 2"), "{err}");
     std::fs::write(&p3, good).unwrap();
@@ -162,10 +218,10 @@ fn a_merge_with_missing_or_corrupt_points_is_refused_by_name() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
-/// A sweep refuses what it cannot split or resume: a kind whose points are not
-/// independent, a folder holding another sweep, an edited experiment copy.
+/// A sweep refuses what it cannot run or resume: prices for a kind that prices no GPU
+/// work (as `run` does), a folder holding another sweep, an edited experiment copy.
 #[test]
-fn sweep_refuses_other_kinds_and_foreign_folders() {
+fn sweep_refuses_prices_it_cannot_use_and_foreign_folders() {
     let dir = small("refuse");
     let (ok, _, err) = sk(
         &[
@@ -173,14 +229,16 @@ fn sweep_refuses_other_kinds_and_foreign_folders() {
             root().join("experiments/libra-fig8.toml").to_str().unwrap(),
             "--slurm",
             "x",
+            "--kernel",
+            "skewsim",
         ],
         &dir,
     );
-    assert!(!ok && err.contains("kind = \"pools\""), "{err}");
     assert!(
-        err.contains("four-way, attention-microbench, distca-ablation"),
+        !ok && err.contains("experiment kind \"pools\" prices no GPU work"),
         "{err}"
     );
+    assert!(!dir.join("x").exists());
     let (ok, _, err) = sk(&["sweep", "small.toml", "--slurm", "sw"], &dir);
     assert!(ok, "{err}");
     std::fs::write(
@@ -205,6 +263,59 @@ fn sweep_refuses_other_kinds_and_foreign_folders() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// Every experiment kind's sweep, run as `--jobs 2` tasks of two points each, merges into
+/// exactly the files `run` writes (a `train` file without `[sweep]` is one point, one
+/// task); with a point's result removed the merge refuses, naming the point and its task.
+#[test]
+fn every_kind_sweeps_into_runs_files_and_names_a_missing_point() {
+    let single = TRAIN.split("[sweep]").next().unwrap();
+    for (name, text, points) in [
+        ("train", TRAIN, 4),
+        ("single", single, 1),
+        ("pools", POOLS, 4),
+        ("variance", VARIANCE, 3),
+    ] {
+        let dir = scratch(&format!("sweep-kind-{name}"));
+        let file = format!("{name}.toml");
+        std::fs::write(dir.join(&file), text).unwrap();
+        let (ok, _, err) = sk(&["run", &file, "--out", "run"], &dir);
+        assert!(ok, "{name}: {err}");
+        let (ok, _, err) = sk(
+            &["sweep", &file, "--jobs", "2", "--chunk", "2", "--out", "sw"],
+            &dir,
+        );
+        assert!(ok, "{name}: {err}");
+        let tasks = (points + 1) / 2;
+        assert!(
+            err.contains(&format!("{tasks}/{tasks} tasks done")),
+            "{name}: {err}"
+        );
+        let mut names: Vec<_> = std::fs::read_dir(dir.join("run"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert!(names.len() >= 3, "{name}: {names:?}");
+        for f in &names {
+            assert!(
+                read(&dir.join("sw").join(f)) == read(&dir.join("run").join(f)),
+                "{name}: {f} differs from run's"
+            );
+        }
+        let last = points - 1;
+        std::fs::remove_file(dir.join(format!("sw/points/{last}.toml"))).unwrap();
+        let (ok, _, err) = sk(&["merge", "sw"], &dir);
+        assert!(!ok, "{name}: merged without point {last}");
+        for want in [
+            format!("missing sweep points: 1 of {points} points have no result"),
+            format!("point {last} (task {}): no result", last / 2),
+        ] {
+            assert!(err.contains(&want), "{name}: {want:?} not in {err}");
+        }
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}
+
 /// Why Slurm cannot be used here, if it cannot: `sinfo` must answer with a usable node.
 fn slurm_unavailable() -> Option<String> {
     match Command::new("sinfo").args(["-h", "-o", "%T"]).output() {
@@ -223,10 +334,61 @@ fn slurm_unavailable() -> Option<String> {
     }
 }
 
-/// The small sweep as a real Slurm job array (`.ci/slurm-up` brings up a single-node
-/// Slurm): submitted with sbatch, waited for, merged, and compared byte for byte with
-/// `run`'s files. Without a Slurm it says so on the terminal and skips, or fails when
-/// `SKEWSIM_SLURM=required` (as `.ci/run` sets once it has started one).
+/// Submit `dir/sw/sweep.sbatch`; its job id.
+fn sbatch(dir: &Path) -> String {
+    let o = Command::new("sbatch")
+        .args(["--parsable", "sw/sweep.sbatch"])
+        .current_dir(dir)
+        .output()
+        .expect("sbatch runs");
+    assert!(
+        o.status.success(),
+        "sbatch: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).trim().to_string()
+}
+
+/// Wait until Slurm no longer lists job `job` (at most 600 s, then cancel it and fail).
+fn wait_for(job: &str, t0: Instant) {
+    loop {
+        let q = Command::new("squeue")
+            .args(["-h", "-j", job, "-o", "%i %T"])
+            .output()
+            .expect("squeue runs");
+        let q = String::from_utf8_lossy(&q.stdout).into_owned();
+        if q.trim().is_empty() {
+            return;
+        }
+        if t0.elapsed() > Duration::from_secs(600) {
+            let _ = Command::new("scancel").arg(job).status();
+            panic!("job array {job} not finished after 600 s: {q}");
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// Merge the sweep folder `dir/sw` of `tasks` array tasks and compare `files` with `run`'s
+/// in `dir/run`.
+fn merge_matches_run(dir: &Path, tasks: usize, files: &[&str]) {
+    let (ok, _, err) = sk(&["merge", "sw"], dir);
+    let logs: Vec<String> = (0..tasks)
+        .map(|t| std::fs::read_to_string(dir.join(format!("sw/logs/{t}.out"))).unwrap_or_default())
+        .collect();
+    assert!(ok, "merge: {err}\ntask logs: {logs:#?}");
+    for f in files {
+        assert!(
+            read(&dir.join("sw").join(f)) == read(&dir.join("run").join(f)),
+            "{f}: the job array's merge differs from run's"
+        );
+    }
+}
+
+/// The small comparison and the small `pools` study as real Slurm job arrays
+/// (`.ci/slurm-up` brings up a single-node Slurm): submitted with sbatch, waited for,
+/// merged, and compared byte for byte with `run`'s files. Without a Slurm it says so on
+/// the terminal and skips, or fails when `SKEWSIM_SLURM=required` (as `.ci/run` sets once
+/// it has started one).
 #[test]
 fn a_slurm_job_array_merges_into_runs_files() {
     if let Some(why) = slurm_unavailable() {
@@ -247,48 +409,43 @@ fn a_slurm_job_array_merges_into_runs_files() {
         stdout.contains("4 points of small.toml (four-way) in 4 array tasks"),
         "{stdout}"
     );
-    let o = Command::new("sbatch")
-        .args(["--parsable", "sw/sweep.sbatch"])
-        .current_dir(&dir)
-        .output()
-        .expect("sbatch runs");
-    let job = String::from_utf8_lossy(&o.stdout).trim().to_string();
+    let pools = scratch("sweep-slurm-pools");
+    std::fs::write(pools.join("pools.toml"), POOLS).unwrap();
+    let (ok, _, err) = sk(&["run", "pools.toml", "--out", "run"], &pools);
+    assert!(ok, "{err}");
+    let (ok, stdout, err) = sk(
+        &["sweep", "pools.toml", "--slurm", "sw", "--chunk", "2"],
+        &pools,
+    );
+    assert!(ok, "{err}");
     assert!(
-        o.status.success(),
-        "sbatch: {}",
-        String::from_utf8_lossy(&o.stderr)
+        stdout.contains("4 points of pools.toml (pools) in 2 array tasks"),
+        "{stdout}"
     );
     let t0 = Instant::now();
-    loop {
-        let q = Command::new("squeue")
-            .args(["-h", "-j", &job, "-o", "%i %T"])
-            .output()
-            .expect("squeue runs");
-        let q = String::from_utf8_lossy(&q.stdout).into_owned();
-        if q.trim().is_empty() {
-            break;
-        }
-        if t0.elapsed() > Duration::from_secs(600) {
-            let _ = Command::new("scancel").arg(&job).status();
-            panic!("job array {job} not finished after 600 s: {q}");
-        }
-        std::thread::sleep(Duration::from_millis(500));
+    let jobs = [sbatch(&dir), sbatch(&pools)];
+    for job in &jobs {
+        wait_for(job, t0);
     }
-    let (ok, _, err) = sk(&["merge", "sw"], &dir);
-    let logs: Vec<String> = (0..4)
-        .map(|t| std::fs::read_to_string(dir.join(format!("sw/logs/{t}.out"))).unwrap_or_default())
-        .collect();
-    assert!(ok, "merge: {err}\ntask logs: {logs:#?}");
-    for f in FILES {
-        assert!(
-            read(&dir.join("sw").join(f)) == read(&dir.join("run").join(f)),
-            "{f}: the job array's merge differs from run's"
-        );
-    }
+    merge_matches_run(&dir, 4, &FILES);
+    merge_matches_run(
+        &pools,
+        2,
+        &[
+            "summary.md",
+            "results.csv",
+            "libra-256k-gbs16.svg",
+            "wlbllm-gbs32.svg",
+        ],
+    );
     let _ = writeln!(
         std::io::stderr(),
-        "sweep: Slurm job array {job} (4 tasks) merged into run's files byte for byte in {:.1} s",
+        "sweep: Slurm job arrays {} (four-way, 4 tasks) and {} (pools, 2 tasks) merged into \
+         run's files byte for byte in {:.1} s",
+        jobs[0],
+        jobs[1],
         t0.elapsed().as_secs_f64()
     );
     std::fs::remove_dir_all(&dir).ok();
+    std::fs::remove_dir_all(&pools).ok();
 }
