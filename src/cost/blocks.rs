@@ -822,7 +822,7 @@ fn queries_end(mask: Mask, j: u64) -> u64 {
 /// each looping over the query blocks of `block_n` rows aligned to a that hold a position
 /// ≥ j0: qb0 = (j0 − a)/block_n when j0 > a (else 0) up to qb1 = ⌈(e − a)/block_n⌉, or
 /// under a sliding window to the block holding the last query that sees the tile
-/// ([`queries_end`] of the unclamped tile end, as FlashAttention-2 bounds it). A block's
+/// (`queries_end` of the unclamped tile end, as FlashAttention-2 bounds it). A block's
 /// rows are its keys (j1 − j0), its masked steps the query blocks starting before j1 (the
 /// causal mask cuts them) and those holding rows whose window's lower edge falls inside
 /// the tile; a tile no query sees is an empty block. Most query rows seeing the tile
