@@ -97,6 +97,20 @@ def test_errors_name_the_field_and_the_allowed_values():
     assert (e.value.field, e.value.value, e.value.allowed) == ("gpus", "1", "an integer in [2, 1000000]")
 
 
+
+def test_a_comparison_refusal_names_the_arm_and_the_value():
+    spec = {"kind": "four-way", "model": "llama3-8b", "arms": ["ulysses", "libra:p=0"],
+            "network": {"topology": "dgx-h200-roce"}, "parallel": {"cp": 2, "ga": 1},
+            "workload": {"corpus": "wlbllm", "seq_len": 8192}}
+    with pytest.raises(skewsim.SkewsimError) as e:
+        skewsim.run(spec)
+    assert (e.value.field, e.value.value, e.value.allowed) == ('arms "libra:p=0" p', "0", "a count ≥ 1")
+    spec["arms"] = ["ulysses", "wlbllm:cp=3"]
+    with pytest.raises(skewsim.SkewsimError) as e:
+        skewsim.run(spec)
+    assert (e.value.field, e.value.value) == ('arms "wlbllm:cp=3" cp', "3")
+    assert "divisor" in e.value.allowed
+
 def test_ctrl_c_stops_a_sweep_between_points(monkeypatch):
     monkeypatch.chdir(ROOT)
     # (That the library stops between points is tested in Rust, `experiment::tests`.)

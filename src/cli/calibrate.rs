@@ -15,7 +15,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
-use skewsim::cost::gemm;
+use skewsim::cost::{gemm, Calibration};
 
 use skewsim::cost::fit::{
     self, FitOptions, MeasureKind, Measurement, Pass, Pricing, SegCount, Summary,
@@ -441,6 +441,20 @@ pub fn run(args: Args, out: Output) -> Result<()> {
         bail!("calibrate needs at least one --measurements CSV or --trace file (or --collectives)");
     }
     let start = super::calfile::pricing(args.calibration.as_deref(), args.kernel.as_deref())?;
+    let (mut rows, trace) = read_rows(&args)?;
+    if args.window {
+        return run_window(&args, &rows, out);
+    }
+    if args.score_only {
+        rows.extend(trace);
+        return run_score(&args, rows, &start, out);
+    }
+    run_fit(&args, rows, trace, &start, out)
+}
+
+/// The rows of every `--measurements` CSV and those of every `--trace`, less
+/// `--exclude-plans`.
+fn read_rows(args: &Args) -> Result<(Vec<Measurement>, Vec<Measurement>)> {
     let mut rows = Vec::new();
     for f in &args.measurements {
         let name = f.display().to_string();
@@ -462,29 +476,89 @@ pub fn run(args: Args, out: Output) -> Result<()> {
         rows.retain(|r| !ex.iter().any(|n| r.plan.contains(n.as_str())));
         trace.retain(|r| !ex.iter().any(|n| r.plan.contains(n.as_str())));
     }
-    if args.window {
-        return run_window(&args, &rows, out);
+    Ok((rows, trace))
+}
+
+/// `--score-only`: `rows` priced by `start`, nothing fitted.
+fn run_score(args: &Args, rows: Vec<Measurement>, start: &Pricing, out: Output) -> Result<()> {
+    let report = ScoreReport {
+        pricing: match (&args.calibration, &args.kernel) {
+            (Some(p), _) => p.display().to_string(),
+            (None, Some(k)) => format!("the built-in {k} profile"),
+            (None, None) => "the built-in default".into(),
+        },
+        rows: rows.len(),
+        summary: fit::summarize(&rows, start),
+    };
+    out.emit(&report, || {
+        format!(
+            "{} rows priced by {}, no fitting:\n{}",
+            report.rows,
+            report.pricing,
+            report.summary.table()
+        )
+    })
+}
+
+/// What to fit: the block models' geometry (each degree at least 1), lengths and the
+/// prior's weight.
+fn fit_options(args: &Args) -> Result<FitOptions> {
+    for (flag, v) in [
+        ("--sms", args.sms),
+        ("--blocks-per-sm", args.blocks_per_sm),
+        ("--block-m", args.block_m),
+        ("--block-n", args.block_n),
+        ("--bwd-blocks-per-sm", args.bwd_blocks_per_sm),
+        ("--bwd-block-m", args.bwd_block_m),
+        ("--bwd-block-n", args.bwd_block_n),
+    ] {
+        if v == 0 {
+            bail!("{flag} 0: the block model needs at least 1");
+        }
     }
-    if args.score_only {
-        rows.extend(trace);
-        let report = ScoreReport {
-            pricing: match (&args.calibration, &args.kernel) {
-                (Some(p), _) => p.display().to_string(),
-                (None, Some(k)) => format!("the built-in {k} profile"),
-                (None, None) => "the built-in default".into(),
-            },
-            rows: rows.len(),
-            summary: fit::summarize(&rows, &start),
-        };
-        return out.emit(&report, || {
-            format!(
-                "{} rows priced by {}, no fitting:\n{}",
-                report.rows,
-                report.pricing,
-                report.summary.table()
-            )
-        });
-    }
+    Ok(FitOptions {
+        lens: args.lens.clone().unwrap_or_default(),
+        prior_weight: args.prior_weight,
+        blocks: (args.kernel_model == KernelModel::Blocks).then_some(BlockModel {
+            sms: args.sms,
+            blocks_per_sm: args.blocks_per_sm,
+            block_m: args.block_m,
+            block_n: args.block_n,
+            head_dim: FWD_HEAD_DIM,
+            order: order(args.block_layout),
+            ..BlockModel::h200(0.0, 1.0, 0.0, 0.0, 1.0)
+        }),
+        bwd_blocks: (args.kernel_model == KernelModel::Blocks).then(|| {
+            let t = BlockTimes {
+                block_ns: 0.0,
+                iter_ns: 1.0,
+                row_share: 0.0,
+                diag_ns: 0.0,
+                empty_ns: 0.0,
+            };
+            BwdBlockModel {
+                sms: args.sms,
+                blocks_per_sm: args.bwd_blocks_per_sm,
+                block_m: args.bwd_block_m,
+                block_n: args.bwd_block_n,
+                order: order(args.block_layout),
+                dq_launch: args.block_layout == BlockLayout::Skewsim,
+                ..BwdBlockModel::h200(0.0, t, t, 1.0)
+            }
+        }),
+        ..FitOptions::default()
+    })
+}
+
+/// Fit a calibration to the rows not held out (and `trace`), write it to `--out` and score
+/// it on the held-out rows against `start`.
+fn run_fit(
+    args: &Args,
+    rows: Vec<Measurement>,
+    trace: Vec<Measurement>,
+    start: &Pricing,
+    out: Output,
+) -> Result<()> {
     let seeds = distinct(&rows, |r| r.seed);
     let by_name = args.holdout_schemes.is_some() || args.holdout_plans.is_some();
     let holdout_seeds: Vec<u64> = match &args.holdout_seeds {
@@ -517,52 +591,7 @@ pub fn run(args: Args, out: Output) -> Result<()> {
             "no forward attention rows left to fit after holding out seeds {holdout_seeds:?}, schemes {schemes:?}, plan names containing {names:?}"
         );
     }
-    for (flag, v) in [
-        ("--sms", args.sms),
-        ("--blocks-per-sm", args.blocks_per_sm),
-        ("--block-m", args.block_m),
-        ("--block-n", args.block_n),
-        ("--bwd-blocks-per-sm", args.bwd_blocks_per_sm),
-        ("--bwd-block-m", args.bwd_block_m),
-        ("--bwd-block-n", args.bwd_block_n),
-    ] {
-        if v == 0 {
-            bail!("{flag} 0: the block model needs at least 1");
-        }
-    }
-    let opts = FitOptions {
-        lens: args.lens.clone().unwrap_or_default(),
-        prior_weight: args.prior_weight,
-        blocks: (args.kernel_model == KernelModel::Blocks).then_some(BlockModel {
-            sms: args.sms,
-            blocks_per_sm: args.blocks_per_sm,
-            block_m: args.block_m,
-            block_n: args.block_n,
-            head_dim: FWD_HEAD_DIM,
-            order: order(args.block_layout),
-            ..BlockModel::h200(0.0, 1.0, 0.0, 0.0, 1.0)
-        }),
-        bwd_blocks: (args.kernel_model == KernelModel::Blocks).then(|| {
-            let t = BlockTimes {
-                block_ns: 0.0,
-                iter_ns: 1.0,
-                row_share: 0.0,
-                diag_ns: 0.0,
-                empty_ns: 0.0,
-            };
-            BwdBlockModel {
-                sms: args.sms,
-                blocks_per_sm: args.bwd_blocks_per_sm,
-                block_m: args.bwd_block_m,
-                block_n: args.bwd_block_n,
-                order: order(args.block_layout),
-                dq_launch: args.block_layout == BlockLayout::Skewsim,
-                ..BwdBlockModel::h200(0.0, t, t, 1.0)
-            }
-        }),
-        ..FitOptions::default()
-    };
-    let f = fit::fit(&train, &start, &opts)?;
+    let f = fit::fit(&train, start, &fit_options(args)?)?;
     let fitted = Pricing::from_calibration(&f.calibration, "fit")?;
     let json = serde_json::to_string_pretty(&f.calibration)?;
     std::fs::write(&args.out, json + "\n")
@@ -577,7 +606,7 @@ pub fn run(args: Args, out: Output) -> Result<()> {
                 .collect();
             SchemeErr {
                 plans: distinct(&part, |r| r.plan.clone()),
-                before: fit::summarize(&part, &start),
+                before: fit::summarize(&part, start),
                 after: fit::summarize(&part, &fitted),
                 scheme,
             }
@@ -597,103 +626,106 @@ pub fn run(args: Args, out: Output) -> Result<()> {
         fit_plans,
         holdout_seeds: distinct(&test, |r| r.seed),
         holdout_plans: distinct(&test, |r| r.plan.clone()),
-        holdout_before: fit::summarize(&test, &start),
+        holdout_before: fit::summarize(&test, start),
         holdout_after: fit::summarize(&test, &fitted),
         holdout_by_scheme,
         out: args.out.display().to_string(),
     };
-    out.emit(&report, || {
-        let l = &f.calibration.launch;
-        let mut s = format!(
-            "fitted on {} plans, seeds {:?}: {} forward launches (rms relative residual {:.2} %; table alone {:.2} %), {} backward calls{}, {} copies\n\
-             forward: {}, call {:.2} µs\n\
-             backward: {}, call {:.2} µs; backward efficiency (scalar) {:.3}; copy {:.2} µs + {:.3} TB/s, jitter σ {}\n\
-             wrote {}\n\nheld out: {} plans {:?}\nbefore calibration (starting table):\n{}\n\
-             after calibration:\n{}",
-            report.fit_plans.len(),
-            report.fit_seeds,
-            report.fit_rows,
-            100.0 * report.fit_rms_rel,
-            100.0 * report.fit_table_rms_rel,
-            report.fit_bwd_rows,
-            report
-                .fit_bwd_rms_rel
-                .map(|r| format!(
-                    " (rms {:.2} %{})",
-                    100.0 * r,
-                    match (report.bwd_blocks, report.fit_bwd_table_rms_rel) {
-                        (Some(_), Some(t)) => format!("; table alone {:.2} %", 100.0 * t),
-                        _ => String::new(),
-                    }
-                ))
-                .unwrap_or_default(),
-            report.fit_copy_rows,
-            report
-                .blocks
-                .map(|b| format!(
-                    "blocks ({} SMs × {}, {}×{} tiles, head_dim {}): block {:.1} ns + steps of {:.2} ns ({:.0} % by rows) + {:.2} ns on the diagonal, two on an SM {:.3}× slower each",
+    out.emit(&report, || fit_text(&report, &f.calibration))
+}
+
+/// The fit's report as text.
+fn fit_text(report: &Report, cal: &Calibration) -> String {
+    let l = &cal.launch;
+    let mut s = format!(
+        "fitted on {} plans, seeds {:?}: {} forward launches (rms relative residual {:.2} %; table alone {:.2} %), {} backward calls{}, {} copies\n\
+         forward: {}, call {:.2} µs\n\
+         backward: {}, call {:.2} µs; backward efficiency (scalar) {:.3}; copy {:.2} µs + {:.3} TB/s, jitter σ {}\n\
+         wrote {}\n\nheld out: {} plans {:?}\nbefore calibration (starting table):\n{}\n\
+         after calibration:\n{}",
+        report.fit_plans.len(),
+        report.fit_seeds,
+        report.fit_rows,
+        100.0 * report.fit_rms_rel,
+        100.0 * report.fit_table_rms_rel,
+        report.fit_bwd_rows,
+        report
+            .fit_bwd_rms_rel
+            .map(|r| format!(
+                " (rms {:.2} %{})",
+                100.0 * r,
+                match (report.bwd_blocks, report.fit_bwd_table_rms_rel) {
+                    (Some(_), Some(t)) => format!("; table alone {:.2} %", 100.0 * t),
+                    _ => String::new(),
+                }
+            ))
+            .unwrap_or_default(),
+        report.fit_copy_rows,
+        report
+            .blocks
+            .map(|b| format!(
+                "blocks ({} SMs × {}, {}×{} tiles, head_dim {}): block {:.1} ns + steps of {:.2} ns ({:.0} % by rows) + {:.2} ns on the diagonal, two on an SM {:.3}× slower each",
+                b.sms,
+                b.blocks_per_sm,
+                b.block_m,
+                b.block_n,
+                b.head_dim,
+                b.block_ns,
+                b.iter_ns,
+                100.0 * b.row_share,
+                b.diag_ns,
+                b.pair_slowdown
+            ))
+            .unwrap_or_else(|| "the table per segment".into()),
+        l.attn_launch_us,
+        report
+            .bwd_blocks
+            .map(|b| {
+                let t = |t: &BlockTimes| format!(
+                    "block {:.1} ns + steps of {:.2} ns ({:.0} % by rows) + {:.2} ns on the diagonal",
+                    t.block_ns,
+                    t.iter_ns,
+                    100.0 * t.row_share,
+                    t.diag_ns
+                );
+                format!(
+                    "blocks ({} SMs × {}, {}×{} tiles, head_dim {}): {:.4} ns per query row·head, dQ {}, dK/dV {}, two on an SM {:.3}× slower each",
                     b.sms,
                     b.blocks_per_sm,
                     b.block_m,
                     b.block_n,
                     b.head_dim,
-                    b.block_ns,
-                    b.iter_ns,
-                    100.0 * b.row_share,
-                    b.diag_ns,
+                    b.row_head_ns,
+                    t(&b.dq),
+                    t(&b.dkdv),
                     b.pair_slowdown
-                ))
-                .unwrap_or_else(|| "the table per segment".into()),
-            l.attn_launch_us,
-            report
-                .bwd_blocks
-                .map(|b| {
-                    let t = |t: &BlockTimes| format!(
-                        "block {:.1} ns + steps of {:.2} ns ({:.0} % by rows) + {:.2} ns on the diagonal",
-                        t.block_ns,
-                        t.iter_ns,
-                        100.0 * t.row_share,
-                        t.diag_ns
-                    );
-                    format!(
-                        "blocks ({} SMs × {}, {}×{} tiles, head_dim {}): {:.4} ns per query row·head, dQ {}, dK/dV {}, two on an SM {:.3}× slower each",
-                        b.sms,
-                        b.blocks_per_sm,
-                        b.block_m,
-                        b.block_n,
-                        b.head_dim,
-                        b.row_head_ns,
-                        t(&b.dq),
-                        t(&b.dkdv),
-                        b.pair_slowdown
-                    )
-                })
-                .unwrap_or_else(|| "the backward table per segment".into()),
-            l.attn_bwd_launch_us,
-            f.calibration.hardware.attn_bwd_efficiency,
-            l.copy_launch_us,
-            l.copy_bytes_per_s / 1e12,
-            l.jitter_sigma
-                .map(|s| format!("{s:.4}"))
-                .unwrap_or_else(|| "-".into()),
-            report.out,
-            report.holdout_plans.len(),
-            report.holdout_plans,
-            report.holdout_before.table(),
-            report.holdout_after.table(),
-        );
-        if report.holdout_by_scheme.len() > 1 {
-            for e in &report.holdout_by_scheme {
-                s.push_str(&format!(
-                    "\nheld-out {} plans {:?}, after calibration:\n{}",
-                    e.scheme,
-                    e.plans,
-                    e.after.table()
-                ));
-            }
+                )
+            })
+            .unwrap_or_else(|| "the backward table per segment".into()),
+        l.attn_bwd_launch_us,
+        cal.hardware.attn_bwd_efficiency,
+        l.copy_launch_us,
+        l.copy_bytes_per_s / 1e12,
+        l.jitter_sigma
+            .map(|s| format!("{s:.4}"))
+            .unwrap_or_else(|| "-".into()),
+        report.out,
+        report.holdout_plans.len(),
+        report.holdout_plans,
+        report.holdout_before.table(),
+        report.holdout_after.table(),
+    );
+    if report.holdout_by_scheme.len() > 1 {
+        for e in &report.holdout_by_scheme {
+            s.push_str(&format!(
+                "\nheld-out {} plans {:?}, after calibration:\n{}",
+                e.scheme,
+                e.plans,
+                e.after.table()
+            ));
         }
-        s
-    })
+    }
+    s
 }
 
 #[cfg(test)]

@@ -45,11 +45,11 @@ pub struct Args {
     /// Also list every link (its name, as fault injection spells it, and bandwidth).
     #[arg(long)]
     pub links: bool,
-    /// Removed: the cluster-model benchmarks are `skewsim bench` arms now (an error that
-    /// says which).
+    /// Refused: the cluster-model benchmarks are `skewsim bench` arms (the error names
+    /// them).
     #[arg(long, hide = true)]
     pub bench: bool,
-    /// Removed with `--bench`.
+    /// Refused with `--bench`.
     #[arg(long, hide = true)]
     pub bench_rounds: Option<usize>,
 }

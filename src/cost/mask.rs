@@ -17,7 +17,7 @@
 //!   document (a local + global block pattern) — q mod B + 1 + B·(earlier blocks) keys.
 //!
 //! Counts are closed forms of prefix sums (O(1) per range), so the causal count is
-//! Σ ℓ(ℓ+1)/2 exactly as before masks existed.
+//! Σ ℓ(ℓ+1)/2 exactly.
 
 use std::fmt;
 

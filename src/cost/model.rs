@@ -412,7 +412,7 @@ mod tests {
         // the plan is made for the widest class
         assert_eq!(m.attn_shape().mask, Mask::Causal);
         assert!(m.check_masks(131072).is_ok());
-        // a causal model reads and writes as before (no `attention` field)
+        // a causal model writes no `attention` field
         let plain = ModelConfig::from_toml_str(base, "m.toml").unwrap();
         assert!(!toml::to_string(&plain).unwrap().contains("attention"));
         assert!(toml::to_string(&m)

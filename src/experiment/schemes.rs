@@ -58,7 +58,7 @@ use crate::balance::schemes::{Scheme, SchemePlanner, SchemeSettings};
 use crate::balance::wlbllm::lower::ShardingMode;
 use crate::cluster::TopologySpec;
 use crate::cost::{CostModel, ModelConfig};
-use crate::error::{bail, spec_error, Context, Result};
+use crate::error::{invalid, Context, Result};
 use crate::net::collective::CollectiveModel;
 use crate::report::svg::{Chart, Scale, Series};
 use crate::schedule::compare::simulate_scheme_step_with;
@@ -231,7 +231,8 @@ fn tweak_count(file: &str, arm: &str, name: &str, v: &str) -> Result<u32> {
     v.parse()
         .ok()
         .filter(|&n: &u32| n >= 1)
-        .ok_or_else(|| spec_error!("{file}: arms: {arm:?}: {name} = {v:?} is not a count ≥ 1"))
+        .ok_or_else(|| invalid(format!("arms {arm:?} {name}"), v, "a count ≥ 1"))
+        .context(file)
 }
 
 pub(crate) fn parse_arm(s: &str, base: &SchemeSettings, file: &str) -> Result<Arm> {
@@ -250,17 +251,23 @@ pub(crate) fn parse_arm(s: &str, base: &SchemeSettings, file: &str) -> Result<Ar
             (Scheme::DistCa, "tight") => set.distca_scheduler = DistcaScheduler::Tight,
             (Scheme::DistCa | Scheme::Libra | Scheme::WlbLlm, "signal") => signal = true,
             (Scheme::DistCa, e) if e.starts_with("eps=") => {
-                set.epsilon = e[4..].parse().map_err(|_| {
-                    spec_error!("{file}: arms: {s:?}: eps = {:?} is not a number", &e[4..])
-                })?;
+                set.epsilon = e[4..]
+                    .parse()
+                    .map_err(|_| invalid(format!("arms {s:?} eps"), &e[4..], "a number"))
+                    .context(file)?;
             }
             (Scheme::WlbLlm, m @ ("per-document" | "per-sequence" | "adaptive")) => {
                 set.sharding = m.parse()?
             }
             (Scheme::WlbLlm, c) if c.starts_with("cp=") => {
-                cp = CpChoice::Fixed(c[3..].parse().ok().filter(|&n: &u32| n >= 1).ok_or_else(
-                    || spec_error!("{file}: arms: {s:?}: cp = {:?} is not a degree ≥ 1", &c[3..]),
-                )?);
+                cp = CpChoice::Fixed(
+                    c[3..]
+                        .parse()
+                        .ok()
+                        .filter(|&n: &u32| n >= 1)
+                        .ok_or_else(|| invalid(format!("arms {s:?} cp"), &c[3..], "a degree ≥ 1"))
+                        .context(file)?,
+                );
             }
             (Scheme::WlbLlm, "best-cp") => cp = CpChoice::Best,
             (Scheme::WlbLlm, x) if x.starts_with("s-max=") => {
@@ -276,29 +283,41 @@ pub(crate) fn parse_arm(s: &str, base: &SchemeSettings, file: &str) -> Result<Ar
                 set.libra.tile_tokens = tweak_count(file, s, "b", &x[2..])?;
             }
             (Scheme::Libra, m) if m.starts_with("m=") => {
-                set.libra.chunks = m[2..].parse().map_err(|_| {
-                    spec_error!("{file}: arms: {s:?}: m = {:?} is not a count", &m[2..])
-                })?;
+                set.libra.chunks = m[2..]
+                    .parse()
+                    .map_err(|_| invalid(format!("arms {s:?} m"), &m[2..], "a count"))
+                    .context(file)?;
             }
             (Scheme::MegatronDcp, x) if x.starts_with("s=") => {
-                set.max_seqlen_per_rank = Some(x[2..].parse().map_err(|_| {
-                    spec_error!("{file}: arms: {s:?}: s = {:?} is not a count", &x[2..])
-                })?);
+                set.max_seqlen_per_rank = Some(
+                    x[2..]
+                        .parse()
+                        .map_err(|_| invalid(format!("arms {s:?} s"), &x[2..], "a count"))
+                        .context(file)?,
+                );
             }
             (Scheme::MegatronDcp, x) if x.starts_with("load=") => {
                 set.dcp_load = x[5..].parse()?;
             }
             (Scheme::MegatronDcp, x) if x.starts_with("min-cp=") => {
-                set.min_dynamic_cp = x[7..].parse().map_err(|_| {
-                    spec_error!("{file}: arms: {s:?}: min-cp = {:?} is not a count", &x[7..])
-                })?;
+                set.min_dynamic_cp = x[7..]
+                    .parse()
+                    .map_err(|_| invalid(format!("arms {s:?} min-cp"), &x[7..], "a count"))
+                    .context(file)?;
             }
-            _ => bail!(
-                "{file}: arms: {s:?}: unknown tweak {t:?} for {name} (any scheme: table; distca: tight, \
-                 no-ping-pong, signal, eps=X; wlbllm: adaptive, per-document, per-sequence, cp=N, best-cp, \
-                 signal, s-max=TOKENS; libra: m=N, p=N, h=N, b=TOKENS, signal; \
-                 megatron-dcp: s=TOKENS, min-cp=N, load=pairs|latency)"
-            ),
+            _ => {
+                return Err(invalid(
+                    format!("arms {s:?} tweak"),
+                    format!("{t:?}"),
+                    format!(
+                        "a tweak {name} takes (any scheme: table; distca: tight, no-ping-pong, \
+                         signal, eps=X; wlbllm: adaptive, per-document, per-sequence, cp=N, \
+                         best-cp, signal, s-max=TOKENS; libra: m=N, p=N, h=N, b=TOKENS, signal; \
+                         megatron-dcp: s=TOKENS, min-cp=N, load=pairs|latency)"
+                    ),
+                ))
+                .context(file)
+            }
         }
     }
     Ok(Arm {
@@ -385,10 +404,12 @@ pub(crate) fn load_model(
     };
     if let Some(l) = layers {
         if l == 0 || l > m.layers {
-            bail!(
-                "{file}: layers = {l} must be in 1..={} (the model's layers)",
-                m.layers
-            );
+            return Err(invalid(
+                "layers",
+                l,
+                format!("1..={} (the model's layers)", m.layers),
+            ))
+            .context(file);
         }
         m.layers = l;
     }
@@ -532,16 +553,23 @@ impl Sweep {
         };
         let kernel = calibration.1.unwrap_or(Kernel::DEFAULT);
         if !KINDS.contains(&f.kind.as_str()) {
-            bail!("{file}: kind = {:?}: one of {}", f.kind, KINDS.join(", "));
+            return Err(invalid(
+                "kind",
+                format!("{:?}", f.kind),
+                format!("one of {}", KINDS.join(", ")),
+            ))
+            .context(file);
         }
         if f.steps == 0 || f.steps > 1000 {
-            bail!("{file}: steps = {} must be in 1..=1000", f.steps);
+            return Err(invalid("steps", f.steps, "1..=1000")).context(file);
         }
         if f.arms.is_empty() {
-            bail!(
-                "{file}: arms must name at least one scheme (ulysses, wlbllm, distca, libra, \
-             megatron-dcp)"
-            );
+            return Err(invalid(
+                "arms",
+                "[]",
+                "at least one scheme (ulysses, wlbllm, distca, libra, megatron-dcp)",
+            ))
+            .context(file);
         }
         let s = &f.settings;
         let d = SchemeSettings::default();
@@ -573,10 +601,12 @@ impl Sweep {
             dcp_load: d.dcp_load,
         };
         if !(set.epsilon.is_finite() && set.epsilon >= 0.0) {
-            bail!(
-                "{file}: [settings] epsilon = {} must be a finite tolerance ≥ 0 (DistCA: 0.10)",
-                set.epsilon
-            );
+            return Err(invalid(
+                "[settings] epsilon",
+                set.epsilon,
+                "a finite tolerance ≥ 0 (DistCA: 0.10)",
+            ))
+            .context(file);
         }
         set.libra.cp = f.parallel.cp;
         let arms: Vec<Arm> = f
@@ -610,9 +640,16 @@ impl Sweep {
                 })
                 .collect()
         } else if !f.sweep.dp.is_empty() || f.parallel.dp.is_some() {
-            bail!(
-            "{file}: [[sweep.layout]] gives each point its DP: drop [sweep] dp and [parallel] dp"
-        );
+            let (field, value) = match f.parallel.dp {
+                Some(dp) => ("[parallel] dp", dp.to_string()),
+                None => ("[sweep] dp", format!("{:?}", f.sweep.dp)),
+            };
+            return Err(invalid(
+                field,
+                value,
+                "none: [[sweep.layout]] gives each point its DP",
+            ))
+            .context(file);
         } else {
             f.sweep.layout.clone()
         };
@@ -635,7 +672,12 @@ impl Sweep {
             };
             if let Some(m) = &y.model {
                 if !named(&f.sweep.model, &f.model, m) {
-                    bail!("{file}: {table} model = {m:?} is not one of the file's models");
+                    return Err(invalid(
+                        format!("{table} model"),
+                        format!("{m:?}"),
+                        "one of the file's models",
+                    ))
+                    .context(file);
                 }
             }
         }
@@ -649,7 +691,12 @@ impl Sweep {
             .clone()
             .unwrap_or_else(|| "analytical".into());
         if !matches!(net_model.as_str(), "analytical" | "flow") {
-            bail!("{file}: [network] model = {net_model:?}: one of analytical, flow");
+            return Err(invalid(
+                "[network] model",
+                format!("{net_model:?}"),
+                "one of analytical, flow",
+            ))
+            .context(file);
         }
         // points: (model, topology, corpus, seq_len, dp) × arms
         let mut points = Vec::new();
@@ -691,9 +738,16 @@ impl Sweep {
                     } else if let Some(l) = f.workload.seq_len {
                         vec![l]
                     } else {
-                        vec![corpus.default_seq_len().with_context(|| {
-                            format!("{file}: [workload] seq_len is needed for corpus {c}")
-                        })?]
+                        vec![corpus
+                            .default_seq_len()
+                            .ok_or_else(|| {
+                                invalid(
+                                    "[workload] seq_len",
+                                    "none",
+                                    format!("a length: corpus {c} has no default"),
+                                )
+                            })
+                            .context(file)?]
                     };
                     for &l in &lens {
                         let at = layouts.iter().filter(|y| {
@@ -716,7 +770,12 @@ impl Sweep {
                             });
                         }
                         if points.len() == before {
-                            bail!("{file}: no [[sweep.layout]] for model {m} at L = {l}");
+                            return Err(invalid(
+                                "[[sweep.layout]]",
+                                format!("none for model {m} at L = {l}"),
+                                "a layout for every model and seq_len of the file",
+                            ))
+                            .context(file);
                         }
                     }
                 }
@@ -729,11 +788,12 @@ impl Sweep {
                     && y.seq_len.is_none_or(|l| l == p.seq_len)
             })
         }) {
-            bail!(
-            "{file}: [[sweep.layout]] #{} matches no point: its model and seq_len must be among \
-             the file's models and L",
-            i + 1
-        );
+            return Err(invalid(
+                format!("[[sweep.layout]] #{}", i + 1),
+                "a layout that matches no point",
+                "a model and seq_len among the file's models and L",
+            ))
+            .context(file);
         }
         Ok(Sweep {
             f,
@@ -840,7 +900,14 @@ impl Sweep {
             (r.ran_cp, r.dp, r.cp, r.ga) = (r.cp, p.dp, p.cp, p.ga);
             r
         })
-        .with_context(|| ctx)
+        .ok_or_else(|| {
+            invalid(
+                format!("arms {:?} cp", arm.label),
+                "none",
+                "a CP the point's layout allows",
+            )
+        })
+        .context(ctx)
         .map(PointResult)
     }
 
@@ -848,12 +915,12 @@ impl Sweep {
     /// to be this sweep's points in order.
     pub fn finish(&self, results: &[PointResult]) -> Result<CompareOutput> {
         if results.len() != self.len() {
-            bail!(
-                "{}: {} point results for a sweep of {} points",
-                self.file,
+            return Err(invalid(
+                "point results",
                 results.len(),
-                self.len()
-            );
+                format!("{} (the sweep's points)", self.len()),
+            ))
+            .context(&self.file);
         }
         for (i, PointResult(r)) in results.iter().enumerate() {
             let (p, arm) = self.job(i);
@@ -870,21 +937,15 @@ impl Sweep {
             ) != (
                 &p.model, topo, &p.corpus, p.seq_len, p.dp, p.cp, p.ga, &arm.label,
             ) {
-                bail!(
-                    "{}: point {i}'s result is for model {} topology {} corpus {} L {} DP {} CP {} \
-                     GA {} arm {}, not the sweep's point {i} ({} GA {})",
-                    self.file,
-                    r.model,
-                    r.topology,
-                    r.corpus,
-                    r.seq_len,
-                    r.dp,
-                    r.cp,
-                    r.ga,
-                    r.arm,
-                    self.describe(i),
-                    p.ga
-                );
+                return Err(invalid(
+                    format!("point {i}'s result"),
+                    format!(
+                        "model {} topology {} corpus {} L {} DP {} CP {} GA {} arm {}",
+                        r.model, r.topology, r.corpus, r.seq_len, r.dp, r.cp, r.ga, r.arm
+                    ),
+                    format!("the sweep's point {i} ({} GA {})", self.describe(i), p.ga),
+                ))
+                .context(&self.file);
             }
         }
         let results: Vec<ArmResult> = results.iter().map(|r| r.0.clone()).collect();
@@ -962,14 +1023,22 @@ fn arm_cps(a: &Arm, dp: u32, cp: u32, ga: u32) -> Vec<u32> {
 fn arm_layout(label: &str, c: u32, dp: u32, cp: u32, ga: u32) -> Result<(u32, u32, u32)> {
     let ranks = dp * cp;
     if ranks % c != 0 {
-        bail!("{label:?}: cp = {c} must divide the point's DP × CP = {dp} × {cp} = {ranks} ranks");
+        return Err(invalid(
+            format!("arms {label:?} cp"),
+            c,
+            format!("a divisor of the point's DP × CP = {dp} × {cp} = {ranks} ranks"),
+        ));
     }
     let (dp2, batch) = (ranks / c, dp * ga);
     if batch % dp2 != 0 {
-        bail!(
-            "{label:?}: cp = {c} gives DP {dp2}, which must divide the global batch of DP × GA = \
-             {dp} × {ga} = {batch} sequences"
-        );
+        return Err(invalid(
+            format!("arms {label:?} cp"),
+            c,
+            format!(
+                "a CP whose DP ({dp2} here) divides the global batch of DP × GA = {dp} × {ga} = \
+                 {batch} sequences"
+            ),
+        ));
     }
     Ok((dp2, c, batch / dp2))
 }
@@ -1006,7 +1075,11 @@ pub(crate) fn run_arm(
     let gpus = par.dp * par.pp * par.cp * par.tp;
     // the topology's node size (each swept topology brings its own)
     let Some(gpn) = topo.as_ref().map(|t| t.1.gpus_per_node) else {
-        bail!("[network] topology is required (e.g. \"dgx-h200-roce\")");
+        return Err(invalid(
+            "[network] topology",
+            "none",
+            "a topology (e.g. \"dgx-h200-roce\")",
+        ));
     };
     // whole NVLink super-nodes (NVL72: 18 nodes of 4), spare GPUs idle
     let per_domain = topo
@@ -1025,7 +1098,13 @@ pub(crate) fn run_arm(
                 NetChoice::Analytical(t)
             }
         }
-        None => bail!("[network] topology is required (e.g. \"dgx-h200-roce\")"),
+        None => {
+            return Err(invalid(
+                "[network] topology",
+                "none",
+                "a topology (e.g. \"dgx-h200-roce\")",
+            ))
+        }
     };
     let wl = Workload::Corpus {
         corpus: super::inputs::load_corpus(corpus)?,
@@ -1046,9 +1125,13 @@ pub(crate) fn run_arm(
     let mut infeasible = 0;
     let (mut bubble, mut exposed, mut wait) = (Vec::new(), Vec::new(), Vec::new());
     for step in 0..f.steps {
-        let global = batches
-            .next()
-            .with_context(|| format!("the corpus ran out of documents at step {step}"))?;
+        let global = batches.next().ok_or_else(|| {
+            invalid(
+                "steps",
+                f.steps,
+                format!("at most {step}: the corpus ran out of documents at step {step}"),
+            )
+        })?;
         let mut network = net.make(gpn);
         let r = simulate_scheme_step_with(
             cost,
@@ -1420,7 +1503,7 @@ fn short_topology(t: &str) -> String {
 /// When the points span more than one (topology, corpus) — the four-way comparison — one
 /// panel per (topology, corpus), rows by topology, columns by corpus, on a shared y range,
 /// each with the baseline as a flat grey line and every other arm as a series (colour =
-/// arm; dashes = a second model or L). Otherwise one chart, as before: one series per
+/// arm; dashes = a second model or L). Otherwise one chart: one series per
 /// (arm, model, topology, corpus, L), colour = arm, dashes = a second topology or model.
 fn plot(f: &CompareFile, title: &str, arms: &[Arm], rs: &[ArmResult]) -> String {
     let mut keys: Vec<CurveKey> = rs
@@ -1743,6 +1826,7 @@ pub fn run_default(observer: &dyn Observer) -> Result<CompareOutput> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Error;
 
     /// A point result read back from its JSON has every float's bits, awkward ones
     /// included, and a float given as a JSON number is refused.
@@ -1843,10 +1927,73 @@ mod tests {
             (whole.markdown, whole.csv, whole.svg)
         );
         rs.swap(1, 2);
-        let e = sweep.finish(&rs).err().unwrap().to_string();
-        assert!(e.contains("point 1's result is for model llama3-8b"), "{e}");
-        let e = sweep.run_point(4).err().unwrap().to_string();
-        assert!(e.contains("sweep point = 4: 0..=3 (4 points)"), "{e}");
+        let e = sweep.finish(&rs).err().unwrap();
+        assert!(
+            matches!(e.root(), Error::Invalid { field, value, .. }
+                if field == "point 1's result" && value.starts_with("model llama3-8b")),
+            "{e:?}"
+        );
+        let e = sweep.run_point(4).err().unwrap();
+        assert_eq!(e, invalid("sweep point", 4, "0..=3 (4 points)"));
+    }
+
+    /// A comparison's refusals are `Error::Invalid`, naming the field and the value.
+    #[test]
+    fn sweep_refusals_name_the_field() {
+        let cases = [
+            (
+                "kind = \"four-way\"",
+                "kind = \"five-way\"",
+                "kind",
+                "\"five-way\"",
+            ),
+            ("steps = 2", "steps = 0", "steps", "0"),
+            (
+                "[\"ulysses\", \"wlbllm\", \"distca\", \"libra\"]",
+                "[]",
+                "arms",
+                "[]",
+            ),
+            (
+                "chunks = 2",
+                "chunks = 2\nepsilon = -1.0",
+                "[settings] epsilon",
+                "-1",
+            ),
+            (
+                "model = \"analytical\"",
+                "model = \"ns3\"",
+                "[network] model",
+                "\"ns3\"",
+            ),
+            ("steps = 2", "layers = 99\nsteps = 2", "layers", "99"),
+            (
+                "dp = [2, 4]",
+                "dp = [2, 4]\n[[sweep.layout]]\ndp = 1\ncp = 2\nga = 1",
+                "[sweep] dp",
+                "[2, 4]",
+            ),
+            (
+                "\"libra\"]",
+                "\"wlbllm:cp=3\"]",
+                "arms \"wlbllm:cp=3\" cp",
+                "3",
+            ),
+        ];
+        for (i, (from, to, field, value)) in cases.into_iter().enumerate() {
+            assert!(DEFAULT_FOUR_WAY.contains(from), "{from}");
+            let text = DEFAULT_FOUR_WAY.replacen(from, to, 1);
+            let e = Sweep::new(&text, "f.toml", "t", Path::new("."), (None, None)).err();
+            let e = e.unwrap_or_else(|| panic!("case {i} ran"));
+            assert!(
+                matches!(&e, Error::Context { context, .. } if context.starts_with("f.toml")),
+                "case {i}: {e:?}"
+            );
+            assert!(
+                matches!(e.root(), Error::Invalid { field: f, value: v, .. } if f == field && v == value),
+                "case {i}: {e:?}"
+            );
+        }
     }
 
     #[test]
@@ -1857,10 +2004,13 @@ mod tests {
         assert_eq!((a.set.epsilon, a.set.ping_pong), (0.15, false));
         let d = parse_arm("distca:eps=0", &base, "f.toml").unwrap();
         assert_eq!(d.set.distca_scheduler, DistcaScheduler::Reference);
-        let e = parse_arm("wlbllm:tight", &base, "f.toml")
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("unknown tweak \"tight\" for wlbllm"), "{e}");
+        let e = parse_arm("wlbllm:tight", &base, "f.toml").unwrap_err();
+        assert!(
+            matches!(e.root(), Error::Invalid { field, value, allowed }
+                if field == "arms \"wlbllm:tight\" tweak" && value == "\"tight\""
+                    && allowed.starts_with("a tweak wlbllm takes")),
+            "{e:?}"
+        );
     }
 
     #[test]
@@ -1874,9 +2024,14 @@ mod tests {
         );
         let w = parse_arm("wlbllm:s-max=98304", &base, "f.toml").unwrap();
         assert_eq!(w.set.s_max, Some(98304));
-        for bad in ["libra:p=0", "libra:h=x", "wlbllm:s-max=-1"] {
-            let e = parse_arm(bad, &base, "f.toml").unwrap_err().to_string();
-            assert!(e.contains("is not a count ≥ 1"), "{bad}: {e}");
+        for (bad, knob, v) in [
+            ("libra:p=0", "p", "0"),
+            ("libra:h=x", "h", "x"),
+            ("wlbllm:s-max=-1", "s-max", "-1"),
+        ] {
+            let e = parse_arm(bad, &base, "f.toml").unwrap_err();
+            let want = invalid(format!("arms {bad:?} {knob}"), v, "a count ≥ 1");
+            assert_eq!(e.root(), &want, "{bad}");
         }
     }
 }

@@ -1288,7 +1288,6 @@ fn variant_label(r: &PointResult, pools: bool, tiles: bool) -> String {
 /// micro-batch's forward span at the largest DP, sorted, over the `libra` mean
 /// (`microbatches-CORPUS.svg`).
 fn multi_charts(results: &[PointResult], files: &mut Files) -> Result<()> {
-    use crate::report::svg::{palette, Chart, Mark, Scale, Series};
     let mut corpora: Vec<&str> = results.iter().map(|r| r.corpus.as_str()).collect();
     corpora.dedup();
     corpora.sort_unstable();
@@ -1306,151 +1305,183 @@ fn multi_charts(results: &[PointResult], files: &mut Files) -> Result<()> {
     let pools = distinct(&|r| u64::from(r.libra.pool_size));
     let tiles =
         distinct(&|r| (u64::from(r.libra.tile_tokens) << 32) | u64::from(r.libra.head_shards));
-    let tps = |r: &PointResult| mean(r.steps.iter().map(|s| s.tokens_per_s));
     for c in corpora {
         let rs: Vec<&PointResult> = results.iter().filter(|r| r.corpus == c).collect();
-        let mut labels: Vec<String> = Vec::new();
-        for r in &rs {
-            let l = variant_label(r, pools, tiles);
-            if !labels.contains(&l) {
-                labels.push(l);
-            }
-        }
         let mut dps: Vec<u32> = rs.iter().map(|r| r.dp).collect();
         dps.sort_unstable();
         dps.dedup();
         if dps.len() > 1 {
-            let mut ch = Chart::new(format!("{c}: tokens/s against DP (CP fixed)"))
-                .x("DP replicas", Scale::Log)
-                .x_ticks(dps.iter().map(|&d| f64::from(d)).collect())
-                .y("tokens/s", Scale::Log);
-            for (i, l) in labels.iter().enumerate() {
-                let pts: Vec<(f64, f64)> = rs
-                    .iter()
-                    .filter(|r| &variant_label(r, pools, tiles) == l)
-                    .map(|r| (f64::from(r.dp), tps(r)))
-                    .collect();
-                ch = ch.series(Series::new(l.clone(), pts, Mark::LinePoints).color(palette(i)));
-            }
-            files.write(format!("scaling-{c}.svg"), ch.render());
+            files.write(
+                format!("scaling-{c}.svg"),
+                scaling_chart(c, &rs, &dps, pools, tiles),
+            );
         }
         if pools {
-            let mut ps: Vec<u32> = rs
-                .iter()
-                .filter(|r| r.scheme != "ulysses")
-                .map(|r| r.libra.pool_size.min(r.dp))
-                .collect();
-            ps.sort_unstable();
-            ps.dedup();
-            // Colour per scheme; compute a plain line, CP communication dashed, exposed
-            // communication with points.
-            let mut ch = Chart::new(format!("{c}: time per GPU against pool size P"))
-                .x("P (DP replicas per pool)", Scale::Log)
-                .x_ticks(ps.iter().map(|&p| f64::from(p)).collect())
-                .y("seconds per GPU per step", Scale::Log);
-            for (si, sc) in ["libra-tap", "libra-tap-vrsp", "libra"].iter().enumerate() {
-                let mut pts: Vec<&&PointResult> = rs.iter().filter(|r| r.scheme == *sc).collect();
-                if pts.is_empty() {
-                    continue;
-                }
-                pts.sort_by_key(|r| r.libra.pool_size);
-                for (what, f, mark, dashed) in [
-                    (
-                        "compute",
-                        (|r: &PointResult| r.compute) as fn(&PointResult) -> f64,
-                        Mark::Line,
-                        false,
-                    ),
-                    ("CP comm", |r: &PointResult| r.cp_comm, Mark::Line, true),
-                    (
-                        "exposed comm",
-                        |r: &PointResult| r.exposed,
-                        Mark::LinePoints,
-                        false,
-                    ),
-                ] {
-                    let p: Vec<(f64, f64)> = pts
-                        .iter()
-                        .map(|r| (f64::from(r.libra.pool_size.min(r.dp)), f(r) * 1e-12))
-                        .collect();
-                    let mut s = Series::new(format!("{sc}: {what}"), p, mark).color(palette(si));
-                    if dashed {
-                        s = s.dashed();
-                    }
-                    ch = ch.series(s);
-                }
-            }
-            files.write(format!("pool-{c}.svg"), ch.render());
+            files.write(format!("pool-{c}.svg"), pool_chart(c, &rs));
         }
         if tiles {
-            let mut ch = Chart::new(format!(
-                "{c}: speedup over Ulysses against tiles per sequence"
-            ))
-            .x("tiles per sequence (L/B × H)", Scale::Log)
-            .y("tokens/s over Ulysses", Scale::Linear);
-            let mut hs: Vec<u32> = rs
-                .iter()
-                .filter(|r| r.scheme != "ulysses")
-                .map(|r| r.libra.head_shards)
-                .collect();
-            hs.sort_unstable();
-            hs.dedup();
-            for (i, &h) in hs.iter().enumerate() {
-                let mut pts: Vec<(f64, f64)> = rs
-                    .iter()
-                    .filter(|r| r.scheme != "ulysses" && r.libra.head_shards == h)
-                    .filter_map(|r| {
-                        let u = rs.iter().find(|b| {
-                            b.scheme == "ulysses" && b.dp == r.dp && b.dp * b.ga == r.dp * r.ga
-                        })?;
-                        let n = f64::from(r.seq_len.div_ceil(r.libra.tile_tokens.max(1)) * h);
-                        Some((n, tps(r) / tps(u)))
-                    })
-                    .collect();
-                pts.sort_by(|a, b| a.0.total_cmp(&b.0));
-                ch = ch.series(
-                    Series::new(format!("H = {h}"), pts, Mark::LinePoints).color(palette(i)),
-                );
-            }
-            files.write(format!("tiles-{c}.svg"), ch.render());
+            files.write(format!("tiles-{c}.svg"), tiles_chart(c, &rs));
         }
         if let Some(&dmax) = dps.last() {
-            let fwd = |r: &PointResult| -> Vec<f64> {
-                r.steps
-                    .iter()
-                    .flat_map(|s| s.microbatches.iter().filter(|m| m.stage == 0))
-                    .map(|m| m.fwd_span as f64)
-                    .collect()
-            };
-            let at: Vec<&&PointResult> = rs.iter().filter(|r| r.dp == dmax).collect();
-            let norm = at
-                .iter()
-                .find(|r| r.scheme == "libra")
-                .map(|r| mean(fwd(r).into_iter()))
-                .filter(|&m| m > 0.0);
-            if let Some(norm) = norm {
-                let mut ch = Chart::new(format!(
-                    "{c}, DP = {dmax}: micro-batch forward time over Libra's mean (sorted)"
-                ))
-                .x("micro-batch rank (sorted)", Scale::Linear)
-                .y("forward time / Libra mean", Scale::Log);
-                for (i, r) in at.iter().enumerate() {
-                    let mut v = fwd(r);
-                    v.sort_by(|a, b| a.total_cmp(b));
-                    let pts = v
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, &x)| x > 0.0)
-                        .map(|(k, &x)| (k as f64, x / norm))
-                        .collect();
-                    ch = ch.series(
-                        Series::new(variant_label(r, pools, tiles), pts, Mark::Scatter)
-                            .color(palette(i)),
-                    );
-                }
-                files.write(format!("microbatches-{c}.svg"), ch.render());
+            if let Some(svg) = microbatch_chart(c, &rs, dmax, pools, tiles) {
+                files.write(format!("microbatches-{c}.svg"), svg);
             }
         }
     }
     Ok(())
+}
+
+/// A point's mean tokens/s over its steps.
+fn tokens_per_s(r: &PointResult) -> f64 {
+    mean(r.steps.iter().map(|s| s.tokens_per_s))
+}
+
+/// Corpus `c`'s tokens/s against DP, a line per variant.
+fn scaling_chart(c: &str, rs: &[&PointResult], dps: &[u32], pools: bool, tiles: bool) -> String {
+    let mut labels: Vec<String> = Vec::new();
+    for r in rs {
+        let l = variant_label(r, pools, tiles);
+        if !labels.contains(&l) {
+            labels.push(l);
+        }
+    }
+    let mut ch = Chart::new(format!("{c}: tokens/s against DP (CP fixed)"))
+        .x("DP replicas", Scale::Log)
+        .x_ticks(dps.iter().map(|&d| f64::from(d)).collect())
+        .y("tokens/s", Scale::Log);
+    for (i, l) in labels.iter().enumerate() {
+        let pts: Vec<(f64, f64)> = rs
+            .iter()
+            .filter(|r| &variant_label(r, pools, tiles) == l)
+            .map(|r| (f64::from(r.dp), tokens_per_s(r)))
+            .collect();
+        ch = ch.series(Series::new(l.clone(), pts, Mark::LinePoints).color(palette(i)));
+    }
+    ch.render()
+}
+
+/// Corpus `c`'s compute, CP communication and exposed communication per GPU against the
+/// pool size P, per Libra variant.
+fn pool_chart(c: &str, rs: &[&PointResult]) -> String {
+    let mut ps: Vec<u32> = rs
+        .iter()
+        .filter(|r| r.scheme != "ulysses")
+        .map(|r| r.libra.pool_size.min(r.dp))
+        .collect();
+    ps.sort_unstable();
+    ps.dedup();
+    // Colour per scheme; compute a plain line, CP communication dashed, exposed
+    // communication with points.
+    let mut ch = Chart::new(format!("{c}: time per GPU against pool size P"))
+        .x("P (DP replicas per pool)", Scale::Log)
+        .x_ticks(ps.iter().map(|&p| f64::from(p)).collect())
+        .y("seconds per GPU per step", Scale::Log);
+    for (si, sc) in ["libra-tap", "libra-tap-vrsp", "libra"].iter().enumerate() {
+        let mut pts: Vec<&&PointResult> = rs.iter().filter(|r| r.scheme == *sc).collect();
+        if pts.is_empty() {
+            continue;
+        }
+        pts.sort_by_key(|r| r.libra.pool_size);
+        for (what, f, mark, dashed) in [
+            (
+                "compute",
+                (|r: &PointResult| r.compute) as fn(&PointResult) -> f64,
+                Mark::Line,
+                false,
+            ),
+            ("CP comm", |r: &PointResult| r.cp_comm, Mark::Line, true),
+            (
+                "exposed comm",
+                |r: &PointResult| r.exposed,
+                Mark::LinePoints,
+                false,
+            ),
+        ] {
+            let p: Vec<(f64, f64)> = pts
+                .iter()
+                .map(|r| (f64::from(r.libra.pool_size.min(r.dp)), f(r) * 1e-12))
+                .collect();
+            let mut s = Series::new(format!("{sc}: {what}"), p, mark).color(palette(si));
+            if dashed {
+                s = s.dashed();
+            }
+            ch = ch.series(s);
+        }
+    }
+    ch.render()
+}
+
+/// Corpus `c`'s speedup over Ulysses against tiles per sequence (L/B × H), a line per H.
+fn tiles_chart(c: &str, rs: &[&PointResult]) -> String {
+    let mut ch = Chart::new(format!(
+        "{c}: speedup over Ulysses against tiles per sequence"
+    ))
+    .x("tiles per sequence (L/B × H)", Scale::Log)
+    .y("tokens/s over Ulysses", Scale::Linear);
+    let mut hs: Vec<u32> = rs
+        .iter()
+        .filter(|r| r.scheme != "ulysses")
+        .map(|r| r.libra.head_shards)
+        .collect();
+    hs.sort_unstable();
+    hs.dedup();
+    for (i, &h) in hs.iter().enumerate() {
+        let mut pts: Vec<(f64, f64)> = rs
+            .iter()
+            .filter(|r| r.scheme != "ulysses" && r.libra.head_shards == h)
+            .filter_map(|r| {
+                let u = rs.iter().find(|b| {
+                    b.scheme == "ulysses" && b.dp == r.dp && b.dp * b.ga == r.dp * r.ga
+                })?;
+                let n = f64::from(r.seq_len.div_ceil(r.libra.tile_tokens.max(1)) * h);
+                Some((n, tokens_per_s(r) / tokens_per_s(u)))
+            })
+            .collect();
+        pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+        ch = ch.series(Series::new(format!("H = {h}"), pts, Mark::LinePoints).color(palette(i)));
+    }
+    ch.render()
+}
+
+/// Corpus `c`'s micro-batch forward spans at DP `dmax`, sorted, over Libra's mean (none
+/// without a Libra point there).
+fn microbatch_chart(
+    c: &str,
+    rs: &[&PointResult],
+    dmax: u32,
+    pools: bool,
+    tiles: bool,
+) -> Option<String> {
+    let fwd = |r: &PointResult| -> Vec<f64> {
+        r.steps
+            .iter()
+            .flat_map(|s| s.microbatches.iter().filter(|m| m.stage == 0))
+            .map(|m| m.fwd_span as f64)
+            .collect()
+    };
+    let at: Vec<&&PointResult> = rs.iter().filter(|r| r.dp == dmax).collect();
+    let norm = at
+        .iter()
+        .find(|r| r.scheme == "libra")
+        .map(|r| mean(fwd(r).into_iter()))
+        .filter(|&m| m > 0.0)?;
+    let mut ch = Chart::new(format!(
+        "{c}, DP = {dmax}: micro-batch forward time over Libra's mean (sorted)"
+    ))
+    .x("micro-batch rank (sorted)", Scale::Linear)
+    .y("forward time / Libra mean", Scale::Log);
+    for (i, r) in at.iter().enumerate() {
+        let mut v = fwd(r);
+        v.sort_by(|a, b| a.total_cmp(b));
+        let pts = v
+            .iter()
+            .enumerate()
+            .filter(|(_, &x)| x > 0.0)
+            .map(|(k, &x)| (k as f64, x / norm))
+            .collect();
+        ch = ch.series(
+            Series::new(variant_label(r, pools, tiles), pts, Mark::Scatter).color(palette(i)),
+        );
+    }
+    Some(ch.render())
 }

@@ -1,7 +1,8 @@
 //! One training step of any of the four schemes on one cluster, simulated the same way:
 //! the scheme's planner (`balance::schemes`) makes the step's Plan, the generic Plan
-//! lowering (`plan_step::build_plan_step`, `plan_attn`) or Ulysses' own step builder turns
-//! it into ops, the engine times them, `report::step` measures them.
+//! lowering (`plan_step::build_plan_step`, `plan_attn`) or Ulysses' attention stage
+//! (`step::build_step`) turns it into ops, the engine times them, `report::step` measures
+//! them.
 //!
 //! Owns the per-scheme layout on the cluster (all four: the base DP × PP × CP and GA;
 //! DistCA's attention pool spans every DP·CP GPU of a stage), the overlap each scheme gets
@@ -181,7 +182,7 @@ pub fn dcp_step(
     };
     let map = RankMap::new(par, place, "megatron-dcp")?;
     let mut attn = PlanAttention::new(cost, plan, map, Overlap::HeadChunks(1))?;
-    let mut sg = build_step_with(cost, map, &batch, plan.step, var, Some(&mut attn))?;
+    let mut sg = build_step_with(cost, map, &batch, plan.step, var, &mut attn)?;
     // A rank's micro-batch holds pieces of samples: the step's exact pairs are the plan's.
     let lens: Vec<u32> = plan
         .groups
@@ -293,7 +294,7 @@ pub fn simulate_scheme_step_with(
                 ));
             }
             let mut attn = PlanAttention::pooled(cost, &sp.plan, map, overlap)?;
-            build_step_with(cost, map, &batch, step, var, Some(&mut attn))?
+            build_step_with(cost, map, &batch, step, var, &mut attn)?
         } else if scheme == Scheme::MegatronDcp {
             let seq_len = global.iter().map(|s| s.capacity).max().unwrap_or(0);
             let s = set.dcp_config(base.dp, seq_len)?.max_seqlen_per_rank;
@@ -519,7 +520,7 @@ mod tests {
         let overlap = scheme_overlap(Scheme::DistCa, &set, sp.nano.as_ref());
         let mut attn = PlanAttention::pooled(&cost, &sp.plan, map, overlap).unwrap();
         let reps = replica_batches(&batch, 2).unwrap();
-        let sg = build_step_with(&cost, map, &reps, 0, &NoVariance, Some(&mut attn)).unwrap();
+        let sg = build_step_with(&cost, map, &reps, 0, &NoVariance, &mut attn).unwrap();
         let gpu = |o: &crate::engine::Op| sg.graph.streams[o.stream as usize].gpu;
         let tick0_attn: Vec<u32> = sg
             .graph

@@ -23,6 +23,7 @@ pub mod plan_step;
 pub mod stage;
 pub mod step;
 pub mod train;
+pub mod ulysses;
 
 use serde::{Deserialize, Serialize};
 

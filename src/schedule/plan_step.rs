@@ -8,7 +8,7 @@
 //! (`engine/`).
 
 use super::plan_attn::{Overlap, PlanAttention};
-use super::step::{build_step_with, StepGraph};
+use super::step::{build_step, build_step_with, StepGraph};
 use super::train::split_replicas;
 use super::{RankMap, RuntimeVariance};
 use crate::balance::grouping::vrsp;
@@ -176,7 +176,7 @@ pub fn build_plan_step(
     let par = map.par;
     let batch = replica_batches(plan, global, par.dp, par.ga, par.cp)?;
     let mut attn = PlanAttention::new(cost, plan, map, overlap)?;
-    build_step_with(cost, map, &batch, plan.step, var, Some(&mut attn))
+    build_step_with(cost, map, &batch, plan.step, var, &mut attn)
 }
 
 /// Simulate one step of `scheme` whose global batch is `global` (GBS = DP × GA) on `net`.
@@ -200,7 +200,7 @@ pub fn simulate_scheme_batch(
     let sg = match scheme {
         StepAttention::Ulysses => {
             let batch = split_replicas(global, dp, ga);
-            build_step_with(cost, map, &batch, step, var, None)?
+            build_step(cost, map, &batch, step, var)?
         }
         StepAttention::LibraTap(p) | StepAttention::LibraTapVrsp(p) | StepAttention::Libra(p) => {
             if p.cp != map.par.cp {

@@ -4,7 +4,7 @@
 //! emits every linear block, the pipeline sends, gradient accumulation and the DP
 //! all-reduce itself and hands each (stage, layer, micro-batch, direction)'s core
 //! attention to a stage, which appends ops on the GPUs' compute and CP-communication
-//! streams. Ulysses' all-to-all attention is the built-in stage (no plug); a [`Plan`]
+//! streams. Ulysses' all-to-all attention is one stage ([`super::ulysses`]); a [`Plan`]
 //! lowered by [`super::plan_attn`] is the other, so any scheme that writes a Plan
 //! (Libra, WLB-LLM, DistCA) runs inside the same step.
 //!
@@ -56,6 +56,9 @@ pub struct AttnCall {
     pub layer: u32,
     /// Micro-batch (GA index).
     pub mb: u32,
+    /// For a [`AttentionStage::per_replica`] stage, the one replica (DP index) to emit;
+    /// otherwise `None`: every replica.
+    pub replica: Option<u32>,
     /// Forward (true) or backward (false).
     pub fwd: bool,
     /// Full recomputation: the backward also re-runs the forward attention kernel.
@@ -77,6 +80,15 @@ pub trait AttentionStage {
     /// stages: `last[(stage · nanos + k) · W + (replica · CP + cp_rank) · TP + tp_rank]`.
     /// Default: one call per stage.
     fn pooled(&self) -> bool {
+        false
+    }
+
+    /// Per replica: a replica's attention involves only its own GPUs (Ulysses' CP
+    /// groups). The step builder then calls [`Self::emit`] once per replica, right after
+    /// that replica's linear block, with `call.replica` set; the indices of `last` are
+    /// unchanged. A per-replica stage is not [`Self::pooled`]. Default: one call for every
+    /// replica.
+    fn per_replica(&self) -> bool {
         false
     }
 

@@ -1,17 +1,10 @@
-//! DeepSpeed-Ulysses context parallelism, lowered to an engine op graph for one training
-//! step of DP × PP × CP with GA micro-batches.
-//!
-//! Per layer and micro-batch on each rank of a CP group (Jacobs et al., "DeepSpeed
-//! Ulysses", 2023, §3): the rank holds L/CP tokens of the packed sequence with all heads;
-//! an all-to-all of Q/K/V gives it all L tokens for h_q/CP query heads (and
-//! max(1, h_kv/CP) KV heads: KV heads are replicated when CP exceeds h_kv); it runs core
-//! attention over every document of the sequence for its heads; an all-to-all of the
-//! output gives the tokens back. Backward mirrors it (dO out, dQ/dK/dV back). Head counts
-//! that do not divide are rejected.
-//!
-//! Every rank of a CP group computes the same attention FLOPs (heads split evenly), so
-//! Ulysses balances *within* a CP group; different replicas get different packed
-//! sequences, and that cross-replica skew waits at the DP gradient all-reduce.
+//! The step builder: one training step of DP × PP × CP (× TP, EP) with GA micro-batches,
+//! lowered to an engine op graph. It emits every linear block (as TP/EP pieces and their
+//! collectives), the pipeline sends, gradient accumulation and the DP gradient all-reduce,
+//! and hands each layer's core attention to an [`AttentionStage`]: Ulysses' all-to-alls
+//! ([`super::ulysses::UlyssesAttention`], what [`build_step`] runs) or any other stage
+//! ([`build_step_with`]). Replica r's CP ranks split its packed sequence into CP
+//! contiguous chunks for the linear work.
 //!
 //! Collectives are lowered to point-to-point transfers the network model prices, all
 //! started together when the last rank arrives:
@@ -25,15 +18,15 @@
 //!   so no port receives two aggregates; other groups send to their first same-node and
 //!   first remote peer.
 //!
-//! With Ulysses' own attention the replicas, which couple only at the gradient all-reduce,
+//! With Ulysses' attention the replicas, which couple only at the gradient all-reduce,
 //! are emitted in parts on every core and laid out as one emitter would lay them out, so
 //! the graph does not depend on the thread count.
 //!
-//! Recomputation adds each layer's forward compute to its backward compute (the
-//! all-to-alls are not repeated). Embedding lookup and the optimizer step are not priced.
+//! Recomputation adds each layer's forward compute to its backward compute. Embedding lookup and the optimizer step are not priced.
 
 use super::stage::{AttentionStage, AttnCall, StepEnv};
-use super::{Coords, Parallelism, PipelineKind, RankMap, RuntimeVariance};
+use super::ulysses::UlyssesAttention;
+use super::{Coords, Parallelism, PipelineKind, Placement, RankMap, RuntimeVariance};
 use crate::cost::memory::{
     rank_memory, stage_expert_params, stage_grad_bytes, stage_rank_params, MemoryBreakdown,
     MemoryInputs, GRAD_BYTES_PER_PARAM,
@@ -131,7 +124,7 @@ pub fn in_flight(kind: PipelineKind, pp: u32, stage: u32, ga: u32) -> u32 {
 
 /// Tokens of chunk `c` when `tokens` are cut into `n` contiguous chunks (sizes differ by
 /// at most one).
-fn chunk(tokens: u64, n: u32, c: u32) -> u64 {
+pub(super) fn chunk(tokens: u64, n: u32, c: u32) -> u64 {
     let n = u64::from(n);
     tokens / n + u64::from(u64::from(c) < tokens % n)
 }
@@ -201,11 +194,7 @@ struct Ctx<'a> {
 
 impl Ctx<'_> {
     fn stream(&self, gpu: GpuId, k: StreamKind) -> StreamId {
-        let g = match self.local {
-            None => gpu,
-            Some((w, first, n)) => gpu / w * n + (gpu % w - first),
-        };
-        self.map.streams_per_gpu() * g + k as u32
+        part_stream(&self.map, self.local, gpu, k)
     }
 
     /// A kernel of `dur` on `gpu`'s compute stream after `deps`.
@@ -226,80 +215,10 @@ impl Ctx<'_> {
         }
     }
 
-    /// The all-to-all pattern of a group: for each rank, (same-node peer, how many
-    /// same-node peers, remote peer, how many remote peers). On a node-aligned group the
-    /// peers are permutations (next rank in the node; same position in the next node), so
-    /// no NIC or NVLink port receives more than one aggregate.
-    fn a2a_pattern(&self, gpus: &[GpuId], out: &mut Vec<A2aRoute>) {
-        out.clear();
-        let n = gpus.len();
-        let place = self.map.place;
-        if let Some((nodes, per_node)) = node_blocks(gpus, place.gpus_per_node) {
-            for (i, &src) in gpus.iter().enumerate() {
-                let (k, j) = (i / per_node, i % per_node);
-                let intra = gpus[k * per_node + (j + 1) % per_node];
-                let inter = gpus[((k + 1) % nodes) * per_node + j];
-                out.push(A2aRoute {
-                    src,
-                    d_in: intra,
-                    n_in: (per_node - 1) as u64,
-                    d_out: inter,
-                    n_out: (n - per_node) as u64,
-                });
-            }
-            return;
-        }
-        for (i, &src) in gpus.iter().enumerate() {
-            let node = place.node(src);
-            let mut r = A2aRoute {
-                src,
-                d_in: src,
-                n_in: 0,
-                d_out: src,
-                n_out: 0,
-            };
-            for k in 1..n {
-                let dst = gpus[(i + k) % n];
-                if place.node(dst) == node {
-                    if r.n_in == 0 {
-                        r.d_in = dst;
-                    }
-                    r.n_in += 1;
-                } else {
-                    if r.n_out == 0 {
-                        r.d_out = dst;
-                    }
-                    r.n_out += 1;
-                }
-            }
-            out.push(r);
-        }
-    }
-
     /// An all-to-all over a group (its `routes`) where rank i sends `pair_bytes[i]` to
     /// every peer.
     fn all_to_all(&mut self, routes: &[A2aRoute], pair_bytes: &[u64]) -> CollId {
-        self.xf.clear();
-        for (r, &b) in routes.iter().zip(pair_bytes) {
-            if r.n_in > 0 {
-                self.xf.push(Xfer {
-                    src: r.src,
-                    dst: r.d_in,
-                    bytes: r.n_in * b,
-                });
-            }
-            if r.n_out > 0 {
-                self.xf.push(Xfer {
-                    src: r.src,
-                    dst: r.d_out,
-                    bytes: r.n_out * b,
-                });
-            }
-        }
-        let xf = std::mem::take(&mut self.xf);
-        let c = self.b.add_collective(&xf);
-        self.xf = xf;
-        c
+        all_to_all(&mut self.b, &mut self.xf, routes, pair_bytes)
     }
 
     /// The all-reduce of `bytes` over `gpus`, lowered by the cluster's collective model.
@@ -325,11 +244,11 @@ impl Ctx<'_> {
     }
 }
 
-const NONE: OpId = OpId::MAX;
+pub(super) const NONE: OpId = OpId::MAX;
 
 /// How one rank's all-to-all traffic is aggregated.
 #[derive(Clone, Copy, Debug)]
-struct A2aRoute {
+pub(super) struct A2aRoute {
     src: GpuId,
     d_in: GpuId,
     n_in: u64,
@@ -337,8 +256,102 @@ struct A2aRoute {
     n_out: u64,
 }
 
-/// Build one training step: `batch[r][m]` is replica r's micro-batch m (one packed
-/// sequence per CP group per micro-batch).
+/// The stream of `kind` on `gpu` in a builder of the whole step (`local` = `None`) or of a
+/// part of some replicas (`local` = (GPUs per stage, the part's first offset in a stage,
+/// its GPUs per stage); its streams are its own, GPU by GPU in stage order).
+pub(super) fn part_stream(
+    map: &RankMap,
+    local: Option<(u32, u32, u32)>,
+    gpu: GpuId,
+    kind: StreamKind,
+) -> StreamId {
+    let g = match local {
+        None => gpu,
+        Some((w, first, n)) => gpu / w * n + (gpu % w - first),
+    };
+    map.streams_per_gpu() * g + kind as u32
+}
+
+/// The all-to-all pattern of a group: for each rank, (same-node peer, how many
+/// same-node peers, remote peer, how many remote peers). On a node-aligned group the
+/// peers are permutations (next rank in the node; same position in the next node), so
+/// no NIC or NVLink port receives more than one aggregate.
+pub(super) fn a2a_pattern(place: &Placement, gpus: &[GpuId], out: &mut Vec<A2aRoute>) {
+    out.clear();
+    let n = gpus.len();
+    if let Some((nodes, per_node)) = node_blocks(gpus, place.gpus_per_node) {
+        for (i, &src) in gpus.iter().enumerate() {
+            let (k, j) = (i / per_node, i % per_node);
+            let intra = gpus[k * per_node + (j + 1) % per_node];
+            let inter = gpus[((k + 1) % nodes) * per_node + j];
+            out.push(A2aRoute {
+                src,
+                d_in: intra,
+                n_in: (per_node - 1) as u64,
+                d_out: inter,
+                n_out: (n - per_node) as u64,
+            });
+        }
+        return;
+    }
+    for (i, &src) in gpus.iter().enumerate() {
+        let node = place.node(src);
+        let mut r = A2aRoute {
+            src,
+            d_in: src,
+            n_in: 0,
+            d_out: src,
+            n_out: 0,
+        };
+        for k in 1..n {
+            let dst = gpus[(i + k) % n];
+            if place.node(dst) == node {
+                if r.n_in == 0 {
+                    r.d_in = dst;
+                }
+                r.n_in += 1;
+            } else {
+                if r.n_out == 0 {
+                    r.d_out = dst;
+                }
+                r.n_out += 1;
+            }
+        }
+        out.push(r);
+    }
+}
+
+/// An all-to-all over a group (its `routes`) where rank i sends `pair_bytes[i]` to
+/// every peer.
+pub(super) fn all_to_all(
+    b: &mut GraphBuilder,
+    xf: &mut Vec<Xfer>,
+    routes: &[A2aRoute],
+    pair_bytes: &[u64],
+) -> CollId {
+    xf.clear();
+    for (r, &pb) in routes.iter().zip(pair_bytes) {
+        if r.n_in > 0 {
+            xf.push(Xfer {
+                src: r.src,
+                dst: r.d_in,
+                bytes: r.n_in * pb,
+            });
+        }
+        if r.n_out > 0 {
+            xf.push(Xfer {
+                src: r.src,
+                dst: r.d_out,
+                bytes: r.n_out * pb,
+            });
+        }
+    }
+    b.add_collective(xf)
+}
+
+/// Build one training step with Ulysses' attention ([`UlyssesAttention`]): `batch[r][m]`
+/// is replica r's micro-batch m (one packed sequence per CP group per micro-batch). The
+/// replicas are emitted in parallel parts; the graph is the same at any thread count.
 pub fn build_step(
     cost: &CostModel,
     map: RankMap,
@@ -346,12 +359,13 @@ pub fn build_step(
     step: u64,
     var: &dyn RuntimeVariance,
 ) -> Result<StepGraph> {
-    build_step_with(cost, map, batch, step, var, None)
+    let env = StepEnv { map, var, step };
+    build_parts(cost, env, batch, 4 * rayon::current_num_threads())
 }
 
-/// [`build_step`] with the core attention of every layer handed to `attn` (a
-/// [`crate::schedule::stage::AttentionStage`], e.g. a lowered Plan) instead of Ulysses'
-/// all-to-alls; linear blocks, pipeline sends, GA and the DP all-reduce are the same.
+/// One training step with the core attention of every layer handed to `attn` (an
+/// [`AttentionStage`]: e.g. a lowered Plan, or [`UlyssesAttention`] emitted by one
+/// emitter); linear blocks, pipeline sends, GA and the DP all-reduce are [`build_step`]'s.
 /// `batch[r][m]` still gives replica r's tokens (the linear work of its CP ranks).
 pub fn build_step_with(
     cost: &CostModel,
@@ -359,26 +373,41 @@ pub fn build_step_with(
     batch: &[Vec<PackedSeq>],
     step: u64,
     var: &dyn RuntimeVariance,
-    attn: Option<&mut dyn AttentionStage>,
+    attn: &mut dyn AttentionStage,
 ) -> Result<StepGraph> {
     let env = StepEnv { map, var, step };
-    build(
-        cost,
-        env,
-        batch,
-        attn,
-        Some(4 * rayon::current_num_threads()),
-    )
+    build(cost, env, batch, true, |cost, _| {
+        emit_whole(cost, &env, batch, attn)
+    })
 }
 
-/// [`build_step_with`]; without a plugged stage the replicas are emitted in up to `parts`
-/// parts in parallel (the graph does not depend on how many), or by one emitter (`None`).
+/// [`build_step`] with the replicas emitted in up to `parts` parts in parallel (the graph
+/// does not depend on how many).
+fn build_parts(
+    cost: &CostModel,
+    env: StepEnv<'_>,
+    batch: &[Vec<PackedSeq>],
+    parts: usize,
+) -> Result<StepGraph> {
+    build(cost, env, batch, false, |cost, split| {
+        if env.map.par.dp == 0 {
+            let mut u = UlyssesAttention::part(cost, env.map, batch, split, 0, 0, None);
+            emit_whole(cost, &env, batch, &mut u)
+        } else {
+            emit_parts(cost, &env, batch, split, parts)
+        }
+    })
+}
+
+/// The step's checks, memory and totals around `emit`, which makes its graph from one TP
+/// rank's cost model and the heads a rank's attention holds (Ulysses' whole-head split,
+/// or with a `plugged` stage the rounded-up share: [`attn_split`]).
 fn build(
     cost: &CostModel,
     env: StepEnv<'_>,
     batch: &[Vec<PackedSeq>],
-    attn: Option<&mut dyn AttentionStage>,
-    parts: Option<usize>,
+    plugged: bool,
+    emit: impl FnOnce(&CostModel, HeadSplit) -> Result<Graph>,
 ) -> Result<StepGraph> {
     let map = env.map;
     let par = map.par;
@@ -387,7 +416,7 @@ fn build(
     let shard = cost.tp_shard(par.tp, par.ep)?;
     let cost = &shard;
     let m = &cost.model;
-    let split = attn_split(m, par.cp, attn.is_some())?;
+    let split = attn_split(m, par.cp, plugged)?;
     if batch.len() != par.dp as usize {
         return Err(invalid(
             "batch replicas",
@@ -421,10 +450,7 @@ fn build(
             ),
         ));
     }
-    let graph = match (attn, parts) {
-        (None, Some(n)) if par.dp > 0 => emit_parts(cost, &env, batch, split, n)?,
-        (a, _) => emit_whole(cost, &env, batch, split, a)?,
-    };
+    let graph = emit(cost, split)?;
     let stages = stage_layers(m.layers, par.pp);
     let tokens = batch.iter().flatten().map(PackedSeq::tokens).sum();
     let class_pairs = cost.class_pairs(
@@ -448,23 +474,22 @@ fn build(
     })
 }
 
-/// The step's graph from one emitter over every replica (`attn`, when given, emits each
-/// layer's attention across replicas).
+/// The step's graph from one emitter over every replica, `attn` emitting each layer's
+/// attention.
 fn emit_whole(
     cost: &CostModel,
     env: &StepEnv<'_>,
     batch: &[Vec<PackedSeq>],
-    split: HeadSplit,
-    mut attn: Option<&mut dyn AttentionStage>,
+    attn: &mut dyn AttentionStage,
 ) -> Result<Graph> {
-    let nanos = attn.as_deref().map_or(1, |a| a.nanos()).max(1) as usize;
-    let mut e = Emitter::new(cost, env, batch, split, nanos, Span::Whole);
-    e.drive(reborrow(&mut attn), env)?;
+    let nanos = attn.nanos().max(1) as usize;
+    let mut e = Emitter::new(cost, env, batch, nanos, Span::Whole);
+    e.drive(attn, env)?;
     e.pp_edges();
     e.cx.b.build()
 }
 
-/// The step's graph with Ulysses' own attention, emitted in parallel: the replicas in up to
+/// The step's graph with Ulysses' attention, emitted in parallel: the replicas in up to
 /// `parts` parts of consecutive replicas (every replica's ops but the gradient
 /// all-reduces, which couple them), then the all-reduces, laid out as one emitter over
 /// every replica lays them out ([`crate::engine::parts`]), so the graph is the same for any
@@ -486,14 +511,16 @@ fn emit_parts(
                 r0: q * cs,
                 nr: cs.min(dp - q * cs),
             };
-            let mut e = Emitter::new(cost, env, batch, split, 1, span);
-            e.drive(None, env)?;
+            let mut e = Emitter::new(cost, env, batch, 1, span);
+            let (r0, nr) = (e.r0, e.nr);
+            let mut u = UlyssesAttention::part(cost, env.map, batch, split, r0, nr, e.cx.local);
+            e.drive(&mut u, env)?;
             e.pp_edges();
             Ok(e.into_part())
         })
         .collect::<Result<_>>()?;
     // The all-reduces, over every replica, in the phases the parts left for them.
-    let mut red = Emitter::new(cost, env, batch, split, 1, Span::Reduce { cs });
+    let mut red = Emitter::new(cost, env, batch, 1, Span::Reduce { cs });
     for (p, st) in red.stages.iter_mut().enumerate() {
         st.bucket_ready = emitted
             .iter()
@@ -637,16 +664,6 @@ fn skew_experts(cost: &CostModel, d: &mut RankDur, par: super::Parallelism, i: u
     d.ep_pair_bytes = port.div_ceil(u64::from(par.ep) - 1) * cost.ep_copy_bytes();
 }
 
-/// A shorter-lived handle on the plugged stage, for one driver call.
-fn reborrow<'s>(
-    attn: &'s mut Option<&mut dyn AttentionStage>,
-) -> Option<&'s mut dyn AttentionStage> {
-    match attn {
-        Some(a) => Some(&mut **a),
-        None => None,
-    }
-}
-
 /// One pipeline stage's emission state.
 struct StageState {
     /// Layers [lf, ll).
@@ -658,22 +675,11 @@ struct StageState {
     last_bwd_mb: Option<u32>,
     /// GPU of each rank, by its offset i = (replica · CP + position) · TP + tp_rank.
     groups: Vec<GpuId>,
-    /// All-to-all routes of each rank in its lane's CP group, at (replica · TP + tp_rank) ·
-    /// CP + position (Ulysses' built-in attention).
-    routes: Vec<A2aRoute>,
-    /// The CP group GPUs of each lane, indexed as `routes`.
-    cp_gpus: Vec<GpuId>,
     /// All-to-all routes of each rank in its EP group, by offset.
     ep_routes: Vec<A2aRoute>,
     /// Per (nano-batch k, rank i) at k·W + i: linear durations of the current slot.
     durs: Vec<RankDur>,
-    /// Per rank: Ulysses all-to-all bytes to each peer, in and out.
-    pair_in: Vec<u64>,
-    pair_out: Vec<u64>,
-    /// Per (mask class k, replica r) at k · DP + r: Ulysses attention time, forward and
-    /// backward; per replica its tokens.
-    attn_f: Vec<Ps>,
-    attn_b: Vec<Ps>,
+    /// Per replica: its tokens in the current slot.
     tokens: Vec<u64>,
     /// Per (rank, bucket): the op after which the bucket's gradients are ready.
     bucket_ready: Vec<OpId>,
@@ -684,13 +690,7 @@ struct StageState {
 struct Emitter<'a> {
     cx: Ctx<'a>,
     cost: &'a CostModel,
-    /// Per mask class of the model, its cost model (Ulysses' own attention prices each
-    /// layer under its own mask).
-    class_costs: Vec<CostModel>,
-    /// The mask class of each layer.
-    layer_class: Vec<usize>,
     batch: &'a [Vec<PackedSeq>],
-    split: HeadSplit,
     nanos: usize,
     /// Ranks per stage (DP · CP · TP).
     wn: usize,
@@ -731,7 +731,6 @@ impl<'a> Emitter<'a> {
         cost: &'a CostModel,
         env: &StepEnv<'a>,
         batch: &'a [Vec<PackedSeq>],
-        split: HeadSplit,
         nanos: usize,
         span: Span,
     ) -> Self {
@@ -800,13 +799,8 @@ impl<'a> Emitter<'a> {
                 }
             }
         }
-        let class_costs: Vec<CostModel> = cost.mask_classes().into_iter().map(|c| c.2).collect();
-        let nclasses = class_costs.len();
-        let layer_class = (0..m.layers)
-            .map(|l| m.attention.class_index(l, m.layers))
-            .collect();
         let epu = par.ep as usize;
-        let mut route_buf: Vec<A2aRoute> = Vec::with_capacity(cpu.max(epu));
+        let mut route_buf: Vec<A2aRoute> = Vec::with_capacity(epu);
         let stages = stage_layers(m.layers, pp)
             .into_iter()
             .enumerate()
@@ -823,20 +817,10 @@ impl<'a> Emitter<'a> {
                 };
                 let base = map.gpu(p, r0 as u32, 0, 0);
                 let groups: Vec<GpuId> = (0..wn as u32).map(|i| base + i).collect();
-                let mut routes = Vec::with_capacity(wn);
-                let mut cp_gpus = Vec::with_capacity(wn);
-                for r in r0 as u32..(r0 + nr) as u32 {
-                    for t in 0..tp {
-                        let lane: Vec<GpuId> = (0..cp).map(|c| map.gpu(p, r, c, t)).collect();
-                        cx.a2a_pattern(&lane, &mut route_buf);
-                        routes.extend_from_slice(&route_buf);
-                        cp_gpus.extend_from_slice(&lane);
-                    }
-                }
                 let mut ep_routes = Vec::new();
                 if epu > 1 {
                     for grp in groups.chunks(epu) {
-                        cx.a2a_pattern(grp, &mut route_buf);
+                        a2a_pattern(&map.place, grp, &mut route_buf);
                         ep_routes.extend_from_slice(&route_buf);
                     }
                 }
@@ -846,14 +830,8 @@ impl<'a> Emitter<'a> {
                     nb,
                     last_bwd_mb,
                     groups,
-                    routes,
-                    cp_gpus,
                     ep_routes,
                     durs: vec![RankDur::default(); nanos * wn],
-                    pair_in: vec![0; wn],
-                    pair_out: vec![0; wn],
-                    attn_f: vec![0; nr * nclasses],
-                    attn_b: vec![0; nr * nclasses],
                     tokens: vec![0; nr],
                     bucket_ready: vec![NONE; wn * nb as usize],
                 }
@@ -863,10 +841,7 @@ impl<'a> Emitter<'a> {
         Emitter {
             cx,
             cost,
-            class_costs,
-            layer_class,
             batch,
-            split,
             nanos,
             wn,
             tp: tpu,
@@ -908,17 +883,13 @@ impl<'a> Emitter<'a> {
     }
 
     /// Every slot (or tick) of every stage, and the gradient all-reduces.
-    fn drive(
-        &mut self,
-        mut attn: Option<&mut dyn AttentionStage>,
-        env: &StepEnv<'_>,
-    ) -> Result<()> {
+    fn drive(&mut self, attn: &mut dyn AttentionStage, env: &StepEnv<'_>) -> Result<()> {
         let par = self.cx.map.par;
         match par.pipeline {
             PipelineKind::Gpipe | PipelineKind::OneFOneB => {
                 for p in 0..par.pp {
                     for (fwd, mb) in stage_order(par.pipeline, par.pp, p, par.ga) {
-                        self.slot(p, fwd, mb, reborrow(&mut attn), env)?;
+                        self.slot(p, fwd, mb, attn, env)?;
                     }
                     self.reduce(p);
                 }
@@ -926,7 +897,7 @@ impl<'a> Emitter<'a> {
             PipelineKind::Ticks => {
                 let ticks = crate::balance::distca::pingpong::pp_ticks(par.pp, par.ga)?;
                 for (ti, tick) in ticks.iter().enumerate() {
-                    self.tick(ti as u32, tick, reborrow(&mut attn), env)?;
+                    self.tick(ti as u32, tick, attn, env)?;
                 }
                 for p in 0..par.pp {
                     self.reduce(p);
@@ -968,15 +939,13 @@ impl<'a> Emitter<'a> {
         let par = self.cx.map.par;
         let (cp, cpu, tp) = (par.cp, par.cp as usize, self.tp);
         let last_stage = p + 1 == par.pp;
-        let (cost, nanos, wn, split, chain, shared_chain) = (
+        let (cost, nanos, wn, chain, shared_chain) = (
             self.cost,
             self.nanos,
             self.wn,
-            self.split,
             self.chain,
             self.shared_chain,
         );
-        let a = cost.attn();
         let seq_shard = if par.sp { tp as u64 } else { 1 };
         let ep = u64::from(par.ep);
         let (r0, nr) = (self.r0, self.nr);
@@ -984,10 +953,6 @@ impl<'a> Emitter<'a> {
         for r in 0..nr {
             let seq = &self.batch[r0 + r][mb as usize];
             st.tokens[r] = seq.tokens();
-            for (k, c) in self.class_costs.iter().enumerate() {
-                st.attn_f[k * nr + r] = c.attn_fwd_ps(seq.lengths(), split.q);
-                st.attn_b[k * nr + r] = c.attn_bwd_ps(seq.lengths(), split.q);
-            }
             for c in 0..cpu {
                 let t = chunk(st.tokens[r], cp, c as u32);
                 for k in 0..nanos {
@@ -1044,12 +1009,6 @@ impl<'a> Emitter<'a> {
                         }
                         st.durs[k * wn + i] = d;
                     }
-                }
-                let pin = a.q_bytes(t, split.q) + a.kv_bytes(t, split.kv);
-                let pout = a.q_bytes(t, split.q);
-                for lane in 0..tp {
-                    st.pair_in[(r * cpu + c) * tp + lane] = pin;
-                    st.pair_out[(r * cpu + c) * tp + lane] = pout;
                 }
             }
         }
@@ -1319,54 +1278,6 @@ impl<'a> Emitter<'a> {
         }
     }
 
-    /// Ulysses' own attention of replica r: per TP lane, its CP group's all-to-alls and
-    /// kernels.
-    fn builtin_attn(&mut self, p: u32, mb: u32, l: u32, r: usize, fwd: bool) {
-        self.cx.mb = mb;
-        let (cpu, tp) = (self.cx.map.par.cp as usize, self.tp);
-        let lab = |class| OpLabel {
-            class,
-            mb: mb as u16,
-            layer: l as u16,
-        };
-        let base = self.li(p, 0, 0);
-        let rec = self.cx.map.par.recompute;
-        let mut last = vec![NONE; cpu];
-        let (mut b_in, mut b_out) = (vec![0; cpu], vec![0; cpu]);
-        for t in 0..tp {
-            let lane = (r * tp + t) * cpu..(r * tp + t + 1) * cpu;
-            let at = |c: usize| (r * cpu + c) * tp + t;
-            let st = &self.stages[p as usize];
-            for c in 0..cpu {
-                last[c] = self.last[base + at(c)];
-                let (i, o) = (st.pair_in[at(c)], st.pair_out[at(c)]);
-                (b_in[c], b_out[c]) = if fwd { (i, o) } else { (o, i) };
-            }
-            let ri = self.layer_class[l as usize] * self.nr + r;
-            let (attn, extra) = if fwd {
-                (st.attn_f[ri], 0)
-            } else {
-                (st.attn_b[ri], if rec { st.attn_f[ri] } else { 0 })
-            };
-            emit_attention(
-                &mut self.cx,
-                &st.cp_gpus[lane.clone()],
-                &st.routes[lane],
-                &mut last,
-                l,
-                lab,
-                fwd,
-                attn,
-                extra,
-                &b_in,
-                &b_out,
-            );
-            for (c, &op) in last.iter().enumerate() {
-                self.last[base + at(c)] = op;
-            }
-        }
-    }
-
     fn fwd_end(&mut self, p: u32, mb: u32) {
         self.cx.mb = mb;
         let par = self.cx.map.par;
@@ -1553,7 +1464,9 @@ impl<'a> Emitter<'a> {
         self.mark();
     }
 
-    /// A plugged stage's attention of (stage p, layer l, mb), over stage p's ranks.
+    /// A stage's attention of (stage p, layer l, mb), over stage p's ranks: of replica
+    /// `r` of the span (a per-replica stage) or of every replica (`None`).
+    #[allow(clippy::too_many_arguments)]
     fn stage_attn(
         &mut self,
         a: &mut dyn AttentionStage,
@@ -1562,11 +1475,13 @@ impl<'a> Emitter<'a> {
         l: u32,
         mb: u32,
         fwd: bool,
+        r: Option<usize>,
     ) -> Result<()> {
         let call = AttnCall {
             stage: p,
             layer: l,
             mb,
+            replica: r.map(|r| (self.r0 + r) as u32),
             fwd,
             recompute: self.cx.map.par.recompute,
         };
@@ -1581,34 +1496,35 @@ impl<'a> Emitter<'a> {
         p: u32,
         fwd: bool,
         mb: u32,
-        mut attn: Option<&mut dyn AttentionStage>,
+        attn: &mut dyn AttentionStage,
         env: &StepEnv<'_>,
     ) -> Result<()> {
         self.begin(p, mb);
         let (lf, ll) = (self.stages[p as usize].lf, self.stages[p as usize].ll);
+        let per = attn.per_replica();
         if fwd {
             for l in lf..ll {
                 for r in 0..self.nr {
                     self.fwd_linear(p, mb, l, r);
-                    if attn.is_none() {
-                        self.builtin_attn(p, mb, l, r, true);
+                    if per {
+                        self.stage_attn(attn, env, p, l, mb, true, Some(r))?;
                     }
                 }
                 self.mark();
-                if let Some(a) = attn.as_deref_mut() {
-                    self.stage_attn(a, env, p, l, mb, true)?;
+                if !per {
+                    self.stage_attn(attn, env, p, l, mb, true, None)?;
                 }
             }
             self.fwd_end(p, mb);
         } else {
             self.bwd_begin(p, mb);
             for (k, l) in (lf..ll).rev().enumerate() {
-                if let Some(a) = attn.as_deref_mut() {
-                    self.stage_attn(a, env, p, l, mb, false)?;
+                if !per {
+                    self.stage_attn(attn, env, p, l, mb, false, None)?;
                 }
                 for r in 0..self.nr {
-                    if attn.is_none() {
-                        self.builtin_attn(p, mb, l, r, false);
+                    if per {
+                        self.stage_attn(attn, env, p, l, mb, false, Some(r))?;
                     }
                     self.bwd_linear(p, mb, l, r, k as u32 + 1);
                 }
@@ -1627,7 +1543,7 @@ impl<'a> Emitter<'a> {
         &mut self,
         ti: u32,
         tick: &crate::balance::distca::pingpong::Tick,
-        mut attn: Option<&mut dyn AttentionStage>,
+        attn: &mut dyn AttentionStage,
         env: &StepEnv<'_>,
     ) -> Result<()> {
         use crate::balance::distca::pingpong::Phase;
@@ -1638,7 +1554,8 @@ impl<'a> Emitter<'a> {
             .enumerate()
             .filter_map(|(p, mb)| mb.map(|mb| (p as u32, mb)))
             .collect();
-        let pooled = attn.as_deref().is_some_and(|a| a.pooled());
+        let per = attn.per_replica();
+        let pooled = !per && attn.pooled();
         let layers = self.stages[0].ll - self.stages[0].lf;
         for &(p, mb) in &active {
             self.begin(p, mb);
@@ -1648,40 +1565,32 @@ impl<'a> Emitter<'a> {
         }
         for j in 0..layers {
             if !fwd && pooled {
-                if let Some(a) = attn.as_deref_mut() {
-                    self.pooled_attn(a, env, ti, j, false)?;
-                }
+                self.pooled_attn(attn, env, ti, j, false)?;
             }
             for &(p, mb) in &active {
                 let st = &self.stages[p as usize];
                 let l = if fwd { st.lf + j } else { st.ll - 1 - j };
-                if !fwd && !pooled {
-                    if let Some(a) = attn.as_deref_mut() {
-                        self.stage_attn(a, env, p, l, mb, false)?;
-                    }
+                if !fwd && !pooled && !per {
+                    self.stage_attn(attn, env, p, l, mb, false, None)?;
                 }
                 for r in 0..self.nr {
                     if fwd {
                         self.fwd_linear(p, mb, l, r);
                     }
-                    if attn.is_none() {
-                        self.builtin_attn(p, mb, l, r, fwd);
+                    if per {
+                        self.stage_attn(attn, env, p, l, mb, fwd, Some(r))?;
                     }
                     if !fwd {
                         self.bwd_linear(p, mb, l, r, j + 1);
                     }
                 }
                 self.mark();
-                if fwd && !pooled {
-                    if let Some(a) = attn.as_deref_mut() {
-                        self.stage_attn(a, env, p, l, mb, true)?;
-                    }
+                if fwd && !pooled && !per {
+                    self.stage_attn(attn, env, p, l, mb, true, None)?;
                 }
             }
             if fwd && pooled {
-                if let Some(a) = attn.as_deref_mut() {
-                    self.pooled_attn(a, env, ti, j, true)?;
-                }
+                self.pooled_attn(attn, env, ti, j, true)?;
             }
         }
         for &(p, mb) in &active {
@@ -1707,6 +1616,7 @@ impl<'a> Emitter<'a> {
             stage: 0,
             layer: j,
             mb: ti,
+            replica: None,
             fwd,
             recompute: self.cx.map.par.recompute,
         };
@@ -1805,61 +1715,6 @@ fn deps(op: &OpId) -> &[OpId] {
         &[]
     } else {
         std::slice::from_ref(op)
-    }
-}
-
-/// One layer's attention block on every rank of the CP group: all-to-all in, core
-/// attention, all-to-all out (or, in backward, dO in, attention backward, dQ/dK/dV out).
-#[allow(clippy::too_many_arguments)]
-fn emit_attention(
-    cx: &mut Ctx<'_>,
-    group: &[GpuId],
-    routes: &[A2aRoute],
-    last: &mut [OpId],
-    layer: u32,
-    lab: impl Fn(OpClass) -> OpLabel,
-    fwd: bool,
-    attn: Ps,
-    extra: Ps,
-    bytes_in: &[u64],
-    bytes_out: &[u64],
-) {
-    let cp = group.len();
-    let (c_in, c_out, c_attn) = if fwd {
-        (OpClass::A2aIn, OpClass::A2aOut, OpClass::AttnFwd)
-    } else {
-        (OpClass::A2aOut, OpClass::A2aIn, OpClass::AttnBwd)
-    };
-    if cp > 1 {
-        let coll = cx.all_to_all(routes, bytes_in);
-        for c in 0..cp {
-            last[c] = cx.b.add_op(
-                cx.stream(group[c], StreamKind::CpComm),
-                OpKind::Coll(coll),
-                lab(c_in),
-                &[last[c]],
-            );
-        }
-    }
-    for c in 0..cp {
-        let dur = cx.vary(group[c], layer, c_attn, attn + extra);
-        let deps: &[OpId] = if cp > 1 {
-            std::slice::from_ref(&last[c])
-        } else {
-            &[]
-        };
-        last[c] = cx.compute(group[c], dur, lab(c_attn), deps);
-    }
-    if cp > 1 {
-        let coll = cx.all_to_all(routes, bytes_out);
-        for c in 0..cp {
-            last[c] = cx.b.add_op(
-                cx.stream(group[c], StreamKind::CpComm),
-                OpKind::Coll(coll),
-                lab(c_out),
-                &[last[c]],
-            );
-        }
     }
 }
 

@@ -288,7 +288,7 @@ fn bad_settings_are_named() {
         (
             "\"distca:eps=0\"",
             "\"distca:warp\"",
-            "unknown tweak \"warp\"",
+            "tweak = \"warp\": a tweak distca takes",
         ),
         (
             "\"wlbllm\", \"distca\"",
@@ -300,23 +300,23 @@ fn bad_settings_are_named() {
             "model = \"llama3-8b\"\nlayers = 99\nsteps",
             "layers = 99",
         ),
-        // GA 3 is fine now that DistCA keeps the baseline's GA; GA 0 is not
+        // a zero degree is refused by name
         ("ga = 8", "ga = 0", "ga = 0: a degree ≥ 1"),
         (
             "topology = \"dgx-h200-roce\"",
             "alpha = 1",
             "unknown field `alpha`",
         ),
-        ("topology = \"dgx-h200-roce\"\n", "", "topology is required"),
+        ("topology = \"dgx-h200-roce\"\n", "", "[network] topology = none"),
         (
             "\"distca:eps=0\"",
             "\"wlbllm:cp=0\"",
-            "cp = \"0\" is not a degree ≥ 1",
+            "arms \"wlbllm:cp=0\" cp = 0: a degree ≥ 1",
         ),
         (
             "\"distca:eps=0\"",
             "\"wlbllm:cp=3\"",
-            "cp = 3 must divide the point's DP × CP = 1 × 2 = 2 ranks",
+            "cp = 3: a divisor of the point's DP × CP = 1 × 2 = 2 ranks",
         ),
         (
             "seq_len = [131072, 524288]",
@@ -326,7 +326,7 @@ fn bad_settings_are_named() {
         (
             "dp = [1, 8]\nseq_len = [131072, 524288]",
             "seq_len = [131072, 524288]\n[[sweep.layout]]\nmodel = \"llama-34b\"\ndp = 1\ncp = 2\nga = 8",
-            "model = \"llama-34b\" is not one of the file's models",
+            "[[sweep.layout]] #1 model = \"llama-34b\": one of the file's models",
         ),
     ];
     let dir = tmp("bad");
@@ -354,7 +354,7 @@ fn bad_settings_are_named() {
 }
 
 /// `skewsim run --calibration`: a scheme comparison priced by a measured GPU (a calibration
-/// fitted here from the committed run-13 H200 measurements) differs from the built-in
+/// fitted here from the committed H200 measurements in `validate/results/plans_run13/`) differs from the built-in
 /// profile's, says so in its summary, and a kind that prices no GPU work refuses the flag.
 /// `--kernel` picks a built-in profile per run: torch-flash is the default.
 #[test]

@@ -106,7 +106,7 @@ fn calibrate_fits_the_committed_h200_measurements() {
     let out = skewsim(&["calibrate"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("at least one --measurements"));
-    // The run-13 file as written then (format version 1): refused by name.
+    // A measurement file of format version 1 (`plans_run13/measurements.csv`): refused by name.
     let old = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/validate/results/plans_run13/measurements.csv"
@@ -126,7 +126,7 @@ fn calibrate_fits_the_committed_h200_measurements() {
     );
 }
 
-/// Run 15 (H200, 2026-11-29): forward and backward of 16 plans of the four schemes; fit on
+/// The committed H200 measurements of forward and backward of 16 plans of the four schemes: fit on
 /// the Libra and Ulysses plans, score on the WLB-LLM and DistCA plans (p13 left out: see
 /// BENCHMARKS.md).
 #[test]

@@ -1,5 +1,5 @@
-// Backward causal attention (dQ, dK, dV) over the same work units as attn_fwd.cu (skewsim
-// issue 7). attn_common.cuh is prepended by the host; compiled with -DHEAD_DIM=64|128 -DNWARPS=4
+// Backward causal attention (dQ, dK, dV) over the same work units as attn_fwd.cu.
+// attn_common.cuh is prepended by the host; compiled with -DHEAD_DIM=64|128 -DNWARPS=4
 // (tiles of 64 query rows / 64 keys).
 //
 // FlashAttention-2 backward, split into three launches:

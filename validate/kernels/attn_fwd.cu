@@ -1,4 +1,4 @@
-// Forward causal attention over a variable-length batch of work units (skewsim issue 7).
+// Forward causal attention over a variable-length batch of work units.
 //
 // Compiled at run time by NVRTC (validate/src/gpu.rs) with -DHEAD_DIM=64|128 and -DNWARPS=4|8.
 // Header-free: bf16 is carried as raw 16-bit words, tensor-core work is inline PTX

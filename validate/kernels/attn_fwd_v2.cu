@@ -1,4 +1,4 @@
-// Forward causal attention, version 2 (skewsim issue 7): the same function, layout and work units
+// Forward causal attention, version 2: the same function, layout and work units
 // as attn_fwd.cu (see there), but each warp owns 32 query rows (two 16-row MMA tiles), so every K
 // or V fragment read from shared memory feeds four MMAs instead of two. The Q fragments no longer
 // fit in registers next to the doubled accumulators: they are re-read from shared memory each

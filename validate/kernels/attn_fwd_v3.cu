@@ -1,4 +1,4 @@
-// Forward causal attention, version 3 (skewsim issue 7): version 2 (attn_fwd_v2.cu: 32 query rows
+// Forward causal attention, version 3: version 2 (attn_fwd_v2.cu: 32 query rows
 // per warp, Q re-read from shared memory) with cheaper data movement:
 //  - each thread's cp.async chunks keep one column and a fixed swizzle (rows step by a multiple
 //    of 8), so their shared and global addresses are computed once and advanced by a constant

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 7: write single-launch benchmark CSVs of skewsim-validate (runs 10, 12, 16) as
+"""Write single-launch benchmark CSVs of skewsim-validate (`validate/results/run10_*`, `run12_*`, `run16/`) as
 measurement rows (format v2) that `skewsim calibrate` can fit or score, one plan per launch.
 
   bench_to_measurements.py grid  IN.csv OUT.csv   # case,kernel,heads,q_len,kv_len,units,flops,median_ms,...

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Issue 7, run 15: fit on some plans, score on the others, split by scheme, by corpus and by L
+# Fit on some plans, score on the others, split by scheme, by corpus and by L
 # (no GPU). Usage: calibrate_splits.sh MEASUREMENTS.csv OUTDIR [EXTRA calibrate flags, e.g. --exclude-plans p13_]
 set -eu
 B=${SKEWSIM:-target/release/skewsim}

@@ -1,11 +1,11 @@
 #!/bin/bash
-# One device run of issue 7's GPU work; steps: check bench jitter torch bwd mixed gqa d64 grid jitterlong jitter2gpu trace (run from the repository root on the H200 machine, with the
+# One device run of the kernel validation's GPU work; steps: check bench jitter torch bwd mixed gqa d64 grid jitterlong jitter2gpu trace (run from the repository root on the H200 machine, with the
 # binary and this script carried in .carry-gpu/). Everything is logged under $OUT.
 set -u
 B=./.carry-gpu/skewsim-validate
 S=./.carry-gpu
 export PYTHONUNBUFFERED=1
-V=${VARIANTS:-v3w4,v3w8}   # forward kernel variants (runs 1-6 used v1w4,v1w8[,v2w4,v2w8])
+V=${VARIANTS:-v3w4,v3w8}   # forward kernel variants (v1w4, v1w8, v2w4, v2w8 also exist)
 L=/tmp/logs; mkdir -p $L              # logs that duplicate CSVs stay there ($OUT keeps <= 8 files)
 for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
   [ -d $d ] && export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}:$d

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Issue 7, run 15: plans of the four schemes over three corpora and two L for `skewsim validate`
+# Plans of the four schemes over three corpora and two L for `skewsim validate`
 # (fit on some, score on the others by scheme or corpus). Run here (no GPU); writes
 # $1/p<seed>_<scheme>_c<corpus>_L<L>_H<H>_M<M>.json. Seeds are labels (distinct per plan).
 set -eu
@@ -25,7 +25,7 @@ plan 9  wlbllm  wlbllm      wlb  131072  4   2  4  2  1  2
 plan 10 wlbllm  libra-1m    1m   131072  2   2  4  2  1  1
 plan 11 distca  libra-256k  256k 131072  4   4  1  4  1  4
 plan 12 distca  wlbllm      wlb  131072  4   4  1  4  1  2
-# Run 15d: heads per call the other schemes lacked (WLB-LLM/DistCA at 2 and 4, Libra/Ulysses at 16).
+# Heads per call the other schemes lack (WLB-LLM/DistCA at 2 and 4, Libra/Ulysses at 16).
 plan 13 wlbllm  wlbllm      wlb  131072  4   2  4  2  1  16
 plan 14 distca  libra-256k  256k 131072  4   4  1  4  1  8
 plan 15 libra   wlbllm      wlb  131072  4   2  4  2  2  1

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Issue 7, run 19: fresh plans for a held-out check of a calibration fitted on run 15 (seeds
+# Fresh plans for a held-out check of a calibration fitted on make_plans3.sh's plans (seeds
 # 31-42, never measured before), at heads per call 1-32 (1 head per call was never fitted),
 # L 128K / 256K, the four schemes and three corpora. Run here (no GPU); writes
 # $1/p<seed>_<scheme>_c<corpus>_L<L>_H<H>_M<M>.json (heads per call = 32 / (H * M)).

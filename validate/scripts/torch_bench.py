@@ -1,4 +1,4 @@
-"""PyTorch side of the side-by-side benchmarks (skewsim issue 7).
+"""PyTorch side of the side-by-side benchmarks of the validation kernels.
 
 fwd:   times torch.nn.functional.scaled_dot_product_attention with the FlashAttention backend on the
        shapes of shared/data/h200_torch_flash_causal_fwd.csv: `total` tokens cut into documents of

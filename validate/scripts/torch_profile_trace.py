@@ -1,4 +1,4 @@
-"""Makes the small PyTorch-profiler Chrome trace committed under traces/ (skewsim issue 7).
+"""Makes the small PyTorch-profiler Chrome trace committed under traces/.
 
 Runs scaled_dot_product_attention (FlashAttention backend, causal, bf16, head_dim 128) on a few
 document shapes under torch.profiler with record_shapes=True and exports a Chrome trace. The

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Issue 7, plan execution: run `skewsim validate` on every plan in .carry-gpu/plans/ (files
+# Plan execution: run `skewsim validate` on every plan in .carry-gpu/plans/ (files
 # p_s<SEED>_H<H>_M<M>.json, made by `skewsim plan ... --head-shards H --chunks M --seed SEED`)
 # on the device machine, from the repository root; one combined measurement CSV and the log
 # come back under $OUT.

@@ -1,6 +1,6 @@
 #!/bin/bash
-# Run 14 (meant for nvidia-h200-x2; ran on one H200): the NCCL path of `skewsim validate --gpus 2` on one plan, then the
-# two plans run 13 did not reach, on one GPU. From the repository root; files under $OUT.
+# The NCCL path of `skewsim validate --gpus 2` on one plan (meant for nvidia-h200-x2; runs on
+# one H200 too), then two more plans of validate_plans.sh's set, on one GPU. From the repository root; files under $OUT.
 set -u
 B=./.carry-gpu/skewsim
 P=./.carry-gpu/plans

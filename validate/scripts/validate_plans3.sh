@@ -1,5 +1,5 @@
 #!/bin/bash
-# Issue 7, run 15 (one H200): `skewsim validate` (forward + backward) on the plans of
+# One H200: `skewsim validate` (forward + backward) on the plans of
 # scripts/make_plans3.sh in .carry-gpu/plans3/, and the NCCL path on one GPU
 # (`--transport nccl`: a one-rank communicator, each chunk's pieces sent to itself).
 # From the repository root; files under $OUT: env.txt, measurements.csv (all plans),

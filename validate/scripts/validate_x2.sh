@@ -1,5 +1,5 @@
 #!/bin/bash
-# Issue 7, run 18: the NCCL path between two GPUs (nvidia-h200-x2). For a few plans of
+# The NCCL path between two GPUs (nvidia-h200-x2). For a few plans of
 # make_plans3.sh (in .carry-gpu/plans4/): `skewsim validate --gpus 2` (worker w on GPU w mod 2,
 # each chunk's transfers as NCCL grouped send/recv between the GPUs) beside `--gpus 1`
 # (device-to-device copies on GPU 0); then identical launches on both GPUs at once for the

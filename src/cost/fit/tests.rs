@@ -181,7 +181,7 @@ fn csv_round_trips_and_names_bad_fields() {
 
 #[test]
 fn old_and_other_csv_versions_are_refused_by_name() {
-    // Version 1: the header first, no `pass` column (what runs 13 and 14 wrote).
+    // Version 1: the header first, no `pass` column (as `validate/results/plans_run13/` holds it).
     let v1 = "kind,plan,seed,scheme,step,ga,pool,worker,chunk,units,segments,tiles,heads,head_dim,q_tokens,flops,bytes,predicted_ms,measured_ms,p10_ms,p90_ms,segs\n\
               attn,p,1,libra,0,0,0,0,0,1,1,1,2,128,64,1e9,0,,1.0,1.0,1.0,64:64*1\n";
     let e = measurements_from_csv(v1, "old.csv")
@@ -213,7 +213,7 @@ fn old_and_other_csv_versions_are_refused_by_name() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("empty.csv: first line"), "{e}");
-    // The committed run-13 record converted to version 2 reads back whole.
+    // The committed `plans_run13` record, converted to version 2, reads back whole.
     let v2 = include_str!("../../../validate/results/plans_run13/measurements_v2.csv");
     let rows = measurements_from_csv(v2, "measurements_v2.csv").unwrap();
     assert_eq!(rows.len(), 1104);

@@ -154,6 +154,7 @@ fn layer_time(
         stage: 0,
         layer: 0,
         mb: 0,
+        replica: None,
         fwd,
         recompute: false,
     };

@@ -890,9 +890,10 @@ fn parts_build_the_graph_of_one_emitter() {
             var: &var,
             step: 2,
         };
-        let whole = build(&c, env, &batch, None, None).unwrap();
+        let mut u = UlyssesAttention::new(&c, map, &batch).unwrap();
+        let whole = build_step_with(&c, map, &batch, 2, &var, &mut u).unwrap();
         for n in [1, 2, 3, 5, 64] {
-            let sg = build(&c, env, &batch, None, Some(n)).unwrap();
+            let sg = build_parts(&c, env, &batch, n).unwrap();
             assert!(sg.graph == whole.graph, "{n} parts under {p:?}");
         }
         for threads in [1, 3] {
