@@ -59,7 +59,7 @@ pub struct Args {
     /// Simulate only this many layers [default: all].
     #[arg(long, value_parser = limits::count::<u32>(1, 1 << 10))]
     pub layers: Option<u32>,
-    /// Most candidates simulated at the first seed (in order of their estimate).
+    /// Most candidates simulated at the first seed (in order of their lower bound).
     #[arg(long, default_value_t = 16, value_parser = limits::count::<u32>(1, rec::MAX_SIMULATE as u64))]
     pub simulate: u32,
     /// Finalists run at every seed.

@@ -6,21 +6,29 @@
 //! ε ∈ {0.05, 0.10, 0.20}, Libra with P ∈ {2, 4, 8, 16}, H ∈ {1, 4}, B ∈ {4096, 8192},
 //! Megatron-Core's dynamic CP) on every layout TP × CP × DP × PP (powers of two; TP inside
 //! a node; PP only when allowed; EP for MoE models) of the GPUs, at one global batch.
-//! Rules prune it before anything is simulated, each counted:
+//! Rules prune it, each counted (the first two before anything is simulated, the others
+//! while the survivors are):
 //!
 //! 1. `layout`: the layout or the scheme's settings are refused (TP not dividing the heads,
 //!    DP not dividing the global batch, Ulysses' CP not dividing the heads, P not dividing
 //!    DP, …).
 //! 2. `memory`: a rank's peak memory (`cost::memory`, with exactly the inputs the step
 //!    builder gives it: `schedule::step::stage_rank_memory`) exceeds the memory per GPU.
-//! 3. `libra-pareto`: a Libra (P, H, B) that Libra's configuration simulator
+//! 3. `bound`: branch and bound. Every candidate has a lower bound on its step
+//!    ([`lower_bound_ps`]: the busiest GPU's compute stream from the cost model), hence an
+//!    upper bound on its tokens/s (the batch's tokens over it). Candidates are simulated in
+//!    order of lower bound, [`WAVE`] at a time ([`screen`]); once [`Spec::top`] distinct
+//!    candidates are simulated, one whose most tokens/s is below the last of them can never
+//!    be a finalist, and neither can any after it: they are not simulated. Unless the
+//!    budget runs out first, the finalists are exactly those a search simulating every
+//!    survivor would pick.
+//!    Waves are formed from the waves before them, so the pruning does not depend on the
+//!    thread count.
+//! 4. `libra-pareto`: a Libra (P, H, B) that Libra's configuration simulator
 //!    (`balance::libra::config`) finds no better balanced and no cheaper in bytes than
-//!    another of the same layout (dominated on the first global batch).
-//! 4. `bound`: a candidate's compute-only estimate (`estimate_ps`: the cost model's linear
-//!    and attention time on the layout's busiest replica — every replica at the mean for
-//!    the schemes that rebalance — plus the 1F1B bubble, no communication) is already slower
-//!    than a candidate simulated before it. Candidates are simulated in order of estimate,
-//!    [`WAVE`] at a time, so the pruning does not depend on the thread count.
+//!    another of the same layout (dominated on the first global batch), checked for a
+//!    layout when its first Libra candidate comes up (the bound spares the rest the
+//!    configuration simulator).
 //! 5. `budget`: candidates left when [`Spec::simulate`] of them have been simulated.
 //!
 //! The simulated candidates run one step at the first seed through the same code as
@@ -52,8 +60,9 @@ use crate::schedule::{Parallelism, PipelineKind};
 use crate::workload::pack::Packing;
 use crate::workload::PackedSeq;
 
-/// Most GPUs a recommendation searches (the largest its bench arm measures).
-pub const MAX_GPUS: u32 = 1 << 14;
+/// Most GPUs a recommendation searches: the most one simulated point may have, so that
+/// `skewsim run` runs every winner at its size.
+pub const MAX_GPUS: u32 = super::inputs::MAX_SIM_GPUS as u32;
 /// Most seeds.
 pub const MAX_SEEDS: u32 = 16;
 /// Most candidates simulated at the first seed.
@@ -253,8 +262,8 @@ pub struct Row {
     pub candidate: Candidate,
     /// The arm `skewsim run` runs it as (Libra: with its pipeliner's M).
     pub run_arm: String,
-    /// Its compute-only estimate of the step (ms).
-    pub estimate_ms: f64,
+    /// Its lower bound on the step (ms; [`lower_bound_ps`]).
+    pub lower_bound_ms: f64,
     /// Tokens/s at each seed.
     pub per_seed: Vec<f64>,
     /// Mean tokens/s over the seeds.
@@ -366,6 +375,11 @@ pub fn recommend(
     prices: Prices,
     observer: &dyn Observer,
 ) -> Result<Recommendation> {
+    search(spec, &setup(spec, base, prices)?, observer)
+}
+
+/// Load what the search shares: the cost model, the topology and the first seed's batch.
+fn setup(spec: &Spec, base: &Path, prices: Prices) -> Result<Setup> {
     spec.check()?;
     let file = "recommend";
     let kernel = prices.1.unwrap_or(Kernel::DEFAULT);
@@ -396,14 +410,13 @@ pub fn recommend(
         .batches(gbs as usize)?
         .next()
         .context("recommend: the corpus has no global batch")?;
-    let setup = Setup {
+    Ok(Setup {
         cost,
         topo: (label, tspec),
         gpn,
         batch,
         gbs,
-    };
-    search(spec, &setup, observer)
+    })
 }
 
 /// The search space: (candidate, why it is refused, if it is).
@@ -583,13 +596,18 @@ fn memory_bytes(spec: &Spec, s: &Setup, c: &Candidate) -> Result<u64> {
         .unwrap_or(0))
 }
 
-/// A candidate's compute-only estimate of its step (ps): per micro-batch, the linear blocks'
-/// forward (twice under recomputation) and backward time over L / CP tokens, and each
-/// sequence's attention forward and backward over its documents on one TP rank's heads,
-/// divided over CP; Ulysses' straggler replica (its own sequences), the mean replica for
-/// the schemes that move work; layers / PP per stage and PP − 1 micro-batches of bubble.
-/// No communication, no waiting: a floor the simulation should not beat by much.
-fn estimate_ps(spec: &Spec, s: &Setup, c: &Candidate, attn: &[f64]) -> Result<f64> {
+/// A lower bound on a candidate's step (ps): the compute stream of its busiest GPU, which
+/// the step cannot be shorter than. Per micro-batch and layer of the largest stage, every
+/// GPU runs the linear blocks' forward (twice under recomputation) and backward over its
+/// L / CP tokens, and its share of the attention: each sequence's forward and backward over
+/// its documents on one TP rank's heads, divided over CP, summed over the replica's
+/// micro-batches — Ulysses' slowest replica (it moves no work between replicas), the mean
+/// replica for the schemes that move work (the busiest GPU carries at least the mean);
+/// under PP, 1F1B's PP − 1 micro-batch slots of bubble. No communication and no waiting
+/// are counted. The premises (a piece of a sequence's attention costs no less than its
+/// share of the whole; no GPU trains fewer than L / CP tokens per micro-batch) are checked
+/// against the simulation over a sweep of candidates in this module's tests.
+fn lower_bound_ps(spec: &Spec, s: &Setup, c: &Candidate, attn: &[f64]) -> Result<f64> {
     let shard = s.cost.tp_shard(c.tp, c.ep)?;
     let tokens = u64::from(spec.seq_len).div_ceil(u64::from(c.cp));
     let fwd = shard.linear_fwd_ps_f(LinearPart::PreAttn, tokens)
@@ -632,14 +650,14 @@ fn search(spec: &Spec, s: &Setup, observer: &dyn Observer) -> Result<Recommendat
             example: None,
         },
         Rule {
-            name: "libra-pareto",
-            what: "a Libra (P, H, B) no better balanced and no cheaper than another (configuration simulator)",
+            name: "bound",
+            what: "its lower bound on the step leaves it slower than the last finalist simulated so far",
             removed: 0,
             example: None,
         },
         Rule {
-            name: "bound",
-            what: "its compute-only estimate is slower than a candidate simulated before it",
+            name: "libra-pareto",
+            what: "a Libra (P, H, B) no better balanced and no cheaper than another (configuration simulator)",
             removed: 0,
             example: None,
         },
@@ -706,37 +724,34 @@ fn search(spec: &Spec, s: &Setup, observer: &dyn Observer) -> Result<Recommendat
         rules[1].removed,
         alive.len()
     ));
-    // 3. libra-pareto, per layout
-    let dominated = libra_dominated(s, &alive)?;
-    let mut kept = Vec::new();
-    for ((c, mem), d) in alive.into_iter().zip(dominated) {
-        match d {
-            Some(w) => drop(&mut rules, 2, format!("{} on {}: {w}", c.arm, c.layout())),
-            None => kept.push((c, mem)),
-        }
-    }
-    // 4. bound: estimates, simulated in order of estimate
-    let attn = sequence_attention(s, &kept)?;
-    let mut order: Vec<(f64, usize)> = kept
+    // 3. bound, 4. libra-pareto (a layout's, when its first Libra candidate comes up),
+    // 5. budget: branch and bound in order of lower bound
+    let attn = sequence_attention(s, &alive)?;
+    let mut order: Vec<(f64, usize)> = alive
         .iter()
         .enumerate()
         .map(|(i, (c, _))| {
             let Some((_, _, a)) = attn.iter().find(|(tp, ep, _)| (*tp, *ep) == (c.tp, c.ep)) else {
-                bail!(
-                    "recommend: no attention estimate for TP {} EP {}",
-                    c.tp,
-                    c.ep
-                );
+                bail!("recommend: no attention time for TP {} EP {}", c.tp, c.ep);
             };
-            estimate_ps(spec, s, c, a).map(|e| (e, i))
+            lower_bound_ps(spec, s, c, a).map(|e| (e, i))
         })
         .collect::<Result<_>>()?;
     order.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    let bound_of: Vec<f64> = {
+        let mut v = vec![0.0; alive.len()];
+        for &(e, i) in &order {
+            v[i] = e;
+        }
+        v
+    };
     observer.progress(&format!(
-        "libra-pareto removed {}; {} to simulate in order of estimate",
-        rules[2].removed,
+        "layout removed {}, memory {}; {} to screen in order of lower bound",
+        rules[0].removed,
+        rules[1].removed,
         order.len()
     ));
+    let tokens = s.batch.iter().map(PackedSeq::tokens).sum::<u64>() as f64;
     let opts = |k: u32| RunOpts {
         steps: 1,
         seed: spec.seed + u64::from(k),
@@ -748,78 +763,78 @@ fn search(spec: &Spec, s: &Setup, observer: &dyn Observer) -> Result<Recommendat
         "candidates simulated (first seed)",
         observer,
     );
-    let mut screened: Vec<(usize, f64, ArmResult)> = Vec::new();
-    let mut refused = Vec::new();
-    let mut best_ps = f64::INFINITY;
-    let mut next = 0;
-    let mut simulated = 0;
-    while next < order.len() {
-        let mut wave = Vec::new();
-        while next < order.len() && wave.len() < WAVE && simulated + wave.len() < budget {
-            let (e, i) = order[next];
-            next += 1;
-            if e >= best_ps {
-                let c = &kept[i].0;
-                drop(
-                    &mut rules,
-                    3,
-                    format!(
-                        "{} on {}: estimate {:.1} ms ≥ {:.1} ms simulated",
-                        c.arm,
-                        c.layout(),
-                        e * 1e-9,
-                        best_ps * 1e-9
-                    ),
-                );
-                continue;
+    let mut pareto: Vec<Option<Option<String>>> = vec![None; alive.len()];
+    let mut gate = |i: usize| -> Result<Option<String>> {
+        if alive[i].0.scheme != Scheme::Libra {
+            return Ok(None);
+        }
+        if pareto[i].is_none() {
+            for (j, d) in libra_dominated(s, &alive, &alive[i].0)? {
+                pareto[j] = Some(d);
             }
-            wave.push((e, i));
         }
-        if wave.is_empty() {
-            break;
-        }
+        Ok(pareto[i].clone().flatten())
+    };
+    let mut screened: Vec<(usize, ArmResult)> = Vec::new();
+    let mut refused = Vec::new();
+    let mut over: Vec<String> = Vec::new();
+    let mut run = |wave: &[usize]| -> Result<f64> {
         let out: Vec<Result<ArmResult>> = wave
             .par_iter()
-            .map(|&(_, i)| {
+            .map(|&i| {
                 progress.check()?;
-                let r = simulate(spec, s, &kept[i].0, opts(0));
+                let r = simulate(spec, s, &alive[i].0, opts(0));
                 progress.tick();
                 r
             })
             .collect();
-        simulated += wave.len();
-        for ((e, i), r) in wave.into_iter().zip(out) {
+        for (&i, r) in wave.iter().zip(out) {
+            let c = &alive[i].0;
             match r {
                 Err(Error::Cancelled) => return Err(Error::Cancelled),
-                Err(err) => refused.push(format!(
-                    "{} on {}: {err}",
-                    kept[i].0.arm,
-                    kept[i].0.layout()
+                Err(err) => refused.push(format!("{} on {}: {err}", c.arm, c.layout())),
+                Ok(r) if r.infeasible > 0 => over.push(format!(
+                    "{} on {}: {} ranks over capacity when simulated",
+                    c.arm,
+                    c.layout(),
+                    r.infeasible
                 )),
-                Ok(r) if r.infeasible > 0 => drop(
-                    &mut rules,
-                    1,
-                    format!(
-                        "{} on {}: {} ranks over capacity when simulated",
-                        kept[i].0.arm,
-                        kept[i].0.layout(),
-                        r.infeasible
-                    ),
-                ),
-                Ok(r) => {
-                    best_ps = best_ps.min(r.iteration_ms * 1e9);
-                    screened.push((i, e, r));
-                }
+                Ok(r) => screened.push((i, r)),
             }
         }
-        if simulated >= budget {
-            break;
+        let fin = finalists(&alive, &screened, spec.top as usize).0;
+        Ok(match fin.get(spec.top as usize - 1) {
+            Some(&f) => screened[f].1.tokens_per_s,
+            None => 0.0,
+        })
+    };
+    let fates = screen(&order, tokens, budget, &mut gate, &mut run)?;
+    for w in over {
+        drop(&mut rules, 1, w);
+    }
+    let mut simulated = 0;
+    for (i, fate) in fates {
+        let c = &alive[i].0;
+        let at = format!("{} on {}", c.arm, c.layout());
+        match fate {
+            Fate::Simulated => simulated += 1,
+            Fate::Bound(most, bar) => drop(
+                &mut rules,
+                2,
+                format!(
+                    "{at}: lower bound {:.1} ms, at most {most:.0} tokens/s < {bar:.0} (finalist {})",
+                    bound_of[i] * 1e-9,
+                    spec.top
+                ),
+            ),
+            Fate::Gated(w) => drop(&mut rules, 3, format!("{at}: {w}")),
+            Fate::Budget => drop(&mut rules, 4, at),
         }
     }
-    for &(_, i) in &order[next..] {
-        let c = &kept[i].0;
-        drop(&mut rules, 4, format!("{} on {}", c.arm, c.layout()));
-    }
+    observer.progress(&format!(
+        "simulated {simulated}; bound removed {}, libra-pareto {}, budget {}",
+        rules[2].removed, rules[3].removed, rules[4].removed
+    ));
     if screened.is_empty() {
         bail!(
             "recommend: no candidate could be simulated ({} refused; first: {})",
@@ -827,33 +842,7 @@ fn search(spec: &Spec, s: &Setup, observer: &dyn Observer) -> Result<Recommendat
             refused.first().map_or("none", String::as_str)
         );
     }
-    // finalists: the fastest at the first seed (ties: earlier in estimate order), one of
-    // each set of candidates of one scheme and layout whose step came out the same
-    let mut by_speed: Vec<usize> = (0..screened.len()).collect();
-    by_speed.sort_by(|&a, &b| {
-        screened[b]
-            .2
-            .tokens_per_s
-            .total_cmp(&screened[a].2.tokens_per_s)
-            .then(a.cmp(&b))
-    });
-    let same = |a: usize, b: usize| {
-        let (ca, cb) = (&kept[screened[a].0].0, &kept[screened[b].0].0);
-        let (ra, rb) = (&screened[a].2, &screened[b].2);
-        ca.scheme == cb.scheme
-            && ca.layout() == cb.layout()
-            && ra.iteration_ms == rb.iteration_ms
-            && ra.attn_mean_ms == rb.attn_mean_ms
-    };
-    let mut fin: Vec<usize> = Vec::new();
-    let mut equivalent = 0;
-    for &i in &by_speed {
-        if fin.iter().any(|&f| same(f, i)) {
-            equivalent += 1;
-        } else if fin.len() < spec.top as usize {
-            fin.push(i);
-        }
-    }
+    let (fin, by_speed, equivalent) = finalists(&alive, &screened, spec.top as usize);
     let jobs: Vec<(usize, u32)> = fin
         .iter()
         .flat_map(|&f| (1..spec.seeds).map(move |k| (f, k)))
@@ -863,12 +852,12 @@ fn search(spec: &Spec, s: &Setup, observer: &dyn Observer) -> Result<Recommendat
         .par_iter()
         .map(|&(f, k)| {
             progress.check()?;
-            let r = simulate(spec, s, &kept[screened[f].0].0, opts(k));
+            let r = simulate(spec, s, &alive[screened[f].0].0, opts(k));
             progress.tick();
             r
         })
         .collect();
-    let mut runs: Vec<Vec<ArmResult>> = fin.iter().map(|&f| vec![screened[f].2.clone()]).collect();
+    let mut runs: Vec<Vec<ArmResult>> = fin.iter().map(|&f| vec![screened[f].1.clone()]).collect();
     for ((f, _), r) in jobs.iter().zip(more) {
         let Some(pos) = fin.iter().position(|x| x == f) else {
             bail!("recommend: a seed's run of candidate {f} is not a finalist's");
@@ -879,15 +868,15 @@ fn search(spec: &Spec, s: &Setup, observer: &dyn Observer) -> Result<Recommendat
         .iter()
         .zip(&runs)
         .map(|(&f, rs)| {
-            let c = &kept[screened[f].0].0;
-            Ok(row(c, run_label(s, c)?, screened[f].1, rs))
+            let c = &alive[screened[f].0].0;
+            Ok(row(c, run_label(s, c)?, bound_of[screened[f].0], rs))
         })
         .collect::<Result<_>>()?;
     // a finalist over capacity at another seed is dropped too
     rows.retain(|r| {
         let over = fin
             .iter()
-            .position(|&f| kept[screened[f].0].0 == r.candidate)
+            .position(|&f| alive[screened[f].0].0 == r.candidate)
             .is_some_and(|p| runs[p].iter().any(|x| x.infeasible > 0));
         !over
     });
@@ -917,14 +906,14 @@ fn search(spec: &Spec, s: &Setup, observer: &dyn Observer) -> Result<Recommendat
         .or_else(|| {
             by_speed
                 .iter()
-                .find(|&&i| kept[screened[i].0].0.scheme != win.candidate.scheme)
+                .find(|&&i| alive[screened[i].0].0.scheme != win.candidate.scheme)
                 .map(|&i| {
-                    let c = &kept[screened[i].0].0;
+                    let c = &alive[screened[i].0].0;
                     row(
                         c,
                         c.arm.clone(),
-                        screened[i].1,
-                        std::slice::from_ref(&screened[i].2),
+                        bound_of[screened[i].0],
+                        std::slice::from_ref(&screened[i].1),
                     )
                 })
         })
@@ -944,6 +933,100 @@ fn search(spec: &Spec, s: &Setup, observer: &dyn Observer) -> Result<Recommendat
     })
 }
 
+/// The finalists among `screened` (positions in it): the `top` fastest at the first seed
+/// (ties: the one simulated first), one of each set of candidates of one scheme and layout
+/// whose step came out the same; with every position fastest first, and how many were left
+/// out as equal to a faster one.
+fn finalists(
+    alive: &[(Candidate, u64)],
+    screened: &[(usize, ArmResult)],
+    top: usize,
+) -> (Vec<usize>, Vec<usize>, usize) {
+    let mut by_speed: Vec<usize> = (0..screened.len()).collect();
+    by_speed.sort_by(|&a, &b| {
+        screened[b]
+            .1
+            .tokens_per_s
+            .total_cmp(&screened[a].1.tokens_per_s)
+            .then(a.cmp(&b))
+    });
+    let same = |a: usize, b: usize| {
+        let (ca, cb) = (&alive[screened[a].0].0, &alive[screened[b].0].0);
+        let (ra, rb) = (&screened[a].1, &screened[b].1);
+        ca.scheme == cb.scheme
+            && ca.layout() == cb.layout()
+            && ra.iteration_ms == rb.iteration_ms
+            && ra.attn_mean_ms == rb.attn_mean_ms
+    };
+    let mut fin: Vec<usize> = Vec::new();
+    let mut equivalent = 0;
+    for &i in &by_speed {
+        if fin.iter().any(|&f| same(f, i)) {
+            equivalent += 1;
+        } else if fin.len() < top {
+            fin.push(i);
+        }
+    }
+    (fin, by_speed, equivalent)
+}
+
+/// What the branch and bound did with a candidate.
+#[derive(Clone, Debug, PartialEq)]
+enum Fate {
+    /// Simulated at the first seed.
+    Simulated,
+    /// Its most tokens/s (first) is below what the last finalist reached (second).
+    Bound(f64, f64),
+    /// Removed by the gate, for the reason given.
+    Gated(String),
+    /// Left when the simulation budget was spent.
+    Budget,
+}
+
+/// Branch and bound over `order` ((lower bound of the step in ps, candidate), ascending):
+/// candidates are simulated [`WAVE`] at a time by `run`, which returns the tokens/s the
+/// last finalist reaches so far (0 while there are fewer finalists than wanted). A
+/// candidate that trains at most `tokens` tokens in a step at least its lower bound long
+/// runs at most `tokens / bound` tokens/s; below that figure it can never be a finalist and
+/// is not simulated (`Bound`; every later one then is too). The rest pass `gate` (None:
+/// admitted) before a wave takes them, until `budget` have been simulated. Each wave is
+/// formed from the figures of the waves before it, so what is pruned does not depend on
+/// the thread count.
+fn screen(
+    order: &[(f64, usize)],
+    tokens: f64,
+    budget: usize,
+    gate: &mut dyn FnMut(usize) -> Result<Option<String>>,
+    run: &mut dyn FnMut(&[usize]) -> Result<f64>,
+) -> Result<Vec<(usize, Fate)>> {
+    let mut fates = Vec::with_capacity(order.len());
+    let mut bar = 0.0f64;
+    let (mut next, mut simulated) = (0, 0);
+    while next < order.len() && simulated < budget {
+        let mut wave = Vec::new();
+        while next < order.len() && wave.len() < WAVE && simulated + wave.len() < budget {
+            let (lb, i) = order[next];
+            next += 1;
+            let most = tokens * 1e12 / lb;
+            if most < bar {
+                fates.push((i, Fate::Bound(most, bar)));
+            } else if let Some(why) = gate(i)? {
+                fates.push((i, Fate::Gated(why)));
+            } else {
+                wave.push(i);
+            }
+        }
+        if wave.is_empty() {
+            break;
+        }
+        bar = run(&wave)?;
+        simulated += wave.len();
+        fates.extend(wave.iter().map(|&i| (i, Fate::Simulated)));
+    }
+    fates.extend(order[next..].iter().map(|&(_, i)| (i, Fate::Budget)));
+    Ok(fates)
+}
+
 /// Simulate one candidate for one step at `opts`' seed, as `skewsim run` would.
 fn simulate(spec: &Spec, s: &Setup, c: &Candidate, opts: RunOpts) -> Result<ArmResult> {
     let label = run_label(s, c)?;
@@ -960,7 +1043,7 @@ fn simulate(spec: &Spec, s: &Setup, c: &Candidate, opts: RunOpts) -> Result<ArmR
     )
 }
 
-fn row(c: &Candidate, run_arm: String, estimate_ps: f64, rs: &[ArmResult]) -> Row {
+fn row(c: &Candidate, run_arm: String, bound_ps: f64, rs: &[ArmResult]) -> Row {
     let n = rs.len().max(1) as f64;
     let mean = |f: &dyn Fn(&ArmResult) -> f64| rs.iter().map(f).sum::<f64>() / n;
     let tps: Vec<f64> = rs.iter().map(|r| r.tokens_per_s).collect();
@@ -968,7 +1051,7 @@ fn row(c: &Candidate, run_arm: String, estimate_ps: f64, rs: &[ArmResult]) -> Ro
         rank: 0,
         candidate: c.clone(),
         run_arm,
-        estimate_ms: estimate_ps * 1e-9,
+        lower_bound_ms: bound_ps * 1e-9,
         tokens_per_s: mean(&|r| r.tokens_per_s),
         tokens_per_s_min: tps.iter().copied().fold(f64::INFINITY, f64::min),
         tokens_per_s_max: tps.iter().copied().fold(0.0, f64::max),
@@ -986,8 +1069,8 @@ fn row(c: &Candidate, run_arm: String, estimate_ps: f64, rs: &[ArmResult]) -> Ro
 
 /// Per (TP, EP) of the candidates: each sequence's attention forward + backward time (ps)
 /// on one TP rank's heads.
-fn sequence_attention(s: &Setup, kept: &[(Candidate, u64)]) -> Result<Vec<(u32, u32, Vec<f64>)>> {
-    let mut keys: Vec<(u32, u32)> = kept.iter().map(|(c, _)| (c.tp, c.ep)).collect();
+fn sequence_attention(s: &Setup, alive: &[(Candidate, u64)]) -> Result<Vec<(u32, u32, Vec<f64>)>> {
+    let mut keys: Vec<(u32, u32)> = alive.iter().map(|(c, _)| (c.tp, c.ep)).collect();
     keys.sort_unstable();
     keys.dedup();
     keys.into_iter()
@@ -1008,57 +1091,57 @@ fn sequence_attention(s: &Setup, kept: &[(Candidate, u64)]) -> Result<Vec<(u32, 
         .collect()
 }
 
-/// For each candidate: why Libra's configuration simulator finds its (P, H, B) dominated,
-/// or None (other schemes: always None).
-fn libra_dominated(s: &Setup, alive: &[(Candidate, u64)]) -> Result<Vec<Option<String>>> {
-    let mut out = vec![None; alive.len()];
-    let mut layouts: Vec<(u32, u32, u32, u32, u32)> = alive
-        .iter()
-        .filter(|(c, _)| c.scheme == Scheme::Libra)
-        .map(|(c, _)| (c.tp, c.cp, c.dp, c.pp, c.ep))
+/// For each Libra candidate on the layout of `of` (its position in `alive`): why Libra's
+/// configuration simulator finds its (P, H, B) dominated, or None.
+fn libra_dominated(
+    s: &Setup,
+    alive: &[(Candidate, u64)],
+    of: &Candidate,
+) -> Result<Vec<(usize, Option<String>)>> {
+    let lay = (of.tp, of.cp, of.dp, of.pp, of.ep);
+    let idx: Vec<usize> = (0..alive.len())
+        .filter(|&i| {
+            let c = &alive[i].0;
+            c.scheme == Scheme::Libra && (c.tp, c.cp, c.dp, c.pp, c.ep) == lay
+        })
         .collect();
-    layouts.sort_unstable();
-    layouts.dedup();
-    for lay in layouts {
-        let idx: Vec<usize> = (0..alive.len())
-            .filter(|&i| {
-                let c = &alive[i].0;
-                c.scheme == Scheme::Libra && (c.tp, c.cp, c.dp, c.pp, c.ep) == lay
+    let shard = s.cost.tp_shard(lay.0, lay.4)?;
+    let cands: Vec<LibraCandidate> = idx
+        .iter()
+        .map(|&i| {
+            let l = parse_arm(&alive[i].0.arm, &Default::default(), "recommend")?
+                .set
+                .libra;
+            Ok(LibraCandidate {
+                pool_size: l.pool_size,
+                head_shards: l.head_shards,
+                tile_tokens: l.tile_tokens,
             })
-            .collect();
-        let shard = s.cost.tp_shard(lay.0, lay.4)?;
-        let cands: Vec<LibraCandidate> = idx
-            .iter()
-            .map(|&i| {
-                let l = parse_arm(&alive[i].0.arm, &Default::default(), "recommend")?
-                    .set
-                    .libra;
-                Ok(LibraCandidate {
-                    pool_size: l.pool_size,
-                    head_shards: l.head_shards,
-                    tile_tokens: l.tile_tokens,
-                })
-            })
-            .collect::<Result<_>>()?;
-        let basep = LibraParams {
-            cp: lay.1,
-            shape: shard.attn(),
-            // the pipeliner's M plays no part in the configuration simulator
-            chunks: 1,
-            ..LibraParams::default()
-        };
-        let grouping = |_: usize, loads: &[u64], p: usize| crate::balance::grouping::vrsp(loads, p);
-        // one step's batch as the planner sees it at one GA index: DP sequences
-        let steps: Vec<Vec<PackedSeq>> = vec![s.batch[..lay.2 as usize].to_vec()];
-        let rows = libra_simulate(&steps, lay.2, s.gpn, &basep, &cands, &grouping)?;
-        for (a, ra) in rows.iter().enumerate() {
-            let key = |r: &ConfigRow| (worst_imbalance(r), r.bytes_per_step);
+        })
+        .collect::<Result<_>>()?;
+    let basep = LibraParams {
+        cp: lay.1,
+        shape: shard.attn(),
+        // the pipeliner's M plays no part in the configuration simulator
+        chunks: 1,
+        ..LibraParams::default()
+    };
+    let grouping = |_: usize, loads: &[u64], p: usize| crate::balance::grouping::vrsp(loads, p);
+    // one step's batch as the planner sees it at one GA index: DP sequences
+    let steps: Vec<Vec<PackedSeq>> = vec![s.batch[..lay.2 as usize].to_vec()];
+    let rows = libra_simulate(&steps, lay.2, s.gpn, &basep, &cands, &grouping)?;
+    let key = |r: &ConfigRow| (worst_imbalance(r), r.bytes_per_step);
+    Ok(rows
+        .iter()
+        .enumerate()
+        .map(|(a, ra)| {
             let (ia, ba) = key(ra);
-            if let Some((_, rb)) = rows.iter().enumerate().find(|(b, rb)| {
+            let by = rows.iter().enumerate().find(|(b, rb)| {
                 let (ib, bb) = key(rb);
                 *b != a && ib <= ia && bb <= ba && ((ib, bb) != (ia, ba) || *b < a)
-            }) {
-                out[idx[a]] = Some(format!(
+            });
+            let why = by.map(|(_, rb)| {
+                format!(
                     "imbalance {:.3}, {:.0} MiB/step vs p={} h={} b={}: {:.3}, {:.0} MiB/step",
                     ia,
                     ba / (1u64 << 20) as f64,
@@ -1067,11 +1150,11 @@ fn libra_dominated(s: &Setup, alive: &[(Candidate, u64)]) -> Result<Vec<Option<S
                     rb.candidate.tile_tokens,
                     key(rb).0,
                     key(rb).1 / (1u64 << 20) as f64
-                ));
-            }
-        }
-    }
-    Ok(out)
+                )
+            });
+            (idx[a], why)
+        })
+        .collect())
 }
 
 /// Why the winner `w` wins, from measured figures: against `o` (the best candidate of
@@ -1151,7 +1234,7 @@ impl Recommendation {
     /// The ranked table (Markdown).
     pub fn table(&self) -> String {
         let mut t = String::from(
-            "| rank | arm | layout | tokens/s (mean) | min … max over seeds | wins | MFU | iteration (ms) | peak mem (GiB) | attn layer (ms) | exposed comm | bubble | wait | estimate (ms) |\n\
+            "| rank | arm | layout | tokens/s (mean) | min … max over seeds | wins | MFU | iteration (ms) | peak mem (GiB) | attn layer (ms) | exposed comm | bubble | wait | lower bound (ms) |\n\
              |---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
         );
         for r in &self.rows {
@@ -1173,7 +1256,7 @@ impl Recommendation {
                 100.0 * r.exposed_comm,
                 100.0 * r.bubble,
                 100.0 * r.wait,
-                r.estimate_ms
+                r.lower_bound_ms
             );
         }
         t
@@ -1246,7 +1329,7 @@ impl Recommendation {
     /// The table as CSV, one row per finalist.
     pub fn csv(&self) -> String {
         let mut c = String::from(
-            "rank,arm,scheme,tp,cp,dp,pp,ep,ga,tokens_per_s,tokens_per_s_min,tokens_per_s_max,wins,mfu,iteration_ms,peak_mem_gib,attn_ms,exposed_comm,bubble,wait,estimate_ms\n",
+            "rank,arm,scheme,tp,cp,dp,pp,ep,ga,tokens_per_s,tokens_per_s_min,tokens_per_s_max,wins,mfu,iteration_ms,peak_mem_gib,attn_ms,exposed_comm,bubble,wait,lower_bound_ms\n",
         );
         for r in &self.rows {
             let k = &r.candidate;
@@ -1273,7 +1356,7 @@ impl Recommendation {
                 r.exposed_comm,
                 r.bubble,
                 r.wait,
-                r.estimate_ms
+                r.lower_bound_ms
             );
         }
         c
@@ -1312,36 +1395,7 @@ impl Recommendation {
 
     /// An experiment file that `skewsim run` runs the winner with, at the first seed.
     pub fn winner_toml(&self) -> String {
-        let sp = &self.spec;
-        let w = &self.rows[0].candidate;
-        let arm = &self.rows[0].run_arm;
-        let layers = sp
-            .layers
-            .map_or(String::new(), |l| format!("layers = {l}\n"));
-        format!(
-            "kind = \"four-way\"\n\
-             description = \"skewsim recommend's winner: {arm} on {layout}\"\n\
-             model = {model:?}\n{layers}steps = 1\narms = [{arm:?}]\n\n\
-             [network]\ntopology = {topo:?}\nmodel = \"analytical\"\n\n\
-             [parallel]\ncp = {cp}\nga = {ga}\npp = {pp}\ntp = {tp}\nep = {ep}\n\
-             recompute = {rc}\nzero_stage = {zs}\ndp_buckets = {DP_BUCKETS}\n\n\
-             [workload]\ncorpus = {corpus:?}\nseq_len = {l}\nseed = {seed}\n\n\
-             [sweep]\ndp = [{dp}]\n",
-            layout = w.layout(),
-            model = sp.model,
-            topo = sp.topology,
-            cp = w.cp,
-            ga = w.ga,
-            pp = w.pp,
-            tp = w.tp,
-            ep = w.ep,
-            rc = sp.recompute,
-            zs = sp.zero_stage,
-            corpus = sp.corpus,
-            l = sp.seq_len,
-            seed = sp.seed,
-            dp = w.dp,
-        )
+        experiment_file(&self.spec, &self.rows[0].candidate, &self.rows[0].run_arm)
     }
 
     /// The files a run writes: summary.md, recommend.csv, plot.svg, winner.toml.
@@ -1359,5 +1413,191 @@ impl Recommendation {
             summary: md,
             json: serde_json::to_string_pretty(self).ok(),
         }
+    }
+}
+
+/// The experiment file that `skewsim run` runs candidate `w` with (as `arm`), at the
+/// first seed of `sp`.
+fn experiment_file(sp: &Spec, w: &Candidate, arm: &str) -> String {
+    let layers = sp
+        .layers
+        .map_or(String::new(), |l| format!("layers = {l}\n"));
+    format!(
+        "kind = \"four-way\"\n\
+         description = \"skewsim recommend's winner: {arm} on {layout}\"\n\
+         model = {model:?}\n{layers}steps = 1\narms = [{arm:?}]\n\n\
+         [network]\ntopology = {topo:?}\nmodel = \"analytical\"\n\n\
+         [parallel]\ncp = {cp}\nga = {ga}\npp = {pp}\ntp = {tp}\nep = {ep}\n\
+         recompute = {rc}\nzero_stage = {zs}\ndp_buckets = {DP_BUCKETS}\n\n\
+         [workload]\ncorpus = {corpus:?}\nseq_len = {l}\nseed = {seed}\n\n\
+         [sweep]\ndp = [{dp}]\n",
+        layout = w.layout(),
+        model = sp.model,
+        topo = sp.topology,
+        cp = w.cp,
+        ga = w.ga,
+        pp = w.pp,
+        tp = w.tp,
+        ep = w.ep,
+        rc = sp.recompute,
+        zs = sp.zero_stage,
+        corpus = sp.corpus,
+        l = sp.seq_len,
+        seed = sp.seed,
+        dp = w.dp,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Twenty candidates in order of lower bound: candidate k at (k + 1) s, so with 60
+    /// tokens a step it runs at most 60 / (k + 1) tokens/s; the gate removes candidate 2.
+    fn twenty() -> Vec<(f64, usize)> {
+        (0..20).map(|k| ((k + 1) as f64 * 1e12, k)).collect()
+    }
+
+    #[test]
+    fn the_bound_prunes_exactly_what_cannot_reach_the_last_finalist() {
+        let mut gated = Vec::new();
+        let mut gate = |i: usize| {
+            gated.push(i);
+            Ok((i == 2).then(|| "dominated".to_string()))
+        };
+        let mut waves = Vec::new();
+        // after the first wave the last finalist runs at 6 tokens/s: candidate 9 (at most
+        // 60 / 10 = 6) can still tie it, candidate 10 (60 / 11 < 6) and all after cannot
+        let mut run = |w: &[usize]| {
+            waves.push(w.to_vec());
+            Ok(6.0)
+        };
+        let fates = screen(&twenty(), 60.0, 16, &mut gate, &mut run).unwrap();
+        assert_eq!(waves, vec![vec![0, 1, 3, 4, 5, 6, 7, 8], vec![9]]);
+        // the gate is asked only about candidates a wave would take
+        assert_eq!(gated, (0..10).collect::<Vec<_>>());
+        let fate = |k: usize| fates.iter().find(|(i, _)| *i == k).unwrap().1.clone();
+        assert_eq!(fate(2), Fate::Gated("dominated".into()));
+        for k in [0, 1, 3, 8, 9] {
+            assert_eq!(fate(k), Fate::Simulated, "candidate {k}");
+        }
+        for k in 10..20 {
+            assert_eq!(
+                fate(k),
+                Fate::Bound(60.0 / (k + 1) as f64, 6.0),
+                "candidate {k}"
+            );
+        }
+        assert_eq!(fates.len(), 20);
+    }
+
+    #[test]
+    fn without_enough_finalists_nothing_is_bound_and_the_budget_stops_the_search() {
+        let mut gate = |i: usize| Ok((i == 2).then(|| "dominated".to_string()));
+        let mut waves = Vec::new();
+        let mut run = |w: &[usize]| {
+            waves.push(w.to_vec());
+            Ok(0.0)
+        };
+        let fates = screen(&twenty(), 60.0, 10, &mut gate, &mut run).unwrap();
+        assert_eq!(waves, vec![vec![0, 1, 3, 4, 5, 6, 7, 8], vec![9, 10]]);
+        let budget: Vec<usize> = fates
+            .iter()
+            .filter(|(_, f)| *f == Fate::Budget)
+            .map(|(i, _)| *i)
+            .collect();
+        assert_eq!(budget, (11..20).collect::<Vec<_>>());
+        assert!(!fates.iter().any(|(_, f)| matches!(f, Fate::Bound(..))));
+    }
+
+    /// Every candidate the layout rules admit (llama3-8b cut to 2 layers on 8 GPUs, PP
+    /// allowed: every scheme and setting on every layout, 184 candidates) simulates to a
+    /// step no shorter than its lower bound and no more tokens/s than the bound allows, the
+    /// premises of the `bound` rule.
+    #[test]
+    fn the_lower_bound_never_exceeds_the_simulated_step() {
+        let mut spec = Spec::new("llama3-8b", "wlbllm", "dgx-h200-roce", 8, 65_536);
+        spec.layers = Some(2);
+        spec.pipeline = true;
+        let s = setup(&spec, Path::new(env!("CARGO_MANIFEST_DIR")), (None, None)).unwrap();
+        let alive: Vec<(Candidate, u64)> = space(&spec, &s)
+            .into_iter()
+            .filter(|(_, why)| why.is_none())
+            .map(|(c, _)| (c, 0))
+            .collect();
+        let attn = sequence_attention(&s, &alive).unwrap();
+        let tokens = s.batch.iter().map(PackedSeq::tokens).sum::<u64>() as f64;
+        let sweep: Vec<&Candidate> = alive.iter().map(|(c, _)| c).collect();
+        let checked: Vec<String> = sweep
+            .par_iter()
+            .filter_map(|c| {
+                let a = &attn.iter().find(|x| (x.0, x.1) == (c.tp, c.ep)).unwrap().2;
+                let lb = lower_bound_ps(&spec, &s, c, a).unwrap();
+                let opts = RunOpts {
+                    steps: 1,
+                    seed: spec.seed,
+                    nvls: true,
+                };
+                let r = simulate(&spec, &s, c, opts).ok()?;
+                let at = format!("{} on {}", c.arm, c.layout());
+                assert!(
+                    lb * 1e-9 <= r.iteration_ms,
+                    "{at}: lower bound {} ms > simulated {} ms",
+                    lb * 1e-9,
+                    r.iteration_ms
+                );
+                assert!(
+                    r.tokens_per_s <= tokens * 1e12 / lb,
+                    "{at}: {} tokens/s above the bound's {}",
+                    r.tokens_per_s,
+                    tokens * 1e12 / lb
+                );
+                Some(format!("{:?}", c.scheme))
+            })
+            .collect();
+        // the sweep reached every scheme and most of its candidates ran
+        for sc in Scheme::ALL {
+            assert!(
+                checked.contains(&format!("{sc:?}")),
+                "{sc:?} never simulated"
+            );
+        }
+        assert!(
+            checked.len() * 10 >= sweep.len() * 9,
+            "{} of {}",
+            checked.len(),
+            sweep.len()
+        );
+    }
+
+    /// A winner at the largest size `recommend` searches is an experiment `skewsim run`
+    /// accepts; twice as many GPUs get the per-point limit's named error.
+    #[test]
+    fn the_winner_file_runs_at_every_size_recommend_searches() {
+        let spec = Spec::new("llama3-8b", "wlbllm", "dgx-h200-roce", MAX_GPUS, 131_072);
+        let w = Candidate {
+            arm: "libra:p=8:h=4:b=8192:m=2".into(),
+            scheme: Scheme::Libra,
+            tp: 1,
+            cp: 2,
+            dp: MAX_GPUS / 2,
+            pp: 1,
+            ep: 1,
+            ga: 1,
+        };
+        // the file as `skewsim run` reads it (every point's layout checked), not run
+        let check = |c: &Candidate| {
+            let text = experiment_file(&spec, c, &c.arm);
+            let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("winner.toml");
+            crate::experiment::sweep(&path, &text, (None, None)).map(|s| s.len())
+        };
+        assert_eq!(check(&w).unwrap(), 1);
+        let err = check(&Candidate { cp: 4, ..w.clone() })
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("= 32768 simulated GPUs: at most 16384 per point"),
+            "{err}"
+        );
     }
 }

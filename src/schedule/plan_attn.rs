@@ -48,6 +48,8 @@
 //! It may not price anything itself (bytes come from the Plan, whose bytes are
 //! `cost::AttnShape`'s; times from `cost::CostModel`) and knows no scheme.
 
+use std::collections::HashMap;
+
 use super::stage::{AttentionStage, AttnCall, StepEnv};
 use super::RankMap;
 use crate::balance::distca::pingpong::NanoTable;
@@ -206,17 +208,25 @@ struct SlotWork {
     ret: Vec<Vec<(WorkerId, WorkerId, u64)>>,
 }
 
-fn worker_index(g: &Group, gi: usize, u: &WorkUnit) -> Result<usize> {
-    g.workers
+/// Each unit's position among its group's workers (the first, if one is listed twice),
+/// or the named error of a unit on no worker of its group.
+fn unit_workers(g: &Group, gi: usize) -> Result<Vec<usize>> {
+    let mut at: HashMap<WorkerId, usize> = HashMap::with_capacity(g.workers.len());
+    for (i, &w) in g.workers.iter().enumerate() {
+        at.entry(w).or_insert(i);
+    }
+    g.units
         .iter()
-        .position(|&x| x == u.worker)
-        .ok_or_else(|| {
-            invalid(
-                format!("plan group {gi} unit {} worker", u.id),
-                u.worker,
-                "a worker of its group",
-            )
+        .map(|u| {
+            at.get(&u.worker).copied().ok_or_else(|| {
+                invalid(
+                    format!("plan group {gi} unit {} worker", u.id),
+                    u.worker,
+                    "a worker of its group",
+                )
+            })
         })
+        .collect()
 }
 
 /// Head chunks: every chunk computes every unit for `w / chunks` heads (the same time per
@@ -235,24 +245,24 @@ fn head_chunk_work(
     let mut tb = vec![0.0f64; n];
     // A worker with units makes one kernel call per chunk (one launch overhead).
     let mut calls = vec![0.0f64; n];
-    for u in &g.units {
-        let i = worker_index(g, gi, u)?;
+    // each worker's units, in plan order
+    let mut mine: Vec<Vec<&WorkUnit>> = vec![Vec::new(); n];
+    for (u, i) in g.units.iter().zip(unit_workers(g, gi)?) {
         t[i] += unit_fwd_ps_f(cost, u, heads);
         tb[i] += unit_bwd_ps_f(cost, u, heads);
         calls[i] = 1.0;
+        mine[i].push(u);
     }
     // A worker's chunk is one forward launch and one backward call: block models price
     // them whole.
     if cost.attn_blocks.is_some() {
-        for (i, ti) in t.iter_mut().enumerate() {
-            let mine = g.units.iter().filter(|u| u.worker == g.workers[i]);
-            *ti = launch_fwd_ps_f(cost, *ti, mine, heads);
+        for (ti, us) in t.iter_mut().zip(&mine) {
+            *ti = launch_fwd_ps_f(cost, *ti, us.iter().copied(), heads);
         }
     }
     if cost.attn_bwd_blocks.is_some() {
-        for (i, ti) in tb.iter_mut().enumerate() {
-            let mine = g.units.iter().filter(|u| u.worker == g.workers[i]);
-            *ti = launch_bwd_ps_f(cost, *ti, mine, heads);
+        for (ti, us) in tb.iter_mut().zip(&mine) {
+            *ti = launch_bwd_ps_f(cost, *ti, us.iter().copied(), heads);
         }
     }
     let piece = |c: &crate::balance::libra::pipeliner::ChunkTransfer| (c.src, c.dst, c.bytes);
@@ -287,31 +297,28 @@ fn nano_work(
     let mut t = vec![vec![0.0f64; n]; 2];
     let mut tb = vec![vec![0.0f64; n]; 2];
     let mut calls = vec![vec![0.0f64; n]; 2];
-    for u in &g.units {
-        let i = worker_index(g, gi, u)?;
+    // each nano-batch's units of each worker, in plan order
+    let mut mine: Vec<Vec<Vec<&WorkUnit>>> = vec![vec![Vec::new(); n]; 2];
+    for (u, i) in g.units.iter().zip(unit_workers(g, gi)?) {
         let k = usize::from(table.unit_nano(gi, u.id));
         t[k][i] += unit_fwd_ps_f(cost, u, heads);
         tb[k][i] += unit_bwd_ps_f(cost, u, heads);
         calls[k][i] = 1.0;
+        mine[k][i].push(u);
     }
     // A worker's nano-batch is one forward launch and one backward call: block models
     // price them whole.
-    let mine = |k: usize, i: usize| {
-        g.units.iter().filter(move |u| {
-            u.worker == g.workers[i] && usize::from(table.unit_nano(gi, u.id)) == k
-        })
-    };
     if cost.attn_blocks.is_some() {
-        for (k, tk) in t.iter_mut().enumerate() {
-            for (i, ti) in tk.iter_mut().enumerate() {
-                *ti = launch_fwd_ps_f(cost, *ti, mine(k, i), heads);
+        for (tk, mk) in t.iter_mut().zip(&mine) {
+            for (ti, us) in tk.iter_mut().zip(mk) {
+                *ti = launch_fwd_ps_f(cost, *ti, us.iter().copied(), heads);
             }
         }
     }
     if cost.attn_bwd_blocks.is_some() {
-        for (k, tk) in tb.iter_mut().enumerate() {
-            for (i, ti) in tk.iter_mut().enumerate() {
-                *ti = launch_bwd_ps_f(cost, *ti, mine(k, i), heads);
+        for (tk, mk) in tb.iter_mut().zip(&mine) {
+            for (ti, us) in tk.iter_mut().zip(mk) {
+                *ti = launch_bwd_ps_f(cost, *ti, us.iter().copied(), heads);
             }
         }
     }

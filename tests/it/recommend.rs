@@ -60,8 +60,8 @@ fn recommend_is_byte_identical_at_any_thread_count() {
         s1.contains("| layout |") && s1.contains("**Recommendation.**"),
         "{s1}"
     );
-    // every finalist's compute-only estimate is below its simulated iteration (the
-    // premise of the `bound` rule), and ranks follow mean tokens/s
+    // every finalist's lower bound is below its simulated iteration (the premise of the
+    // `bound` rule), and ranks follow mean tokens/s
     let rows = csv_rows(&d1);
     assert!(!rows.is_empty());
     let mut last = f64::INFINITY;
@@ -71,7 +71,7 @@ fn recommend_is_byte_identical_at_any_thread_count() {
             r[14].parse().unwrap(),
             r[20].parse().unwrap(),
         );
-        assert!(est <= it, "{r:?}: estimate {est} ms > iteration {it} ms");
+        assert!(est <= it, "{r:?}: lower bound {est} ms > iteration {it} ms");
         assert!(tps <= last, "{r:?} out of order");
         last = tps;
     }

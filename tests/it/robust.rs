@@ -205,16 +205,16 @@ fn experiments_past_their_budget_are_refused() {
             "cp = 0: a degree ≥ 1",
         ),
         (
-            fw("fw-cp8000.toml", "cp = 8", "cp = 8000"),
-            "simulated GPUs: at most 4096 per point",
+            fw("fw-cp16000.toml", "cp = 8", "cp = 16000"),
+            "simulated GPUs: at most 16384 per point",
         ),
         (
             fw("fw-cp65535.toml", "cp = 8", "cp = 65535"),
-            "simulated GPUs: at most 4096",
+            "simulated GPUs: at most 16384",
         ),
         (
-            fw("fw-dp2000.toml", "dp = [2, 4, 8, 16]", "dp = [2000]"),
-            "= 16000 simulated GPUs",
+            fw("fw-dp4000.toml", "dp = [2, 4, 8, 16]", "dp = [4000]"),
+            "= 32000 simulated GPUs",
         ),
         (
             fw(
