@@ -295,7 +295,7 @@ mod tests {
             })
             .collect();
         assert_eq!(n, scan);
-        assert!(n.iter().any(|&h| h == 1));
+        assert!(n.contains(&1));
         for (tr, &h) in g.transfers.iter().zip(&n) {
             if let Payload::Kv { group, .. } = tr.carries {
                 assert!(halves[group.seq as usize][h as usize].contains(&group.sample));
