@@ -147,7 +147,8 @@ pub mod reference;
 pub mod ticks;
 
 use std::cmp::Reverse;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
 
 use serde::{Deserialize, Serialize};
 
@@ -526,6 +527,43 @@ struct Move {
     ratio: f64,
 }
 
+/// A multiplicative hash of the scheduler's small integer keys. Its maps are only looked
+/// up, never iterated, so the hash cannot reach the schedule.
+#[derive(Clone, Copy, Default)]
+struct IdHasher(u64);
+
+impl IdHasher {
+    fn mix(&mut self, x: u64) {
+        self.0 = (self.0.rotate_left(5) ^ x).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+}
+
+impl Hasher for IdHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.mix(u64::from(b));
+        }
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.mix(u64::from(n));
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.mix(n);
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.mix(n as u64);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
+
 struct State<'a> {
     cfg: &'a DistcaConfig,
     /// The mask the loads and key reaches are counted under (`cfg.shape.mask`).
@@ -538,9 +576,23 @@ struct State<'a> {
     load: Vec<u64>,
     total: u128,
     servers: u128,
+    /// Per server, what [`State::account`] derives from its load: load·P − total
+    /// (positive in surplus, negative in deficit: P × the excess), the surplus and
+    /// deficit in pairs, and whether it is within tolerance.
+    excess: Vec<i128>,
+    surplus: Vec<u64>,
+    deficit: Vec<u64>,
+    within: Vec<bool>,
+    /// Servers outside tolerance.
+    outside: usize,
+    /// Every server by (excess, index): the largest deficits first.
+    by_excess: BTreeSet<(i128, usize)>,
     /// Candidates on source servers: (whole-move ratio bound, descending; item).
     candidates: BTreeSet<(Reverse<u64>, usize)>,
     keys: Vec<Option<u64>>,
+    /// Per candidate, [`State::smallest_move`]; and their multiset (value → count).
+    min_move: Vec<u64>,
+    min_moves: BTreeMap<u64, u32>,
     /// 0: coarse items of out-of-tolerance sources only (as far as their fine items cannot
     /// cover the surplus); 1: any item of an out-of-tolerance source; 2: any surplus server.
     phase: u8,
@@ -552,39 +604,106 @@ struct State<'a> {
     /// earlier moves of this schedule (it then holds them, as the lowering ships them once:
     /// the hull from the lowest key to the largest query end its units reach; `[0, d)`
     /// under the causal mask).
-    delivered: HashMap<(u32, SampleRef), (u32, u32)>,
+    delivered: IdMap<(u32, SampleRef), (u32, u32)>,
     /// Per sample, the most keys delivered to any one target, d − a (for the ratio bound).
-    delivered_max: HashMap<SampleRef, u32>,
+    delivered_max: IdMap<SampleRef, u32>,
     /// Per sample, its items.
-    doc_items: HashMap<SampleRef, Vec<usize>>,
+    doc_items: IdMap<SampleRef, Vec<usize>>,
 }
 
-impl State<'_> {
-    /// load·P − total: positive in surplus, negative in deficit (P × the excess).
-    fn excess(&self, s: usize) -> i128 {
-        (u128::from(self.load[s]) * self.servers) as i128 - self.total as i128
+impl<'a> State<'a> {
+    /// The scheduler's state over `ranges` (see [`schedule_ranges`]), keyed and in the
+    /// first phase that has a candidate.
+    fn new(
+        batch: &[PackedSeq],
+        cp: u32,
+        ranges: &[Vec<HomeRange>],
+        cfg: &'a DistcaConfig,
+    ) -> Result<State<'a>> {
+        let p = servers_of(batch, cp, ranges.len(), "home range lists")?;
+        let layouts: Vec<SeqLayout> = batch.iter().map(|s| SeqLayout::new(s, cp)).collect();
+        let (items, by_server, load) = home_items(batch, cp, &layouts, ranges, &cfg.shape.mask)?;
+        let total: u128 = load.iter().map(|&l| u128::from(l)).sum();
+        let n_items = items.len();
+        let mut doc_items: IdMap<SampleRef, Vec<usize>> = IdMap::default();
+        for (id, it) in items.iter().enumerate() {
+            doc_items.entry(it.sample_ref()).or_default().push(id);
+        }
+        let mut st = State {
+            cfg,
+            mask: cfg.shape.mask,
+            cp,
+            layouts,
+            items,
+            by_server,
+            load,
+            total,
+            servers: p as u128,
+            excess: vec![0; p],
+            surplus: vec![0; p],
+            deficit: vec![0; p],
+            within: vec![true; p],
+            outside: 0,
+            by_excess: BTreeSet::new(),
+            candidates: BTreeSet::new(),
+            keys: vec![None; n_items],
+            min_move: vec![0; n_items],
+            min_moves: BTreeMap::new(),
+            phase: 0,
+            slack: (cfg.epsilon * total as f64 / p as f64).floor() as u64,
+            fine: vec![0; p],
+            delivered: IdMap::default(),
+            delivered_max: IdMap::default(),
+            doc_items,
+        };
+        for s in 0..p {
+            st.account(s);
+            st.refine(s);
+        }
+        st.rekey_all();
+        while st.phase < 2 && st.candidates.is_empty() {
+            st.next_phase();
+        }
+        Ok(st)
     }
 
-    fn surplus(&self, s: usize) -> u64 {
-        let e = self.excess(s);
-        if e > 0 {
+    /// Re-derives server `s`'s excess, surplus, deficit and tolerance from its load.
+    fn account(&mut self, s: usize) {
+        let e = (u128::from(self.load[s]) * self.servers) as i128 - self.total as i128;
+        self.by_excess.remove(&(self.excess[s], s));
+        self.by_excess.insert((e, s));
+        self.excess[s] = e;
+        self.surplus[s] = if e > 0 {
             (e as u128 / self.servers) as u64
         } else {
             0
-        }
-    }
-
-    fn deficit(&self, s: usize) -> u64 {
-        let e = self.excess(s);
-        if e < 0 {
+        };
+        self.deficit[s] = if e < 0 {
             ((-e) as u128 / self.servers) as u64
         } else {
             0
+        };
+        let within = (e.unsigned_abs() as f64) <= self.cfg.epsilon * self.total as f64;
+        if within != self.within[s] {
+            if within {
+                self.outside -= 1;
+            } else {
+                self.outside += 1;
+            }
+            self.within[s] = within;
         }
     }
 
+    fn surplus(&self, s: usize) -> u64 {
+        self.surplus[s]
+    }
+
+    fn deficit(&self, s: usize) -> u64 {
+        self.deficit[s]
+    }
+
     fn within(&self, s: usize) -> bool {
-        (self.excess(s).unsigned_abs() as f64) <= self.cfg.epsilon * self.total as f64
+        self.within[s]
     }
 
     /// Sample-local keys of `[0, x)` of item `it`'s sample that server `s` holds.
@@ -754,12 +873,36 @@ impl State<'_> {
     fn set_key(&mut self, id: usize) {
         if let Some(k) = self.keys[id].take() {
             self.candidates.remove(&(Reverse(k), id));
+            let m = self.min_move[id];
+            if let Some(n) = self.min_moves.get_mut(&m) {
+                *n -= 1;
+                if *n == 0 {
+                    self.min_moves.remove(&m);
+                }
+            }
         }
         let it = self.items[id];
         if self.eligible(&it) {
             let k = self.bound(&it).to_bits();
             self.candidates.insert((Reverse(k), id));
             self.keys[id] = Some(k);
+            let m = self.smallest_move(&it);
+            self.min_move[id] = m;
+            *self.min_moves.entry(m).or_insert(0) += 1;
+        }
+    }
+
+    /// The pairs of item `it`'s smallest move: one tile of head when the item is longer
+    /// than a tile, else the whole item. [`State::evaluate`] finds a move under a cap
+    /// exactly when the cap reaches this (pairs only grow with a shard's queries: a
+    /// head+tail shard of k costs at least the head of k, and the searches start from a
+    /// k that fits).
+    fn smallest_move(&self, it: &Item) -> u64 {
+        let tile = self.cfg.tile;
+        if it.hi - it.lo > tile {
+            range_pairs(&self.mask, it.lo, it.lo + tile)
+        } else {
+            it.pairs(&self.mask)
         }
     }
 
@@ -839,14 +982,26 @@ impl State<'_> {
     /// ratio bound, an upper bound of any move of theirs, so the scan stops as soon as
     /// that bound cannot beat the best move found.
     /// `over`: how far above F̄ the target may end (0, or the fallback's ε·F̄).
+    /// Candidates whose smallest move exceeds the cap are skipped unevaluated, and none is
+    /// visited when the deficit is below every candidate's smallest move.
     fn best_move(&self, target: usize, over: u64) -> Option<Move> {
         let deficit = self.deficit(target) + over;
+        if self
+            .min_moves
+            .first_key_value()
+            .is_none_or(|(&m, _)| deficit < m)
+        {
+            return None;
+        }
         let mut best: Option<Move> = None;
         for &(Reverse(ub), id) in &self.candidates {
             if best.is_some_and(|b| f64::from_bits(ub) <= b.ratio) {
                 break;
             }
             let cap = deficit.min(self.give(self.items[id].home as usize));
+            if cap < self.min_move[id] {
+                continue;
+            }
             if let Some(m) = self.evaluate(id, cap, target) {
                 if Self::better(&best, &m) {
                     best = Some(m);
@@ -871,6 +1026,164 @@ impl State<'_> {
         self.phase += 1;
         self.rekey_all();
         true
+    }
+
+    /// The next target: the largest deficit of a server not `stuck`, lowest index on a
+    /// tie; none when no such server lacks a whole pair.
+    fn pick_target(&self, stuck: &[bool]) -> Option<usize> {
+        // deficit = ⌊−excess / P⌋ is monotone in −excess: the first server not stuck in
+        // excess order has the largest −excess; the target is the lowest index whose
+        // −excess reaches that deficit's floor.
+        let mut free = self
+            .by_excess
+            .iter()
+            .filter(|&&(_, s)| !stuck[s])
+            .peekable();
+        let top = -free.peek()?.0;
+        if top < self.servers as i128 {
+            return None;
+        }
+        let floor = (top as u128 / self.servers * self.servers) as i128;
+        free.take_while(|&&(e, _)| -e >= floor)
+            .map(|&(_, s)| s)
+            .min()
+    }
+
+    /// The move into `target`: the best that fits its deficit, else (skewsim's extension)
+    /// one that leaves it within tolerance above F̄, else in phase 0 one that also takes
+    /// the room of the target's own fine items, which it then gives away in phase 1 as an
+    /// out-of-tolerance source.
+    fn find_move(&self, target: usize) -> Option<Move> {
+        self.best_move(target, 0)
+            .or_else(|| match self.slack {
+                0 => None,
+                over => self.best_move(target, over),
+            })
+            .or_else(|| match (self.phase, self.fine[target]) {
+                (0, f) if f > 0 => self.best_move(target, self.slack + f),
+                _ => None,
+            })
+    }
+
+    /// Makes move `m` into `target`: shrinks the item, shifts the load, records the keys
+    /// delivered and re-keys what changed; returns the moved task and its transfer.
+    fn apply(&mut self, m: Move, target: usize) -> (AttnTask, Transfer) {
+        let it = self.items[m.item];
+        let home = it.home as usize;
+        let q_ranges = match m.shard {
+            Shard::Whole => {
+                self.items[m.item].lo = it.hi;
+                vec![(it.lo, it.hi)]
+            }
+            Shard::HeadTail(k) => {
+                self.items[m.item].lo = it.lo + k;
+                self.items[m.item].hi = it.hi - k;
+                vec![(it.lo, it.lo + k), (it.hi - k, it.hi)]
+            }
+            Shard::Head(k) => {
+                self.items[m.item].lo = it.lo + k;
+                vec![(it.lo, it.lo + k)]
+            }
+        };
+        let kv_prefix = q_ranges.last().map_or(it.hi, |r| r.1);
+        let q_tokens: u64 = q_ranges.iter().map(|&(a, b)| u64::from(b - a)).sum();
+        self.load[home] -= m.pairs;
+        self.load[target] += m.pairs;
+        self.account(home);
+        self.account(target);
+        // KV charged once per (target, sample): only the part of the reach still missing.
+        let ks = self.key_start(it.lo);
+        let kv_tokens = self.missing(target, &it, ks, kv_prefix);
+        let doc = it.sample_ref();
+        let d = self
+            .delivered
+            .entry((target as u32, doc))
+            .or_insert((ks, kv_prefix));
+        *d = (d.0.min(ks), d.1.max(kv_prefix));
+        let len = d.1 - d.0;
+        let dmax = self.delivered_max.entry(doc).or_insert(0);
+        if len > *dmax {
+            *dmax = len;
+            if let Some(ids) = self.doc_items.get(&doc).cloned() {
+                for id in ids {
+                    self.set_key(id);
+                }
+            }
+        }
+        self.refine(home);
+        for id in self.by_server[home].clone() {
+            self.set_key(id);
+        }
+        let cfg = self.cfg;
+        let (q_bytes, kv_bytes, out_bytes) = self.bytes(q_tokens, kv_tokens);
+        let task = AttnTask {
+            sample: doc,
+            home: it.home,
+            of: it.sample,
+            q_ranges,
+            kv_prefix,
+            kv_bytes,
+            pairs: m.pairs,
+            flops: cfg.shape.fwd_flops(m.pairs, cfg.shape.heads_q),
+        };
+        let transfer = Transfer {
+            src: it.home,
+            dst: target as u32,
+            task: 0,
+            q_bytes,
+            kv_bytes,
+            out_bytes,
+        };
+        (task, transfer)
+    }
+
+    /// The schedule: per server, what is left of its items in place (reading the prefix
+    /// earlier ranks hold) followed by the tasks it received, in the order received.
+    fn into_schedule(self, received: Vec<Vec<(AttnTask, Transfer)>>, stop: Stop) -> DistcaSchedule {
+        let cfg = self.cfg;
+        let p = self.load.len();
+        let mut out_servers = Vec::with_capacity(p);
+        let mut transfers = Vec::new();
+        for (s, got) in received.into_iter().enumerate() {
+            let mut tasks: Vec<AttnTask> = self.by_server[s]
+                .iter()
+                .map(|&id| self.items[id])
+                .filter(|it| it.lo < it.hi)
+                .map(|it| {
+                    let pairs = it.pairs(&self.mask);
+                    let remote = self.lacking(s, &it, self.key_start(it.lo), it.hi);
+                    AttnTask {
+                        sample: it.sample_ref(),
+                        home: it.home,
+                        of: it.sample,
+                        q_ranges: vec![(it.lo, it.hi)],
+                        kv_prefix: it.hi,
+                        kv_bytes: self.bytes(0, remote).1,
+                        pairs,
+                        flops: cfg.shape.fwd_flops(pairs, cfg.shape.heads_q),
+                    }
+                })
+                .collect();
+            for (task, mut t) in got {
+                t.task = tasks.len();
+                tasks.push(task);
+                transfers.push(t);
+            }
+            let pairs: u64 = tasks.iter().map(|t| t.pairs).sum();
+            out_servers.push(ServerWork {
+                tasks,
+                pairs,
+                flops: cfg.shape.fwd_flops(pairs, cfg.shape.heads_q),
+            });
+        }
+        DistcaSchedule {
+            servers: out_servers,
+            transfers,
+            ideal_flops: cfg.shape.fwd_flops(1, cfg.shape.heads_q) * self.total as f64 / p as f64,
+            epsilon: cfg.epsilon,
+            cp: self.cp,
+            stop,
+        }
     }
 }
 
@@ -903,20 +1216,20 @@ fn servers_of(batch: &[PackedSeq], cp: u32, lists: usize, what: &str) -> Result<
     Ok(p)
 }
 
-/// Schedules per-server lists of home ranges (a subset of [`home_ranges`]`(batch, cp)`,
-/// e.g. one nano-batch). Errors: no server, CP of 0, a list per server other than
-/// `batch.len()·cp`, or a range that is empty, outside its sample or not held by its server.
-pub fn schedule_ranges(
+/// The items of per-server home-range lists, the items of each server and each server's
+/// load, after checking every range against the batch and the contiguous layout.
+type HomeItems = (Vec<Item>, Vec<Vec<usize>>, Vec<u64>);
+
+fn home_items(
     batch: &[PackedSeq],
     cp: u32,
+    layouts: &[SeqLayout],
     ranges: &[Vec<HomeRange>],
-    cfg: &DistcaConfig,
-) -> Result<DistcaSchedule> {
-    let p = servers_of(batch, cp, ranges.len(), "home range lists")?;
-    let layouts: Vec<SeqLayout> = batch.iter().map(|s| SeqLayout::new(s, cp)).collect();
+    mask: &Mask,
+) -> Result<HomeItems> {
     let mut items = Vec::new();
-    let mut by_server = vec![Vec::new(); p];
-    let mut load = vec![0u64; p];
+    let mut by_server = vec![Vec::new(); ranges.len()];
+    let mut load = vec![0u64; ranges.len()];
     for (s, list) in ranges.iter().enumerate() {
         for hr in list {
             let (r, j) = (hr.sample.seq as usize, hr.sample.index as usize);
@@ -952,65 +1265,32 @@ pub fn schedule_ranges(
                 hi: hr.hi,
                 max_held,
             };
-            load[s] += it.pairs(&cfg.shape.mask);
+            load[s] += it.pairs(mask);
             by_server[s].push(items.len());
             items.push(it);
         }
     }
-    let total: u128 = load.iter().map(|&l| u128::from(l)).sum();
-    let n_items = items.len();
-    let mut doc_items: HashMap<SampleRef, Vec<usize>> = HashMap::new();
-    for (id, it) in items.iter().enumerate() {
-        doc_items.entry(it.sample_ref()).or_default().push(id);
-    }
-    let mut st = State {
-        cfg,
-        mask: cfg.shape.mask,
-        cp,
-        layouts,
-        items,
-        by_server,
-        load,
-        total,
-        servers: p as u128,
-        candidates: BTreeSet::new(),
-        keys: vec![None; n_items],
-        phase: 0,
-        slack: (cfg.epsilon * total as f64 / p as f64).floor() as u64,
-        fine: vec![0; p],
-        delivered: HashMap::new(),
-        delivered_max: HashMap::new(),
-        doc_items,
-    };
-    for s in 0..p {
-        st.refine(s);
-    }
-    st.rekey_all();
-    while st.phase < 2 && st.candidates.is_empty() {
-        st.next_phase();
-    }
+    Ok((items, by_server, load))
+}
+
+/// Schedules per-server lists of home ranges (a subset of [`home_ranges`]`(batch, cp)`,
+/// e.g. one nano-batch). Errors: no server, CP of 0, a list per server other than
+/// `batch.len()·cp`, or a range that is empty, outside its sample or not held by its server.
+pub fn schedule_ranges(
+    batch: &[PackedSeq],
+    cp: u32,
+    ranges: &[Vec<HomeRange>],
+    cfg: &DistcaConfig,
+) -> Result<DistcaSchedule> {
+    let mut st = State::new(batch, cp, ranges, cfg)?;
+    let p = st.load.len();
     let mut received: Vec<Vec<(AttnTask, Transfer)>> = vec![Vec::new(); p];
     let mut stuck = vec![false; p];
     let stop = loop {
-        if (0..p).all(|s| st.within(s)) {
+        if st.outside == 0 {
             break Stop::Balanced;
         }
-        // Largest deficit first, lowest index on a tie. deficit = ⌊−excess / P⌋ is monotone
-        // in −excess: find the largest −excess, then the lowest index whose −excess reaches
-        // that deficit's floor (one division instead of two per server).
-        let shortfall = |s: usize| -st.excess(s);
-        let top = (0..p)
-            .filter(|&s| !stuck[s])
-            .map(shortfall)
-            .max()
-            .unwrap_or(0);
-        let floor = (top.max(0) as u128 / st.servers * st.servers) as i128;
-        let target = if top >= st.servers as i128 {
-            (0..p).find(|&s| !stuck[s] && shortfall(s) >= floor)
-        } else {
-            None
-        };
-        let Some(target) = target else {
+        let Some(target) = st.pick_target(&stuck) else {
             // The current sources cannot help any target any more: widen them (phase 1:
             // every item of an out-of-tolerance source; phase 2: every surplus server).
             if !st.next_phase() {
@@ -1019,143 +1299,18 @@ pub fn schedule_ranges(
             stuck.fill(false);
             continue;
         };
-        // Fallback (skewsim's extension): when no shard fits the deficit, the target may
-        // take one that leaves it within tolerance above F̄.
-        let m = st
-            .best_move(target, 0)
-            .or_else(|| match st.slack {
-                0 => None,
-                over => st.best_move(target, over),
-            })
-            .or_else(|| match (st.phase, st.fine[target]) {
-                // Phase 0, room making (skewsim's extension): a coarse shard may also
-                // take the room of the target's own fine items, which it then gives away
-                // in phase 1 as an out-of-tolerance source.
-                (0, f) if f > 0 => st.best_move(target, st.slack + f),
-                _ => None,
-            });
-        let Some(m) = m else {
+        let Some(m) = st.find_move(target) else {
             stuck[target] = true;
             continue;
         };
-        let it = st.items[m.item];
-        let home = it.home as usize;
-        let q_ranges = match m.shard {
-            Shard::Whole => {
-                st.items[m.item].lo = it.hi;
-                vec![(it.lo, it.hi)]
-            }
-            Shard::HeadTail(k) => {
-                st.items[m.item].lo = it.lo + k;
-                st.items[m.item].hi = it.hi - k;
-                vec![(it.lo, it.lo + k), (it.hi - k, it.hi)]
-            }
-            Shard::Head(k) => {
-                st.items[m.item].lo = it.lo + k;
-                vec![(it.lo, it.lo + k)]
-            }
-        };
-        let kv_prefix = q_ranges.last().map_or(it.hi, |r| r.1);
-        let q_tokens: u64 = q_ranges.iter().map(|&(a, b)| u64::from(b - a)).sum();
-        st.load[home] -= m.pairs;
-        st.load[target] += m.pairs;
-        // KV charged once per (target, sample): only the part of the reach still missing.
-        let ks = st.key_start(it.lo);
-        let kv_tokens = st.missing(target, &it, ks, kv_prefix);
-        let doc = it.sample_ref();
-        let d = st
-            .delivered
-            .entry((target as u32, doc))
-            .or_insert((ks, kv_prefix));
-        *d = (d.0.min(ks), d.1.max(kv_prefix));
-        let len = d.1 - d.0;
-        let dmax = st.delivered_max.entry(doc).or_insert(0);
-        if len > *dmax {
-            *dmax = len;
-            if let Some(ids) = st.doc_items.get(&doc).cloned() {
-                for id in ids {
-                    st.set_key(id);
-                }
-            }
-        }
-        st.refine(home);
-        for id in st.by_server[home].clone() {
-            st.set_key(id);
-        }
+        received[target].push(st.apply(m, target));
         while st.phase < 2 && st.candidates.is_empty() {
             // No candidate left in this phase: the next (see the loop's head).
             st.next_phase();
             stuck.fill(false);
         }
-        let (q_bytes, kv_bytes, out_bytes) = st.bytes(q_tokens, kv_tokens);
-        let task = AttnTask {
-            sample: SampleRef {
-                seq: it.seq,
-                index: it.index,
-            },
-            home: it.home,
-            of: it.sample,
-            q_ranges,
-            kv_prefix,
-            kv_bytes,
-            pairs: m.pairs,
-            flops: cfg.shape.fwd_flops(m.pairs, cfg.shape.heads_q),
-        };
-        let transfer = Transfer {
-            src: it.home,
-            dst: target as u32,
-            task: 0,
-            q_bytes,
-            kv_bytes,
-            out_bytes,
-        };
-        received[target].push((task, transfer));
     };
-    let mut out_servers = Vec::with_capacity(p);
-    let mut transfers = Vec::new();
-    for (s, got) in received.into_iter().enumerate() {
-        let mut tasks: Vec<AttnTask> = st.by_server[s]
-            .iter()
-            .map(|&id| st.items[id])
-            .filter(|it| it.lo < it.hi)
-            .map(|it| {
-                let pairs = it.pairs(&st.mask);
-                let remote = st.lacking(s, &it, st.key_start(it.lo), it.hi);
-                AttnTask {
-                    sample: SampleRef {
-                        seq: it.seq,
-                        index: it.index,
-                    },
-                    home: it.home,
-                    of: it.sample,
-                    q_ranges: vec![(it.lo, it.hi)],
-                    kv_prefix: it.hi,
-                    kv_bytes: st.bytes(0, remote).1,
-                    pairs,
-                    flops: cfg.shape.fwd_flops(pairs, cfg.shape.heads_q),
-                }
-            })
-            .collect();
-        for (task, mut t) in got {
-            t.task = tasks.len();
-            tasks.push(task);
-            transfers.push(t);
-        }
-        let pairs: u64 = tasks.iter().map(|t| t.pairs).sum();
-        out_servers.push(ServerWork {
-            tasks,
-            pairs,
-            flops: cfg.shape.fwd_flops(pairs, cfg.shape.heads_q),
-        });
-    }
-    Ok(DistcaSchedule {
-        servers: out_servers,
-        transfers,
-        ideal_flops: cfg.shape.fwd_flops(1, cfg.shape.heads_q) * total as f64 / p as f64,
-        epsilon: cfg.epsilon,
-        cp,
-        stop,
-    })
+    Ok(st.into_schedule(received, stop))
 }
 
 /// The two nano-batches of one server's home ranges (module doc): heaviest (pairs under
@@ -2033,6 +2188,44 @@ mod tests {
                 prop_assert!((sum.unwrap().flops - want).abs() <= 1e-9 * want.max(1.0));
                 let pairs: u64 = d.schedules.iter().flatten().flat_map(|x| &x.servers).map(|w| w.pairs).sum();
                 prop_assert_eq!(pairs, exact);
+            }
+        }
+
+        /// `State::smallest_move` is exactly the least cap under which `State::evaluate`
+        /// finds a move (what lets `best_move` skip a candidate unevaluated), for every
+        /// item of a batch, under every mask, at caps around it.
+        #[test]
+        fn evaluate_finds_a_move_exactly_from_the_smallest_move(
+            servers in proptest::collection::vec(
+                proptest::collection::vec(1u32..2000, 0..6), 1..7),
+            cp in 1u32..4,
+            tile in prop_oneof![Just(1u32), Just(16), Just(128)],
+            mask in prop_oneof![
+                Just(Mask::Causal),
+                (1u32..3000).prop_map(|w| Mask::Sliding { w }),
+                (1u32..1500).prop_map(|c| Mask::Chunked { c }),
+                (1u32..200, 1u32..4, 0u32..3)
+                    .prop_map(|(block, local, global)| Mask::BlockSparse { block, local, global }),
+            ],
+        ) {
+            let batch: Vec<PackedSeq> =
+                servers.iter().enumerate().map(|(i, l)| seq(l, 100 * i as u64)).collect();
+            let shape = AttnShape { mask, ..unit() };
+            let c = DistcaConfig::new(shape, 0.1, tile).unwrap();
+            let st = State::new(&batch, cp, &home_ranges(&batch, cp), &c).unwrap();
+            let last = st.load.len() - 1;
+            for (id, it) in st.items.iter().enumerate() {
+                let m = st.smallest_move(it);
+                let f = it.pairs(&mask);
+                for cap in [m - 1, m, m + 1, f - 1, f, f + 7] {
+                    for target in [0, last] {
+                        prop_assert_eq!(
+                            st.evaluate(id, cap, target).is_some(),
+                            cap >= m,
+                            "item {:?}, cap {}, smallest {}", it, cap, m
+                        );
+                    }
+                }
             }
         }
 

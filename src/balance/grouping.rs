@@ -14,7 +14,6 @@
 //! step hands sequences to the data loader (GA-major, pool-minor).
 
 use std::cmp::Reverse;
-use std::collections::binary_heap::PeekMut;
 use std::collections::{BTreeSet, BinaryHeap};
 use std::fmt;
 use std::str::FromStr;
@@ -174,18 +173,21 @@ pub fn vrsp(loads: &[u64], pool_size: usize) -> Result<Vec<Vec<usize>>> {
     Ok(vrsp_unchecked(loads, pool_size, k))
 }
 
-/// Sequence indices by load descending, index ascending (Algorithm 1, line 4).
-fn heavy_first(loads: &[u64]) -> Vec<usize> {
+/// (load, sequence index) by load descending, index ascending (Algorithm 1, line 4).
+fn heavy_first(loads: &[u64]) -> Vec<(u64, usize)> {
     use rayon::slice::ParallelSliceMut;
-    // The keys themselves are sorted (no lookup per comparison). They are unique (the
-    // index breaks ties), so an unstable parallel sort is deterministic at any thread count.
-    let mut keys: Vec<(Reverse<u64>, usize)> = loads
+    // One u128 key per sequence, (u64::MAX − load, index): ascending keys are loads
+    // descending, indices ascending. They are unique (the index breaks ties), so an
+    // unstable parallel sort is deterministic at any thread count.
+    let mut keys: Vec<u128> = loads
         .iter()
         .enumerate()
-        .map(|(i, &l)| (Reverse(l), i))
+        .map(|(i, &l)| u128::from(u64::MAX - l) << 64 | i as u128)
         .collect();
     keys.par_sort_unstable();
-    keys.into_iter().map(|(_, i)| i).collect()
+    keys.into_iter()
+        .map(|k| (u64::MAX - (k >> 64) as u64, k as u64 as usize))
+        .collect()
 }
 
 fn vrsp_unchecked(loads: &[u64], pool_size: usize, k: usize) -> Vec<Vec<usize>> {
@@ -204,38 +206,115 @@ fn vrsp_core<W>(loads: &[u64], pool_size: usize, k: usize) -> Vec<Vec<usize>>
 where
     W: Copy + Ord + From<u64> + std::ops::Add<Output = W>,
 {
-    let mut pools: Vec<Vec<usize>> = (0..k).map(|_| Vec::with_capacity(pool_size)).collect();
-    let mut heap: BinaryHeap<Reverse<(W, usize)>> =
-        (0..k).map(|p| Reverse((W::from(0), p))).collect();
-    for i in heavy_first(loads) {
+    let order = heavy_first(loads);
+    // Pool p's sequences in placement order: slots[p·P ..][..P].
+    let mut slots = vec![0usize; k * pool_size];
+    // While every pool is empty the least (load, pool id) is the lowest empty pool id, and
+    // a pool that got a positive load never is: the first sequences, up to K and while
+    // their loads are positive, go to pools 0, 1, … in turn without the heap.
+    let dealt = order.iter().take(k).take_while(|&&(f, _)| f > 0).count();
+    for (p, &(_, i)) in order[..dealt].iter().enumerate() {
+        slots[p * pool_size] = i;
+    }
+    // Heap entries: (pool load, pool id, sequences placed); the first two decide.
+    let mut heap = QuadHeap::new(
+        (0..k)
+            .map(|p| match order.get(p).filter(|_| p < dealt) {
+                Some(&(f, _)) => (W::from(f), p, 1),
+                None => (W::from(0), p, 0),
+            })
+            .filter(|&(_, _, n)| n < pool_size)
+            .collect(),
+    );
+    for &(f, i) in &order[dealt..] {
         // The heap holds every non-full pool and exactly D placements are made into
-        // K·P = D slots, so it is non-empty here; stop rather than panic if not.
-        let Some(mut top) = heap.peek_mut() else {
+        // K·P = D slots, so it is non-empty here.
+        let Some((load, p, n)) = heap.top() else {
             break;
         };
-        let Reverse((load, p)) = *top;
-        pools[p].push(i);
-        if pools[p].len() < pool_size {
-            // Pop and push back in one sift: the pool stays in the heap with its new load.
-            *top = Reverse((load + W::from(loads[i]), p));
+        slots[p * pool_size + n] = i;
+        if n + 1 < pool_size {
+            // The pool stays in the heap with its new load.
+            heap.replace_top((load + W::from(f), p, n + 1));
         } else {
             // A full pool leaves the heap for good (the exact-cardinality constraint).
-            PeekMut::pop(top);
+            heap.pop_top();
         }
     }
-    pools
+    slots.chunks(pool_size).map(<[usize]>::to_vec).collect()
+}
+
+/// A min-heap with four children per node (`v[4i + 1 ..= 4i + 4]` under `v[i]`): half
+/// the levels of a binary heap, and a node's children share a cache line or two. With
+/// unique keys its top is the same as any min-heap's.
+struct QuadHeap<T> {
+    v: Vec<T>,
+}
+
+impl<T: Copy + Ord> QuadHeap<T> {
+    fn new(mut v: Vec<T>) -> QuadHeap<T> {
+        for i in (0..v.len().div_ceil(4)).rev() {
+            Self::sift_down(&mut v, i);
+        }
+        QuadHeap { v }
+    }
+
+    fn top(&self) -> Option<T> {
+        self.v.first().copied()
+    }
+
+    /// Replaces the top with `x` and restores the order.
+    fn replace_top(&mut self, x: T) {
+        if let Some(t) = self.v.first_mut() {
+            *t = x;
+            Self::sift_down(&mut self.v, 0);
+        }
+    }
+
+    /// Removes the top.
+    fn pop_top(&mut self) {
+        if let Some(last) = self.v.pop() {
+            if !self.v.is_empty() {
+                self.v[0] = last;
+                Self::sift_down(&mut self.v, 0);
+            }
+        }
+    }
+
+    fn sift_down(v: &mut [T], mut i: usize) {
+        let n = v.len();
+        let x = v[i];
+        loop {
+            let first = 4 * i + 1;
+            if first >= n {
+                break;
+            }
+            let mut c = first;
+            for j in first + 1..(first + 4).min(n) {
+                if v[j] < v[c] {
+                    c = j;
+                }
+            }
+            if v[c] >= x {
+                break;
+            }
+            v[i] = v[c];
+            i = c;
+        }
+        v[i] = x;
+    }
 }
 
 fn lpt(loads: &[u64], k: usize) -> Vec<Vec<usize>> {
     let mut pools: Vec<Vec<usize>> = vec![Vec::new(); k];
     let mut heap: BinaryHeap<Reverse<(u128, usize)>> =
         (0..k).map(|p| Reverse((0u128, p))).collect();
-    for i in heavy_first(loads) {
+    for (f, i) in heavy_first(loads) {
         let Some(Reverse((load, p))) = heap.pop() else {
             break;
         };
         pools[p].push(i);
-        heap.push(Reverse((load + u128::from(loads[i]), p)));
+        heap.push(Reverse((load + u128::from(f), p)));
     }
     pools
 }
@@ -243,7 +322,7 @@ fn lpt(loads: &[u64], k: usize) -> Vec<Vec<usize>> {
 /// Deals the heavy-first order to pools 0,1,…,K−1, K−1,…,0, 0,1,… (snake order).
 fn zigzag(loads: &[u64], k: usize) -> Vec<Vec<usize>> {
     let mut pools: Vec<Vec<usize>> = vec![Vec::with_capacity(loads.len() / k); k];
-    for (j, i) in heavy_first(loads).into_iter().enumerate() {
+    for (j, (_, i)) in heavy_first(loads).into_iter().enumerate() {
         let (round, within) = (j / k, j % k);
         let p = if round % 2 == 0 {
             within
@@ -384,6 +463,44 @@ mod tests {
         assert_eq!(ga_major_order(&pools), vec![0, 1, 3, 2]);
         // R = max(11, 2) / ((13)/2) = 22/13.
         assert!((imbalance(&[10, 1, 1, 1], &pools) - 22.0 / 13.0).abs() < 1e-12);
+    }
+
+    /// Algorithm 1 the obvious way: sort by (load descending, index), then per sequence pop
+    /// the least (load, pool id) from a binary heap and push the pool back while not full.
+    fn reference_vrsp(loads: &[u64], pool_size: usize) -> Vec<Vec<usize>> {
+        let k = loads.len() / pool_size;
+        let mut order: Vec<usize> = (0..loads.len()).collect();
+        order.sort_by_key(|&i| (Reverse(loads[i]), i));
+        let mut heap: BinaryHeap<Reverse<(u128, usize)>> =
+            (0..k).map(|p| Reverse((0, p))).collect();
+        let mut pools = vec![Vec::new(); k];
+        for i in order {
+            let Reverse((load, p)) = heap.pop().unwrap();
+            pools[p].push(i);
+            if pools[p].len() < pool_size {
+                heap.push(Reverse((load + u128::from(loads[i]), p)));
+            }
+        }
+        pools
+    }
+
+    #[test]
+    fn vrsp_equals_the_obvious_algorithm_on_random_batches() {
+        let mut r = stream(11, "test-vrsp-reference", 0);
+        for case in 0..400 {
+            let p = rand::Rng::random_range(&mut r, 1..=9usize);
+            let k = rand::Rng::random_range(&mut r, 1..=70usize);
+            // narrow ranges give ties and zero loads; the widest gives u128 pool sums
+            let top = [1u64, 4, 1000, u64::MAX][case % 4];
+            let loads: Vec<u64> = (0..p * k)
+                .map(|_| rand::Rng::random_range(&mut r, 0..=top))
+                .collect();
+            assert_eq!(
+                vrsp(&loads, p).unwrap(),
+                reference_vrsp(&loads, p),
+                "case {case}: P = {p}, K = {k}"
+            );
+        }
     }
 
     #[test]

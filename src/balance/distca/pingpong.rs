@@ -20,10 +20,12 @@
 //!
 //! May not touch the engine, `plan::build` or the scheduler; no I/O.
 
+use std::collections::HashMap;
+
 use serde::Serialize;
 
 use crate::error::{invalid, Result};
-use crate::plan::{Group, Payload, Plan};
+use crate::plan::{Group, KvGroup, Payload, Plan, WorkerId};
 
 /// Per group of a DistCA plan, how many units each nano-batch has (nano-batch 0's first).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -75,18 +77,22 @@ impl NanoTable {
     /// The nano-batch of each transfer of group `g` (`group` = the plan's group `g`), in
     /// transfer order.
     pub fn transfer_nanos(&self, g: usize, group: &Group) -> Vec<u8> {
+        // The earliest nano-batch of the units on each worker that read each KV group, in
+        // one pass over the units (looked up, never iterated).
+        let mut reads: HashMap<(WorkerId, KvGroup), u8> = HashMap::new();
+        for u in &group.units {
+            let k = self.unit_nano(g, u.id);
+            for &kv in &u.kv_groups {
+                let m = reads.entry((u.worker, kv)).or_insert(k);
+                *m = (*m).min(k);
+            }
+        }
         group
             .transfers
             .iter()
             .map(|t| match t.carries {
                 Payload::Q { unit, .. } | Payload::Output { unit, .. } => self.unit_nano(g, unit),
-                Payload::Kv { group: kv, .. } => group
-                    .units
-                    .iter()
-                    .filter(|u| u.worker == t.dst && u.kv_groups.contains(&kv))
-                    .map(|u| self.unit_nano(g, u.id))
-                    .min()
-                    .unwrap_or(0),
+                Payload::Kv { group: kv, .. } => reads.get(&(t.dst, kv)).copied().unwrap_or(0),
             })
             .collect()
     }
@@ -273,6 +279,23 @@ mod tests {
         // the units it serves, which all read the same sample (same nano-batch).
         let n = t.transfer_nanos(0, g);
         assert_eq!(n.len(), g.transfers.len());
+        // the same as scanning every unit for every transfer
+        let scan: Vec<u8> = g
+            .transfers
+            .iter()
+            .map(|tr| match tr.carries {
+                Payload::Q { unit, .. } | Payload::Output { unit, .. } => t.unit_nano(0, unit),
+                Payload::Kv { group: kv, .. } => g
+                    .units
+                    .iter()
+                    .filter(|u| u.worker == tr.dst && u.kv_groups.contains(&kv))
+                    .map(|u| t.unit_nano(0, u.id))
+                    .min()
+                    .unwrap_or(0),
+            })
+            .collect();
+        assert_eq!(n, scan);
+        assert!(n.contains(&1));
         for (tr, &h) in g.transfers.iter().zip(&n) {
             if let Payload::Kv { group, .. } = tr.carries {
                 assert!(halves[group.seq as usize][h as usize].contains(&group.sample));

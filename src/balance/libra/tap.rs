@@ -259,7 +259,8 @@ pub struct Placement {
     pub comm: u64,
 }
 
-/// Per-worker sets of committed KV groups, as bitsets over dense ids sample · H + shard.
+/// Which workers committed to which KV groups (dense ids sample · H + shard): per group,
+/// a bitset over the workers.
 struct Committed {
     words: usize,
     bits: Vec<u64>,
@@ -267,36 +268,49 @@ struct Committed {
 
 impl Committed {
     fn new(workers: usize, groups: usize) -> Committed {
-        let words = groups.div_ceil(64);
+        let words = workers.div_ceil(64);
         Committed {
             words,
-            bits: vec![0; workers * words],
+            bits: vec![0; groups * words],
         }
     }
+
     fn has(&self, r: usize, g: usize) -> bool {
-        self.bits[r * self.words + g / 64] >> (g % 64) & 1 == 1
+        self.bits[g * self.words + r / 64] >> (r % 64) & 1 == 1
     }
+
     fn set(&mut self, r: usize, g: usize) {
-        self.bits[r * self.words + g / 64] |= 1 << (g % 64);
+        self.bits[g * self.words + r / 64] |= 1 << (r % 64);
     }
 }
 
-/// Δcomm(t, r) of Eq. 9, in bytes.
-fn delta_comm(t: &Tiling, committed: &Committed, tile: usize, r: u32) -> u64 {
+/// Δcomm(t, r) of Eq. 9, in bytes, of tile `tile` for every worker r: `out[r]`. A KV
+/// group not committed to r costs its tokens not resident on r, (len − resident)·bytes:
+/// counted as len·bytes on every such worker, less the bytes of the resident pieces on
+/// the few workers holding them.
+fn delta_comms(t: &Tiling, committed: &Committed, tile: usize, out: &mut [u64]) {
     let (c, shard) = t.tile(tile);
     let h = t.head_shards as usize;
     let per_tok = t.kv_bytes_per_token[shard as usize];
-    let mut bytes = 0u64;
+    out.fill(2 * (c.q_end - c.q_start) * t.q_bytes_per_token);
+    if let Some(home) = out.get_mut(c.q_home as usize) {
+        *home = 0;
+    }
     for (k, s) in t.chunk_samples(c).iter().enumerate() {
         let g = t.sample_id(c, k) * h + shard as usize;
-        if !committed.has(r as usize, g) {
-            bytes += (u64::from(s.len) - t.resident_tokens(s, r)) * per_tok;
+        let whole = u64::from(s.len) * per_tok;
+        for (r, d) in out.iter_mut().enumerate() {
+            if !committed.has(r, g) {
+                *d += whole;
+            }
+        }
+        let a = s.first_resident as usize;
+        for &(r, tokens) in &t.resident[a..a + s.resident_count as usize] {
+            if !committed.has(r as usize, g) {
+                out[r as usize] -= u64::from(tokens) * per_tok;
+            }
         }
     }
-    if r != c.q_home {
-        bytes += 2 * (c.q_end - c.q_start) * t.q_bytes_per_token;
-    }
-    bytes
 }
 
 /// Algorithm 2: place every tile of `t` on one of its W workers, with slack `tau` (≥ 0,
@@ -313,13 +327,15 @@ pub fn place(t: &Tiling, tau: f64) -> Placement {
     let mut load = vec![0u64; w];
     let mut worker = vec![0u32; n];
     let mut comm = 0u64;
+    let mut delta = vec![0u64; w];
     for &i in &order {
         let f = t.tile_cost(i);
+        delta_comms(t, &committed, i, &mut delta);
         let mut best: Option<(u64, u64, u32)> = None;
         for r in 0..w as u32 {
             let l = load[r as usize];
             if (l + f) as f64 <= cap {
-                let key = (delta_comm(t, &committed, i, r), l, r);
+                let key = (delta[r as usize], l, r);
                 if best.is_none_or(|b| key < b) {
                     best = Some(key);
                 }
@@ -333,7 +349,7 @@ pub fn place(t: &Tiling, tau: f64) -> Placement {
                 let mut pick: Option<(u64, u32)> = None;
                 for r in 0..w as u32 {
                     if load[r as usize] == min {
-                        let key = (delta_comm(t, &committed, i, r), r);
+                        let key = (delta[r as usize], r);
                         if pick.is_none_or(|p| key < p) {
                             pick = Some(key);
                         }

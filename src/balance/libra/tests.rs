@@ -221,6 +221,40 @@ fn reference_place(t: &Tiling, shape: &AttnShape, tau: f64) -> Vec<u32> {
     out
 }
 
+/// Pools of more than 64 workers (each committed set spans several words): placement
+/// equals the slow reference.
+#[test]
+fn wide_pools_place_as_the_reference() {
+    let mut r = crate::rng::stream(5, "test-wide-pools", 0);
+    let shape = AttnShape {
+        heads_q: 8,
+        heads_kv: 2,
+        head_dim: 8,
+        dtype_bytes: 2,
+        mask: crate::cost::Mask::Causal,
+    };
+    for case in 0..24 {
+        let seqs: Vec<PackedSeq> = (0..3)
+            .map(|_| {
+                let lens: Vec<u32> = (0..rand::Rng::random_range(&mut r, 1..12))
+                    .map(|_| rand::Rng::random_range(&mut r, 1..400))
+                    .collect();
+                seq(&lens, 4800)
+            })
+            .collect();
+        let refs: Vec<&PackedSeq> = seqs.iter().collect();
+        let cp = [22, 40, 64][case % 3];
+        let t = tile(&refs, cp, 16, 2, &shape);
+        assert!(t.workers > 64);
+        let tau = [0.0, 0.05, 0.3][case % 3];
+        assert_eq!(
+            place(&t, tau).worker,
+            reference_place(&t, &shape, tau),
+            "case {case}"
+        );
+    }
+}
+
 /// Shapes the property tests draw from (h_q, h_kv): GQA groups of 8, 4, 1 and 2, and one
 /// (6, 3) where H = 2 gives shards that share a KV head.
 const SHAPES: [(u32, u32); 4] = [(32, 4), (8, 2), (4, 4), (6, 3)];
