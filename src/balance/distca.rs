@@ -48,7 +48,7 @@
 //! its queries reach under the mask, [`Mask::key_start`] of its first query to its last
 //! query + 1. The formulas below are the causal ones (the mask's pairs are at most the
 //! causal pairs, so a causal shard size is where the search for the mask's starts,
-//! [`largest_fitting`]); under another mask a range's keys start at key_start(lo) instead
+//! `largest_fitting`); under another mask a range's keys start at key_start(lo) instead
 //! of 0 and a tile's cost is also bounded by tile × the mask's most keys per query.
 //! The ideal load is F̄ = total / P. A server is *in surplus* above F̄ and *in deficit* below
 //! it; it is *within tolerance* when |F_s − F̄| ≤ ε·F̄. Until every server is within

@@ -236,7 +236,7 @@ fn title_and_base(path: &Path) -> (String, &Path) {
 
 /// The experiment `text` (arguments as [`run_text`]'s) split into its sweep points, each
 /// run alone (a job-array task, a process) and gathered by [`sweep::Sweep::finish`] into
-/// the [`Outcome`] [`run_text`] gives; every kind (see [`sweep`] for what a point is).
+/// the [`Outcome`] [`run_text`] gives; every kind (see [`mod@sweep`] for what a point is).
 pub fn sweep(path: &Path, text: &str, calibration: calfile::Prices) -> Result<sweep::Sweep> {
     let file = path.display().to_string();
     let kind = priced_kind(&file, text, calibration)?;

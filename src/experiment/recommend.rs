@@ -15,9 +15,9 @@
 //! 2. `memory`: a rank's peak memory (`cost::memory`, with exactly the inputs the step
 //!    builder gives it: `schedule::step::stage_rank_memory`) exceeds the memory per GPU.
 //! 3. `bound`: branch and bound. Every candidate has a lower bound on its step
-//!    ([`lower_bound_ps`]: the busiest GPU's compute stream from the cost model), hence an
+//!    (`lower_bound_ps`: the busiest GPU's compute stream from the cost model), hence an
 //!    upper bound on its tokens/s (the batch's tokens over it). Candidates are simulated in
-//!    order of lower bound, [`WAVE`] at a time ([`screen`]); once [`Spec::top`] distinct
+//!    order of lower bound, [`WAVE`] at a time (`screen`); once [`Spec::top`] distinct
 //!    candidates are simulated, one whose most tokens/s is below the last of them can never
 //!    be a finalist, and neither can any after it: they are not simulated. Unless the
 //!    budget runs out first, the finalists are exactly those a search simulating every
@@ -262,7 +262,7 @@ pub struct Row {
     pub candidate: Candidate,
     /// The arm `skewsim run` runs it as (Libra: with its pipeliner's M).
     pub run_arm: String,
-    /// Its lower bound on the step (ms; [`lower_bound_ps`]).
+    /// Its lower bound on the step (ms; `lower_bound_ps`).
     pub lower_bound_ms: f64,
     /// Tokens/s at each seed.
     pub per_seed: Vec<f64>,
