@@ -636,88 +636,8 @@ fn search(spec: &Spec, s: &Setup, observer: &dyn Observer) -> Result<Recommendat
     let all = space(spec, s);
     let n_space = all.len();
     observer.progress(&format!("{n_space} candidates in the search space"));
-    let mut rules = vec![
-        Rule {
-            name: "layout",
-            what: "the layout or the scheme's settings are refused",
-            removed: 0,
-            example: None,
-        },
-        Rule {
-            name: "memory",
-            what: "a rank's peak memory (cost::memory) exceeds the memory per GPU",
-            removed: 0,
-            example: None,
-        },
-        Rule {
-            name: "bound",
-            what: "its lower bound on the step leaves it slower than the last finalist simulated so far",
-            removed: 0,
-            example: None,
-        },
-        Rule {
-            name: "libra-pareto",
-            what: "a Libra (P, H, B) no better balanced and no cheaper than another (configuration simulator)",
-            removed: 0,
-            example: None,
-        },
-        Rule {
-            name: "budget",
-            what: "left when the simulation budget (--simulate) was spent",
-            removed: 0,
-            example: None,
-        },
-    ];
-    let drop = |rules: &mut Vec<Rule>, k: usize, why: String| {
-        rules[k].removed += 1;
-        if rules[k].example.is_none() {
-            rules[k].example = Some(why);
-        }
-    };
-    // 1. layout, 2. memory
-    let cap = s.cost.hw.memory_bytes;
-    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
-    let mut alive: Vec<(Candidate, u64)> = Vec::new();
-    let mut first_layout: Option<String> = None;
-    for (c, why) in all {
-        if let Some(w) = why {
-            first_layout.get_or_insert_with(|| format!("{} on {}: {w}", c.arm, c.layout()));
-            drop(&mut rules, 0, format!("{} on {}: {w}", c.arm, c.layout()));
-            continue;
-        }
-        let mem = memory_bytes(spec, s, &c)?;
-        if mem > cap {
-            let w = format!(
-                "{} on {}: {:.1} GiB per GPU > {:.1} GiB",
-                c.arm,
-                c.layout(),
-                gib(mem),
-                gib(cap)
-            );
-            drop(&mut rules, 1, w);
-            continue;
-        }
-        alive.push((c, mem));
-    }
-    if alive.is_empty() {
-        let tried = format!(
-            "{n_space} candidates on {} GPUs at L = {} and a global batch of {} sequences: \
-             {} refused by layout (first: {}), {} over {:.1} GiB per GPU (first: {})",
-            spec.gpus,
-            spec.seq_len,
-            s.gbs,
-            rules[0].removed,
-            first_layout.as_deref().unwrap_or("none"),
-            rules[1].removed,
-            gib(cap),
-            rules[1].example.as_deref().unwrap_or("none"),
-        );
-        return Err(invalid(
-            "gpus, memory per GPU",
-            spec.gpus,
-            format!("a setting some layout fits; tried {tried}"),
-        ));
-    }
+    let mut rules = rules();
+    let alive = admit(spec, s, all, &mut rules)?;
     observer.progress(&format!(
         "layout removed {}, memory {}; {} left",
         rules[0].removed,
@@ -726,25 +646,9 @@ fn search(spec: &Spec, s: &Setup, observer: &dyn Observer) -> Result<Recommendat
     ));
     // 3. bound, 4. libra-pareto (a layout's, when its first Libra candidate comes up),
     // 5. budget: branch and bound in order of lower bound
-    let attn = sequence_attention(s, &alive)?;
-    let mut order: Vec<(f64, usize)> = alive
-        .iter()
-        .enumerate()
-        .map(|(i, (c, _))| {
-            let Some((_, _, a)) = attn.iter().find(|(tp, ep, _)| (*tp, *ep) == (c.tp, c.ep)) else {
-                bail!("recommend: no attention time for TP {} EP {}", c.tp, c.ep);
-            };
-            lower_bound_ps(spec, s, c, a).map(|e| (e, i))
-        })
-        .collect::<Result<_>>()?;
+    let bound_of = lower_bounds(spec, s, &alive)?;
+    let mut order: Vec<(f64, usize)> = bound_of.iter().copied().zip(0..).collect();
     order.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-    let bound_of: Vec<f64> = {
-        let mut v = vec![0.0; alive.len()];
-        for &(e, i) in &order {
-            v[i] = e;
-        }
-        v
-    };
     observer.progress(&format!(
         "layout removed {}, memory {}; {} to screen in order of lower bound",
         rules[0].removed,
@@ -752,11 +656,6 @@ fn search(spec: &Spec, s: &Setup, observer: &dyn Observer) -> Result<Recommendat
         order.len()
     ));
     let tokens = s.batch.iter().map(PackedSeq::tokens).sum::<u64>() as f64;
-    let opts = |k: u32| RunOpts {
-        steps: 1,
-        seed: spec.seed + u64::from(k),
-        nvls: true,
-    };
     let budget = spec.simulate as usize;
     let progress = Progress::new(
         budget.min(order.len()),
@@ -783,7 +682,7 @@ fn search(spec: &Spec, s: &Setup, observer: &dyn Observer) -> Result<Recommendat
             .par_iter()
             .map(|&i| {
                 progress.check()?;
-                let r = simulate(spec, s, &alive[i].0, opts(0));
+                let r = simulate(spec, s, &alive[i].0, run_opts(spec, 0));
                 progress.tick();
                 r
             })
@@ -810,7 +709,7 @@ fn search(spec: &Spec, s: &Setup, observer: &dyn Observer) -> Result<Recommendat
     };
     let fates = screen(&order, tokens, budget, &mut gate, &mut run)?;
     for w in over {
-        drop(&mut rules, 1, w);
+        rules[1].remove(w);
     }
     let mut simulated = 0;
     for (i, fate) in fates {
@@ -818,17 +717,13 @@ fn search(spec: &Spec, s: &Setup, observer: &dyn Observer) -> Result<Recommendat
         let at = format!("{} on {}", c.arm, c.layout());
         match fate {
             Fate::Simulated => simulated += 1,
-            Fate::Bound(most, bar) => drop(
-                &mut rules,
-                2,
-                format!(
-                    "{at}: lower bound {:.1} ms, at most {most:.0} tokens/s < {bar:.0} (finalist {})",
-                    bound_of[i] * 1e-9,
-                    spec.top
-                ),
-            ),
-            Fate::Gated(w) => drop(&mut rules, 3, format!("{at}: {w}")),
-            Fate::Budget => drop(&mut rules, 4, at),
+            Fate::Bound(most, bar) => rules[2].remove(format!(
+                "{at}: lower bound {:.1} ms, at most {most:.0} tokens/s < {bar:.0} (finalist {})",
+                bound_of[i] * 1e-9,
+                spec.top
+            )),
+            Fate::Gated(w) => rules[3].remove(format!("{at}: {w}")),
+            Fate::Budget => rules[4].remove(at),
         }
     }
     observer.progress(&format!(
@@ -843,56 +738,8 @@ fn search(spec: &Spec, s: &Setup, observer: &dyn Observer) -> Result<Recommendat
         );
     }
     let (fin, by_speed, equivalent) = finalists(&alive, &screened, spec.top as usize);
-    let jobs: Vec<(usize, u32)> = fin
-        .iter()
-        .flat_map(|&f| (1..spec.seeds).map(move |k| (f, k)))
-        .collect();
-    let progress = Progress::new(jobs.len(), "finalist runs (further seeds)", observer);
-    let more: Vec<Result<ArmResult>> = jobs
-        .par_iter()
-        .map(|&(f, k)| {
-            progress.check()?;
-            let r = simulate(spec, s, &alive[screened[f].0].0, opts(k));
-            progress.tick();
-            r
-        })
-        .collect();
-    let mut runs: Vec<Vec<ArmResult>> = fin.iter().map(|&f| vec![screened[f].1.clone()]).collect();
-    for ((f, _), r) in jobs.iter().zip(more) {
-        let Some(pos) = fin.iter().position(|x| x == f) else {
-            bail!("recommend: a seed's run of candidate {f} is not a finalist's");
-        };
-        runs[pos].push(r?);
-    }
-    let mut rows: Vec<Row> = fin
-        .iter()
-        .zip(&runs)
-        .map(|(&f, rs)| {
-            let c = &alive[screened[f].0].0;
-            Ok(row(c, run_label(s, c)?, bound_of[screened[f].0], rs))
-        })
-        .collect::<Result<_>>()?;
-    // a finalist over capacity at another seed is dropped too
-    rows.retain(|r| {
-        let over = fin
-            .iter()
-            .position(|&f| alive[screened[f].0].0 == r.candidate)
-            .is_some_and(|p| runs[p].iter().any(|x| x.infeasible > 0));
-        !over
-    });
-    for k in 0..spec.seeds as usize {
-        if let Some(w) = (0..rows.len()).max_by(|&a, &b| {
-            rows[a].per_seed[k]
-                .total_cmp(&rows[b].per_seed[k])
-                .then(b.cmp(&a))
-        }) {
-            rows[w].wins += 1;
-        }
-    }
-    rows.sort_by(|a, b| b.tokens_per_s.total_cmp(&a.tokens_per_s));
-    for (i, r) in rows.iter_mut().enumerate() {
-        r.rank = i + 1;
-    }
+    let runs = further_seeds(spec, s, &alive, &screened, &fin, observer)?;
+    let rows = rank(s, &alive, &screened, &fin, &runs, &bound_of, spec.seeds)?;
     let Some(win) = rows.first() else {
         bail!("recommend: every finalist went over capacity at some seed");
     };
@@ -931,6 +778,208 @@ fn search(spec: &Spec, s: &Setup, observer: &dyn Observer) -> Result<Recommendat
         confidence,
         why,
     })
+}
+
+/// Every candidate's lower bound on the step (ps), by position in `alive`.
+fn lower_bounds(spec: &Spec, s: &Setup, alive: &[(Candidate, u64)]) -> Result<Vec<f64>> {
+    let attn = sequence_attention(s, alive)?;
+    alive
+        .iter()
+        .map(|(c, _)| {
+            let Some((_, _, a)) = attn.iter().find(|(tp, ep, _)| (*tp, *ep) == (c.tp, c.ep)) else {
+                bail!("recommend: no attention time for TP {} EP {}", c.tp, c.ep);
+            };
+            lower_bound_ps(spec, s, c, a)
+        })
+        .collect()
+}
+
+/// How one candidate is simulated at seed offset `k`: one step.
+fn run_opts(spec: &Spec, k: u32) -> RunOpts {
+    RunOpts {
+        steps: 1,
+        seed: spec.seed + u64::from(k),
+        nvls: true,
+    }
+}
+
+/// Each finalist's runs: its first-seed run, then one per further seed (simulated in
+/// parallel, gathered in seed order).
+fn further_seeds(
+    spec: &Spec,
+    s: &Setup,
+    alive: &[(Candidate, u64)],
+    screened: &[(usize, ArmResult)],
+    fin: &[usize],
+    observer: &dyn Observer,
+) -> Result<Vec<Vec<ArmResult>>> {
+    let jobs: Vec<(usize, u32)> = fin
+        .iter()
+        .flat_map(|&f| (1..spec.seeds).map(move |k| (f, k)))
+        .collect();
+    let progress = Progress::new(jobs.len(), "finalist runs (further seeds)", observer);
+    let more: Vec<Result<ArmResult>> = jobs
+        .par_iter()
+        .map(|&(f, k)| {
+            progress.check()?;
+            let r = simulate(spec, s, &alive[screened[f].0].0, run_opts(spec, k));
+            progress.tick();
+            r
+        })
+        .collect();
+    let mut runs: Vec<Vec<ArmResult>> = fin.iter().map(|&f| vec![screened[f].1.clone()]).collect();
+    for ((f, _), r) in jobs.iter().zip(more) {
+        let Some(pos) = fin.iter().position(|x| x == f) else {
+            bail!("recommend: a seed's run of candidate {f} is not a finalist's");
+        };
+        runs[pos].push(r?);
+    }
+    Ok(runs)
+}
+
+/// The pruning rules, in the order the search applies them, none counted yet.
+fn rules() -> Vec<Rule> {
+    vec![
+        Rule {
+            name: "layout",
+            what: "the layout or the scheme's settings are refused",
+            removed: 0,
+            example: None,
+        },
+        Rule {
+            name: "memory",
+            what: "a rank's peak memory (cost::memory) exceeds the memory per GPU",
+            removed: 0,
+            example: None,
+        },
+        Rule {
+            name: "bound",
+            what: "its lower bound on the step leaves it slower than the last finalist simulated so far",
+            removed: 0,
+            example: None,
+        },
+        Rule {
+            name: "libra-pareto",
+            what: "a Libra (P, H, B) no better balanced and no cheaper than another (configuration simulator)",
+            removed: 0,
+            example: None,
+        },
+        Rule {
+            name: "budget",
+            what: "left when the simulation budget (--simulate) was spent",
+            removed: 0,
+            example: None,
+        },
+    ]
+}
+
+impl Rule {
+    /// Count one removal; the first one's reason is kept as the example.
+    fn remove(&mut self, why: String) {
+        self.removed += 1;
+        if self.example.is_none() {
+            self.example = Some(why);
+        }
+    }
+}
+
+/// The layout and memory rules over the whole space (counted in `rules[0]` and
+/// `rules[1]`): the candidates left, each with its peak bytes per GPU; none left is a named
+/// error that says what was tried.
+fn admit(
+    spec: &Spec,
+    s: &Setup,
+    all: Vec<(Candidate, Option<String>)>,
+    rules: &mut [Rule],
+) -> Result<Vec<(Candidate, u64)>> {
+    let n_space = all.len();
+    let cap = s.cost.hw.memory_bytes;
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    let mut alive: Vec<(Candidate, u64)> = Vec::new();
+    let mut first_layout: Option<String> = None;
+    for (c, why) in all {
+        if let Some(w) = why {
+            first_layout.get_or_insert_with(|| format!("{} on {}: {w}", c.arm, c.layout()));
+            rules[0].remove(format!("{} on {}: {w}", c.arm, c.layout()));
+            continue;
+        }
+        let mem = memory_bytes(spec, s, &c)?;
+        if mem > cap {
+            let w = format!(
+                "{} on {}: {:.1} GiB per GPU > {:.1} GiB",
+                c.arm,
+                c.layout(),
+                gib(mem),
+                gib(cap)
+            );
+            rules[1].remove(w);
+            continue;
+        }
+        alive.push((c, mem));
+    }
+    if alive.is_empty() {
+        let tried = format!(
+            "{n_space} candidates on {} GPUs at L = {} and a global batch of {} sequences: \
+             {} refused by layout (first: {}), {} over {:.1} GiB per GPU (first: {})",
+            spec.gpus,
+            spec.seq_len,
+            s.gbs,
+            rules[0].removed,
+            first_layout.as_deref().unwrap_or("none"),
+            rules[1].removed,
+            gib(cap),
+            rules[1].example.as_deref().unwrap_or("none"),
+        );
+        return Err(invalid(
+            "gpus, memory per GPU",
+            spec.gpus,
+            format!("a setting some layout fits; tried {tried}"),
+        ));
+    }
+    Ok(alive)
+}
+
+/// The finalists' rows, each over all its seeds, fastest first and numbered; a finalist
+/// over capacity at any seed is dropped; `wins` counts the seeds at which each is fastest.
+fn rank(
+    s: &Setup,
+    alive: &[(Candidate, u64)],
+    screened: &[(usize, ArmResult)],
+    fin: &[usize],
+    runs: &[Vec<ArmResult>],
+    bound_of: &[f64],
+    seeds: u32,
+) -> Result<Vec<Row>> {
+    let mut rows: Vec<Row> = fin
+        .iter()
+        .zip(runs)
+        .map(|(&f, rs)| {
+            let c = &alive[screened[f].0].0;
+            Ok(row(c, run_label(s, c)?, bound_of[screened[f].0], rs))
+        })
+        .collect::<Result<_>>()?;
+    // a finalist over capacity at another seed is dropped too
+    rows.retain(|r| {
+        let over = fin
+            .iter()
+            .position(|&f| alive[screened[f].0].0 == r.candidate)
+            .is_some_and(|p| runs[p].iter().any(|x| x.infeasible > 0));
+        !over
+    });
+    for k in 0..seeds as usize {
+        if let Some(w) = (0..rows.len()).max_by(|&a, &b| {
+            rows[a].per_seed[k]
+                .total_cmp(&rows[b].per_seed[k])
+                .then(b.cmp(&a))
+        }) {
+            rows[w].wins += 1;
+        }
+    }
+    rows.sort_by(|a, b| b.tokens_per_s.total_cmp(&a.tokens_per_s));
+    for (i, r) in rows.iter_mut().enumerate() {
+        r.rank = i + 1;
+    }
+    Ok(rows)
 }
 
 /// The finalists among `screened` (positions in it): the `top` fastest at the first seed
