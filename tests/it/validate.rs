@@ -9,13 +9,9 @@ fn temp(name: &str) -> std::path::PathBuf {
     scratch("validate-cli").join(name)
 }
 
-#[test]
-fn validate_without_a_driver_is_a_clean_error() {
-    if validate::gpu::driver_present() {
-        println!("skipped: a CUDA driver is present here, so the no-driver path cannot be tested");
-        return;
-    }
-    let plan = temp("plan.json");
+/// A small Libra plan (GBS 2, DP 2, CP 2, P 2, L 8K) written to scratch file `name`.
+fn small_plan(name: &str) -> std::path::PathBuf {
+    let plan = temp(name);
     let out = skewsim(&[
         "plan",
         "--gbs",
@@ -36,6 +32,16 @@ fn validate_without_a_driver_is_a_clean_error() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    plan
+}
+
+#[test]
+fn validate_without_a_driver_is_a_clean_error() {
+    if validate::gpu::driver_present() {
+        println!("skipped: a CUDA driver is present here, so the no-driver path cannot be tested");
+        return;
+    }
+    let plan = small_plan("plan.json");
     let csv = temp("m.csv");
     let out = skewsim(&[
         "validate",
@@ -474,27 +480,7 @@ fn the_gemm_model_scores_the_committed_cublas_measurements() {
 /// torch kernels refuse several GPUs.
 #[test]
 fn validate_through_torch_names_a_missing_python() {
-    let plan = temp("plan-torch.json");
-    let out = skewsim(&[
-        "plan",
-        "--gbs",
-        "2",
-        "--dp",
-        "2",
-        "--cp",
-        "2",
-        "--pool-size",
-        "2",
-        "--seq-len",
-        "8192",
-        "-o",
-        plan.to_str().unwrap(),
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let plan = small_plan("plan-torch.json");
     let csv = temp("m-torch.csv");
     let p = plan.to_str().unwrap();
     let c = csv.to_str().unwrap();
