@@ -444,6 +444,229 @@ impl CompareOutput {
         }
     }
 }
+/// The schemes' settings from `[settings]` and `[parallel]` (defaults where a key is
+/// absent).
+fn settings(f: &CompareFile, file: &str) -> Result<SchemeSettings> {
+    let s = &f.settings;
+    let d = SchemeSettings::default();
+    let dl = LibraParams::default();
+    let mut set = SchemeSettings {
+        cp: f.parallel.cp,
+        s_max: s.s_max,
+        sharding: match &s.sharding {
+            Some(x) => x
+                .parse::<ShardingMode>()
+                .with_context(|| format!("{file}: [settings] sharding"))?,
+            None => d.sharding,
+        },
+        outlier: None,
+        epsilon: s.epsilon.unwrap_or(d.epsilon),
+        ping_pong: s.ping_pong.unwrap_or(d.ping_pong),
+        distca_scheduler: d.distca_scheduler,
+        libra: LibraParams {
+            pool_size: s.pool_size.unwrap_or(dl.pool_size),
+            head_shards: s.head_shards.unwrap_or(dl.head_shards),
+            tile_tokens: s.tile_tokens.unwrap_or(dl.tile_tokens),
+            tau: s.tau.unwrap_or(dl.tau),
+            chunks: s.chunks.unwrap_or(dl.chunks),
+            ..dl
+        },
+        seed: f.workload.seed,
+        max_seqlen_per_rank: s.max_seqlen_per_dp_cp_rank,
+        min_dynamic_cp: s.min_dynamic_cp.unwrap_or(d.min_dynamic_cp),
+        dcp_load: d.dcp_load,
+    };
+    if !(set.epsilon.is_finite() && set.epsilon >= 0.0) {
+        return Err(invalid(
+            "[settings] epsilon",
+            set.epsilon,
+            "a finite tolerance ≥ 0 (DistCA: 0.10)",
+        ))
+        .context(file);
+    }
+    set.libra.cp = f.parallel.cp;
+    Ok(set)
+}
+
+/// Each point's layout: `[[sweep.layout]]`, else `[parallel]` at every `[sweep] dp`; each
+/// checked, with every arm's, and a layout's model named by the file.
+fn layouts(f: &CompareFile, file: &str, arms: &[Arm]) -> Result<Vec<LayoutFile>> {
+    let dps: Vec<u32> = if f.sweep.dp.is_empty() {
+        vec![f.parallel.dp.unwrap_or(1)]
+    } else {
+        f.sweep.dp.clone()
+    };
+    let layouts: Vec<LayoutFile> = if f.sweep.layout.is_empty() {
+        dps.iter()
+            .map(|&dp| LayoutFile {
+                dp,
+                cp: f.parallel.cp,
+                ga: f.parallel.ga,
+                model: None,
+                seq_len: None,
+            })
+            .collect()
+    } else if !f.sweep.dp.is_empty() || f.parallel.dp.is_some() {
+        let (field, value) = match f.parallel.dp {
+            Some(dp) => ("[parallel] dp", dp.to_string()),
+            None => ("[sweep] dp", format!("{:?}", f.sweep.dp)),
+        };
+        return Err(invalid(
+            field,
+            value,
+            "none: [[sweep.layout]] gives each point its DP",
+        ))
+        .context(file);
+    } else {
+        f.sweep.layout.clone()
+    };
+    for (i, y) in layouts.iter().enumerate() {
+        let p = &f.parallel;
+        let table = if f.sweep.layout.is_empty() {
+            "[parallel]/[sweep]".to_string()
+        } else {
+            format!("[[sweep.layout]] #{}", i + 1)
+        };
+        super::inputs::check_layout(file, &table, [y.dp, p.pp, y.cp, p.tp], y.ga)?;
+        for a in arms {
+            for c in arm_cps(a, y.dp, y.cp, y.ga) {
+                arm_layout(&a.label, c, y.dp, y.cp, y.ga)
+                    .with_context(|| format!("{file}: arms at {table}"))?;
+            }
+        }
+        let named =
+            |v: &[String], one: &String, x: &String| v.contains(x) || (v.is_empty() && one == x);
+        if let Some(m) = &y.model {
+            if !named(&f.sweep.model, &f.model, m) {
+                return Err(invalid(
+                    format!("{table} model"),
+                    format!("{m:?}"),
+                    "one of the file's models",
+                ))
+                .context(file);
+            }
+        }
+    }
+    Ok(layouts)
+}
+
+/// The sweep's points: model (each attention mix) × topology × corpus × seq_len × the
+/// layouts for that model and length; a layout that matches no point is refused.
+fn points(
+    f: &CompareFile,
+    file: &str,
+    base: &Path,
+    cal: Option<&Path>,
+    kernel: Kernel,
+    layouts: &[LayoutFile],
+) -> Result<Vec<Point>> {
+    let pick = |v: &[String], one: Option<String>| -> Vec<Option<String>> {
+        if v.is_empty() {
+            vec![one]
+        } else {
+            v.iter().cloned().map(Some).collect()
+        }
+    };
+    let models = pick(&f.sweep.model, Some(f.model.clone()));
+    let corpora = pick(&f.sweep.corpus, Some(f.workload.corpus.clone()));
+    let topos = pick(&f.sweep.topology, f.network.topology.clone());
+    // points: (model, topology, corpus, seq_len, dp) × arms
+    let mut points = Vec::new();
+    let mut variants = Vec::new();
+    for m in models.iter().flatten() {
+        let model = load_model(m, base, file, f.layers)?;
+        match &f.sweep.attention {
+            None => variants.push((m, None, model)),
+            Some(a) => {
+                for x in mix::mixes(a, model.layers).with_context(|| file.to_string())? {
+                    let mm = mix::apply(model.clone(), m, &x).with_context(|| file.to_string())?;
+                    variants.push((m, Some(x), mm));
+                }
+            }
+        }
+    }
+    for (m, mix, model) in variants {
+        let cost = Arc::new(
+            super::calfile::cost_model(model, cal, kernel)
+                .with_context(|| format!("{file}: calibration"))?,
+        );
+        let label = mix.map_or(m.clone(), |x| x.label(m));
+        for t in &topos {
+            let topo = match t {
+                Some(t) => {
+                    let label = Path::new(t)
+                        .file_stem()
+                        .map_or(t.clone(), |x| x.to_string_lossy().into_owned());
+                    Some((label, load_topology(t, base, file)?))
+                }
+                None => None,
+            };
+            for c in corpora.iter().flatten() {
+                let corpus =
+                    super::inputs::load_corpus(c).with_context(|| format!("{file}: corpus"))?;
+                let lens: Vec<u32> = if !f.sweep.seq_len.is_empty() {
+                    f.sweep.seq_len.clone()
+                } else if let Some(l) = f.workload.seq_len {
+                    vec![l]
+                } else {
+                    vec![corpus
+                        .default_seq_len()
+                        .ok_or_else(|| {
+                            invalid(
+                                "[workload] seq_len",
+                                "none",
+                                format!("a length: corpus {c} has no default"),
+                            )
+                        })
+                        .context(file)?]
+                };
+                for &l in &lens {
+                    let at = layouts.iter().filter(|y| {
+                        y.model.as_ref().is_none_or(|x| x == m) && y.seq_len.is_none_or(|x| x == l)
+                    });
+                    let before = points.len();
+                    for y in at {
+                        points.push(Point {
+                            model: label.clone(),
+                            base_model: m.clone(),
+                            mix,
+                            cost: cost.clone(),
+                            topo: topo.clone(),
+                            corpus: c.clone(),
+                            seq_len: l,
+                            dp: y.dp,
+                            cp: y.cp,
+                            ga: y.ga,
+                        });
+                    }
+                    if points.len() == before {
+                        return Err(invalid(
+                            "[[sweep.layout]]",
+                            format!("none for model {m} at L = {l}"),
+                            "a layout for every model and seq_len of the file",
+                        ))
+                        .context(file);
+                    }
+                }
+            }
+        }
+    }
+    if let Some((i, _)) = f.sweep.layout.iter().enumerate().find(|(_, y)| {
+        !points.iter().any(|p| {
+            (p.dp, p.cp, p.ga) == (y.dp, y.cp, y.ga)
+                && y.model.as_ref().is_none_or(|m| *m == p.base_model)
+                && y.seq_len.is_none_or(|l| l == p.seq_len)
+        })
+    }) {
+        return Err(invalid(
+            format!("[[sweep.layout]] #{}", i + 1),
+            "a layout that matches no point",
+            "a model and seq_len among the file's models and L",
+        ))
+        .context(file);
+    }
+    Ok(points)
+}
 
 fn parse(text: &str, file: &str) -> Result<CompareFile> {
     toml::from_str(text).with_context(|| format!("{file}: not a valid comparison experiment"))
@@ -571,116 +794,13 @@ impl Sweep {
             ))
             .context(file);
         }
-        let s = &f.settings;
-        let d = SchemeSettings::default();
-        let dl = LibraParams::default();
-        let mut set = SchemeSettings {
-            cp: f.parallel.cp,
-            s_max: s.s_max,
-            sharding: match &s.sharding {
-                Some(x) => x
-                    .parse::<ShardingMode>()
-                    .with_context(|| format!("{file}: [settings] sharding"))?,
-                None => d.sharding,
-            },
-            outlier: None,
-            epsilon: s.epsilon.unwrap_or(d.epsilon),
-            ping_pong: s.ping_pong.unwrap_or(d.ping_pong),
-            distca_scheduler: d.distca_scheduler,
-            libra: LibraParams {
-                pool_size: s.pool_size.unwrap_or(dl.pool_size),
-                head_shards: s.head_shards.unwrap_or(dl.head_shards),
-                tile_tokens: s.tile_tokens.unwrap_or(dl.tile_tokens),
-                tau: s.tau.unwrap_or(dl.tau),
-                chunks: s.chunks.unwrap_or(dl.chunks),
-                ..dl
-            },
-            seed: f.workload.seed,
-            max_seqlen_per_rank: s.max_seqlen_per_dp_cp_rank,
-            min_dynamic_cp: s.min_dynamic_cp.unwrap_or(d.min_dynamic_cp),
-            dcp_load: d.dcp_load,
-        };
-        if !(set.epsilon.is_finite() && set.epsilon >= 0.0) {
-            return Err(invalid(
-                "[settings] epsilon",
-                set.epsilon,
-                "a finite tolerance ≥ 0 (DistCA: 0.10)",
-            ))
-            .context(file);
-        }
-        set.libra.cp = f.parallel.cp;
+        let set = settings(&f, file)?;
         let arms: Vec<Arm> = f
             .arms
             .iter()
             .map(|a| parse_arm(a, &set, file))
             .collect::<Result<_>>()?;
-        let pick = |v: &[String], one: Option<String>| -> Vec<Option<String>> {
-            if v.is_empty() {
-                vec![one]
-            } else {
-                v.iter().cloned().map(Some).collect()
-            }
-        };
-        let models = pick(&f.sweep.model, Some(f.model.clone()));
-        let corpora = pick(&f.sweep.corpus, Some(f.workload.corpus.clone()));
-        let topos = pick(&f.sweep.topology, f.network.topology.clone());
-        let dps: Vec<u32> = if f.sweep.dp.is_empty() {
-            vec![f.parallel.dp.unwrap_or(1)]
-        } else {
-            f.sweep.dp.clone()
-        };
-        let layouts: Vec<LayoutFile> = if f.sweep.layout.is_empty() {
-            dps.iter()
-                .map(|&dp| LayoutFile {
-                    dp,
-                    cp: f.parallel.cp,
-                    ga: f.parallel.ga,
-                    model: None,
-                    seq_len: None,
-                })
-                .collect()
-        } else if !f.sweep.dp.is_empty() || f.parallel.dp.is_some() {
-            let (field, value) = match f.parallel.dp {
-                Some(dp) => ("[parallel] dp", dp.to_string()),
-                None => ("[sweep] dp", format!("{:?}", f.sweep.dp)),
-            };
-            return Err(invalid(
-                field,
-                value,
-                "none: [[sweep.layout]] gives each point its DP",
-            ))
-            .context(file);
-        } else {
-            f.sweep.layout.clone()
-        };
-        for (i, y) in layouts.iter().enumerate() {
-            let p = &f.parallel;
-            let table = if f.sweep.layout.is_empty() {
-                "[parallel]/[sweep]".to_string()
-            } else {
-                format!("[[sweep.layout]] #{}", i + 1)
-            };
-            super::inputs::check_layout(file, &table, [y.dp, p.pp, y.cp, p.tp], y.ga)?;
-            for a in &arms {
-                for c in arm_cps(a, y.dp, y.cp, y.ga) {
-                    arm_layout(&a.label, c, y.dp, y.cp, y.ga)
-                        .with_context(|| format!("{file}: arms at {table}"))?;
-                }
-            }
-            let named = |v: &[String], one: &String, x: &String| {
-                v.contains(x) || (v.is_empty() && one == x)
-            };
-            if let Some(m) = &y.model {
-                if !named(&f.sweep.model, &f.model, m) {
-                    return Err(invalid(
-                        format!("{table} model"),
-                        format!("{m:?}"),
-                        "one of the file's models",
-                    ))
-                    .context(file);
-                }
-            }
-        }
+        let layouts = layouts(&f, file, &arms)?;
         // A [network] topology that [sweep] overrides must still exist.
         if let (Some(t), false) = (&f.network.topology, f.sweep.topology.is_empty()) {
             load_topology(t, base, file).context("[network] topology")?;
@@ -698,103 +818,7 @@ impl Sweep {
             ))
             .context(file);
         }
-        // points: (model, topology, corpus, seq_len, dp) × arms
-        let mut points = Vec::new();
-        let mut variants = Vec::new();
-        for m in models.iter().flatten() {
-            let model = load_model(m, base, file, f.layers)?;
-            match &f.sweep.attention {
-                None => variants.push((m, None, model)),
-                Some(a) => {
-                    for x in mix::mixes(a, model.layers).with_context(|| file.to_string())? {
-                        let mm =
-                            mix::apply(model.clone(), m, &x).with_context(|| file.to_string())?;
-                        variants.push((m, Some(x), mm));
-                    }
-                }
-            }
-        }
-        for (m, mix, model) in variants {
-            let cost = Arc::new(
-                super::calfile::cost_model(model, cal.as_deref(), kernel)
-                    .with_context(|| format!("{file}: calibration"))?,
-            );
-            let label = mix.map_or(m.clone(), |x| x.label(m));
-            for t in &topos {
-                let topo = match t {
-                    Some(t) => {
-                        let label = Path::new(t)
-                            .file_stem()
-                            .map_or(t.clone(), |x| x.to_string_lossy().into_owned());
-                        Some((label, load_topology(t, base, file)?))
-                    }
-                    None => None,
-                };
-                for c in corpora.iter().flatten() {
-                    let corpus =
-                        super::inputs::load_corpus(c).with_context(|| format!("{file}: corpus"))?;
-                    let lens: Vec<u32> = if !f.sweep.seq_len.is_empty() {
-                        f.sweep.seq_len.clone()
-                    } else if let Some(l) = f.workload.seq_len {
-                        vec![l]
-                    } else {
-                        vec![corpus
-                            .default_seq_len()
-                            .ok_or_else(|| {
-                                invalid(
-                                    "[workload] seq_len",
-                                    "none",
-                                    format!("a length: corpus {c} has no default"),
-                                )
-                            })
-                            .context(file)?]
-                    };
-                    for &l in &lens {
-                        let at = layouts.iter().filter(|y| {
-                            y.model.as_ref().is_none_or(|x| x == m)
-                                && y.seq_len.is_none_or(|x| x == l)
-                        });
-                        let before = points.len();
-                        for y in at {
-                            points.push(Point {
-                                model: label.clone(),
-                                base_model: m.clone(),
-                                mix,
-                                cost: cost.clone(),
-                                topo: topo.clone(),
-                                corpus: c.clone(),
-                                seq_len: l,
-                                dp: y.dp,
-                                cp: y.cp,
-                                ga: y.ga,
-                            });
-                        }
-                        if points.len() == before {
-                            return Err(invalid(
-                                "[[sweep.layout]]",
-                                format!("none for model {m} at L = {l}"),
-                                "a layout for every model and seq_len of the file",
-                            ))
-                            .context(file);
-                        }
-                    }
-                }
-            }
-        }
-        if let Some((i, _)) = f.sweep.layout.iter().enumerate().find(|(_, y)| {
-            !points.iter().any(|p| {
-                (p.dp, p.cp, p.ga) == (y.dp, y.cp, y.ga)
-                    && y.model.as_ref().is_none_or(|m| *m == p.base_model)
-                    && y.seq_len.is_none_or(|l| l == p.seq_len)
-            })
-        }) {
-            return Err(invalid(
-                format!("[[sweep.layout]] #{}", i + 1),
-                "a layout that matches no point",
-                "a model and seq_len among the file's models and L",
-            ))
-            .context(file);
-        }
+        let points = points(&f, file, base, cal.as_deref(), kernel, &layouts)?;
         Ok(Sweep {
             f,
             file: file.to_string(),
