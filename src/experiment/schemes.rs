@@ -46,7 +46,6 @@
 
 use super::calfile::Prices;
 use crate::cost::profile::Kernel;
-use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -67,7 +66,7 @@ use crate::schedule::{NoVariance, Parallelism, PipelineKind, Placement};
 use crate::workload::pack::Packing;
 
 use super::train::{NetChoice, BUILTIN_TOPOLOGIES};
-use super::{Observer, Outcome, Progress};
+use super::{Observer, Outcome};
 
 mod mix;
 
@@ -688,16 +687,7 @@ pub fn run_text(
     observer: &dyn Observer,
 ) -> Result<CompareOutput> {
     let sweep = Sweep::new(text, file, title, base, calibration)?;
-    let progress = Progress::new(sweep.len(), "points simulated", observer);
-    let results: Vec<Result<PointResult>> = (0..sweep.len())
-        .into_par_iter()
-        .map(|i| {
-            progress.check()?;
-            sweep.run_point(i)
-        })
-        .inspect(|_| progress.tick())
-        .collect();
-    let results: Vec<PointResult> = results.into_iter().collect::<Result<_>>()?;
+    let results = super::sweep::run_points(sweep.len(), observer, |i| sweep.run_point(i))?;
     sweep.finish(&results)
 }
 

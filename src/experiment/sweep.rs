@@ -137,24 +137,24 @@ impl Sweep {
     pub fn finish(&self, results: Vec<PointResult>) -> Result<Outcome> {
         match self {
             Sweep::Comparison(s) => {
-                let r = self.unwrap(results, |r| match r {
+                let r = self.own_kind(results, |r| match r {
                     PointResult::Comparison(r) => Some(r),
                     _ => None,
                 })?;
                 Ok(s.finish(&r)?.outcome(s.kind().to_string()))
             }
-            Sweep::Train(s) => s.finish(&self.unwrap(results, |r| match r {
+            Sweep::Train(s) => s.finish(&self.own_kind(results, |r| match r {
                 PointResult::Train(r) => Some(r),
                 _ => None,
             })?),
             Sweep::Pools(s) => {
-                let r = self.unwrap(results, |r| match r {
+                let r = self.own_kind(results, |r| match r {
                     PointResult::Pools(r) => Some(r),
                     _ => None,
                 })?;
                 pools::outcome(s.spec(), s.finish(&r)?)
             }
-            Sweep::Variance(s) => s.finish(&self.unwrap(results, |r| match r {
+            Sweep::Variance(s) => s.finish(&self.own_kind(results, |r| match r {
                 PointResult::Variance(r) => Some(r),
                 _ => None,
             })?),
@@ -163,7 +163,7 @@ impl Sweep {
 
     /// Every result as this sweep's kind's (`own` gives it, or nothing when it is another
     /// kind's).
-    fn unwrap<R>(
+    fn own_kind<R>(
         &self,
         results: Vec<PointResult>,
         own: impl Fn(PointResult) -> Option<R>,
