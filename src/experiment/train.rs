@@ -392,6 +392,37 @@ fn run_point(
 /// (corpus, sequence length, GBS): one line of scaling.svg.
 type CurveKey = (String, u32, u32);
 
+/// A point's per-step figures as its tables print them: means over its steps, and the
+/// most ranks any step found over the GPU's memory.
+struct StepMeans {
+    /// Tokens per second.
+    tps: f64,
+    /// Iteration time, ms.
+    it: f64,
+    mfu: f64,
+    wait: f64,
+    comm: f64,
+    inf: u32,
+}
+
+impl StepMeans {
+    fn of(r: &PointResult) -> StepMeans {
+        StepMeans {
+            tps: mean(r.steps.iter().map(|s| s.tokens_per_s)),
+            it: mean(r.steps.iter().map(|s| s.iteration as f64 * 1e-9)),
+            mfu: mean(r.steps.iter().map(|s| s.mfu)),
+            wait: mean(r.steps.iter().map(|s| s.wait_fraction)),
+            comm: mean(r.steps.iter().map(|s| s.exposed_comm_fraction)),
+            inf: r
+                .steps
+                .iter()
+                .map(|s| s.infeasible_ranks)
+                .max()
+                .unwrap_or(0),
+        }
+    }
+}
+
 fn mean(v: impl Iterator<Item = f64>) -> f64 {
     let (s, n) = v.fold((0.0, 0usize), |a, x| (a.0 + x, a.1 + 1));
     if n == 0 {
@@ -1076,20 +1107,17 @@ fn scaling(f: &TrainFile, results: &[PointResult], files: &mut Files) -> Result<
             .min_by_key(|b| b.dp)
             .map(|b| (b.dp, mean(b.steps.iter().map(|s| s.tokens_per_s))))
             .unwrap_or((r.dp, 1.0));
-        let tps = mean(r.steps.iter().map(|s| s.tokens_per_s));
+        let StepMeans {
+            tps,
+            it,
+            mfu,
+            wait,
+            comm,
+            inf,
+        } = StepMeans::of(r);
         let speedup = tps / base.1;
         let eff = speedup / (f64::from(r.dp) / f64::from(base.0));
-        let it = mean(r.steps.iter().map(|s| s.iteration as f64 * 1e-9));
         let gpus = r.dp * f.parallel.pp * f.parallel.cp * f.parallel.tp;
-        let mfu = mean(r.steps.iter().map(|s| s.mfu));
-        let wait = mean(r.steps.iter().map(|s| s.wait_fraction));
-        let comm = mean(r.steps.iter().map(|s| s.exposed_comm_fraction));
-        let inf = r
-            .steps
-            .iter()
-            .map(|s| s.infeasible_ranks)
-            .max()
-            .unwrap_or(0);
         let key = (r.corpus.clone(), r.seq_len, gbs);
         match curves.iter_mut().find(|c| c.0 == key) {
             Some(c) => c.1.push((f64::from(r.dp), eff)),
@@ -1177,23 +1205,21 @@ fn multi_tables(results: &[PointResult], par: &Parallelism, files: &mut Files) -
             .min_by_key(|b| b.dp)
             .map(|b| (b.dp, tps(b)))
             .unwrap_or((r.dp, 1.0));
-        let speedup = tps(r) / base.1;
+        let StepMeans {
+            tps: rate,
+            it,
+            mfu,
+            wait,
+            comm,
+            inf,
+        } = StepMeans::of(r);
+        let speedup = rate / base.1;
         let eff = speedup / (f64::from(r.dp) / f64::from(base.0));
         let vs_u = results
             .iter()
             .find(|b| b.scheme == "ulysses" && same_job(b, r) && b.dp == r.dp)
-            .map(|b| tps(r) / tps(b));
-        let it = mean(r.steps.iter().map(|s| s.iteration as f64 * 1e-9));
+            .map(|b| rate / tps(b));
         let gpus = r.dp * par.pp * par.cp;
-        let mfu = mean(r.steps.iter().map(|s| s.mfu));
-        let wait = mean(r.steps.iter().map(|s| s.wait_fraction));
-        let comm = mean(r.steps.iter().map(|s| s.exposed_comm_fraction));
-        let inf = r
-            .steps
-            .iter()
-            .map(|s| s.infeasible_ranks)
-            .max()
-            .unwrap_or(0);
         let (cm, cc, ce) = (r.compute * 1e-9, r.cp_comm * 1e-9, r.exposed * 1e-9);
         let (b, h) = if r.scheme == "ulysses" {
             (0, 0)
@@ -1206,8 +1232,8 @@ fn multi_tables(results: &[PointResult], par: &Parallelism, files: &mut Files) -
             1
         };
         let vs = vs_u.map_or(String::new(), |v| format!("{v:.4}"));
-        writeln!(csv, "{},{},{b},{h},{m},{},{},{gbs},{},{},{gpus},{it:.3},{:.1},{mfu:.6},{wait:.6},{comm:.6},{speedup:.4},{eff:.4},{vs},{cm:.3},{cc:.3},{ce:.3},{inf}", r.scheme, eff_p(r), r.corpus, r.seq_len, r.dp, r.ga, tps(r))?;
-        writeln!(t, "| {} | {} | {b} | {h} | {} | {} | {gbs} | {} | {} | {:.3} | {:.0} | {mfu:.3} | {wait:.3} | {comm:.3} | {speedup:.2}x | {:.1}% | {} | {cm:.1} | {cc:.1} | {ce:.1} |", r.scheme, eff_p(r), r.corpus, r.seq_len, r.dp, r.ga, it / 1e3, tps(r), 100.0 * eff, vs_u.map_or("".into(), |v| format!("{v:.2}x")))?;
+        writeln!(csv, "{},{},{b},{h},{m},{},{},{gbs},{},{},{gpus},{it:.3},{:.1},{mfu:.6},{wait:.6},{comm:.6},{speedup:.4},{eff:.4},{vs},{cm:.3},{cc:.3},{ce:.3},{inf}", r.scheme, eff_p(r), r.corpus, r.seq_len, r.dp, r.ga, rate)?;
+        writeln!(t, "| {} | {} | {b} | {h} | {} | {} | {gbs} | {} | {} | {:.3} | {:.0} | {mfu:.3} | {wait:.3} | {comm:.3} | {speedup:.2}x | {:.1}% | {} | {cm:.1} | {cc:.1} | {ce:.1} |", r.scheme, eff_p(r), r.corpus, r.seq_len, r.dp, r.ga, it / 1e3, rate, 100.0 * eff, vs_u.map_or("".into(), |v| format!("{v:.2}x")))?;
         for s in &r.steps {
             for mb in &s.microbatches {
                 writeln!(
