@@ -318,5 +318,12 @@ pub fn assemble(streams: Vec<StreamInfo>, mut parts: Vec<Part>) -> Result<(Graph
         too_long,
         xfer_lists: Default::default(),
     };
-    Ok((b, Layout { ops, colls, parts: np }))
+    Ok((
+        b,
+        Layout {
+            ops,
+            colls,
+            parts: np,
+        },
+    ))
 }

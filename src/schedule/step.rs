@@ -573,9 +573,7 @@ fn emit_reduce<'a, 'r>(
     let nq = (env.map.par.dp as usize).div_ceil(cs);
     let mut red = Emitter::new(cost, env, batch, 1, Span::Reduce { cs });
     for (p, st) in red.stages.iter_mut().enumerate() {
-        st.bucket_ready = (0..nq)
-            .flat_map(|q| ready(q)[p].iter().copied())
-            .collect();
+        st.bucket_ready = (0..nq).flat_map(|q| ready(q)[p].iter().copied()).collect();
     }
     let mut at = first.reduce_at.iter().peekable();
     let mut marks = Vec::with_capacity(first.part.marks.len());

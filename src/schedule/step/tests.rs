@@ -947,7 +947,11 @@ fn parts_timed_apart_give_the_whole_steps_report_and_trace() {
         let mut rng = crate::rng::stream(seed, "step-parts-differential", 0);
         let pp = [1, 2][rng.random_range(0..2)];
         let (tp, ep) = [(1, 1), (2, 1), (2, 2), (1, 2)][rng.random_range(0..4)];
-        let cp = if ep > tp { 2 } else { [1, 2][rng.random_range(0..2)] };
+        let cp = if ep > tp {
+            2
+        } else {
+            [1, 2][rng.random_range(0..2)]
+        };
         // Every GPU of both leaves: DP all-reduces (PP 1) or pipeline sends (PP 2) cross
         // the spines.
         let dp = 16 / (pp * tp * cp);
@@ -971,8 +975,8 @@ fn parts_timed_apart_give_the_whole_steps_report_and_trace() {
             })
             .collect();
         let map = RankMap::new(p, Placement::new(4, 4), "t").unwrap();
-        let var =
-            VarianceModel::new(VarianceSpec::default(), seed, map.gpus()).with_faults(faults.clone());
+        let var = VarianceModel::new(VarianceSpec::default(), seed, map.gpus())
+            .with_faults(faults.clone());
         let mut net = AnalyticalModel::new(topo.clone());
         let spine: Vec<u32> = (0..topo.links.len() as u32)
             .filter(|&l| topo.links[l as usize].kind == crate::cluster::LinkKind::LeafSpine)

@@ -21,9 +21,7 @@
 
 use rayon::prelude::*;
 
-use super::{
-    build_step, checked, emit_part, emit_reduce, step_facts, Emitted, StepEnv,
-};
+use super::{build_step, checked, emit_part, emit_reduce, step_facts, Emitted, StepEnv};
 use crate::cost::CostModel;
 use crate::engine::dag::{run_dag_within, Within};
 use crate::engine::parts::{Layout, Mark, Part};
@@ -77,7 +75,11 @@ pub fn run_step(
             // In the crate's own tests every step timed in parts is also a differential
             // test against the whole graph.
             #[cfg(test)]
-            assert_eq!(r, whole(net)?, "the step timed in parts differs from the whole");
+            assert_eq!(
+                r,
+                whole(net)?,
+                "the step timed in parts differs from the whole"
+            );
             Ok(r)
         }
         None => whole(net),
@@ -120,7 +122,14 @@ pub(super) fn in_parts(
     // The marks, bucket-ready ops and all-reduce phases of a part of each size.
     let first = emit_part(cost1, &env, batch, split, 0, size(0))?;
     let last = if size(nq - 1) != size(0) {
-        Some(emit_part(cost1, &env, batch, split, (nq - 1) * cs, size(nq - 1))?)
+        Some(emit_part(
+            cost1,
+            &env,
+            batch,
+            split,
+            (nq - 1) * cs,
+            size(nq - 1),
+        )?)
     } else {
         None
     };
@@ -171,7 +180,11 @@ pub(super) fn in_parts(
             let x = emit_part(cost1, &env, batch, split, q * cs, size(q))?;
             let m = model(q);
             let same = x.part.marks.len() == m.part.marks.len()
-                && x.part.marks.iter().zip(&m.part.marks).all(|(a, b)| a.same_ids(b))
+                && x.part
+                    .marks
+                    .iter()
+                    .zip(&m.part.marks)
+                    .all(|(a, b)| a.same_ids(b))
                 && x.part.b.mark().same_ids(&m.part.b.mark())
                 && x.ready == m.ready
                 && x.reduce_at == m.reduce_at;
@@ -224,9 +237,8 @@ pub(super) fn in_parts(
         .into_par_iter()
         .enumerate()
         .map_init(Vec::new, |ca, (g, x)| {
-            let (head, mut tail, mut fwd) = x.ok_or_else(|| {
-                invalid("step part GPUs", g, "a GPU of some part")
-            })?;
+            let (head, mut tail, mut fwd) =
+                x.ok_or_else(|| invalid("step part GPUs", g, "a GPU of some part"))?;
             tail.add_stream(&rg, &rt, dp_stream(g as u32), false, &mut fwd);
             tail.merge();
             Ok((head + tail.times(ca), fwd))
@@ -295,7 +307,10 @@ impl Swept<'_> {
                 let end = t.end[d as usize];
                 let l = (g.ops[d as usize].stream / spg) as usize;
                 first_ready[l] = first_ready[l].min(end);
-                ((op, end), streams[spg as usize * l] / spg == gpu_of(self.rg, op))
+                (
+                    (op, end),
+                    streams[spg as usize * l] / spg == gpu_of(self.rg, op),
+                )
             })
             .collect::<Vec<_>>()
             .into_iter()
