@@ -23,7 +23,8 @@
 //! (rayon); each follows its stream as long as the next op becomes ready, and the ops it
 //! makes ready elsewhere form the next round. Dependency counters and latest-end times are
 //! atomics; `max` and `+` do not care in which order they are applied, so the timeline is
-//! the same at any thread count, byte for byte.
+//! the same at any thread count, byte for byte. A frontier of a few ops (a part of a graph
+//! timed alone, [`run_dag_within`]) is swept on the calling thread until it grows.
 //!
 //! Architecture invariant: the same graph and durations give the event engine's timeline;
 //! a graph that cannot finish is the same error, naming the same stuck op.

@@ -301,29 +301,20 @@ impl Swept<'_> {
         let n_local = streams.len() as u32 / spg;
         // Per GPU of the part: the earliest end among its bucket-ready ops.
         let mut first_ready = vec![Ps::MAX; n_local as usize];
-        let ready: Vec<(OpId, Ps)> = ext
-            .iter()
-            .map(|&(d, op)| {
-                let end = t.end[d as usize];
-                let l = (g.ops[d as usize].stream / spg) as usize;
-                first_ready[l] = first_ready[l].min(end);
-                (
-                    (op, end),
-                    streams[spg as usize * l] / spg == gpu_of(self.rg, op),
-                )
-            })
-            .collect::<Vec<_>>()
-            .into_iter()
-            .map(|(r, own)| {
-                own.then_some(r).ok_or_else(|| {
-                    invalid(
-                        format!("step part {q} all-reduce"),
-                        r.0,
-                        "an all-reduce part waiting for its own GPU's op",
-                    )
-                })
-            })
-            .collect::<Result<_>>()?;
+        let mut ready = Vec::with_capacity(ext.len());
+        for &(d, op) in ext {
+            let end = t.end[d as usize];
+            let l = (g.ops[d as usize].stream / spg) as usize;
+            if streams[spg as usize * l] / spg != gpu_of(self.rg, op) {
+                return Err(invalid(
+                    format!("step part {q} all-reduce"),
+                    op,
+                    "an all-reduce part waiting for its own GPU's op",
+                ));
+            }
+            first_ready[l] = first_ready[l].min(end);
+            ready.push((op, end));
+        }
         let (mut w, mut ca) = (GpuSpans::default(), Vec::new());
         let mut gpus = Vec::with_capacity(n_local as usize);
         let mut trace = Vec::new();
