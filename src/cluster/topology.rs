@@ -519,6 +519,17 @@ pub struct Topology {
     /// The graph (node `v` = vertex `v`, edge `i` = link `i`, edge weight = link id).
     pub graph: DiGraph<Vertex, LinkId, u32>,
     layout: Layout,
+    /// Per GPU: where routes leave it (its NVLink domain, NIC and leaf), worked out once so a
+    /// route does no division.
+    places: Vec<GpuPlace>,
+}
+
+/// A GPU's NVLink domain, global NIC and leaf switch.
+#[derive(Clone, Copy, Debug)]
+struct GpuPlace {
+    domain: u32,
+    nic: u32,
+    leaf: u32,
 }
 
 /// Where each block of vertices and links starts (the numbering routes are computed from).
@@ -709,6 +720,20 @@ impl Topology {
                 i as u32,
             );
         }
+        let places = (0..gpus)
+            .map(|g| {
+                let nic = layout.nic_of(g);
+                GpuPlace {
+                    domain: g / layout.domain_gpus,
+                    nic,
+                    leaf: if nics_per_node == 0 {
+                        0
+                    } else {
+                        layout.leaf_of_nic(nic)
+                    },
+                }
+            })
+            .collect();
         Ok(Topology {
             nodes,
             gpus_per_node: g_per,
@@ -717,6 +742,7 @@ impl Topology {
             links,
             graph,
             layout,
+            places,
         })
     }
 
@@ -817,14 +843,15 @@ impl Topology {
         if src == dst {
             return Ok(r);
         }
-        if src / lay.domain_gpus == dst / lay.domain_gpus {
+        let (ps, pd) = (self.places[src as usize], self.places[dst as usize]);
+        if ps.domain == pd.domain {
             r.push(self.nvlink_up(src));
             r.push(self.nvlink_down(dst));
             return Ok(r);
         }
         // Validation guarantees NICs whenever there is more than one domain.
-        let (ns, nd) = (lay.nic_of(src), lay.nic_of(dst));
-        let (ls, ld) = (lay.leaf_of_nic(ns), lay.leaf_of_nic(nd));
+        let (ns, nd) = (ps.nic, pd.nic);
+        let (ls, ld) = (ps.leaf, pd.leaf);
         r.push(lay.l_pcie + 2 * src);
         r.push(lay.l_nic + 2 * ns);
         if ls != ld {

@@ -23,7 +23,8 @@
 //! (rayon); each follows its stream as long as the next op becomes ready, and the ops it
 //! makes ready elsewhere form the next round. Dependency counters and latest-end times are
 //! atomics; `max` and `+` do not care in which order they are applied, so the timeline is
-//! the same at any thread count, byte for byte.
+//! the same at any thread count, byte for byte. A frontier of a few ops (a part of a graph
+//! timed alone, [`run_dag_within`]) is swept on the calling thread until it grows.
 //!
 //! Architecture invariant: the same graph and durations give the event engine's timeline;
 //! a graph that cannot finish is the same error, naming the same stuck op.
@@ -32,6 +33,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 
 use rayon::prelude::*;
 
+use super::parts::Layout;
 use super::{stuck_error, Graph, OpId, OpKind, Timeline, TAG_COLL, TAG_PART};
 use crate::error::Result;
 use crate::net::{FixedDurations, Ps};
@@ -43,9 +45,24 @@ const DONE: u32 = u32::MAX;
 /// parallel.
 const PAR_XFERS: usize = 4096;
 
+/// A graph that is one part of a larger one ([`super::parts`]), timed alone: its transfers
+/// take the tags the larger graph's ids give them, and its ops wait for what lies outside
+/// it as earliest starts.
+#[derive(Clone, Copy)]
+pub struct Within<'a> {
+    /// Where the larger graph holds the part's ops and collectives.
+    pub layout: &'a Layout,
+    /// Which part it is.
+    pub part: usize,
+    /// Per op, its earliest start (the latest end among its dependencies outside the
+    /// part); empty for none.
+    pub release: &'a [Ps],
+}
+
 struct Dag<'a> {
     g: &'a Graph,
     net: &'a dyn FixedDurations,
+    within: Option<Within<'a>>,
     /// Per op: predecessors (stream predecessor and dependencies) not yet ended; `DONE`
     /// once the op has ended.
     wait: Vec<AtomicU32>,
@@ -87,7 +104,8 @@ impl Dag<'_> {
             OpKind::Compute(d) => self.finish(op, t + d, next, out),
             OpKind::Send(x) => {
                 let x = g.xfers[x as usize];
-                let d = self.net.duration(x.src, x.dst, x.bytes, u64::from(op));
+                let id = self.within.map_or(op, |w| w.layout.op(w.part, op));
+                let d = self.net.duration(x.src, x.dst, x.bytes, u64::from(id));
                 self.finish(op, t.saturating_add(d), next, out);
             }
             OpKind::Coll(c) if g.colls[c as usize].p2p.is_some() => {
@@ -105,7 +123,8 @@ impl Dag<'_> {
                 self.coll_start[ci].fetch_max(t, Relaxed);
                 if self.arrived[ci].fetch_add(1, AcqRel) + 1 == g.colls[ci].parts {
                     let cs = self.coll_start[ci].load(Relaxed);
-                    let tag = TAG_COLL | u64::from(c);
+                    let id = self.within.map_or(c, |w| w.layout.coll(w.part, c));
+                    let tag = TAG_COLL | u64::from(id);
                     let xf = g.coll_xfers(c);
                     let land = |x: &super::Xfer| {
                         cs.saturating_add(self.net.duration(x.src, x.dst, x.bytes, tag))
@@ -198,9 +217,25 @@ fn plain64(v: Vec<AtomicU64>) -> Vec<u64> {
     v.into_iter().map(AtomicU64::into_inner).collect()
 }
 
+/// Frontiers smaller than this are swept on the calling thread, until they grow to
+/// [`PAR_FRONTIER`] (a part timed alone, a narrow stretch of a whole graph).
+const SEQ_FRONTIER: usize = 64;
+const PAR_FRONTIER: usize = 256;
+
 /// Time `g` with the fixed transfer durations of `net` by one sweep in topological order;
 /// the same timeline (and error) as the event engine, [`super::run_events`].
 pub fn run_dag(g: &Graph, net: &dyn FixedDurations) -> Result<Timeline> {
+    sweep(g, net, None)
+}
+
+/// [`run_dag`] of a part of a larger graph ([`Within`]): the part's ops timed as in the
+/// larger graph, given the ends of their dependencies outside it. A grouped send/recv
+/// part's tag is its index in `g` (a graph with such collectives is timed whole).
+pub fn run_dag_within(g: &Graph, net: &dyn FixedDurations, within: Within<'_>) -> Result<Timeline> {
+    sweep(g, net, Some(within))
+}
+
+fn sweep(g: &Graph, net: &dyn FixedDurations, within: Option<Within<'_>>) -> Result<Timeline> {
     let n = g.ops.len();
     let nc = g.colls.len();
     let np = g.part_count();
@@ -217,11 +252,17 @@ pub fn run_dag(g: &Graph, net: &dyn FixedDurations) -> Result<Timeline> {
         .filter(|&o| wait[o as usize].load(Relaxed) == 0)
         .collect();
     let peers = |k: u32| 1 + g.part_nbrs(k).len() as u32;
+    let release = within.map_or(&[][..], |w| w.release);
     let dag = Dag {
         g,
         net,
+        within,
         wait,
-        start: atomics64(n, 0),
+        start: if release.is_empty() {
+            atomics64(n, 0)
+        } else {
+            release.par_iter().map(|&t| AtomicU64::new(t)).collect()
+        },
         pos: g.stream_off[..g.streams.len()]
             .iter()
             .map(|&p| AtomicU32::new(p))
@@ -245,6 +286,17 @@ pub fn run_dag(g: &Graph, net: &dyn FixedDurations) -> Result<Timeline> {
         part_drain: atomics64(np, 0),
     };
     while !frontier.is_empty() {
+        if frontier.len() < SEQ_FRONTIER {
+            let mut out = Vec::new();
+            while let Some(op) = frontier.pop() {
+                dag.follow(op, &mut out);
+                frontier.append(&mut out);
+                if frontier.len() >= PAR_FRONTIER {
+                    break;
+                }
+            }
+            continue;
+        }
         let rounds: Vec<Vec<OpId>> = frontier
             .par_iter()
             .fold(Vec::new, |mut out, &op| {

@@ -9,11 +9,14 @@
 //! parts built in parallel as from one builder, whatever the number of threads.
 //!
 //! A stream's ops must all lie in one part (each part links its own streams); dependencies
-//! between parts are added after assembly ([`Placed::op`] gives the ids).
+//! between parts are added after assembly ([`Layout::op`] gives the ids). [`Layout`] alone gives
+//! a part's ids in the graph from every part's marks, to time a part without assembling.
 
 use rayon::prelude::*;
 
-use super::{CollInfo, Graph, GraphBuilder, Op, OpId, StreamId, StreamInfo, TAG_COLL_OP, TAG_SEND};
+use super::{
+    CollId, CollInfo, Graph, GraphBuilder, Op, OpId, StreamId, StreamInfo, TAG_COLL_OP, TAG_SEND,
+};
 use crate::error::{invalid, Result};
 
 /// How far a builder has got: its ops, collectives, transfers and grouped send/recv pairs.
@@ -131,23 +134,48 @@ fn gather<T: Send>(starts: &[u64], f: impl Fn(usize, u32) -> T + Sync) -> Vec<T>
         .collect()
 }
 
-/// Where [`assemble`] put each part's ops.
-pub struct Placed {
+/// Where the graph laid out from parts' marks holds each part's ops and collectives (the
+/// ids [`assemble`] gives them).
+pub struct Layout {
     ops: Space,
+    colls: Space,
     parts: usize,
 }
 
-impl Placed {
+impl Layout {
+    /// The layout of parts whose phases end at `marks` (per part, every phase's end, the
+    /// last phase's included; all parts have as many).
+    pub fn new(marks: &[Vec<Mark>]) -> Layout {
+        Layout {
+            ops: Space::new(marks, |m| m.ops),
+            colls: Space::new(marks, |m| m.colls),
+            parts: marks.len(),
+        }
+    }
+
     /// The graph id of part `part`'s op `local`.
     pub fn op(&self, part: usize, local: OpId) -> OpId {
         self.ops.place(self.parts, part, local)
+    }
+
+    /// The graph id of part `part`'s collective `local`.
+    pub fn coll(&self, part: usize, local: CollId) -> CollId {
+        self.colls.place(self.parts, part, local)
+    }
+}
+
+impl Mark {
+    /// True when both marks place as many ops and collectives (the ids a graph's layout
+    /// gives; transfers and pairs may be shared differently).
+    pub fn same_ids(&self, other: &Mark) -> bool {
+        (self.ops, self.colls) == (other.ops, other.colls)
     }
 }
 
 /// Lay `parts` out as one builder over `streams` (the graph's streams, in order): phase by
 /// phase, part by part. Errors when the parts' phases differ, a part names a stream the
 /// graph does not have, two parts put ops on one stream, or the graph is too large.
-pub fn assemble(streams: Vec<StreamInfo>, mut parts: Vec<Part>) -> Result<(GraphBuilder, Placed)> {
+pub fn assemble(streams: Vec<StreamInfo>, mut parts: Vec<Part>) -> Result<(GraphBuilder, Layout)> {
     for p in &mut parts {
         let m = p.b.mark();
         p.marks.push(m);
@@ -196,8 +224,7 @@ pub fn assemble(streams: Vec<StreamInfo>, mut parts: Vec<Part>) -> Result<(Graph
         .iter_mut()
         .map(|p| std::mem::take(&mut p.marks))
         .collect();
-    let ops = Space::new(&marks, |m| m.ops);
-    let colls = Space::new(&marks, |m| m.colls);
+    let Layout { ops, colls, .. } = Layout::new(&marks);
     let xfers = Space::new(&marks, |m| m.xfers);
     let pairs = Space::new(&marks, |m| m.pairs);
     if ops.total() >= u64::from(OpId::MAX) || colls.total() >= u64::from(super::COLL_BIT) {
@@ -291,5 +318,12 @@ pub fn assemble(streams: Vec<StreamInfo>, mut parts: Vec<Part>) -> Result<(Graph
         too_long,
         xfer_lists: Default::default(),
     };
-    Ok((b, Placed { ops, parts: np }))
+    Ok((
+        b,
+        Layout {
+            ops,
+            colls,
+            parts: np,
+        },
+    ))
 }

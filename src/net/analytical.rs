@@ -19,10 +19,10 @@ use crate::net::{transfer_ps, FixedDurations, GpuId, NetworkModel, Ps};
 #[derive(Clone, Debug)]
 pub struct AnalyticalModel {
     topo: Arc<Topology>,
-    /// Per link: its capacity now (nominal × efficiency × any fault scale) and its latency, kept
-    /// apart from the topology's link records so a route touches two small arrays.
-    cap: Vec<f64>,
-    lat: Vec<Ps>,
+    /// Per link: its capacity now (nominal × efficiency × any fault scale) and its latency,
+    /// side by side and apart from the topology's link records, so a route's link costs one
+    /// cache line per link.
+    link: Vec<(f64, Ps)>,
     local_latency: Ps,
     queue: BinaryHeap<Reverse<(Ps, u64, u64)>>,
     seq: u64,
@@ -31,12 +31,14 @@ pub struct AnalyticalModel {
 impl AnalyticalModel {
     /// The model over `topo`; local transfers (`src == dst`, 0 bytes) take 0 ps.
     pub fn new(topo: Arc<Topology>) -> AnalyticalModel {
-        let cap = topo.links.iter().map(|l| l.capacity()).collect();
-        let lat = topo.links.iter().map(|l| l.latency).collect();
+        let link = topo
+            .links
+            .iter()
+            .map(|l| (l.capacity(), l.latency))
+            .collect();
         AnalyticalModel {
             topo,
-            cap,
-            lat,
+            link,
             local_latency: 0,
             queue: BinaryHeap::new(),
             seq: 0,
@@ -58,14 +60,14 @@ impl AnalyticalModel {
     /// injection; `scale` in (0, 1]).
     pub fn scale_link(&mut self, _now: Ps, link: LinkId, scale: f64) {
         let l = link as usize;
-        if let (Some(c), Some(link)) = (self.cap.get_mut(l), self.topo.links.get(l)) {
-            *c = link.capacity() * scale;
+        if let (Some(c), Some(link)) = (self.link.get_mut(l), self.topo.links.get(l)) {
+            c.0 = link.capacity() * scale;
         }
     }
 
     /// Capacity of `link` now, bytes/s.
     pub fn link_capacity(&self, link: LinkId) -> f64 {
-        self.cap[link as usize]
+        self.link[link as usize].0
     }
 
     /// Bottleneck capacity of a route, bytes/s.
@@ -81,8 +83,12 @@ impl AnalyticalModel {
         if bytes == 0 || r.links().is_empty() {
             return self.local_latency;
         }
-        let alpha: Ps = r.links().iter().map(|&l| self.lat[l as usize]).sum();
-        alpha.saturating_add(transfer_ps(bytes as f64, self.route_capacity(r)))
+        let (alpha, cap) = r
+            .links()
+            .iter()
+            .map(|&l| self.link[l as usize])
+            .fold((0, f64::INFINITY), |(a, c), (lc, ll)| (a + ll, c.min(lc)));
+        alpha.saturating_add(transfer_ps(bytes as f64, cap))
     }
 
     /// Duration of a transfer from `src` to `dst` (ECMP choice by `flow_id`).

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cost::memory::MemoryBreakdown;
 use crate::cost::CostModel;
-use crate::engine::{OpKind, Timeline};
+use crate::engine::{Graph, OpKind, StreamId, Timeline};
 use crate::net::Ps;
 use crate::schedule::step::StepGraph;
 use crate::schedule::Coords;
@@ -92,7 +92,8 @@ pub struct StepReport {
     pub microbatches: Vec<MicroBatchTime>,
 }
 
-type Iv = (Ps, Ps);
+/// A time interval [start, end), ps.
+pub type Iv = (Ps, Ps);
 
 /// Sort and merge `v` into disjoint intervals. The lists here are a few sorted runs (one
 /// per stream), which the stable sort merges in linear time per run.
@@ -141,13 +142,120 @@ fn minus(a: &[Iv], b: &[Iv]) -> Ps {
     total
 }
 
-/// Per-GPU scratch interval lists, reused across the GPUs one worker measures.
-#[derive(Default)]
-struct Scratch {
+/// The part of sorted, disjoint `v` from `t0` on, cut off `v`.
+fn cut_at(v: &mut Vec<Iv>, t0: Ps) -> Vec<Iv> {
+    let i = v.partition_point(|&(_, b)| b <= t0);
+    let mut tail = v.split_off(i);
+    if let Some(first) = tail.first_mut().filter(|x| x.0 < t0) {
+        v.push((first.0, t0));
+        first.0 = t0;
+    }
+    tail
+}
+
+/// One GPU's time split over some stretch of the step (see the module's definitions);
+/// splits of disjoint stretches add up.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GpuTimes {
+    /// Kernel time, ps.
+    pub compute: Ps,
+    /// Communication not hidden behind compute, ps.
+    pub exposed_comm: Ps,
+    /// Waiting at collectives for other ranks, ps.
+    pub sync_wait: Ps,
+}
+
+impl std::ops::Add for GpuTimes {
+    type Output = GpuTimes;
+    fn add(self, o: GpuTimes) -> GpuTimes {
+        GpuTimes {
+            compute: self.compute + o.compute,
+            exposed_comm: self.exposed_comm + o.exposed_comm,
+            sync_wait: self.sync_wait + o.sync_wait,
+        }
+    }
+}
+
+/// One GPU's intervals: kernels running, transfers of its own in flight, and waits at
+/// collectives for other ranks. Filled stream by stream ([`GpuSpans::add_stream`]), then
+/// merged; a merged set cut at a time ([`GpuSpans::cut_at`]) gives two stretches whose
+/// [`GpuTimes`] add up to the whole's, so the stretch after a time can take more streams'
+/// intervals later.
+#[derive(Clone, Debug, Default)]
+pub struct GpuSpans {
     comp: Vec<Iv>,
     act: Vec<Iv>,
     wait: Vec<Iv>,
-    ca: Vec<Iv>,
+}
+
+impl GpuSpans {
+    /// Empty, keeping the lists' room.
+    pub fn clear(&mut self) {
+        self.comp.clear();
+        self.act.clear();
+        self.wait.clear();
+    }
+
+    /// Stream `s` of `g` as timed by `t` (`compute`: the GPU's compute stream); each
+    /// forward kernel of micro-batch mb < `fwd.len()` widens `fwd[mb]` (first start, last
+    /// end).
+    pub fn add_stream(
+        &mut self,
+        g: &Graph,
+        t: &Timeline,
+        s: StreamId,
+        compute: bool,
+        fwd: &mut [Iv],
+    ) {
+        for &o in g.stream_ops(s) {
+            let op = &g.ops[o as usize];
+            let (st, en) = (t.start[o as usize], t.end[o as usize]);
+            let l = op.label();
+            if l.class.is_forward_compute() {
+                if let Some(f) = fwd.get_mut(usize::from(l.mb)) {
+                    *f = (f.0.min(st), f.1.max(en));
+                }
+            }
+            match op.kind() {
+                _ if compute => self.comp.push((st, en)),
+                OpKind::Coll(_) => {
+                    let cs = g.xfer_start(t, o);
+                    self.wait.push((st, cs));
+                    self.act.push((cs, en));
+                }
+                _ => self.act.push((st, en)),
+            }
+        }
+    }
+
+    /// Merge each list into disjoint intervals.
+    pub fn merge(&mut self) {
+        union(&mut self.comp);
+        union(&mut self.act);
+        union(&mut self.wait);
+    }
+
+    /// The merged intervals from `t0` on, cut off these.
+    pub fn cut_at(&mut self, t0: Ps) -> GpuSpans {
+        GpuSpans {
+            comp: cut_at(&mut self.comp, t0),
+            act: cut_at(&mut self.act, t0),
+            wait: cut_at(&mut self.wait, t0),
+        }
+    }
+
+    /// The time split of the merged intervals (`ca`: scratch).
+    pub fn times(&self, ca: &mut Vec<Iv>) -> GpuTimes {
+        ca.clear();
+        ca.extend_from_slice(&self.comp);
+        ca.extend_from_slice(&self.act);
+        union(ca);
+        GpuTimes {
+            compute: measure(&self.comp),
+            exposed_comm: minus(&self.act, &self.comp),
+            sync_wait: minus(&self.wait, ca),
+        }
+    }
 }
 
 /// One GPU's time split, and per micro-batch of its replica the first start and last end
@@ -155,93 +263,69 @@ struct Scratch {
 fn measure_gpu(
     sg: &StepGraph,
     t: &Timeline,
-    cap: u64,
     gpu: u32,
-    w: &mut Scratch,
-) -> (GpuStats, Vec<Iv>) {
-    let g = &sg.graph;
-    let map = sg.map;
-    let ga = map.par.ga;
-    let mut fwd = vec![(Ps::MAX, 0); ga as usize];
-    let Scratch {
-        comp,
-        act,
-        wait,
-        ca,
-    } = w;
-    comp.clear();
-    act.clear();
-    wait.clear();
+    (w, ca): &mut (GpuSpans, Vec<Iv>),
+) -> (GpuTimes, Vec<Iv>) {
+    let mut fwd = vec![(Ps::MAX, 0); sg.map.par.ga as usize];
+    w.clear();
     let s0 = sg.streams_per_gpu * gpu;
     for s in s0..s0 + sg.streams_per_gpu {
-        for &o in g.stream_ops(s) {
-            let op = &g.ops[o as usize];
-            let (st, en) = (t.start[o as usize], t.end[o as usize]);
-            if op.label().class.is_forward_compute() && u32::from(op.label().mb) < ga {
-                let f = &mut fwd[op.label().mb as usize];
-                *f = (f.0.min(st), f.1.max(en));
-            }
-            match op.kind() {
-                _ if s == s0 => comp.push((st, en)),
-                OpKind::Coll(_) => {
-                    let cs = g.xfer_start(t, o);
-                    wait.push((st, cs));
-                    act.push((cs, en));
-                }
-                _ => act.push((st, en)),
-            }
-        }
+        w.add_stream(&sg.graph, t, s, s == s0, &mut fwd);
     }
-    union(comp);
-    union(act);
-    union(wait);
-    let compute = measure(comp);
-    let exposed = minus(act, comp);
-    ca.clear();
-    ca.extend_from_slice(comp);
-    ca.extend_from_slice(act);
-    union(ca);
-    let sync_wait = minus(wait, ca);
-    let memory = sg.memory.get(gpu as usize).copied().unwrap_or_default();
-    let stats = GpuStats {
-        gpu,
-        node: map.place.node(gpu),
-        coords: map.coords(gpu),
-        compute,
-        exposed_comm: exposed,
-        sync_wait,
-        idle: t.makespan.saturating_sub(compute + exposed + sync_wait),
-        memory,
-        fits: memory.total() <= cap,
-    };
-    (stats, fwd)
+    w.merge();
+    (w.times(ca), fwd)
 }
 
 /// Measure the step. GPUs are measured in parallel and gathered in GPU order; the
 /// micro-batch spans are a min / max over GPUs, so the report is the same at any thread
 /// count.
 pub fn step_report(sg: &StepGraph, t: &Timeline, cost: &CostModel, step: u64) -> StepReport {
+    let measured: Vec<(GpuTimes, Vec<Iv>)> = (0..sg.map.gpus())
+        .into_par_iter()
+        .map_init(Default::default, |w, gpu| measure_gpu(sg, t, gpu, w))
+        .collect();
+    report_of(sg, measured, t.makespan, t.events, cost, step)
+}
+
+/// The step's report from each GPU's time split and forward spans per micro-batch (in GPU
+/// order), the makespan and the events; `sg` gives the layout, tokens and memory (its
+/// graph is not read).
+pub fn report_of(
+    sg: &StepGraph,
+    measured: Vec<(GpuTimes, Vec<Iv>)>,
+    span: Ps,
+    events: u64,
+    cost: &CostModel,
+    step: u64,
+) -> StepReport {
     let map = sg.map;
     let n = map.gpus();
-    let span = t.makespan;
     let cap = cost.hw.memory_bytes;
-    let measured: Vec<(GpuStats, Vec<Iv>)> = (0..n)
-        .into_par_iter()
-        .map_init(Scratch::default, |w, gpu| measure_gpu(sg, t, cap, gpu, w))
-        .collect();
     // Per micro-batch forward spans.
     let par = map.par;
     let key = |c: Coords, mb: u32| ((c.pp * par.dp + c.dp) * par.ga + mb) as usize;
     let nk = (par.pp * par.dp * par.ga) as usize;
     let (mut lo, mut hi) = (vec![Ps::MAX; nk], vec![0; nk]);
     let mut gpus = Vec::with_capacity(n as usize);
-    for (stats, fwd) in measured {
+    for (gpu, (tm, fwd)) in (0..n).zip(measured) {
+        let coords = map.coords(gpu);
         for (mb, &(a, b)) in fwd.iter().enumerate() {
-            let k = key(stats.coords, mb as u32);
+            let k = key(coords, mb as u32);
             lo[k] = lo[k].min(a);
             hi[k] = hi[k].max(b);
         }
-        gpus.push(stats);
+        let memory = sg.memory.get(gpu as usize).copied().unwrap_or_default();
+        gpus.push(GpuStats {
+            gpu,
+            node: map.place.node(gpu),
+            coords,
+            compute: tm.compute,
+            exposed_comm: tm.exposed_comm,
+            sync_wait: tm.sync_wait,
+            idle: span.saturating_sub(tm.compute + tm.exposed_comm + tm.sync_wait),
+            memory,
+            fits: memory.total() <= cap,
+        });
     }
     let mut microbatches = Vec::with_capacity(nk);
     for pp in 0..par.pp {
@@ -301,7 +385,7 @@ pub fn step_report(sg: &StepGraph, t: &Timeline, cost: &CostModel, step: u64) ->
             0.0
         },
         infeasible_ranks: gpus.iter().filter(|x| !x.fits).count() as u32,
-        events: t.events,
+        events,
         gpus,
         microbatches,
     }

@@ -4,9 +4,10 @@
 //! byte-identical files. A trace may hold only the first GPUs (a sample of a large run);
 //! its `otherData` says which GPUs it holds out of how many.
 
-use crate::engine::{OpKind, Timeline};
+use crate::engine::{Graph, OpKind, StreamId, StreamKind, Timeline};
 use crate::net::Ps;
 use crate::schedule::step::StepGraph;
+use crate::schedule::RankMap;
 
 fn us(ps: Ps) -> String {
     format!("{}.{:06}", ps / 1_000_000, ps % 1_000_000)
@@ -15,59 +16,98 @@ fn us(ps: Ps) -> String {
 /// The trace of the first `max_gpus` GPUs (all when 0) of one step.
 pub fn chrome_trace(sg: &StepGraph, t: &Timeline, max_gpus: u32) -> String {
     let g = &sg.graph;
-    let n = if max_gpus == 0 {
-        sg.map.gpus()
+    let spg = sg.streams_per_gpu;
+    compose(&sg.map, spg, max_gpus, |gpu, k| {
+        let sid = spg * gpu + k;
+        let mut ev = Vec::new();
+        stream_events(g, t, sid, sg.map.place.node(gpu), sid, &mut ev);
+        (g.streams[sid as usize].kind, ev)
+    })
+}
+
+/// How many GPUs a trace of the first `max_gpus` (all when 0) holds.
+pub fn traced_gpus(map: &RankMap, max_gpus: u32) -> u32 {
+    if max_gpus == 0 {
+        map.gpus()
     } else {
-        max_gpus.min(sg.map.gpus())
-    };
+        max_gpus.min(map.gpus())
+    }
+}
+
+/// The events of stream `s` of `g` timed by `t`, as the trace shows them on track `sid`
+/// (the stream's id in the step) of process `node`, appended to `out`.
+pub fn stream_events(
+    g: &Graph,
+    t: &Timeline,
+    s: StreamId,
+    node: u32,
+    sid: u32,
+    out: &mut Vec<String>,
+) {
+    for &o in g.stream_ops(s) {
+        let op = g.ops[o as usize];
+        let (st, en) = (t.start[o as usize], t.end[o as usize]);
+        let mb = if op.label().mb == u16::MAX {
+            String::new()
+        } else {
+            format!(" mb{}", op.label().mb)
+        };
+        let args = match op.kind() {
+            OpKind::Coll(_) => {
+                format!(",\"args\":{{\"wait_us\":{}}}", us(g.xfer_start(t, o) - st))
+            }
+            _ => String::new(),
+        };
+        out.push(format!(
+            "{{\"ph\":\"X\",\"name\":\"{}{mb} L{}\",\"pid\":{node},\"tid\":{sid},\"ts\":{},\"dur\":{}{args}}}",
+            op.label().class.name(),
+            op.label().layer,
+            us(st),
+            us(en - st)
+        ));
+    }
+}
+
+/// The trace of the first `max_gpus` GPUs (all when 0) of a step laid out by `map` with
+/// `spg` streams per GPU: per GPU its node's process, then per stream its track and the
+/// events `events(gpu, k)` gives for its k-th stream (the stream's kind and
+/// [`stream_events`]).
+pub fn compose(
+    map: &RankMap,
+    spg: u32,
+    max_gpus: u32,
+    mut events: impl FnMut(u32, u32) -> (StreamKind, Vec<String>),
+) -> String {
+    let n = traced_gpus(map, max_gpus);
     let mut s = format!(
         "{{\"displayTimeUnit\":\"ns\",\"otherData\":{{\"gpus_traced\":\"0-{}\",\"gpus\":{}}},\"traceEvents\":[\n",
         n.saturating_sub(1),
-        sg.map.gpus()
+        map.gpus()
     );
     let mut first = true;
-    let mut push = |s: &mut String, e: String| {
+    let mut push = |s: &mut String, e: &str| {
         if !first {
             s.push_str(",\n");
         }
         first = false;
-        s.push_str(&e);
+        s.push_str(e);
     };
     let mut last_node = u32::MAX;
     for gpu in 0..n {
-        let node = sg.map.place.node(gpu);
+        let node = map.place.node(gpu);
         if node != last_node {
-            push(&mut s, format!("{{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":{node},\"args\":{{\"name\":\"node {node}\"}}}}"));
+            push(&mut s, &format!("{{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":{node},\"args\":{{\"name\":\"node {node}\"}}}}"));
             last_node = node;
         }
-        for k in 0..sg.streams_per_gpu {
-            let sid = sg.streams_per_gpu * gpu + k;
-            let kind = g.streams[sid as usize].kind;
-            push(&mut s, format!(
+        for k in 0..spg {
+            let sid = spg * gpu + k;
+            let (kind, ev) = events(gpu, k);
+            push(&mut s, &format!(
                 "{{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":{node},\"tid\":{sid},\"args\":{{\"name\":\"gpu {gpu} {}\"}}}}",
                 kind.name()
             ));
-            for &o in g.stream_ops(sid) {
-                let op = g.ops[o as usize];
-                let (st, en) = (t.start[o as usize], t.end[o as usize]);
-                let mb = if op.label().mb == u16::MAX {
-                    String::new()
-                } else {
-                    format!(" mb{}", op.label().mb)
-                };
-                let args = match op.kind() {
-                    OpKind::Coll(_) => {
-                        format!(",\"args\":{{\"wait_us\":{}}}", us(g.xfer_start(t, o) - st))
-                    }
-                    _ => String::new(),
-                };
-                push(&mut s, format!(
-                    "{{\"ph\":\"X\",\"name\":\"{}{mb} L{}\",\"pid\":{node},\"tid\":{sid},\"ts\":{},\"dur\":{}{args}}}",
-                    op.label().class.name(),
-                    op.label().layer,
-                    us(st),
-                    us(en - st)
-                ));
+            for e in &ev {
+                push(&mut s, e);
             }
         }
     }

@@ -409,13 +409,22 @@ fn build(
     plugged: bool,
     emit: impl FnOnce(&CostModel, HeadSplit) -> Result<Graph>,
 ) -> Result<StepGraph> {
-    let map = env.map;
-    let par = map.par;
+    let (shard, split) = checked(cost, env.map.par, batch, plugged)?;
+    let graph = emit(&shard, split)?;
+    Ok(step_facts(&shard, env.map, batch, split, graph))
+}
+
+/// The step's checks: one TP rank's share of the model (which prices every piece of work)
+/// and the heads a rank's attention holds.
+fn checked(
+    cost: &CostModel,
+    par: Parallelism,
+    batch: &[Vec<PackedSeq>],
+    plugged: bool,
+) -> Result<(CostModel, HeadSplit)> {
     check_moe_layout(&cost.model, par)?;
-    // One TP rank's share of the model prices every piece of work below.
     let shard = cost.tp_shard(par.tp, par.ep)?;
-    let cost = &shard;
-    let m = &cost.model;
+    let m = &shard.model;
     let split = attn_split(m, par.cp, plugged)?;
     if batch.len() != par.dp as usize {
         return Err(invalid(
@@ -450,8 +459,19 @@ fn build(
             ),
         ));
     }
-    let graph = emit(cost, split)?;
-    let stages = stage_layers(m.layers, par.pp);
+    Ok((shard, split))
+}
+
+/// The step with `graph`: its layout, tokens, query–key pairs and per-rank memory (`cost`:
+/// one TP rank's).
+fn step_facts(
+    cost: &CostModel,
+    map: RankMap,
+    batch: &[Vec<PackedSeq>],
+    split: HeadSplit,
+    graph: Graph,
+) -> StepGraph {
+    let stages = stage_layers(cost.model.layers, map.par.pp);
     let tokens = batch.iter().flatten().map(PackedSeq::tokens).sum();
     let class_pairs = cost.class_pairs(
         &batch
@@ -464,14 +484,14 @@ fn build(
         .into_par_iter()
         .map(|g| rank_memory_of(cost, &map, &stages, split, batch, map.coords(g)))
         .collect();
-    Ok(StepGraph {
+    StepGraph {
         graph,
         map,
         tokens,
         class_pairs,
         memory,
         streams_per_gpu: map.streams_per_gpu(),
-    })
+    }
 }
 
 /// The step's graph from one emitter over every replica, `attn` emitting each layer's
@@ -506,49 +526,64 @@ fn emit_parts(
     let nq = dp.div_ceil(cs);
     let emitted: Vec<Emitted> = (0..nq)
         .into_par_iter()
-        .map(|q| {
-            let span = Span::Replicas {
-                r0: q * cs,
-                nr: cs.min(dp - q * cs),
-            };
-            let mut e = Emitter::new(cost, env, batch, 1, span);
-            let (r0, nr) = (e.r0, e.nr);
-            let mut u = UlyssesAttention::part(cost, env.map, batch, split, r0, nr, e.cx.local);
-            e.drive(&mut u, env)?;
-            e.pp_edges();
-            Ok(e.into_part())
-        })
+        .map(|q| emit_part(cost, env, batch, split, q * cs, cs.min(dp - q * cs)))
         .collect::<Result<_>>()?;
-    // The all-reduces, over every replica, in the phases the parts left for them.
-    let mut red = Emitter::new(cost, env, batch, 1, Span::Reduce { cs });
-    for (p, st) in red.stages.iter_mut().enumerate() {
-        st.bucket_ready = emitted
-            .iter()
-            .flat_map(|x| x.ready[p].iter().copied())
-            .collect();
-    }
-    let mut at = emitted[0].reduce_at.iter().peekable();
-    let mut marks = Vec::with_capacity(emitted[0].part.marks.len());
-    for k in 0..emitted[0].part.marks.len() {
-        if let Some(&(_, p)) = at.next_if(|x| x.0 == k) {
-            red.dp_allreduce(p);
-        }
-        marks.push(red.cx.b.mark());
-    }
-    let ext = std::mem::take(&mut red.ext);
-    let streams = red.stream_map.clone();
+    let (red, marks) = emit_reduce(cost, env, batch, cs, &emitted[0], |q| &emitted[q].ready);
     let mut all: Vec<Part> = emitted.into_iter().map(|x| x.part).collect();
     let infos = red.cx.b.streams().to_vec();
     all.push(Part {
         b: red.cx.b,
         marks,
-        streams,
+        streams: red.stream_map,
     });
     let (mut b, placed) = assemble(infos, all)?;
-    for (q, dep, op) in ext {
+    for (q, dep, op) in red.ext {
         b.add_dep(placed.op(q as usize, dep), placed.op(nq, op));
     }
     b.build()
+}
+
+/// The part of Ulysses' step holding replicas [r0, r0 + nr).
+fn emit_part(
+    cost: &CostModel,
+    env: &StepEnv<'_>,
+    batch: &[Vec<PackedSeq>],
+    split: HeadSplit,
+    r0: usize,
+    nr: usize,
+) -> Result<Emitted> {
+    let mut e = Emitter::new(cost, env, batch, 1, Span::Replicas { r0, nr });
+    let mut u = UlyssesAttention::part(cost, env.map, batch, split, r0, nr, e.cx.local);
+    e.drive(&mut u, env)?;
+    e.pp_edges();
+    Ok(e.into_part())
+}
+
+/// The gradient all-reduces over every replica, in the phases parts of `cs` replicas
+/// leave for them (as `first`, the first part, left them), and the end of each phase;
+/// `ready(q)`: part q's bucket-ready ops per stage.
+fn emit_reduce<'a, 'r>(
+    cost: &'a CostModel,
+    env: &StepEnv<'a>,
+    batch: &'a [Vec<PackedSeq>],
+    cs: usize,
+    first: &Emitted,
+    ready: impl Fn(usize) -> &'r [Vec<OpId>],
+) -> (Emitter<'a>, Vec<Mark>) {
+    let nq = (env.map.par.dp as usize).div_ceil(cs);
+    let mut red = Emitter::new(cost, env, batch, 1, Span::Reduce { cs });
+    for (p, st) in red.stages.iter_mut().enumerate() {
+        st.bucket_ready = (0..nq).flat_map(|q| ready(q)[p].iter().copied()).collect();
+    }
+    let mut at = first.reduce_at.iter().peekable();
+    let mut marks = Vec::with_capacity(first.part.marks.len());
+    for k in 0..first.part.marks.len() {
+        if let Some(&(_, p)) = at.next_if(|x| x.0 == k) {
+            red.dp_allreduce(p);
+        }
+        marks.push(red.cx.b.mark());
+    }
+    (red, marks)
 }
 
 /// What a part of some replicas emitted.
@@ -1790,6 +1825,9 @@ pub fn stage_rank_memory(
         },
     )
 }
+
+mod timed;
+pub use timed::{run_step, StepRun};
 
 #[cfg(test)]
 mod tests;

@@ -909,3 +909,107 @@ fn parts_build_the_graph_of_one_emitter() {
         }
     }
 }
+
+/// Timed part by part, a step gives the whole graph's report and trace, to the
+/// picosecond: under each pipeline kind, GA, buckets, recomputation, TP chains, EP with
+/// routing skew, variance with a slow GPU, and degraded links on a fabric of two spines
+/// (where a transfer's ECMP tag picks its route), in any number of parts.
+#[test]
+fn parts_timed_apart_give_the_whole_steps_report_and_trace() {
+    use crate::cluster::{TopologySpec, VarianceModel, VarianceSpec};
+    use crate::net::{AnalyticalModel, NetworkModel};
+    use crate::report::step::step_report;
+    use crate::report::trace::chrome_trace;
+    use rand::Rng;
+    let topo = std::sync::Arc::new(
+        TopologySpec::parse(include_str!("../../../topologies/test-small.toml"), "t")
+            .unwrap()
+            .build(None)
+            .unwrap(),
+    );
+    let c = qwen();
+    let faults = crate::cluster::faults::Faults {
+        gpu: vec![crate::cluster::faults::GpuFault {
+            gpu: 3,
+            slowdown: 1.5,
+            from_step: 0,
+            to_step: 9,
+        }],
+        link: Vec::new(),
+    };
+    let kinds = [
+        PipelineKind::OneFOneB,
+        PipelineKind::Gpipe,
+        PipelineKind::Ticks,
+    ];
+    let mut checked = 0;
+    for seed in 0..12u64 {
+        let mut rng = crate::rng::stream(seed, "step-parts-differential", 0);
+        let pp = [1, 2][rng.random_range(0..2)];
+        let (tp, ep) = [(1, 1), (2, 1), (2, 2), (1, 2)][rng.random_range(0..4)];
+        let cp = if ep > tp {
+            2
+        } else {
+            [1, 2][rng.random_range(0..2)]
+        };
+        // Every GPU of both leaves: DP all-reduces (PP 1) or pipeline sends (PP 2) cross
+        // the spines.
+        let dp = 16 / (pp * tp * cp);
+        let ga = rng.random_range(1..5);
+        let p = Parallelism {
+            pipeline: kinds[rng.random_range(0..3)],
+            recompute: rng.random_range(0..2) == 1,
+            dp_buckets: rng.random_range(1..5),
+            tp,
+            ep,
+            sp: tp == 1 || ep > 1 || rng.random_range(0..2) == 1,
+            tp_overlap: tp > 1 && rng.random_range(0..2) == 1,
+            moe_hot_share: if ep > 1 { 0.5 } else { 0.0 },
+            ..par(dp, pp, cp, ga)
+        };
+        let batch: Vec<Vec<PackedSeq>> = (0..dp)
+            .map(|r| {
+                (0..ga)
+                    .map(|m| seq(&[512 + 256 * r, 1024 + 128 * m, 100 * (r + m + 1)], 4096))
+                    .collect()
+            })
+            .collect();
+        let map = RankMap::new(p, Placement::new(4, 4), "t").unwrap();
+        let var = VarianceModel::new(VarianceSpec::default(), seed, map.gpus())
+            .with_faults(faults.clone());
+        let mut net = AnalyticalModel::new(topo.clone());
+        let spine: Vec<u32> = (0..topo.links.len() as u32)
+            .filter(|&l| topo.links[l as usize].kind == crate::cluster::LinkKind::LeafSpine)
+            .collect();
+        for _ in 0..rng.random_range(1..4) {
+            let l = spine[rng.random_range(0..spine.len())];
+            net.set_link_scale(0, l, rng.random_range(0.05..0.5));
+        }
+        let sg = build_step(&c, map, &batch, 1, &var).unwrap();
+        let t = crate::engine::run(&sg.graph, &mut net).unwrap();
+        let whole = StepRun {
+            report: step_report(&sg, &t, &c, 1),
+            trace: Some(chrome_trace(&sg, &t, 5)),
+        };
+        let env = StepEnv {
+            map,
+            var: &var,
+            step: 1,
+        };
+        let d = net.fixed_durations().unwrap();
+        for parts in [1, 2, 3, 64] {
+            for threads in [1, 3] {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                let r = pool
+                    .install(|| timed::in_parts(&c, env, &batch, d, Some(5), parts))
+                    .unwrap();
+                assert_eq!(r, whole, "{parts} parts, {threads} threads under {p:?}");
+            }
+        }
+        checked += 1;
+    }
+    assert_eq!(checked, 12);
+}
