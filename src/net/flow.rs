@@ -41,21 +41,42 @@ use crate::cluster::topology::MAX_HOPS;
 use crate::cluster::{LinkId, Route, Topology};
 use crate::net::{transfer_ps, GpuId, NetworkModel, Ps};
 
+/// A flow slot. What a recomputation touches (route, marks, bytes, rate) fills the first
+/// cache line; the rest the second.
 #[derive(Clone, Copy, Debug)]
+#[repr(C, align(64))]
 struct Flow {
     route: Route,
-    /// Position of this flow in each of its links' flow lists.
-    pos: [u32; MAX_HOPS],
+    /// Bumped on every re-rating; stale drain-queue entries carry an old version.
+    version: u32,
+    /// The recomputation that last found it (see `FlowModel::epoch`).
+    mark: u32,
+    /// Its index inside the component that recomputation found.
+    local: u32,
     /// Bytes left to send at time `since`.
     remaining: f64,
     rate: f64,
     since: Ps,
+    /// Position of this flow in each of its links' flow lists.
+    pos: [u32; MAX_HOPS],
     latency: Ps,
     tag: u64,
     seq: u64,
-    /// Bumped on every re-rating; stale drain-queue entries carry an old version.
-    version: u32,
     alive: bool,
+}
+
+/// A link's state, in one cache line: its active flows (slots), capacity and latency, and
+/// the recomputation scratch.
+#[derive(Clone, Debug, Default)]
+#[repr(C, align(64))]
+struct LinkState {
+    flows: Vec<u32>,
+    cap: f64,
+    latency: Ps,
+    /// The recomputation that last found it (see `FlowModel::epoch`).
+    mark: u32,
+    /// Its index inside the component that recomputation found.
+    local: u32,
 }
 
 /// Counters of the work the model did.
@@ -77,23 +98,19 @@ pub struct FlowStats {
 #[derive(Clone, Debug)]
 pub struct FlowModel {
     topo: Arc<Topology>,
-    cap: Vec<f64>,
+    links: Vec<LinkState>,
     local_latency: Ps,
     flows: Vec<Flow>,
     free: Vec<u32>,
     active: usize,
-    link_flows: Vec<Vec<u32>>,
     drain_q: BinaryHeap<Reverse<(Ps, u32, u32)>>,
     tail: BinaryHeap<Reverse<(Ps, u64, u64)>>,
     seq: u64,
     dirty: Option<Ps>,
     dirty_links: Vec<LinkId>,
-    // Scratch for recomputation (epoch marks avoid clearing).
+    /// Scratch for recomputation: links and flows whose `mark` equals it were found by the
+    /// current one (epoch marks avoid clearing).
     epoch: u32,
-    link_mark: Vec<u32>,
-    flow_mark: Vec<u32>,
-    link_local: Vec<u32>,
-    flow_local: Vec<u32>,
     comp_links: Vec<LinkId>,
     comp_flows: Vec<u32>,
     /// Per found component: the ends of its links and flows in `comp_links`, `comp_flows`.
@@ -109,26 +126,26 @@ pub struct FlowModel {
 impl FlowModel {
     /// The model over `topo`; local transfers take 0 ps.
     pub fn new(topo: Arc<Topology>) -> FlowModel {
-        let n = topo.links.len();
-        let cap = topo.links.iter().map(|l| l.capacity()).collect();
+        let links = (topo.links.iter())
+            .map(|l| LinkState {
+                cap: l.capacity(),
+                latency: l.latency,
+                ..LinkState::default()
+            })
+            .collect();
         FlowModel {
             topo,
-            cap,
+            links,
             local_latency: 0,
             flows: Vec::new(),
             free: Vec::new(),
             active: 0,
-            link_flows: vec![Vec::new(); n],
             drain_q: BinaryHeap::new(),
             tail: BinaryHeap::new(),
             seq: 0,
             dirty: None,
             dirty_links: Vec::new(),
             epoch: 0,
-            link_mark: vec![0; n],
-            flow_mark: Vec::new(),
-            link_local: vec![0; n],
-            flow_local: Vec::new(),
             comp_links: Vec::new(),
             comp_flows: Vec::new(),
             comps: Vec::new(),
@@ -177,8 +194,8 @@ impl FlowModel {
     /// (0, 1]); rates are recomputed at `now`.
     pub fn scale_link(&mut self, now: Ps, link: LinkId, scale: f64) {
         self.run_internal(now, false);
-        if let Some(c) = self.cap.get_mut(link as usize) {
-            *c = self.topo.links[link as usize].capacity() * scale;
+        if let Some(ls) = self.links.get_mut(link as usize) {
+            ls.cap = self.topo.links[link as usize].capacity() * scale;
             self.dirty_links.push(link);
             self.mark_dirty(now);
         }
@@ -202,39 +219,44 @@ impl FlowModel {
             None => {
                 self.flows.push(Flow {
                     route: Route::EMPTY,
-                    pos: [0; MAX_HOPS],
+                    version: 0,
+                    mark: 0,
+                    local: 0,
                     remaining: 0.0,
                     rate: 0.0,
                     since: 0,
+                    pos: [0; MAX_HOPS],
                     latency: 0,
                     tag: 0,
                     seq: 0,
-                    version: 0,
                     alive: false,
                 });
-                self.flow_mark.push(0);
-                self.flow_local.push(0);
                 (self.flows.len() - 1) as u32
             }
         };
         let mut pos = [0u32; MAX_HOPS];
+        // The route's latency (`Topology::route_latency`), from the links' copies.
+        let mut latency: Ps = 0;
         for (h, &l) in route.links().iter().enumerate() {
-            let list = &mut self.link_flows[l as usize];
-            pos[h] = list.len() as u32;
-            list.push(slot);
+            let ls = &mut self.links[l as usize];
+            pos[h] = ls.flows.len() as u32;
+            ls.flows.push(slot);
+            latency += ls.latency;
             self.dirty_links.push(l);
         }
         let f = &mut self.flows[slot as usize];
         *f = Flow {
             route,
-            pos,
+            version: f.version.wrapping_add(1),
+            mark: f.mark,
+            local: 0,
             remaining: bytes as f64,
             rate: 0.0,
             since: now,
-            latency: self.topo.route_latency(&route),
+            pos,
+            latency,
             tag,
             seq: self.seq,
-            version: f.version.wrapping_add(1),
             alive: true,
         };
         self.active += 1;
@@ -250,7 +272,7 @@ impl FlowModel {
     fn clean_drain_top(&mut self) {
         while let Some(Reverse((_, slot, version))) = self.drain_q.peek().copied() {
             let f = &self.flows[slot as usize];
-            if f.alive && f.version == version {
+            if f.version == version && f.alive {
                 return;
             }
             self.drain_q.pop();
@@ -287,8 +309,8 @@ impl FlowModel {
                 break;
             }
             self.drain_q.pop();
-            let f = self.flows[slot as usize];
-            if !f.alive || f.version != version {
+            let f = &self.flows[slot as usize];
+            if f.version != version || !f.alive {
                 continue;
             }
             self.tail
@@ -304,7 +326,7 @@ impl FlowModel {
     fn unlink(&mut self, slot: u32) {
         let f = self.flows[slot as usize];
         for (h, &l) in f.route.links().iter().enumerate() {
-            let list = &mut self.link_flows[l as usize];
+            let list = &mut self.links[l as usize].flows;
             let p = f.pos[h] as usize;
             list.swap_remove(p);
             if let Some(&moved) = list.get(p) {
@@ -331,8 +353,8 @@ impl FlowModel {
         self.epoch = self.epoch.wrapping_add(1);
         if self.epoch == 0 {
             // Wrapped: clear the marks once every 2^32 recomputations.
-            self.link_mark.iter_mut().for_each(|m| *m = 0);
-            self.flow_mark.iter_mut().for_each(|m| *m = 0);
+            self.links.iter_mut().for_each(|l| l.mark = 0);
+            self.flows.iter_mut().for_each(|f| f.mark = 0);
             self.epoch = 1;
         }
         self.find_components();
@@ -356,7 +378,7 @@ impl FlowModel {
 
     /// The connected components reachable from the dirty links (which it clears), one after
     /// another in `comp_links` and `comp_flows` (ends in `comps`), with every link's and
-    /// flow's index inside its component in `link_local` and `flow_local`.
+    /// flow's index inside its component in its `local`.
     fn find_components(&mut self) {
         let ep = self.epoch;
         self.comp_links.clear();
@@ -364,25 +386,29 @@ impl FlowModel {
         self.comps.clear();
         let dirty = std::mem::take(&mut self.dirty_links);
         for &seed in &dirty {
-            if self.link_mark[seed as usize] == ep {
+            if self.links[seed as usize].mark == ep {
                 continue;
             }
-            self.link_mark[seed as usize] = ep;
+            self.links[seed as usize].mark = ep;
             self.stack.push(seed);
             let (l0, f0) = (self.comp_links.len(), self.comp_flows.len());
             while let Some(l) = self.stack.pop() {
-                self.link_local[l as usize] = (self.comp_links.len() - l0) as u32;
+                let ls = &mut self.links[l as usize];
+                ls.local = (self.comp_links.len() - l0) as u32;
                 self.comp_links.push(l);
-                for &fs in &self.link_flows[l as usize] {
-                    if self.flow_mark[fs as usize] == ep {
+                for k in 0..self.links[l as usize].flows.len() {
+                    let fs = self.links[l as usize].flows[k];
+                    let f = &mut self.flows[fs as usize];
+                    if f.mark == ep {
                         continue;
                     }
-                    self.flow_mark[fs as usize] = ep;
-                    self.flow_local[fs as usize] = (self.comp_flows.len() - f0) as u32;
+                    f.mark = ep;
+                    f.local = (self.comp_flows.len() - f0) as u32;
                     self.comp_flows.push(fs);
-                    for &m in self.flows[fs as usize].route.links() {
-                        if self.link_mark[m as usize] != ep {
-                            self.link_mark[m as usize] = ep;
+                    for &m in f.route.links() {
+                        let ms = &mut self.links[m as usize];
+                        if ms.mark != ep {
+                            ms.mark = ep;
                             self.stack.push(m);
                         }
                     }
@@ -408,11 +434,8 @@ impl FlowModel {
         self.comp_rates.clear();
         self.comp_rates.resize(n, 0.0);
         let view = FillView {
-            cap: &self.cap,
-            link_flows: &self.link_flows,
+            links: &self.links,
             flows: &self.flows,
-            link_local: &self.link_local,
-            flow_local: &self.flow_local,
         };
         let mut outs = Vec::new();
         let (mut links, mut flows, mut rates) = (
@@ -447,14 +470,11 @@ const PAR_FLOWS: usize = 4096;
 /// a heap (both pick the smallest fair share, ties to the smaller link id).
 const SCAN_LINKS: usize = 32;
 
-/// What progressive filling reads: the model's links and flows, and the found components'
+/// What progressive filling reads: the model's links and flows, with the found components'
 /// local indices.
 struct FillView<'a> {
-    cap: &'a [f64],
-    link_flows: &'a [Vec<u32>],
+    links: &'a [LinkState],
     flows: &'a [Flow],
-    link_local: &'a [u32],
-    flow_local: &'a [u32],
 }
 
 /// Scratch of progressive filling over one component, indexed by local link and flow.
@@ -475,8 +495,9 @@ impl Filling {
         self.rem.clear();
         self.count.clear();
         for &l in links {
-            self.rem.push(v.cap[l as usize]);
-            self.count.push(v.link_flows[l as usize].len() as u32);
+            let ls = &v.links[l as usize];
+            self.rem.push(ls.cap);
+            self.count.push(ls.flows.len() as u32);
         }
         self.frozen.clear();
         self.frozen.resize(flows.len(), false);
@@ -500,16 +521,17 @@ impl Filling {
         } {
             let l = links[i];
             let share = self.rem[i].max(0.0) / f64::from(self.count[i]);
-            for &fs in &v.link_flows[l as usize] {
-                let j = v.flow_local[fs as usize] as usize;
+            for &fs in &v.links[l as usize].flows {
+                let f = &v.flows[fs as usize];
+                let j = f.local as usize;
                 if self.frozen[j] {
                     continue;
                 }
                 self.frozen[j] = true;
                 rate[j] = share;
-                for &m in v.flows[fs as usize].route.links() {
+                for &m in f.route.links() {
                     if m != l {
-                        let k = v.link_local[m as usize] as usize;
+                        let k = v.links[m as usize].local as usize;
                         self.rem[k] -= share;
                         self.count[k] -= 1;
                     }
