@@ -18,18 +18,27 @@
 //! # Rate recomputation (progressive filling, exact max–min)
 //! Max–min rates decompose over connected components of the flow–link incidence graph, so
 //! a recomputation re-rates only the component(s) reachable from the dirty links (found by
-//! a search over per-link flow lists kept up to date on every start and drain). Within
-//! them: count the flows on each link; repeatedly take the link with the smallest fair
-//! share `remaining capacity ÷ unfrozen flows` (a binary heap of links with lazy
-//! increase-key), freeze its unfrozen flows at that share and charge it to their other
-//! links. Cost: O(F_c·h + L_c log L_c) for the F_c flows and L_c links of the affected
-//! components (h ≤ 6 links per flow) — linear in the active flows that share links with
-//! the change, not in all active flows; measured in BENCHMARKS.md. In the worst case
-//! (one giant component, e.g. everything crossing one oversubscribed link) that is every
-//! active flow.
+//! a search over per-link flow lists kept up to date on every start and drain). Each
+//! component is filled alone: count the flows on each link; repeatedly take the link with
+//! the smallest fair share `remaining capacity ÷ unfrozen flows`, ties to the smaller link
+//! id (a scan in a small component, a binary heap of links with lazy increase-key in a
+//! large one), freeze its unfrozen flows at that share and charge it to their other
+//! links. Every flow frozen at one link subtracts the same share, so the rates do not
+//! depend on the order of the per-link lists. Cost: O(F_c·h + L_c log L_c) for the F_c
+//! flows and L_c links of the affected components (h ≤ 6 links per flow) — linear in the
+//! active flows that share links with the change, not in all active flows; measured in
+//! BENCHMARKS.md. In the worst case (one giant component, e.g. everything crossing one
+//! oversubscribed link) that is every active flow. A recomputation that re-rates many
+//! flows in several components fills them in parallel (rayon), each component by the same
+//! sequential procedure, so the rates are the same at any thread count.
+//!
+//! Per-link state (flow list, capacity, latency, search marks) is one cache line, and so is
+//! what a recomputation reads of a flow: in a large step the engine's op arrays evict the
+//! model's state between events, so misses, not arithmetic, set its cost.
 //!
 //! Architecture invariant: deterministic — no hashing by address, heap ties broken by link
-//! id or flow slot, completions reported in (finish time, start order).
+//! id or flow slot, completions reported in (finish time, start order), components filled
+//! apart whatever the thread count.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
