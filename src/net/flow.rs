@@ -46,7 +46,6 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use crate::cluster::topology::MAX_HOPS;
 use crate::cluster::{LinkId, Route, Topology};
 use crate::net::{transfer_ps, GpuId, NetworkModel, Ps};
 
@@ -66,8 +65,6 @@ struct Flow {
     remaining: f64,
     rate: f64,
     since: Ps,
-    /// Position of this flow in each of its links' flow lists.
-    pos: [u32; MAX_HOPS],
     latency: Ps,
     tag: u64,
     seq: u64,
@@ -234,7 +231,6 @@ impl FlowModel {
                     remaining: 0.0,
                     rate: 0.0,
                     since: 0,
-                    pos: [0; MAX_HOPS],
                     latency: 0,
                     tag: 0,
                     seq: 0,
@@ -243,12 +239,10 @@ impl FlowModel {
                 (self.flows.len() - 1) as u32
             }
         };
-        let mut pos = [0u32; MAX_HOPS];
         // The route's latency (`Topology::route_latency`), from the links' copies.
         let mut latency: Ps = 0;
-        for (h, &l) in route.links().iter().enumerate() {
+        for &l in route.links() {
             let ls = &mut self.links[l as usize];
-            pos[h] = ls.flows.len() as u32;
             ls.flows.push(slot);
             latency += ls.latency;
             self.dirty_links.push(l);
@@ -262,7 +256,6 @@ impl FlowModel {
             remaining: bytes as f64,
             rate: 0.0,
             since: now,
-            pos,
             latency,
             tag,
             seq: self.seq,
@@ -331,18 +324,17 @@ impl FlowModel {
         }
     }
 
-    /// Remove a flow from its links' lists (marking them dirty) and free its slot.
+    /// Remove a flow from its links' lists (marking them dirty) and free its slot. A list
+    /// is searched for the slot: that reads only the list, which the removal touches
+    /// anyway, where keeping each flow's positions up to date would touch the flow moved
+    /// into the gap; and it is O(flows on the link), no more than the recomputation the
+    /// drain causes.
     fn unlink(&mut self, slot: u32) {
-        let f = self.flows[slot as usize];
-        for (h, &l) in f.route.links().iter().enumerate() {
+        let route = self.flows[slot as usize].route;
+        for &l in route.links() {
             let list = &mut self.links[l as usize].flows;
-            let p = f.pos[h] as usize;
-            list.swap_remove(p);
-            if let Some(&moved) = list.get(p) {
-                let mf = &mut self.flows[moved as usize];
-                if let Some(h2) = mf.route.links().iter().position(|&x| x == l) {
-                    mf.pos[h2] = p as u32;
-                }
+            if let Some(p) = list.iter().position(|&x| x == slot) {
+                list.swap_remove(p);
             }
             self.dirty_links.push(l);
         }
