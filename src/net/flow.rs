@@ -18,32 +18,49 @@
 //! # Rate recomputation (progressive filling, exact max–min)
 //! Max–min rates decompose over connected components of the flow–link incidence graph, so
 //! a recomputation re-rates only the component(s) reachable from the dirty links (found by
-//! a search over per-link flow lists kept up to date on every start and drain). Within
-//! them: count the flows on each link; repeatedly take the link with the smallest fair
-//! share `remaining capacity ÷ unfrozen flows` (a binary heap of links with lazy
-//! increase-key), freeze its unfrozen flows at that share and charge it to their other
-//! links. Cost: O(F_c·h + L_c log L_c) for the F_c flows and L_c links of the affected
-//! components (h ≤ 6 links per flow) — linear in the active flows that share links with
-//! the change, not in all active flows; measured in BENCHMARKS.md. In the worst case
-//! (one giant component, e.g. everything crossing one oversubscribed link) that is every
-//! active flow.
+//! a search over per-link flow lists kept up to date on every start and drain). Each
+//! component is filled alone: count the flows on each link; repeatedly take the link with
+//! the smallest fair share `remaining capacity ÷ unfrozen flows`, ties to the smaller link
+//! id (a scan in a small component, a binary heap of links with lazy increase-key in a
+//! large one), freeze its unfrozen flows at that share and charge it to their other
+//! links. Every flow frozen at one link subtracts the same share, so the rates do not
+//! depend on the order of the per-link lists. Cost: O(F_c·h + L_c log L_c) for the F_c
+//! flows and L_c links of the affected components (h ≤ 6 links per flow) — linear in the
+//! active flows that share links with the change, not in all active flows; measured in
+//! BENCHMARKS.md. In the worst case (one giant component, e.g. everything crossing one
+//! oversubscribed link) that is every active flow. A recomputation that re-rates many
+//! flows in several components fills them in parallel (rayon), each component by the same
+//! sequential procedure, so the rates are the same at any thread count.
+//!
+//! Per-link state (flow list, capacity, latency, search marks) is one cache line, and so is
+//! what a recomputation reads of a flow: in a large step the engine's op arrays evict the
+//! model's state between events, so misses, not arithmetic, set its cost.
 //!
 //! Architecture invariant: deterministic — no hashing by address, heap ties broken by link
-//! id or flow slot, completions reported in (finish time, start order).
+//! id or flow slot, completions reported in (finish time, start order), components filled
+//! apart whatever the thread count.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::sync::Arc;
 
-use crate::cluster::topology::MAX_HOPS;
+use rayon::prelude::*;
+
 use crate::cluster::{LinkId, Route, Topology};
 use crate::net::{transfer_ps, GpuId, NetworkModel, Ps};
 
+/// A flow slot. What a recomputation touches (route, marks, bytes, rate) fills the first
+/// cache line; the rest the second.
 #[derive(Clone, Copy, Debug)]
+#[repr(C, align(64))]
 struct Flow {
     route: Route,
-    /// Position of this flow in each of its links' flow lists.
-    pos: [u32; MAX_HOPS],
+    /// Bumped on every re-rating; stale drain-queue entries carry an old version.
+    version: u32,
+    /// The recomputation that last found it (see `FlowModel::epoch`).
+    mark: u32,
+    /// Its index inside the component that recomputation found.
+    local: u32,
     /// Bytes left to send at time `since`.
     remaining: f64,
     rate: f64,
@@ -51,9 +68,21 @@ struct Flow {
     latency: Ps,
     tag: u64,
     seq: u64,
-    /// Bumped on every re-rating; stale drain-queue entries carry an old version.
-    version: u32,
     alive: bool,
+}
+
+/// A link's state, in one cache line: its active flows (slots), capacity and latency, and
+/// the recomputation scratch.
+#[derive(Clone, Debug, Default)]
+#[repr(C, align(64))]
+struct LinkState {
+    flows: Vec<u32>,
+    cap: f64,
+    latency: Ps,
+    /// The recomputation that last found it (see `FlowModel::epoch`).
+    mark: u32,
+    /// Its index inside the component that recomputation found.
+    local: u32,
 }
 
 /// Counters of the work the model did.
@@ -75,28 +104,26 @@ pub struct FlowStats {
 #[derive(Clone, Debug)]
 pub struct FlowModel {
     topo: Arc<Topology>,
-    cap: Vec<f64>,
+    links: Vec<LinkState>,
     local_latency: Ps,
     flows: Vec<Flow>,
     free: Vec<u32>,
     active: usize,
-    link_flows: Vec<Vec<u32>>,
     drain_q: BinaryHeap<Reverse<(Ps, u32, u32)>>,
     tail: BinaryHeap<Reverse<(Ps, u64, u64)>>,
     seq: u64,
     dirty: Option<Ps>,
     dirty_links: Vec<LinkId>,
-    // Scratch for recomputation (epoch marks avoid clearing).
+    /// Scratch for recomputation: links and flows whose `mark` equals it were found by the
+    /// current one (epoch marks avoid clearing).
     epoch: u32,
-    link_mark: Vec<u32>,
-    flow_mark: Vec<u32>,
-    frozen_mark: Vec<u32>,
-    count: Vec<u32>,
-    rem: Vec<f64>,
     comp_links: Vec<LinkId>,
     comp_flows: Vec<u32>,
+    /// Per found component: the ends of its links and flows in `comp_links`, `comp_flows`.
+    comps: Vec<(u32, u32)>,
+    comp_rates: Vec<f64>,
     stack: Vec<LinkId>,
-    heap: BinaryHeap<Reverse<(u64, LinkId)>>,
+    filling: Filling,
     stats: FlowStats,
     /// Transfers whose endpoints were not GPUs of the topology (finished as local).
     pub bad_endpoints: u64,
@@ -105,31 +132,32 @@ pub struct FlowModel {
 impl FlowModel {
     /// The model over `topo`; local transfers take 0 ps.
     pub fn new(topo: Arc<Topology>) -> FlowModel {
-        let n = topo.links.len();
-        let cap = topo.links.iter().map(|l| l.capacity()).collect();
+        let links = (topo.links.iter())
+            .map(|l| LinkState {
+                cap: l.capacity(),
+                latency: l.latency,
+                ..LinkState::default()
+            })
+            .collect();
         FlowModel {
             topo,
-            cap,
+            links,
             local_latency: 0,
             flows: Vec::new(),
             free: Vec::new(),
             active: 0,
-            link_flows: vec![Vec::new(); n],
             drain_q: BinaryHeap::new(),
             tail: BinaryHeap::new(),
             seq: 0,
             dirty: None,
             dirty_links: Vec::new(),
             epoch: 0,
-            link_mark: vec![0; n],
-            flow_mark: Vec::new(),
-            frozen_mark: Vec::new(),
-            count: vec![0; n],
-            rem: vec![0.0; n],
             comp_links: Vec::new(),
             comp_flows: Vec::new(),
+            comps: Vec::new(),
+            comp_rates: Vec::new(),
             stack: Vec::new(),
-            heap: BinaryHeap::new(),
+            filling: Filling::default(),
             stats: FlowStats::default(),
             bad_endpoints: 0,
         }
@@ -172,8 +200,8 @@ impl FlowModel {
     /// (0, 1]); rates are recomputed at `now`.
     pub fn scale_link(&mut self, now: Ps, link: LinkId, scale: f64) {
         self.run_internal(now, false);
-        if let Some(c) = self.cap.get_mut(link as usize) {
-            *c = self.topo.links[link as usize].capacity() * scale;
+        if let Some(ls) = self.links.get_mut(link as usize) {
+            ls.cap = self.topo.links[link as usize].capacity() * scale;
             self.dirty_links.push(link);
             self.mark_dirty(now);
         }
@@ -197,39 +225,40 @@ impl FlowModel {
             None => {
                 self.flows.push(Flow {
                     route: Route::EMPTY,
-                    pos: [0; MAX_HOPS],
+                    version: 0,
+                    mark: 0,
+                    local: 0,
                     remaining: 0.0,
                     rate: 0.0,
                     since: 0,
                     latency: 0,
                     tag: 0,
                     seq: 0,
-                    version: 0,
                     alive: false,
                 });
-                self.flow_mark.push(0);
-                self.frozen_mark.push(0);
                 (self.flows.len() - 1) as u32
             }
         };
-        let mut pos = [0u32; MAX_HOPS];
-        for (h, &l) in route.links().iter().enumerate() {
-            let list = &mut self.link_flows[l as usize];
-            pos[h] = list.len() as u32;
-            list.push(slot);
+        // The route's latency (`Topology::route_latency`), from the links' copies.
+        let mut latency: Ps = 0;
+        for &l in route.links() {
+            let ls = &mut self.links[l as usize];
+            ls.flows.push(slot);
+            latency += ls.latency;
             self.dirty_links.push(l);
         }
         let f = &mut self.flows[slot as usize];
         *f = Flow {
             route,
-            pos,
+            version: f.version.wrapping_add(1),
+            mark: f.mark,
+            local: 0,
             remaining: bytes as f64,
             rate: 0.0,
             since: now,
-            latency: self.topo.route_latency(&route),
+            latency,
             tag,
             seq: self.seq,
-            version: f.version.wrapping_add(1),
             alive: true,
         };
         self.active += 1;
@@ -245,7 +274,7 @@ impl FlowModel {
     fn clean_drain_top(&mut self) {
         while let Some(Reverse((_, slot, version))) = self.drain_q.peek().copied() {
             let f = &self.flows[slot as usize];
-            if f.alive && f.version == version {
+            if f.version == version && f.alive {
                 return;
             }
             self.drain_q.pop();
@@ -282,8 +311,8 @@ impl FlowModel {
                 break;
             }
             self.drain_q.pop();
-            let f = self.flows[slot as usize];
-            if !f.alive || f.version != version {
+            let f = &self.flows[slot as usize];
+            if f.version != version || !f.alive {
                 continue;
             }
             self.tail
@@ -295,18 +324,17 @@ impl FlowModel {
         }
     }
 
-    /// Remove a flow from its links' lists (marking them dirty) and free its slot.
+    /// Remove a flow from its links' lists (marking them dirty) and free its slot. A list
+    /// is searched for the slot: that reads only the list, which the removal touches
+    /// anyway, where keeping each flow's positions up to date would touch the flow moved
+    /// into the gap; and it is O(flows on the link), no more than the recomputation the
+    /// drain causes.
     fn unlink(&mut self, slot: u32) {
-        let f = self.flows[slot as usize];
-        for (h, &l) in f.route.links().iter().enumerate() {
-            let list = &mut self.link_flows[l as usize];
-            let p = f.pos[h] as usize;
-            list.swap_remove(p);
-            if let Some(&moved) = list.get(p) {
-                let mf = &mut self.flows[moved as usize];
-                if let Some(h2) = mf.route.links().iter().position(|&x| x == l) {
-                    mf.pos[h2] = p as u32;
-                }
+        let route = self.flows[slot as usize].route;
+        for &l in route.links() {
+            let list = &mut self.links[l as usize].flows;
+            if let Some(p) = list.iter().position(|&x| x == slot) {
+                list.swap_remove(p);
             }
             self.dirty_links.push(l);
         }
@@ -318,46 +346,19 @@ impl FlowModel {
     }
 
     /// Re-rate the components reachable from the dirty links at time `t`: bring their
-    /// flows' `remaining` up to `t` at the old rates, max–min rates by progressive filling,
-    /// then reschedule their drains.
+    /// flows' `remaining` up to `t` at the old rates, max–min rates by progressive filling
+    /// (components apart, in parallel when they are many and large), then reschedule their
+    /// drains.
     fn recompute(&mut self, t: Ps) {
         self.stats.recomputes += 1;
         self.epoch = self.epoch.wrapping_add(1);
         if self.epoch == 0 {
             // Wrapped: clear the marks once every 2^32 recomputations.
-            self.link_mark.iter_mut().for_each(|m| *m = 0);
-            self.flow_mark.iter_mut().for_each(|m| *m = 0);
-            self.frozen_mark.iter_mut().for_each(|m| *m = 0);
+            self.links.iter_mut().for_each(|l| l.mark = 0);
+            self.flows.iter_mut().for_each(|f| f.mark = 0);
             self.epoch = 1;
         }
-        let ep = self.epoch;
-        // The affected components.
-        self.comp_links.clear();
-        self.comp_flows.clear();
-        self.stack.clear();
-        for &l in &self.dirty_links {
-            if self.link_mark[l as usize] != ep {
-                self.link_mark[l as usize] = ep;
-                self.stack.push(l);
-            }
-        }
-        self.dirty_links.clear();
-        while let Some(l) = self.stack.pop() {
-            self.comp_links.push(l);
-            for &fs in &self.link_flows[l as usize] {
-                if self.flow_mark[fs as usize] == ep {
-                    continue;
-                }
-                self.flow_mark[fs as usize] = ep;
-                self.comp_flows.push(fs);
-                for &m in self.flows[fs as usize].route.links() {
-                    if self.link_mark[m as usize] != ep {
-                        self.link_mark[m as usize] = ep;
-                        self.stack.push(m);
-                    }
-                }
-            }
-        }
+        self.find_components();
         self.stats.flows_rerated += self.comp_flows.len() as u64;
         for &fs in &self.comp_flows {
             let f = &mut self.flows[fs as usize];
@@ -366,54 +367,215 @@ impl FlowModel {
             f.remaining = (f.remaining - f.rate * dt_ps / 1.0e12).max(0.0);
             f.since = t;
         }
-        self.heap.clear();
-        for &l in &self.comp_links {
-            let li = l as usize;
-            let c = self.link_flows[li].len() as u32;
-            self.count[li] = c;
-            self.rem[li] = self.cap[li];
-            if c > 0 {
-                self.heap.push(Reverse((share_key(self.rem[li], c), l)));
-            }
-        }
-        // A link's fair share only grows as flows elsewhere freeze at smaller shares
-        // ((rem − s)/(c − 1) ≥ rem/c when s ≤ rem/c), so a popped key that is smaller than
-        // the link's current share is re-queued at its current share (lazy increase-key);
-        // a popped key equal to it is the true minimum.
-        while let Some(Reverse((key, l))) = self.heap.pop() {
-            let li = l as usize;
-            let c = self.count[li];
-            if c == 0 {
-                continue;
-            }
-            let cur = share_key(self.rem[li], c);
-            if cur > key {
-                self.heap.push(Reverse((cur, l)));
-                continue;
-            }
-            let share = self.rem[li].max(0.0) / f64::from(c);
-            for &fs in &self.link_flows[li] {
-                if self.frozen_mark[fs as usize] == ep {
-                    continue;
-                }
-                self.frozen_mark[fs as usize] = ep;
-                let f = &mut self.flows[fs as usize];
-                f.rate = share;
-                for &m in f.route.links() {
-                    if m != l {
-                        self.rem[m as usize] -= share;
-                        self.count[m as usize] -= 1;
-                    }
-                }
-            }
-            self.count[li] = 0;
-        }
-        for &fs in &self.comp_flows {
+        self.fill_rates();
+        for (&fs, &rate) in self.comp_flows.iter().zip(&self.comp_rates) {
             let f = &mut self.flows[fs as usize];
+            f.rate = rate;
             f.version = f.version.wrapping_add(1);
             let at = t.saturating_add(transfer_ps(f.remaining, f.rate));
             self.drain_q.push(Reverse((at, fs, f.version)));
         }
+    }
+
+    /// The connected components reachable from the dirty links (which it clears), one after
+    /// another in `comp_links` and `comp_flows` (ends in `comps`), with every link's and
+    /// flow's index inside its component in its `local`.
+    fn find_components(&mut self) {
+        let ep = self.epoch;
+        self.comp_links.clear();
+        self.comp_flows.clear();
+        self.comps.clear();
+        let dirty = std::mem::take(&mut self.dirty_links);
+        for &seed in &dirty {
+            if self.links[seed as usize].mark == ep {
+                continue;
+            }
+            self.links[seed as usize].mark = ep;
+            self.stack.push(seed);
+            let (l0, f0) = (self.comp_links.len(), self.comp_flows.len());
+            while let Some(l) = self.stack.pop() {
+                let ls = &mut self.links[l as usize];
+                ls.local = (self.comp_links.len() - l0) as u32;
+                self.comp_links.push(l);
+                for k in 0..self.links[l as usize].flows.len() {
+                    let fs = self.links[l as usize].flows[k];
+                    let f = &mut self.flows[fs as usize];
+                    if f.mark == ep {
+                        continue;
+                    }
+                    f.mark = ep;
+                    f.local = (self.comp_flows.len() - f0) as u32;
+                    self.comp_flows.push(fs);
+                    for &m in f.route.links() {
+                        let ms = &mut self.links[m as usize];
+                        if ms.mark != ep {
+                            ms.mark = ep;
+                            self.stack.push(m);
+                        }
+                    }
+                }
+            }
+            if self.comp_flows.len() > f0 {
+                self.comps
+                    .push((self.comp_links.len() as u32, self.comp_flows.len() as u32));
+            } else {
+                // Links left without flows: nothing to re-rate.
+                self.comp_links.truncate(l0);
+            }
+        }
+        self.dirty_links = dirty;
+        self.dirty_links.clear();
+    }
+
+    /// Max–min rates of the flows of every found component into `comp_rates` (in
+    /// `comp_flows` order). Components share no link, so each is filled alone, the same
+    /// on any number of threads.
+    fn fill_rates(&mut self) {
+        let n = self.comp_flows.len();
+        self.comp_rates.clear();
+        self.comp_rates.resize(n, 0.0);
+        let view = FillView {
+            links: &self.links,
+            flows: &self.flows,
+        };
+        let mut outs = Vec::new();
+        let (mut links, mut flows, mut rates) = (
+            self.comp_links.as_slice(),
+            self.comp_flows.as_slice(),
+            self.comp_rates.as_mut_slice(),
+        );
+        let (mut l0, mut f0) = (0, 0);
+        for &(l1, f1) in &self.comps {
+            let (l, lr) = links.split_at(l1 as usize - l0);
+            let (f, fr) = flows.split_at(f1 as usize - f0);
+            let (r, rr) = rates.split_at_mut(f1 as usize - f0);
+            outs.push((l, f, r));
+            (links, flows, rates, l0, f0) = (lr, fr, rr, l1 as usize, f1 as usize);
+        }
+        if outs.len() > 1 && n >= PAR_FLOWS {
+            outs.into_par_iter()
+                .for_each_init(Filling::default, |fill, (l, f, r)| fill.run(&view, l, f, r));
+        } else {
+            for (l, f, r) in outs {
+                self.filling.run(&view, l, f, r);
+            }
+        }
+    }
+}
+
+/// Re-rated flows at or above which the components of one recomputation are filled in
+/// parallel.
+const PAR_FLOWS: usize = 4096;
+
+/// Components of at most this many links find their bottleneck by a scan, larger ones by
+/// a heap (both pick the smallest fair share, ties to the smaller link id).
+const SCAN_LINKS: usize = 32;
+
+/// What progressive filling reads: the model's links and flows, with the found components'
+/// local indices.
+struct FillView<'a> {
+    links: &'a [LinkState],
+    flows: &'a [Flow],
+}
+
+/// Scratch of progressive filling over one component, indexed by local link and flow.
+#[derive(Clone, Debug, Default)]
+struct Filling {
+    rem: Vec<f64>,
+    count: Vec<u32>,
+    frozen: Vec<bool>,
+    heap: BinaryHeap<Reverse<(u64, LinkId, u32)>>,
+}
+
+impl Filling {
+    /// Exact max–min rates of one component's `flows` (over its `links`) into `rate`:
+    /// repeatedly take the link with the smallest fair share `remaining capacity ÷
+    /// unfrozen flows` (ties to the smaller link id), freeze its unfrozen flows at that
+    /// share and charge it to their other links.
+    fn run(&mut self, v: &FillView, links: &[LinkId], flows: &[u32], rate: &mut [f64]) {
+        self.rem.clear();
+        self.count.clear();
+        for &l in links {
+            let ls = &v.links[l as usize];
+            self.rem.push(ls.cap);
+            self.count.push(ls.flows.len() as u32);
+        }
+        self.frozen.clear();
+        self.frozen.resize(flows.len(), false);
+        let scan = links.len() <= SCAN_LINKS;
+        self.heap.clear();
+        if !scan {
+            for (i, &l) in links.iter().enumerate() {
+                if self.count[i] > 0 {
+                    self.heap.push(Reverse((
+                        share_key(self.rem[i], self.count[i]),
+                        l,
+                        i as u32,
+                    )));
+                }
+            }
+        }
+        while let Some(i) = if scan {
+            self.scan_min(links)
+        } else {
+            self.heap_min()
+        } {
+            let l = links[i];
+            let share = self.rem[i].max(0.0) / f64::from(self.count[i]);
+            for &fs in &v.links[l as usize].flows {
+                let f = &v.flows[fs as usize];
+                let j = f.local as usize;
+                if self.frozen[j] {
+                    continue;
+                }
+                self.frozen[j] = true;
+                rate[j] = share;
+                for &m in f.route.links() {
+                    if m != l {
+                        let k = v.links[m as usize].local as usize;
+                        self.rem[k] -= share;
+                        self.count[k] -= 1;
+                    }
+                }
+            }
+            self.count[i] = 0;
+        }
+    }
+
+    /// The unfinished link with the smallest (fair share, link id), by a scan.
+    fn scan_min(&self, links: &[LinkId]) -> Option<usize> {
+        let mut best: Option<(u64, LinkId, usize)> = None;
+        for (i, &l) in links.iter().enumerate() {
+            let c = self.count[i];
+            if c == 0 {
+                continue;
+            }
+            let k = (share_key(self.rem[i], c), l, i);
+            if best.is_none_or(|b| k < b) {
+                best = Some(k);
+            }
+        }
+        best.map(|b| b.2)
+    }
+
+    /// The same by the heap. A link's fair share only grows as flows elsewhere freeze at
+    /// smaller shares ((rem − s)/(c − 1) ≥ rem/c when s ≤ rem/c), so a popped key that is
+    /// smaller than the link's current share is re-queued at its current share (lazy
+    /// increase-key); a popped key equal to it is the true minimum.
+    fn heap_min(&mut self) -> Option<usize> {
+        while let Some(Reverse((key, l, i))) = self.heap.pop() {
+            let c = self.count[i as usize];
+            if c == 0 {
+                continue;
+            }
+            let cur = share_key(self.rem[i as usize], c);
+            if cur > key {
+                self.heap.push(Reverse((cur, l, i)));
+                continue;
+            }
+            return Some(i as usize);
+        }
+        None
     }
 }
 
@@ -691,5 +853,306 @@ rail_optimized = true
             );
         }
         assert_eq!(run_all(&mut g), again);
+    }
+
+    /// The straightforward flow model the optimized one must equal to the bit: active flows
+    /// in a list in start order, the affected flows found by a fixpoint over links, rates
+    /// by naive progressive filling over every active flow (O(L·F) per round); the same
+    /// event rules (starts and drains at one picosecond batched, drains before the
+    /// recomputation, completion a route latency after the drain).
+    struct Naive {
+        topo: Arc<Topology>,
+        cap: Vec<f64>,
+        flows: Vec<NaiveFlow>,
+        tail: Vec<(Ps, u64, u64)>,
+        dirty: Option<Ps>,
+        dirty_links: Vec<LinkId>,
+        seq: u64,
+    }
+
+    struct NaiveFlow {
+        route: Route,
+        remaining: f64,
+        rate: f64,
+        since: Ps,
+        drain: Ps,
+        tag: u64,
+        seq: u64,
+    }
+
+    impl Naive {
+        fn new(topo: Arc<Topology>) -> Naive {
+            let cap = topo.links.iter().map(|l| l.capacity()).collect();
+            Naive {
+                topo,
+                cap,
+                flows: Vec::new(),
+                tail: Vec::new(),
+                dirty: None,
+                dirty_links: Vec::new(),
+                seq: 0,
+            }
+        }
+
+        fn mark_dirty(&mut self, t: Ps) {
+            self.dirty = Some(self.dirty.map_or(t, |d| d.min(t)));
+        }
+
+        fn run_internal(&mut self, until: Ps, inclusive: bool) {
+            loop {
+                let drain = self.flows.iter().map(|f| f.drain).min().unwrap_or(Ps::MAX);
+                let dirty = self.dirty.unwrap_or(Ps::MAX);
+                let t = drain.min(dirty);
+                if t == Ps::MAX || t > until || (!inclusive && t == until) {
+                    return;
+                }
+                if drain <= dirty {
+                    for f in self.flows.iter().filter(|f| f.drain == drain) {
+                        let lat = self.topo.route_latency(&f.route);
+                        self.tail.push((drain.saturating_add(lat), f.seq, f.tag));
+                        self.dirty_links.extend_from_slice(f.route.links());
+                    }
+                    self.flows.retain(|f| f.drain != drain);
+                    self.mark_dirty(drain);
+                } else {
+                    self.dirty = None;
+                    self.recompute(dirty);
+                }
+            }
+        }
+
+        fn recompute(&mut self, t: Ps) {
+            let mut links: Vec<LinkId> = std::mem::take(&mut self.dirty_links);
+            let mut hit = vec![false; self.flows.len()];
+            loop {
+                let mut grew = false;
+                for (i, f) in self.flows.iter().enumerate() {
+                    if !hit[i] && f.route.links().iter().any(|l| links.contains(l)) {
+                        hit[i] = true;
+                        links.extend_from_slice(f.route.links());
+                        grew = true;
+                    }
+                }
+                if !grew {
+                    break;
+                }
+            }
+            let mut rate = vec![f64::NAN; self.flows.len()];
+            let mut rem = self.cap.clone();
+            loop {
+                let mut count = vec![0u32; rem.len()];
+                for (i, f) in self.flows.iter().enumerate() {
+                    if rate[i].is_nan() {
+                        for &l in f.route.links() {
+                            count[l as usize] += 1;
+                        }
+                    }
+                }
+                let Some((bl, share)) = (0..rem.len())
+                    .filter(|&l| count[l] > 0)
+                    .map(|l| (l, rem[l].max(0.0) / f64::from(count[l])))
+                    .min_by(|a, b| a.1.total_cmp(&b.1))
+                else {
+                    break;
+                };
+                for (i, f) in self.flows.iter().enumerate() {
+                    if rate[i].is_nan() && f.route.links().contains(&(bl as u32)) {
+                        rate[i] = share;
+                        for &l in f.route.links() {
+                            rem[l as usize] -= share;
+                        }
+                    }
+                }
+            }
+            for (i, f) in self.flows.iter_mut().enumerate() {
+                if hit[i] {
+                    let dt_ps = t.saturating_sub(f.since) as f64;
+                    f.remaining = (f.remaining - f.rate * dt_ps / 1.0e12).max(0.0);
+                    f.since = t;
+                    f.rate = rate[i];
+                    f.drain = t.saturating_add(transfer_ps(f.remaining, f.rate));
+                }
+            }
+        }
+    }
+
+    impl NetworkModel for Naive {
+        fn start(&mut self, now: Ps, src: GpuId, dst: GpuId, bytes: u64, tag: u64) {
+            self.run_internal(now, false);
+            self.seq += 1;
+            let route = self.topo.route(src, dst, tag).unwrap();
+            if bytes == 0 || route.links().is_empty() {
+                self.tail.push((now, self.seq, tag));
+                return;
+            }
+            self.dirty_links.extend_from_slice(route.links());
+            self.flows.push(NaiveFlow {
+                route,
+                remaining: bytes as f64,
+                rate: 0.0,
+                since: now,
+                drain: Ps::MAX,
+                tag,
+                seq: self.seq,
+            });
+            self.mark_dirty(now);
+        }
+
+        fn next_completion(&self) -> Option<Ps> {
+            let t = (self.flows.iter().map(|f| f.drain))
+                .chain(self.dirty)
+                .chain(self.tail.iter().map(|x| x.0))
+                .min();
+            t.filter(|&t| t != Ps::MAX)
+        }
+
+        fn set_link_scale(&mut self, now: Ps, link: LinkId, scale: f64) {
+            self.run_internal(now, false);
+            self.cap[link as usize] = self.topo.links[link as usize].capacity() * scale;
+            self.dirty_links.push(link);
+            self.mark_dirty(now);
+        }
+
+        fn advance(&mut self, now: Ps, done: &mut Vec<u64>) {
+            self.run_internal(now, true);
+            self.tail.sort_unstable();
+            let n = self.tail.partition_point(|x| x.0 <= now);
+            done.extend(self.tail.drain(..n).map(|x| x.2));
+        }
+    }
+
+    /// A model under test: its rates in start order.
+    trait Rated: NetworkModel {
+        fn rates_now(&self) -> Vec<(u64, f64)>;
+    }
+
+    impl Rated for FlowModel {
+        fn rates_now(&self) -> Vec<(u64, f64)> {
+            self.rates()
+        }
+    }
+
+    impl Rated for Naive {
+        fn rates_now(&self) -> Vec<(u64, f64)> {
+            self.flows.iter().map(|f| (f.tag, f.rate)).collect()
+        }
+    }
+
+    /// One scripted action at a time: start a flow or scale a link.
+    #[derive(Clone, Copy)]
+    enum Act {
+        Start(GpuId, GpuId, u64, u64),
+        Scale(LinkId, f64),
+    }
+
+    fn small() -> Arc<Topology> {
+        let text = include_str!("../../topologies/test-small.toml");
+        Arc::new(
+            TopologySpec::parse(text, "test-small")
+                .unwrap()
+                .build(None)
+                .unwrap(),
+        )
+    }
+
+    /// Random flows (many at one picosecond, some local or empty) and link scalings on
+    /// test-small; with `burst`, first more than `PAR_FLOWS` flows at time 0 inside the
+    /// nodes (one component per node, so they are filled in parallel).
+    fn script(seed: u64, burst: bool) -> Vec<(Ps, Act)> {
+        use rand::Rng as _;
+        let mut rng = crate::rng::stream(seed, "flow-differential", 0);
+        let links = small().links.len() as u32;
+        let mut acts = Vec::new();
+        let mut tag = 0;
+        if burst {
+            for k in 0..PAR_FLOWS as u32 + 100 {
+                let node = k % 4;
+                let (a, b) = (rng.random_range(0..4), rng.random_range(1..4));
+                let bytes = [1u64 << 20, 3 << 20, 5 << 20][rng.random_range(0..3)];
+                let (src, dst) = (node * 4 + a, node * 4 + (a + b) % 4);
+                acts.push((0, Act::Start(src, dst, bytes, tag)));
+                tag += 1;
+            }
+        }
+        let mut now = 1;
+        for _ in 0..400 {
+            if rng.random_range(0..3) != 0 {
+                now += rng.random_range(0..300_000_000);
+            }
+            if rng.random_range(0..12) == 0 {
+                let scale = [0.25, 0.5, 0.3, 1.0][rng.random_range(0..4)];
+                acts.push((now, Act::Scale(rng.random_range(0..links), scale)));
+            } else {
+                let (src, dst) = (rng.random_range(0..16), rng.random_range(0..16));
+                let bytes = rng.random_range(0..8_000_000);
+                acts.push((now, Act::Start(src, dst, bytes, tag)));
+                tag += 1;
+            }
+        }
+        acts
+    }
+
+    /// Play `acts` on `m`: every completion as (time, tag), and the rates after each
+    /// instant's actions.
+    #[allow(clippy::type_complexity)]
+    fn play(m: &mut dyn Rated, acts: &[(Ps, Act)]) -> (Vec<(Ps, u64)>, Vec<Vec<(u64, f64)>>) {
+        let mut out = Vec::new();
+        let mut seen = Vec::new();
+        let mut done = Vec::new();
+        let mut step = |m: &mut dyn Rated, until: Ps, out: &mut Vec<(Ps, u64)>| {
+            while let Some(n) = m.next_completion().filter(|&n| n <= until) {
+                m.advance(n, &mut done);
+                out.extend(done.drain(..).map(|tag| (n, tag)));
+            }
+        };
+        for (i, &(t, a)) in acts.iter().enumerate() {
+            step(m, t.saturating_sub(1), &mut out);
+            match a {
+                Act::Start(s, d, b, tag) => m.start(t, s, d, b, tag),
+                Act::Scale(l, x) => m.set_link_scale(t, l, x),
+            }
+            if acts.get(i + 1).is_none_or(|n| n.0 != t) {
+                step(m, t, &mut out);
+                seen.push(m.rates_now());
+            }
+        }
+        step(m, Ps::MAX, &mut out);
+        (out, seen)
+    }
+
+    #[test]
+    fn equals_straightforward_recomputation_to_the_picosecond() {
+        for (seed, burst) in [(1, false), (2, false), (3, true)] {
+            let acts = script(seed, burst);
+            let (fast, fast_rates) = play(&mut FlowModel::new(small()), &acts);
+            let (naive, naive_rates) = play(&mut Naive::new(small()), &acts);
+            assert_eq!(
+                fast.len(),
+                acts.iter()
+                    .filter(|a| matches!(a.1, Act::Start(..)))
+                    .count()
+            );
+            assert_eq!(fast, naive, "seed {seed}: completions differ");
+            assert_eq!(fast_rates, naive_rates, "seed {seed}: rates differ");
+        }
+    }
+
+    #[test]
+    fn same_timeline_at_one_and_three_threads() {
+        let acts = script(4, true);
+        let run = |threads| {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            pool.install(|| {
+                let mut f = FlowModel::new(small());
+                let got = play(&mut f, &acts);
+                (got, f.stats())
+            })
+        };
+        let one = run(1);
+        assert!(one.1.recomputes > 0 && one.1.max_active > PAR_FLOWS as u64);
+        assert_eq!(one, run(3));
     }
 }
