@@ -151,10 +151,11 @@ struct Scratch {
 }
 
 /// One GPU's time split, and per micro-batch of its replica the first start and last end
-/// of its forward compute (`(Ps::MAX, 0)` when it has none).
+/// of its forward compute (`(Ps::MAX, 0)` when it has none). `xs`: `Graph::xfer_starts`.
 fn measure_gpu(
     sg: &StepGraph,
     t: &Timeline,
+    xs: Option<&[Ps]>,
     cap: u64,
     gpu: u32,
     w: &mut Scratch,
@@ -184,7 +185,7 @@ fn measure_gpu(
             match op.kind() {
                 _ if s == s0 => comp.push((st, en)),
                 OpKind::Coll(_) => {
-                    let cs = g.xfer_start(t, o);
+                    let cs = xs.map_or_else(|| g.xfer_start(t, o), |v| v[o as usize]);
                     wait.push((st, cs));
                     act.push((cs, en));
                 }
@@ -225,9 +226,12 @@ pub fn step_report(sg: &StepGraph, t: &Timeline, cost: &CostModel, step: u64) ->
     let n = map.gpus();
     let span = t.makespan;
     let cap = cost.hw.memory_bytes;
+    let xs = sg.graph.xfer_starts(t);
     let measured: Vec<(GpuStats, Vec<Iv>)> = (0..n)
         .into_par_iter()
-        .map_init(Scratch::default, |w, gpu| measure_gpu(sg, t, cap, gpu, w))
+        .map_init(Scratch::default, |w, gpu| {
+            measure_gpu(sg, t, xs.as_deref(), cap, gpu, w)
+        })
         .collect();
     // Per micro-batch forward spans.
     let par = map.par;
