@@ -246,10 +246,12 @@ pub fn schedule_ping_pong(
     }
     let splits = nano_splits(batch, cp, &cfg.shape.mask);
     let half = |h: usize| -> Vec<Vec<HomeItem>> { splits.iter().map(|s| s[h].clone()).collect() };
-    Ok([
-        schedule_items(batch, cp, &half(0), cfg)?,
-        schedule_items(batch, cp, &half(1), cfg)?,
-    ])
+    // The nano-batches are scheduled apart, side by side.
+    let (a, b) = rayon::join(
+        || schedule_items(batch, cp, &half(0), cfg),
+        || schedule_items(batch, cp, &half(1), cfg),
+    );
+    Ok([a?, b?])
 }
 
 /// An item while planning.
