@@ -557,6 +557,62 @@ mod tests {
     }
 
     #[test]
+    fn plans_graphs_and_reports_do_not_depend_on_the_thread_count() {
+        // DistCA's GA indices and nano-batches, every plan's groups in the lowering and the
+        // grouped send/recv layout run in parallel: 1 thread (each in turn) and 3 give the
+        // same plan, graph and report.
+        let mut model = ModelConfig::builtin("llama3-8b").unwrap();
+        model.layers = 2;
+        let cost = CostModel::h200(model).unwrap();
+        let corpus = Corpus::from_spec("wlbllm").unwrap();
+        let batch = global_batch(&corpus, 16_384, 16, Packing::Sequential, 3, 0).unwrap();
+        let set = SchemeSettings {
+            cp: 4,
+            libra: LibraParams {
+                pool_size: 2,
+                head_shards: 4,
+                chunks: 2,
+                tile_tokens: 2048,
+                ..LibraParams::default()
+            },
+            ..SchemeSettings::default()
+        };
+        let base = par(4, 4, 4);
+        let place = Placement::new(8, 2);
+        for sc in Scheme::ALL {
+            let step = |threads: usize| {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                pool.install(|| {
+                    let mut planner =
+                        SchemePlanner::new(sc, set.clone(), &cost, 4, 16, 16_384).unwrap();
+                    let sp = plan_scheme_step(&cost, &mut planner, base, 0, &batch).unwrap();
+                    let sg = build_scheme_step(
+                        &cost,
+                        sc,
+                        &set,
+                        base,
+                        place,
+                        0,
+                        &batch,
+                        sp.clone(),
+                        &NoVariance,
+                        false,
+                    )
+                    .unwrap();
+                    let t = run(&sg.step.graph, &mut StubNet::dgx_h200()).unwrap();
+                    let r = measure_scheme_step(&sg, &t, &cost, 0);
+                    (sp, sg.step.graph, r.report, r.attn_span)
+                })
+            };
+            let (one, three) = (step(1), step(3));
+            assert!(one == three, "{sc:?} depends on the thread count");
+        }
+    }
+
+    #[test]
     fn distca_under_pp_runs_ticks_with_idle_stages_serving() {
         let mut model = ModelConfig::builtin("llama3-8b").unwrap();
         model.layers = 4;
