@@ -81,7 +81,7 @@ pub fn plan_step_cp(
     let workers: Vec<WorkerId> = (0..dp * cp).collect();
     // GA indices are scheduled apart: in parallel, gathered in order (the first error in
     // GA order is the one returned).
-    let per_ga: Vec<Result<(Group, Vec<DistcaSchedule>, [u32; 2])>> = batch
+    let per_ga: Vec<Result<GaGroup>> = batch
         .par_chunks(dp as usize)
         .enumerate()
         .map(|(g, seqs)| ga_group(g as u32, seqs, dp, cp, &workers, &cfg, ping_pong))
@@ -109,8 +109,10 @@ pub fn plan_step_cp(
     })
 }
 
-/// GA index `g` of the step (its `dp` sequences `seqs`) scheduled and lowered: its group,
-/// its schedules (two with ping-pong) and its units per nano-batch.
+/// One GA index's group, its schedules (two with ping-pong) and its units per nano-batch.
+type GaGroup = (Group, Vec<DistcaSchedule>, [u32; 2]);
+
+/// GA index `g` of the step (its `dp` sequences `seqs`) scheduled and lowered.
 fn ga_group(
     g: u32,
     seqs: &[PackedSeq],
@@ -119,7 +121,7 @@ fn ga_group(
     workers: &[WorkerId],
     cfg: &DistcaConfig,
     ping_pong: bool,
-) -> Result<(Group, Vec<DistcaSchedule>, [u32; 2])> {
+) -> Result<GaGroup> {
     let scheds: Vec<DistcaSchedule> = if ping_pong {
         schedule_nanos(seqs, cp, cfg)?.into()
     } else {
