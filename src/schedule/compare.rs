@@ -506,13 +506,14 @@ mod tests {
         );
     }
 
-    #[test]
-    fn every_scheme_runs_a_step_and_the_signal_removes_exposed_bytes() {
+    /// Two llama3-8b layers, 16 sequences of 16K (wlbllm corpus, seed `seed`), CP 4 and
+    /// Libra on pools of 2 with 4 head shards and 2 chunks.
+    fn small_step(seed: u64) -> (CostModel, Vec<PackedSeq>, SchemeSettings) {
         let mut model = ModelConfig::builtin("llama3-8b").unwrap();
         model.layers = 2;
         let cost = CostModel::h200(model).unwrap();
         let corpus = Corpus::from_spec("wlbllm").unwrap();
-        let batch = global_batch(&corpus, 16_384, 16, Packing::Sequential, 2, 0).unwrap();
+        let batch = global_batch(&corpus, 16_384, 16, Packing::Sequential, seed, 0).unwrap();
         let set = SchemeSettings {
             cp: 4,
             libra: LibraParams {
@@ -524,6 +525,12 @@ mod tests {
             },
             ..SchemeSettings::default()
         };
+        (cost, batch, set)
+    }
+
+    #[test]
+    fn every_scheme_runs_a_step_and_the_signal_removes_exposed_bytes() {
+        let (cost, batch, set) = small_step(2);
         let base = par(4, 4, 4);
         let place = Placement::new(8, 2);
         let tokens: u64 = batch.iter().map(PackedSeq::tokens).sum();
@@ -561,22 +568,7 @@ mod tests {
         // DistCA's GA indices and nano-batches, every plan's groups in the lowering and the
         // grouped send/recv layout run in parallel: 1 thread (each in turn) and 3 give the
         // same plan, graph and report.
-        let mut model = ModelConfig::builtin("llama3-8b").unwrap();
-        model.layers = 2;
-        let cost = CostModel::h200(model).unwrap();
-        let corpus = Corpus::from_spec("wlbllm").unwrap();
-        let batch = global_batch(&corpus, 16_384, 16, Packing::Sequential, 3, 0).unwrap();
-        let set = SchemeSettings {
-            cp: 4,
-            libra: LibraParams {
-                pool_size: 2,
-                head_shards: 4,
-                chunks: 2,
-                tile_tokens: 2048,
-                ..LibraParams::default()
-            },
-            ..SchemeSettings::default()
-        };
+        let (cost, batch, set) = small_step(3);
         let base = par(4, 4, 4);
         let place = Placement::new(8, 2);
         for sc in Scheme::ALL {
