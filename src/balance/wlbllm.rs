@@ -290,11 +290,11 @@ pub fn var_len_pack<M: LatencyModel + ?Sized>(
         .collect();
     let mut leftover = Vec::new();
     let cap = u64::from(s_max);
+    let mut least_w = MinTree::new(micro_batches);
+    let mut fewest = MinTree::new(micro_batches);
     for p in order {
         let len = u64::from(p.sample.len);
-        let least_w = argmin(mbs.iter().map(|m| m.latency_s));
-        let fewest = argmin(mbs.iter().map(|m| m.tokens as f64));
-        let target = [least_w, fewest]
+        let target = [least_w.argmin(), fewest.argmin()]
             .into_iter()
             .flatten()
             .find(|&i| mbs[i].tokens + len <= cap);
@@ -304,6 +304,8 @@ pub fn var_len_pack<M: LatencyModel + ?Sized>(
                 m.tokens += len;
                 m.latency_s += model.document_s(p.sample.len);
                 m.samples.push(p);
+                least_w.set(i, m.latency_s);
+                fewest.set(i, m.tokens as f64);
             }
             None => leftover.push(p),
         }
@@ -315,14 +317,59 @@ pub fn var_len_pack<M: LatencyModel + ?Sized>(
 }
 
 /// Index of the first minimum.
-fn argmin(values: impl Iterator<Item = f64>) -> Option<usize> {
-    let mut best: Option<(usize, f64)> = None;
-    for (i, v) in values.enumerate() {
-        if best.is_none_or(|(_, b)| v < b) {
-            best = Some((i, v));
+/// The lowest index holding the least value among `n` values (all 0 at first), kept as a
+/// tournament tree: a change costs log n, the answer is its root. A pair's winner is the
+/// right one only when strictly less, so ties go to the lower index, as a scan in index
+/// order that replaces the best only by a strictly smaller value.
+struct MinTree {
+    /// Leaves from `size` on (unused ones +∞); node k holds its subtree's winner.
+    node: Vec<u32>,
+    value: Vec<f64>,
+    size: usize,
+    n: usize,
+}
+
+impl MinTree {
+    fn new(n: usize) -> MinTree {
+        let size = n.next_power_of_two();
+        let mut value = vec![f64::INFINITY; size];
+        value[..n].fill(0.0);
+        let mut t = MinTree {
+            node: vec![0; 2 * size],
+            value,
+            size,
+            n,
+        };
+        for i in 0..size {
+            t.node[size + i] = i as u32;
+        }
+        for k in (1..size).rev() {
+            t.node[k] = t.winner(k);
+        }
+        t
+    }
+
+    fn winner(&self, k: usize) -> u32 {
+        let (l, r) = (self.node[2 * k], self.node[2 * k + 1]);
+        if self.value[r as usize] < self.value[l as usize] {
+            r
+        } else {
+            l
         }
     }
-    best.map(|(i, _)| i)
+
+    fn set(&mut self, i: usize, v: f64) {
+        self.value[i] = v;
+        let mut k = (self.size + i) / 2;
+        while k >= 1 {
+            self.node[k] = self.winner(k);
+            k /= 2;
+        }
+    }
+
+    fn argmin(&self) -> Option<usize> {
+        (self.n > 0).then(|| self.node[1] as usize)
+    }
 }
 
 /// What one step trains on, and what it leaves for later.
@@ -740,6 +787,32 @@ mod tests {
 
     fn lens(m: &MicroBatch) -> Vec<u32> {
         m.samples.iter().map(|p| p.sample.len).collect()
+    }
+
+    proptest! {
+        /// The tournament tree answers what a scan in index order that keeps the first
+        /// least value answers, after any changes (values from a small set: many ties).
+        #[test]
+        fn min_tree_is_the_first_least(
+            n in 1usize..40,
+            sets in proptest::collection::vec((0usize..40, 0u8..6), 0..80),
+        ) {
+            let mut t = MinTree::new(n);
+            let mut v = vec![0.0f64; n];
+            for (i, x) in sets {
+                let i = i % n;
+                v[i] = f64::from(x);
+                t.set(i, v[i]);
+                let mut best: Option<(usize, f64)> = None;
+                for (j, &y) in v.iter().enumerate() {
+                    if best.is_none_or(|(_, b)| y < b) {
+                        best = Some((j, y));
+                    }
+                }
+                prop_assert_eq!(t.argmin(), best.map(|(j, _)| j));
+            }
+            prop_assert_eq!(MinTree::new(0).argmin(), None);
+        }
     }
 
     #[test]

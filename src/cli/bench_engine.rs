@@ -438,7 +438,7 @@ pub fn arm_step_16384_speedup() -> Result<Timed> {
 fn schemes(gpus: u32) -> Result<Timed> {
     use skewsim::balance::libra::LibraParams;
     use skewsim::balance::schemes::{Scheme, SchemePlanner, SchemeSettings};
-    use skewsim::schedule::compare::simulate_scheme_step;
+    use skewsim::schedule::compare::{build_scheme_step, measure_scheme_step, plan_scheme_step};
     let (cp, ga, seq_len) = (8, 8, 131_072);
     let dp = gpus / cp;
     let cost = CostModel::h200(ModelConfig::builtin("llama3-8b")?)?;
@@ -475,29 +475,41 @@ fn schemes(gpus: u32) -> Result<Timed> {
     Ok(Box::new(move || {
         let mut d = Vec::new();
         for sc in Scheme::ALL {
-            let (r, t, _) = timed(|| {
+            // Phase by phase, wall (and process CPU) seconds: plan, build, simulate, report.
+            let mut ph = [(0.0, 0.0); 4];
+            let (r, t, c) = timed(|| {
                 let mut planner = SchemePlanner::new(sc, set.clone(), &cost, dp, gbs, seq_len)?;
+                let (sp, t0, c0) =
+                    timed(|| Ok(plan_scheme_step(&cost, &mut planner, base, 0, &global)?))?;
+                let (sg, t1, c1) = timed(|| {
+                    Ok(build_scheme_step(
+                        &cost,
+                        sc,
+                        &set,
+                        base,
+                        place,
+                        0,
+                        &global,
+                        sp,
+                        &NoVariance,
+                        false,
+                    )?)
+                })?;
                 let mut net = AnalyticalModel::new(topo.clone());
-                Ok(simulate_scheme_step(
-                    &cost,
-                    &mut planner,
-                    &set,
-                    base,
-                    place,
-                    0,
-                    &global,
-                    &mut net,
-                    &NoVariance,
-                )?)
+                let (tl, t2, c2) = timed(|| Ok(run_graph(&sg.step.graph, &mut net)?))?;
+                let (r, t3, c3) = timed(|| Ok(measure_scheme_step(&sg, &tl, &cost, 0)))?;
+                ph = [(t0, c0), (t1, c1), (t2, c2), (t3, c3)];
+                Ok(r)
             })?;
+            let p = ph.map(|(w, _)| format!("{w:.1}")).join("/");
             d.push(format!(
-                "{} {t:.1} s (iteration {:.2} s)",
+                "{} {t:.1} s ({p}; cpu {c:.1} s; iteration {:.2} s)",
                 sc.name(),
                 r.report.iteration as f64 * 1e-12
             ));
         }
         Ok(format!(
-            "{gpus} GPUs (CP {cp}, DP {dp}, GA {ga}, llama3-8b, wlbllm 128K): {}; peak RSS {:.2} GiB",
+            "{gpus} GPUs (CP {cp}, DP {dp}, GA {ga}, llama3-8b, wlbllm 128K), wall s as plan/build/simulate/report: {}; peak RSS {:.2} GiB",
             d.join(", "),
             peak_rss_gib()
         ))

@@ -608,81 +608,138 @@ fn counting_csr(
     (off, vals)
 }
 
+/// One grouped send/recv's per-part peers and transfers, offsets local to its parts.
+struct P2pParts {
+    nbr_off: Vec<u32>,
+    nbrs: Vec<u32>,
+    xf_off: Vec<u32>,
+    xf: Vec<u32>,
+}
+
 impl Graph {
     /// Per part of every grouped point-to-point collective: its peers and its own
-    /// transfers (CSR over part indices; empty for whole-group collectives).
+    /// transfers (CSR over part indices; empty for whole-group collectives). Collectives
+    /// are laid out in parallel and concatenated in order; the first one in order that
+    /// fails names the error.
     fn p2p_layout(&mut self) -> Result<()> {
         if self.colls.iter().all(|c| c.p2p.is_none()) {
             // No grouped send/recv: no per-part arrays (a step of Ulysses' all-to-alls has
             // millions of parts).
             return Ok(());
         }
+        let gpus = self
+            .streams
+            .iter()
+            .map(|s| s.gpu as usize + 1)
+            .max()
+            .unwrap_or(0);
+        let this = &*self;
+        let laid: Vec<Result<Option<P2pParts>>> = (0..this.colls.len())
+            .into_par_iter()
+            .map_init(
+                || vec![(u32::MAX, 0u32); gpus],
+                |at, ci| this.p2p_parts(ci, at),
+            )
+            .collect();
         let np = self.coll_parts.len();
-        self.part_nbr_off = vec![0; np + 1];
-        self.part_xf_off = vec![0; np + 1];
-        self.part_nbrs.clear();
-        self.part_xf.clear();
-        let mut nbrs: Vec<Vec<u32>> = Vec::new();
-        let mut xfs: Vec<Vec<u32>> = Vec::new();
-        for (ci, info) in self.colls.iter().enumerate() {
-            let (a, b) = (
-                self.coll_part_off[ci] as usize,
-                self.coll_part_off[ci + 1] as usize,
-            );
-            let Some((pa, pl)) = info.p2p else {
-                for k in a..b {
-                    self.part_nbr_off[k + 1] = self.part_nbrs.len() as u32;
-                    self.part_xf_off[k + 1] = self.part_xf.len() as u32;
+        let mut nbr_off = Vec::with_capacity(np + 1);
+        let mut xf_off = Vec::with_capacity(np + 1);
+        nbr_off.push(0);
+        xf_off.push(0);
+        let (mut nbrs, mut xf) = (Vec::new(), Vec::new());
+        for (ci, l) in laid.into_iter().enumerate() {
+            let parts = (self.coll_part_off[ci + 1] - self.coll_part_off[ci]) as usize;
+            match l? {
+                None => {
+                    nbr_off.extend(std::iter::repeat_n(nbrs.len() as u32, parts));
+                    xf_off.extend(std::iter::repeat_n(xf.len() as u32, parts));
                 }
-                continue;
-            };
-            // GPU → part index, one part per GPU.
-            let mut at: std::collections::BTreeMap<GpuId, u32> = Default::default();
-            for k in a..b {
-                let gpu = self.streams[self.ops[self.coll_parts[k] as usize].stream as usize].gpu;
-                if at.insert(gpu, k as u32).is_some() {
-                    return Err(invalid(
-                        format!("grouped send/recv {ci} parts"),
-                        format!("two parts on GPU {gpu}"),
-                        "one part per GPU",
-                    ));
+                Some(l) => {
+                    for k in 0..parts {
+                        nbr_off.push(nbrs.len() as u32 + l.nbr_off[k + 1]);
+                        xf_off.push(xf.len() as u32 + l.xf_off[k + 1]);
+                    }
+                    nbrs.extend_from_slice(&l.nbrs);
+                    xf.extend_from_slice(&l.xf);
                 }
-            }
-            let part = |gpu: GpuId| {
-                at.get(&gpu).copied().ok_or_else(|| {
-                    invalid(
-                        format!("grouped send/recv {ci}"),
-                        format!("GPU {gpu}"),
-                        "a GPU with a part in the collective",
-                    )
-                })
-            };
-            nbrs.clear();
-            nbrs.resize(b - a, Vec::new());
-            xfs.clear();
-            xfs.resize(b - a, Vec::new());
-            for &(s, d) in &self.p2p_pairs[pa as usize..(pa + pl) as usize] {
-                let (ps, pd) = (part(s)?, part(d)?);
-                if ps != pd {
-                    nbrs[ps as usize - a].push(pd);
-                    nbrs[pd as usize - a].push(ps);
-                }
-            }
-            for x in info.xfer_start..info.xfer_start + info.xfer_len {
-                let k = part(self.xfers[x as usize].src)?;
-                xfs[k as usize - a].push(x);
-            }
-            for k in a..b {
-                let v = &mut nbrs[k - a];
-                v.sort_unstable();
-                v.dedup();
-                self.part_nbrs.extend_from_slice(v);
-                self.part_xf.extend_from_slice(&xfs[k - a]);
-                self.part_nbr_off[k + 1] = self.part_nbrs.len() as u32;
-                self.part_xf_off[k + 1] = self.part_xf.len() as u32;
             }
         }
+        self.part_nbr_off = nbr_off;
+        self.part_xf_off = xf_off;
+        self.part_nbrs = nbrs;
+        self.part_xf = xf;
         Ok(())
+    }
+
+    /// Collective `ci`'s parts' peers (global part indices, ascending, once each) and own
+    /// transfers (in transfer order), offsets local to its parts; `None` for a
+    /// whole-group collective. `at` maps a GPU to (collective, part) and may hold any
+    /// other collective's entries.
+    fn p2p_parts(&self, ci: usize, at: &mut [(u32, u32)]) -> Result<Option<P2pParts>> {
+        let info = &self.colls[ci];
+        let Some((pa, pl)) = info.p2p else {
+            return Ok(None);
+        };
+        let (a, b) = (
+            self.coll_part_off[ci] as usize,
+            self.coll_part_off[ci + 1] as usize,
+        );
+        // GPU → part index, one part per GPU.
+        let tag = ci as u32;
+        for k in a..b {
+            let gpu = self.streams[self.ops[self.coll_parts[k] as usize].stream as usize].gpu;
+            let e = &mut at[gpu as usize];
+            if e.0 == tag {
+                return Err(invalid(
+                    format!("grouped send/recv {ci} parts"),
+                    format!("two parts on GPU {gpu}"),
+                    "one part per GPU",
+                ));
+            }
+            *e = (tag, k as u32);
+        }
+        let part = |gpu: GpuId| match at.get(gpu as usize) {
+            Some(&(t, k)) if t == tag => Ok(k),
+            _ => Err(invalid(
+                format!("grouped send/recv {ci}"),
+                format!("GPU {gpu}"),
+                "a GPU with a part in the collective",
+            )),
+        };
+        let pairs = &self.p2p_pairs[pa as usize..(pa + pl) as usize];
+        let mut e: Vec<(u32, u32)> = Vec::with_capacity(2 * pairs.len());
+        for &(s, d) in pairs {
+            let (ps, pd) = (part(s)?, part(d)?);
+            if ps != pd {
+                e.push((ps - a as u32, pd));
+                e.push((pd - a as u32, ps));
+            }
+        }
+        e.sort_unstable();
+        e.dedup();
+        let mut x: Vec<(u32, u32)> = Vec::with_capacity(info.xfer_len as usize);
+        for i in info.xfer_start..info.xfer_start + info.xfer_len {
+            x.push((part(self.xfers[i as usize].src)? - a as u32, i));
+        }
+        // Transfer ids ascend, so a stable sort by part keeps each part's in order.
+        x.sort_by_key(|&(k, _)| k);
+        let csr = |v: &[(u32, u32)]| {
+            let mut off = vec![0u32; b - a + 1];
+            for &(k, _) in v {
+                off[k as usize + 1] += 1;
+            }
+            for k in 1..off.len() {
+                off[k] += off[k - 1];
+            }
+            (off, v.iter().map(|&(_, q)| q).collect::<Vec<u32>>())
+        };
+        let ((nbr_off, nbrs), (xf_off, xf)) = (csr(&e), csr(&x));
+        Ok(Some(P2pParts {
+            nbr_off,
+            nbrs,
+            xf_off,
+            xf,
+        }))
     }
 
     fn part_nbrs(&self, k: u32) -> &[u32] {
@@ -733,6 +790,45 @@ impl Graph {
             OpKind::Coll(c) => t.coll_start[c as usize],
             _ => t.start[op as usize],
         }
+    }
+
+    /// [`Graph::xfer_start`] of every op in `t`, by op id, when the graph has grouped
+    /// send/recv parts (one lookup each would visit its peers' ops all over the timeline;
+    /// here each collective's parts are taken together); `None` when it has none (each
+    /// lookup is then one read).
+    pub fn xfer_starts(&self, t: &Timeline) -> Option<Vec<Ps>> {
+        if self.part_count() == 0 {
+            return None;
+        }
+        // Per part: the latest arrival among it and its peers.
+        let go: Vec<Ps> = (0..self.part_count() as u32)
+            .into_par_iter()
+            .map(|k| {
+                std::iter::once(k)
+                    .chain(self.part_nbrs(k).iter().copied())
+                    .map(|q| t.start[self.coll_parts[q as usize] as usize])
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect();
+        let mut v: Vec<Ps> = self
+            .ops
+            .par_iter()
+            .zip(&t.start)
+            .map(|(op, &st)| match op.kind() {
+                OpKind::Coll(c) => t.coll_start[c as usize],
+                _ => st,
+            })
+            .collect();
+        for (ci, info) in self.colls.iter().enumerate() {
+            if info.p2p.is_some() {
+                let (a, b) = (self.coll_part_off[ci], self.coll_part_off[ci + 1]);
+                for k in a..b {
+                    v[self.coll_parts[k as usize] as usize] = go[k as usize];
+                }
+            }
+        }
+        Some(v)
     }
 
     /// True when `op` is the first op of `stream` (its own stream).

@@ -15,13 +15,17 @@ pub fn cp_comm_busy(sg: &StepGraph, t: &Timeline) -> Vec<Ps> {
     let n = sg.map.gpus();
     let mut out = Vec::with_capacity(n as usize);
     let mut iv: Vec<(Ps, Ps)> = Vec::new();
+    let xs = g.xfer_starts(t);
     for gpu in 0..n {
         iv.clear();
         let s = sg.streams_per_gpu * gpu + StreamKind::CpComm as u32;
         for &o in g.stream_ops(s) {
             let (st, en) = (t.start[o as usize], t.end[o as usize]);
             let from = match g.ops[o as usize].kind() {
-                OpKind::Coll(_) => g.xfer_start(t, o).max(st),
+                OpKind::Coll(_) => xs
+                    .as_ref()
+                    .map_or_else(|| g.xfer_start(t, o), |v| v[o as usize])
+                    .max(st),
                 _ => st,
             };
             if en > from {

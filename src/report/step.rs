@@ -203,6 +203,7 @@ impl GpuSpans {
         &mut self,
         g: &Graph,
         t: &Timeline,
+        xs: Option<&[Ps]>,
         s: StreamId,
         compute: bool,
         fwd: &mut [Iv],
@@ -219,7 +220,7 @@ impl GpuSpans {
             match op.kind() {
                 _ if compute => self.comp.push((st, en)),
                 OpKind::Coll(_) => {
-                    let cs = g.xfer_start(t, o);
+                    let cs = xs.map_or_else(|| g.xfer_start(t, o), |v| v[o as usize]);
                     self.wait.push((st, cs));
                     self.act.push((cs, en));
                 }
@@ -259,10 +260,11 @@ impl GpuSpans {
 }
 
 /// One GPU's time split, and per micro-batch of its replica the first start and last end
-/// of its forward compute (`(Ps::MAX, 0)` when it has none).
+/// of its forward compute (`(Ps::MAX, 0)` when it has none). `xs`: `Graph::xfer_starts`.
 fn measure_gpu(
     sg: &StepGraph,
     t: &Timeline,
+    xs: Option<&[Ps]>,
     gpu: u32,
     (w, ca): &mut (GpuSpans, Vec<Iv>),
 ) -> (GpuTimes, Vec<Iv>) {
@@ -270,7 +272,7 @@ fn measure_gpu(
     w.clear();
     let s0 = sg.streams_per_gpu * gpu;
     for s in s0..s0 + sg.streams_per_gpu {
-        w.add_stream(&sg.graph, t, s, s == s0, &mut fwd);
+        w.add_stream(&sg.graph, t, xs, s, s == s0, &mut fwd);
     }
     w.merge();
     (w.times(ca), fwd)
@@ -280,9 +282,12 @@ fn measure_gpu(
 /// micro-batch spans are a min / max over GPUs, so the report is the same at any thread
 /// count.
 pub fn step_report(sg: &StepGraph, t: &Timeline, cost: &CostModel, step: u64) -> StepReport {
+    let xs = sg.graph.xfer_starts(t);
     let measured: Vec<(GpuTimes, Vec<Iv>)> = (0..sg.map.gpus())
         .into_par_iter()
-        .map_init(Default::default, |w, gpu| measure_gpu(sg, t, gpu, w))
+        .map_init(Default::default, |w, gpu| {
+            measure_gpu(sg, t, xs.as_deref(), gpu, w)
+        })
         .collect();
     report_of(sg, measured, t.makespan, t.events, cost, step)
 }

@@ -27,7 +27,7 @@ use crate::balance::distca::pingpong::NanoTable;
 use crate::balance::distca::pingpong::{pp_ticks, Phase};
 use crate::balance::distca::ticks::replica_batches;
 use crate::balance::megatron_dcp::rank_batches;
-use crate::balance::schemes::{Scheme, SchemePlanner, SchemeSettings};
+use crate::balance::schemes::{Scheme, SchemePlan, SchemePlanner, SchemeSettings};
 use crate::cost::CostModel;
 use crate::engine::{run, OpClass, Timeline};
 use crate::error::{invalid, Result};
@@ -216,7 +216,8 @@ pub fn simulate_scheme_step(
 /// [`simulate_scheme_step`], with `signal` replacing every plan transfer by a one-token
 /// signal (DistCA's "signal" ablation: the same dependencies, no data, so the difference
 /// to the real step is the communication the step could not hide). `plan_bytes` stays the
-/// real plan's.
+/// real plan's. The phases are [`plan_scheme_step`], [`build_scheme_step`], the engine's
+/// `run` and [`measure_scheme_step`].
 #[allow(clippy::too_many_arguments)]
 pub fn simulate_scheme_step_with(
     cost: &CostModel,
@@ -230,14 +231,77 @@ pub fn simulate_scheme_step_with(
     var: &dyn RuntimeVariance,
     signal: bool,
 ) -> Result<SchemeStep> {
+    let sp = plan_scheme_step(cost, planner, base, step, global)?;
+    let sg = build_scheme_step(
+        cost,
+        planner.scheme(),
+        set,
+        base,
+        place,
+        step,
+        global,
+        sp,
+        var,
+        signal,
+    )?;
+    let t = run(&sg.step.graph, net)?;
+    Ok(measure_scheme_step(&sg, &t, cost, step))
+}
+
+/// One scheme's step as a graph, before the engine times it.
+#[derive(Debug)]
+pub struct SchemeGraph {
+    /// The scheme.
+    pub scheme: Scheme,
+    /// The step's graph.
+    pub step: StepGraph,
+    /// [`SchemeStep::plan_bytes`].
+    pub plan_bytes: u64,
+    /// Under DistCA's ticks: which ticks run forward (the attention span counts those);
+    /// else empty.
+    pub fwd_ticks: Vec<bool>,
+}
+
+/// The plan of step `step` of `planner`'s scheme for its global batch, on the layout the
+/// scheme runs when the others run `base` ([`scheme_parallelism`]); `None` for Ulysses
+/// (its attention is the step builder's own).
+pub fn plan_scheme_step(
+    cost: &CostModel,
+    planner: &mut SchemePlanner<'_>,
+    base: Parallelism,
+    step: u64,
+    global: &[PackedSeq],
+) -> Result<Option<SchemePlan>> {
     let scheme = planner.scheme();
     if let Some(seq_len) = global.iter().map(|s| s.capacity).max() {
         cost.model.check_masks(seq_len)?;
     }
     let par = scheme_parallelism(scheme, base)?;
+    Ok(match scheme {
+        Scheme::Ulysses => None,
+        _ if par.pipeline == PipelineKind::Ticks => Some(planner.plan_ticks(step, global, par.pp)?),
+        _ => Some(planner.plan(step, global)?),
+    })
+}
+
+/// The step graph of `scheme` (planned by [`plan_scheme_step`] as `sp`) for `global` on
+/// `base`'s layout over `place`; `signal` as in [`simulate_scheme_step_with`].
+#[allow(clippy::too_many_arguments)]
+pub fn build_scheme_step(
+    cost: &CostModel,
+    scheme: Scheme,
+    set: &SchemeSettings,
+    base: Parallelism,
+    place: Placement,
+    step: u64,
+    global: &[PackedSeq],
+    sp: Option<SchemePlan>,
+    var: &dyn RuntimeVariance,
+    signal: bool,
+) -> Result<SchemeGraph> {
+    let par = scheme_parallelism(scheme, base)?;
     let map = RankMap::new(par, place, scheme.name())?;
     let ticks = par.pipeline == PipelineKind::Ticks;
-    // Under ticks: which ticks run forward (the attention span and bytes count those).
     let fwd_ticks: Vec<bool> = if ticks {
         pp_ticks(par.pp, par.ga)?
             .iter()
@@ -246,75 +310,86 @@ pub fn simulate_scheme_step_with(
     } else {
         Vec::new()
     };
-    let (sg, plan_bytes) = if scheme == Scheme::Ulysses {
+    let Some(mut sp) = sp.filter(|_| scheme != Scheme::Ulysses) else {
         let batch = split_replicas(global.to_vec(), par.dp, par.ga);
-        (build_step(cost, map, &batch, step, var)?, 0)
+        return Ok(SchemeGraph {
+            scheme,
+            step: build_step(cost, map, &batch, step, var)?,
+            plan_bytes: 0,
+            fwd_ticks,
+        });
+    };
+    let fwd_bytes = |g: &crate::plan::Group| -> u64 { g.transfers.iter().map(|t| t.bytes).sum() };
+    let lane_bytes = if ticks {
+        // Forward ticks move layer j of every stage at once: per model layer, / PP.
+        sp.plan
+            .groups
+            .iter()
+            .filter(|g| fwd_ticks.get(g.ga as usize).copied().unwrap_or(false))
+            .map(fwd_bytes)
+            .sum::<u64>()
+            / u64::from(par.pp)
     } else {
-        let mut sp = if ticks {
-            planner.plan_ticks(step, global, par.pp)?
-        } else {
-            planner.plan(step, global)?
-        };
-        let fwd_bytes =
-            |g: &crate::plan::Group| -> u64 { g.transfers.iter().map(|t| t.bytes).sum() };
-        let lane_bytes = if ticks {
-            // Forward ticks move layer j of every stage at once: per model layer, / PP.
-            sp.plan
-                .groups
-                .iter()
-                .filter(|g| fwd_ticks.get(g.ga as usize).copied().unwrap_or(false))
-                .map(fwd_bytes)
-                .sum::<u64>()
-                / u64::from(par.pp)
-        } else {
-            sp.plan.groups.iter().map(fwd_bytes).sum()
-        };
-        // The plan is one TP rank's: every lane of each TP group moves its bytes.
-        let bytes = lane_bytes * u64::from(par.tp);
-        if signal {
-            // The lowering prices a transfer by its payload's tokens: one token each.
-            for t in sp.plan.groups.iter_mut().flat_map(|g| &mut g.transfers) {
-                t.bytes = 1;
-                match &mut t.carries {
-                    Payload::Q { start, end, .. } | Payload::Output { start, end, .. } => {
-                        *end = (*start + 1).min(*end)
-                    }
-                    Payload::Kv { start, end, .. } => *end = (*start + 1).min(*end),
+        sp.plan.groups.iter().map(fwd_bytes).sum()
+    };
+    // The plan is one TP rank's: every lane of each TP group moves its bytes.
+    let plan_bytes = lane_bytes * u64::from(par.tp);
+    if signal {
+        // The lowering prices a transfer by its payload's tokens: one token each.
+        for t in sp.plan.groups.iter_mut().flat_map(|g| &mut g.transfers) {
+            t.bytes = 1;
+            match &mut t.carries {
+                Payload::Q { start, end, .. } | Payload::Output { start, end, .. } => {
+                    *end = (*start + 1).min(*end)
                 }
+                Payload::Kv { start, end, .. } => *end = (*start + 1).min(*end),
             }
         }
-        let overlap = scheme_overlap(scheme, set, sp.nano.as_ref());
-        let sg = if ticks {
-            let batch = replica_batches(global, par.dp)?;
-            if batch[0].len() != par.ga as usize {
-                return Err(invalid(
-                    "global batch for distca ticks",
-                    global.len(),
-                    format!("DP × GA = {} × {} sequences", par.dp, par.ga),
-                ));
-            }
-            let mut attn = PlanAttention::pooled(cost, &sp.plan, map, overlap)?;
-            build_step_with(cost, map, &batch, step, var, &mut attn)?
-        } else if scheme == Scheme::MegatronDcp {
-            let seq_len = global.iter().map(|s| s.capacity).max().unwrap_or(0);
-            let s = set.dcp_config(base.dp, seq_len)?.max_seqlen_per_rank;
-            dcp_step(cost, par, place, &sp.plan, s, var)?
-        } else {
-            build_plan_step(cost, map, &sp.plan, &sp.trained, overlap, var)?
-        };
-        (sg, bytes)
+    }
+    let overlap = scheme_overlap(scheme, set, sp.nano.as_ref());
+    let sg = if ticks {
+        let batch = replica_batches(global, par.dp)?;
+        if batch[0].len() != par.ga as usize {
+            return Err(invalid(
+                "global batch for distca ticks",
+                global.len(),
+                format!("DP × GA = {} × {} sequences", par.dp, par.ga),
+            ));
+        }
+        let mut attn = PlanAttention::pooled(cost, &sp.plan, map, overlap)?;
+        build_step_with(cost, map, &batch, step, var, &mut attn)?
+    } else if scheme == Scheme::MegatronDcp {
+        let seq_len = global.iter().map(|s| s.capacity).max().unwrap_or(0);
+        let s = set.dcp_config(base.dp, seq_len)?.max_seqlen_per_rank;
+        dcp_step(cost, par, place, &sp.plan, s, var)?
+    } else {
+        build_plan_step(cost, map, &sp.plan, &sp.trained, overlap, var)?
     };
-    let t = run(&sg.graph, net)?;
-    Ok(SchemeStep {
+    Ok(SchemeGraph {
         scheme,
-        report: step_report(&sg, &t, cost, step),
-        attn_span: if ticks {
-            attention_span_ticks(&sg, &t, &fwd_ticks)
-        } else {
-            attention_span(&sg, &t)
-        },
+        step: sg,
         plan_bytes,
+        fwd_ticks,
     })
+}
+
+/// What `sg`'s step, timed by the engine as `t`, gave.
+pub fn measure_scheme_step(
+    sg: &SchemeGraph,
+    t: &Timeline,
+    cost: &CostModel,
+    step: u64,
+) -> SchemeStep {
+    SchemeStep {
+        scheme: sg.scheme,
+        report: step_report(&sg.step, t, cost, step),
+        attn_span: if sg.step.map.par.pipeline == PipelineKind::Ticks {
+            attention_span_ticks(&sg.step, t, &sg.fwd_ticks)
+        } else {
+            attention_span(&sg.step, t)
+        },
+        plan_bytes: sg.plan_bytes,
+    }
 }
 
 #[cfg(test)]
@@ -431,13 +506,14 @@ mod tests {
         );
     }
 
-    #[test]
-    fn every_scheme_runs_a_step_and_the_signal_removes_exposed_bytes() {
+    /// Two llama3-8b layers, 16 sequences of 16K (wlbllm corpus, seed `seed`), CP 4 and
+    /// Libra on pools of 2 with 4 head shards and 2 chunks.
+    fn small_step(seed: u64) -> (CostModel, Vec<PackedSeq>, SchemeSettings) {
         let mut model = ModelConfig::builtin("llama3-8b").unwrap();
         model.layers = 2;
         let cost = CostModel::h200(model).unwrap();
         let corpus = Corpus::from_spec("wlbllm").unwrap();
-        let batch = global_batch(&corpus, 16_384, 16, Packing::Sequential, 2, 0).unwrap();
+        let batch = global_batch(&corpus, 16_384, 16, Packing::Sequential, seed, 0).unwrap();
         let set = SchemeSettings {
             cp: 4,
             libra: LibraParams {
@@ -449,6 +525,12 @@ mod tests {
             },
             ..SchemeSettings::default()
         };
+        (cost, batch, set)
+    }
+
+    #[test]
+    fn every_scheme_runs_a_step_and_the_signal_removes_exposed_bytes() {
+        let (cost, batch, set) = small_step(2);
         let base = par(4, 4, 4);
         let place = Placement::new(8, 2);
         let tokens: u64 = batch.iter().map(PackedSeq::tokens).sum();
@@ -478,6 +560,47 @@ mod tests {
             // one-token transfers can only make the step faster (Ulysses has no plan)
             assert!(sig.report.iteration <= real.report.iteration, "{sc:?}");
             assert_eq!(sig.plan_bytes, real.plan_bytes);
+        }
+    }
+
+    #[test]
+    fn plans_graphs_and_reports_do_not_depend_on_the_thread_count() {
+        // DistCA's GA indices and nano-batches, every plan's groups in the lowering and the
+        // grouped send/recv layout run in parallel: 1 thread (each in turn) and 3 give the
+        // same plan, graph and report.
+        let (cost, batch, set) = small_step(3);
+        let base = par(4, 4, 4);
+        let place = Placement::new(8, 2);
+        for sc in Scheme::ALL {
+            let step = |threads: usize| {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                pool.install(|| {
+                    let mut planner =
+                        SchemePlanner::new(sc, set.clone(), &cost, 4, 16, 16_384).unwrap();
+                    let sp = plan_scheme_step(&cost, &mut planner, base, 0, &batch).unwrap();
+                    let sg = build_scheme_step(
+                        &cost,
+                        sc,
+                        &set,
+                        base,
+                        place,
+                        0,
+                        &batch,
+                        sp.clone(),
+                        &NoVariance,
+                        false,
+                    )
+                    .unwrap();
+                    let t = run(&sg.step.graph, &mut StubNet::dgx_h200()).unwrap();
+                    let r = measure_scheme_step(&sg, &t, &cost, 0);
+                    (sp, sg.step.graph, r.report, r.attn_span)
+                })
+            };
+            let (one, three) = (step(1), step(3));
+            assert!(one == three, "{sc:?} depends on the thread count");
         }
     }
 

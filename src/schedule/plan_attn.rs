@@ -50,6 +50,8 @@
 
 use std::collections::HashMap;
 
+use rayon::prelude::*;
+
 use super::stage::{AttentionStage, AttnCall, StepEnv};
 use super::RankMap;
 use crate::balance::distca::pingpong::NanoTable;
@@ -471,37 +473,44 @@ impl PlanAttention {
             disp: Vec<Vec<(WorkerId, WorkerId, u64)>>,
             ret: Vec<Vec<(WorkerId, WorkerId, u64)>>,
         }
-        let mut pre: Vec<Pre> = Vec::with_capacity(plan.groups.len());
-        for (gi, g) in plan.groups.iter().enumerate() {
-            if pooled {
-                check_group(g, gi, nworkers * par.pp, 2 * (par.ga + par.pp - 1))?;
-            } else {
-                check_group(g, gi, nworkers, par.ga)?;
-            }
-            let sw = match overlap {
-                Overlap::HeadChunks(m) => head_chunk_work(cost, plan, g, gi, m)?,
-                Overlap::NanoBatches(table) => nano_work(cost, plan, g, gi, table)?,
-            };
-            let times = |t: &[Vec<f64>], launch: f64| -> Vec<Vec<Ps>> {
-                t.iter()
-                    .zip(&sw.calls)
-                    .map(|(t, c)| {
-                        t.iter()
-                            .zip(c)
-                            .map(|(&x, &n)| (x + n * launch).round() as Ps)
-                            .collect()
-                    })
-                    .collect()
-            };
-            pre.push(Pre {
-                ga: g.ga,
-                workers: g.workers.clone(),
-                fwd: times(&sw.t, launch),
-                bwd: times(&sw.tb, bwd_launch),
-                disp: sw.disp,
-                ret: sw.ret,
-            });
-        }
+        // Groups are lowered in parallel, gathered in order (the first error in order is
+        // the one returned).
+        let pre: Vec<Result<Pre>> = plan
+            .groups
+            .par_iter()
+            .enumerate()
+            .map(|(gi, g)| -> Result<Pre> {
+                if pooled {
+                    check_group(g, gi, nworkers * par.pp, 2 * (par.ga + par.pp - 1))?;
+                } else {
+                    check_group(g, gi, nworkers, par.ga)?;
+                }
+                let sw = match overlap {
+                    Overlap::HeadChunks(m) => head_chunk_work(cost, plan, g, gi, m)?,
+                    Overlap::NanoBatches(table) => nano_work(cost, plan, g, gi, table)?,
+                };
+                let times = |t: &[Vec<f64>], launch: f64| -> Vec<Vec<Ps>> {
+                    t.iter()
+                        .zip(&sw.calls)
+                        .map(|(t, c)| {
+                            t.iter()
+                                .zip(c)
+                                .map(|(&x, &n)| (x + n * launch).round() as Ps)
+                                .collect()
+                        })
+                        .collect()
+                };
+                Ok(Pre {
+                    ga: g.ga,
+                    workers: g.workers.clone(),
+                    fwd: times(&sw.t, launch),
+                    bwd: times(&sw.tb, bwd_launch),
+                    disp: sw.disp,
+                    ret: sw.ret,
+                })
+            })
+            .collect();
+        let pre: Vec<Pre> = pre.into_iter().collect::<Result<_>>()?;
         // Pooled: one lowering whose workers are GPUs, indexed by tick; else one per stage.
         let (lowerings, slots) = if pooled {
             (1, 2 * (par.ga + par.pp - 1))
@@ -532,41 +541,47 @@ impl PlanAttention {
                     })
                     .collect()
             };
-            let mut by_ga: Vec<Vec<GroupOps>> = vec![Vec::new(); slots as usize];
-            for g in &pre {
-                let chunk_ops = (0..chunks as usize)
-                    .map(|k| {
-                        let rev = |v: &[(WorkerId, WorkerId, u64)]| pieces(v, true);
-                        let fwd_dir = |v: &[(WorkerId, WorkerId, u64)]| pieces(v, false);
-                        ChunkOps {
-                            fwd: lanes(&g.fwd[k]),
-                            bwd: lanes(&g.bwd[k]),
-                            f_in: port_xfers(&fwd_dir(&g.disp[k]), map),
-                            f_out: port_xfers(&fwd_dir(&g.ret[k]), map),
-                            // Backward: dO travels as the output did, reversed; dQ, dK, dV
-                            // go home as Q and KV came.
-                            b_in: port_xfers(&rev(&g.ret[k]), map),
-                            b_out: port_xfers(&rev(&g.disp[k]), map),
-                            disp_pairs: peer_pairs(&fwd_dir(&g.disp[k])),
-                            ret_pairs: peer_pairs(&fwd_dir(&g.ret[k])),
+            let lowered: Vec<GroupOps> = pre
+                .par_iter()
+                .map(|g| {
+                    let chunk_ops = (0..chunks as usize)
+                        .map(|k| {
+                            let rev = |v: &[(WorkerId, WorkerId, u64)]| pieces(v, true);
+                            let fwd_dir = |v: &[(WorkerId, WorkerId, u64)]| pieces(v, false);
+                            ChunkOps {
+                                fwd: lanes(&g.fwd[k]),
+                                bwd: lanes(&g.bwd[k]),
+                                f_in: port_xfers(&fwd_dir(&g.disp[k]), map),
+                                f_out: port_xfers(&fwd_dir(&g.ret[k]), map),
+                                // Backward: dO travels as the output did, reversed; dQ, dK,
+                                // dV go home as Q and KV came.
+                                b_in: port_xfers(&rev(&g.ret[k]), map),
+                                b_out: port_xfers(&rev(&g.disp[k]), map),
+                                disp_pairs: peer_pairs(&fwd_dir(&g.disp[k])),
+                                ret_pairs: peer_pairs(&fwd_dir(&g.ret[k])),
+                            }
+                        })
+                        .collect();
+                    let ranks = nworkers * tp;
+                    let mut slots_of = Vec::with_capacity(g.workers.len() * tp as usize);
+                    let mut gpus = Vec::with_capacity(slots_of.capacity());
+                    for &wk in &g.workers {
+                        for t in 0..tp {
+                            let off = wk * tp + t;
+                            slots_of.push((off / ranks, off % ranks));
+                            gpus.push(gpu(wk, t));
                         }
-                    })
-                    .collect();
-                let ranks = nworkers * tp;
-                let mut slots_of = Vec::with_capacity(g.workers.len() * tp as usize);
-                let mut gpus = Vec::with_capacity(slots_of.capacity());
-                for &wk in &g.workers {
-                    for t in 0..tp {
-                        let off = wk * tp + t;
-                        slots_of.push((off / ranks, off % ranks));
-                        gpus.push(gpu(wk, t));
                     }
-                }
-                by_ga[g.ga as usize].push(GroupOps {
-                    slots: slots_of,
-                    gpus,
-                    chunks: chunk_ops,
-                });
+                    GroupOps {
+                        slots: slots_of,
+                        gpus,
+                        chunks: chunk_ops,
+                    }
+                })
+                .collect();
+            let mut by_ga: Vec<Vec<GroupOps>> = vec![Vec::new(); slots as usize];
+            for (g, ops) in pre.iter().zip(lowered) {
+                by_ga[g.ga as usize].push(ops);
             }
             ops.push(by_ga);
         }

@@ -33,8 +33,9 @@ use super::{
 use crate::balance::ulysses::{check_fits, cp_group, ga_of};
 use crate::error::{invalid, Result};
 use crate::plan::build::{build_group, contiguous_layout, GroupSite, KvReach, UnitSpec};
-use crate::plan::{Plan, PlanSeq, Resident, SampleIndex, WorkerId, PLAN_VERSION};
+use crate::plan::{Group, Plan, PlanSeq, Resident, SampleIndex, WorkerId, PLAN_VERSION};
 use crate::workload::PackedSeq;
+use rayon::prelude::*;
 
 /// The plan of one step, and the schedules it lowered.
 #[derive(Clone, Debug, PartialEq)]
@@ -78,62 +79,21 @@ pub fn plan_step_cp(
     let ga = ga_of(batch.len(), dp, cp)?;
     check_fits(batch)?;
     let workers: Vec<WorkerId> = (0..dp * cp).collect();
+    // GA indices are scheduled apart: in parallel, gathered in order (the first error in
+    // GA order is the one returned).
+    let per_ga: Vec<Result<GaGroup>> = batch
+        .par_chunks(dp as usize)
+        .enumerate()
+        .map(|(g, seqs)| ga_group(g as u32, seqs, dp, cp, &workers, &cfg, ping_pong))
+        .collect();
     let mut groups = Vec::with_capacity(ga as usize);
     let mut schedules = Vec::with_capacity(ga as usize);
     let mut nano = Vec::with_capacity(ga as usize);
-    for (g, seqs) in batch.chunks(dp as usize).enumerate() {
-        let g = g as u32;
-        let scheds: Vec<DistcaSchedule> = if ping_pong {
-            schedule_nanos(seqs, cp, &cfg)?.into()
-        } else {
-            vec![schedule_step(seqs, cp, &cfg)?]
-        };
-        let index: Vec<SampleIndex> = seqs
-            .iter()
-            .map(|s| SampleIndex::new(&s.lengths().collect::<Vec<_>>()))
-            .collect();
-        let sequences: Vec<PlanSeq> = seqs
-            .iter()
-            .enumerate()
-            .map(|(r, seq)| PlanSeq {
-                id: g * dp + r as u32,
-                samples: seq.lengths().collect(),
-                capacity: seq.capacity,
-                layout: seq_layout(seq, &cp_group(r as u32, cp), cfg.scheduler),
-            })
-            .collect();
-        let mut units = Vec::new();
-        let mut counts = [0u32; 2];
-        for (h, sched) in scheds.iter().enumerate() {
-            let before = units.len();
-            for (dst, work) in sched.servers.iter().enumerate() {
-                for task in &work.tasks {
-                    let r = task.sample.seq as usize;
-                    let (s0, _) = index[r].span(task.sample.index as usize);
-                    for &(lo, hi) in &task.q_ranges {
-                        units.push(UnitSpec {
-                            seq: r,
-                            q_start: s0 + u64::from(lo),
-                            q_end: s0 + u64::from(hi),
-                            shard: 0,
-                            worker: dst as u32,
-                        });
-                    }
-                }
-            }
-            counts[h.min(1)] += (units.len() - before) as u32;
-        }
-        nano.push(counts);
-        let site = GroupSite {
-            ga: g,
-            pool: 0,
-            workers: &workers,
-            shape: &cfg.shape,
-            head_shards: 1,
-            kv: KvReach::Reached,
-        };
-        groups.push(build_group(&site, sequences, &units));
+    for r in per_ga {
+        let (group, scheds, counts) = r?;
+        groups.push(group);
         schedules.push(scheds);
+        nano.push(counts);
     }
     Ok(DistcaPlan {
         plan: Plan {
@@ -147,6 +107,70 @@ pub fn plan_step_cp(
         schedules,
         nano: NanoTable { units: nano },
     })
+}
+
+/// One GA index's group, its schedules (two with ping-pong) and its units per nano-batch.
+type GaGroup = (Group, Vec<DistcaSchedule>, [u32; 2]);
+
+/// GA index `g` of the step (its `dp` sequences `seqs`) scheduled and lowered.
+fn ga_group(
+    g: u32,
+    seqs: &[PackedSeq],
+    dp: u32,
+    cp: u32,
+    workers: &[WorkerId],
+    cfg: &DistcaConfig,
+    ping_pong: bool,
+) -> Result<GaGroup> {
+    let scheds: Vec<DistcaSchedule> = if ping_pong {
+        schedule_nanos(seqs, cp, cfg)?.into()
+    } else {
+        vec![schedule_step(seqs, cp, cfg)?]
+    };
+    let index: Vec<SampleIndex> = seqs
+        .iter()
+        .map(|s| SampleIndex::new(&s.lengths().collect::<Vec<_>>()))
+        .collect();
+    let sequences: Vec<PlanSeq> = seqs
+        .iter()
+        .enumerate()
+        .map(|(r, seq)| PlanSeq {
+            id: g * dp + r as u32,
+            samples: seq.lengths().collect(),
+            capacity: seq.capacity,
+            layout: seq_layout(seq, &cp_group(r as u32, cp), cfg.scheduler),
+        })
+        .collect();
+    let mut units = Vec::new();
+    let mut counts = [0u32; 2];
+    for (h, sched) in scheds.iter().enumerate() {
+        let before = units.len();
+        for (dst, work) in sched.servers.iter().enumerate() {
+            for task in &work.tasks {
+                let r = task.sample.seq as usize;
+                let (s0, _) = index[r].span(task.sample.index as usize);
+                for &(lo, hi) in &task.q_ranges {
+                    units.push(UnitSpec {
+                        seq: r,
+                        q_start: s0 + u64::from(lo),
+                        q_end: s0 + u64::from(hi),
+                        shard: 0,
+                        worker: dst as u32,
+                    });
+                }
+            }
+        }
+        counts[h.min(1)] += (units.len() - before) as u32;
+    }
+    let site = GroupSite {
+        ga: g,
+        pool: 0,
+        workers,
+        shape: &cfg.shape,
+        head_shards: 1,
+        kv: KvReach::Reached,
+    };
+    Ok((build_group(&site, sequences, &units), scheds, counts))
 }
 
 /// Where a replica's sequence lies on its CP ranks for `scheduler`: the repository's

@@ -246,10 +246,12 @@ pub fn schedule_ping_pong(
     }
     let splits = nano_splits(batch, cp, &cfg.shape.mask);
     let half = |h: usize| -> Vec<Vec<HomeItem>> { splits.iter().map(|s| s[h].clone()).collect() };
-    Ok([
-        schedule_items(batch, cp, &half(0), cfg)?,
-        schedule_items(batch, cp, &half(1), cfg)?,
-    ])
+    // The nano-batches are scheduled apart, side by side.
+    let (a, b) = rayon::join(
+        || schedule_items(batch, cp, &half(0), cfg),
+        || schedule_items(batch, cp, &half(1), cfg),
+    );
+    Ok([a?, b?])
 }
 
 /// An item while planning.
@@ -341,16 +343,16 @@ pub fn schedule_items(
         let len = batch[it.sample.seq as usize].samples[it.sample.index as usize].len;
         2.0 * mask.pairs(u64::from(len)) as f64 / f64::from(len.max(1))
     };
-    let key_of = |it: &HomeItem| {
-        prio.of(l1_of(it), i128::from(it.pairs(mask)) * pp)
-            .to_bits()
-    };
+    // An item's sample never changes (a split moves its ends): its ℓ + 1 once.
+    let l1: Vec<f64> = items.iter().map(|x| l1_of(&x.it)).collect();
+    let key_of =
+        |id: usize, it: &HomeItem| prio.of(l1[id], i128::from(it.pairs(mask)) * pp).to_bits();
     // Candidates: items with work on donors, by their priority's lower bound, then order.
     let mut cand: BTreeSet<(u64, usize)> = BTreeSet::new();
     let mut key: Vec<Option<u64>> = vec![None; items.len()];
     for (id, x) in items.iter().enumerate() {
         if excess[x.home] > 0 && x.it.pairs(mask) > 0 {
-            let k = key_of(&x.it);
+            let k = key_of(id, &x.it);
             cand.insert((k, id));
             key[id] = Some(k);
         }
@@ -372,7 +374,7 @@ pub fn schedule_items(
                 let m = excess[x.home]
                     .min(need)
                     .min(i128::from(x.it.pairs(mask)) * pp);
-                let pr = prio.of(l1_of(&x.it), m);
+                let pr = prio.of(l1[id], m);
                 if best.is_none_or(|(bp, bid)| pr < bp || (pr == bp && id < bid)) {
                     best = Some((pr, id));
                 }
@@ -414,7 +416,7 @@ pub fn schedule_items(
                 cand.remove(&(k, id));
             }
             if !items[id].gone && excess[d] > 0 {
-                let k = key_of(&items[id].it);
+                let k = key_of(id, &items[id].it);
                 cand.insert((k, id));
                 key[id] = Some(k);
             }

@@ -239,7 +239,7 @@ pub(super) fn in_parts(
         .map_init(Vec::new, |ca, (g, x)| {
             let (head, mut tail, mut fwd) =
                 x.ok_or_else(|| invalid("step part GPUs", g, "a GPU of some part"))?;
-            tail.add_stream(&rg, &rt, dp_stream(g as u32), false, &mut fwd);
+            tail.add_stream(&rg, &rt, None, dp_stream(g as u32), false, &mut fwd);
             tail.merge();
             Ok((head + tail.times(ca), fwd))
         })
@@ -323,7 +323,7 @@ impl Swept<'_> {
             let mut fwd = vec![(Ps::MAX, 0); map.par.ga as usize];
             w.clear();
             for k in 0..spg {
-                w.add_stream(&g, &t, spg * l + k, k == 0, &mut fwd);
+                w.add_stream(&g, &t, None, spg * l + k, k == 0, &mut fwd);
             }
             w.merge();
             let tail = w.cut_at(self.t0[gpu as usize].min(first_ready[l as usize]));
