@@ -46,12 +46,13 @@
 //!
 //! NCCL's constants, µs, read in NVIDIA/nccl src/graph/tuning.cc (`baseLat`, `hwLat`,
 //! `llMaxBws`), whose ring latencies NCCL 2.29.2's own `NCCL_DEBUG=TUNING` table on four
-//! H100s reproduces (all-reduce LL 10.2 µs, LL128 25.4, Simple 28.8 = 6.6 + 6 · 0.6,
-//! 14 + 6 · 1.9, 8.4 + 6 · 3.4; LL128 at 0.92 of Simple's 240 GB/s): ring `baseLat` LL 6.6, LL128 14, Simple
-//! 8.4; per-step `hwLat` over NVLink 0.6 / 1.9 / 3.4, over the network 2.7 / 4 / 14; tree
-//! `baseLat` 6.8 / 14 / 0 and network `hwLat` 5 / 8.5 / 28; NVLS `hwLat` 23; `llMaxBw` 87.7 GB/s on one Hopper node, 39 on
-//! two, 20.4 on more (Intel hosts); the PAT latency formula from the 2.23 tuning code. The
-//! whole latency table is scaled by the topology's `[collectives] latency_scale`.
+//! H100s reproduces (all-reduce LL 10.2 µs, LL128 25.4, Simple 28.8 = 6.6 + 6 · 0.6, 14 + 6
+//! · 1.9, 8.4 + 6 · 3.4; LL128 at 0.92 of Simple's 240 GB/s): ring `baseLat` LL 6.6, LL128
+//! 14, Simple 8.4; per-step `hwLat` over NVLink 0.6 / 1.9 / 3.4, over the network 2.7 / 4 /
+//! 14; tree `baseLat` 6.8 / 14 / 0 and network `hwLat` 5 / 8.5 / 28; NVLS `hwLat` 23;
+//! `llMaxBw` 87.7 GB/s on one Hopper node, 39 on two, 20.4 on more (Intel hosts); the PAT
+//! latency formula from the 2.23 tuning code. The whole latency table is scaled by the
+//! topology's `[collectives] latency_scale`.
 //!
 //! The DGX H200 files' `latency_scale` is fitted to the `fit` rows of
 //! `traces/nccl_tests_published.csv` (one 8-GPU reduce-scatter series) and scored on the
