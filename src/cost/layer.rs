@@ -5,21 +5,13 @@
 //! separates, each priced by this cost model alone.
 //!
 //! Elementwise kernels: what an unfused layer runs between its GEMMs and its attention
-//! ([`LAYER_ELEMS`]: two RMSNorms, RoPE on the split QKV output, two residual adds, SwiGLU;
-//! the backward the same kinds' gradients, the adds as the gradient sums), each priced by
-//! the elementwise model ([`elementwise`]: measured per kind), else as its counted bytes
-//! at `hbm_bytes_per_s`.
+//! (each piece's [`CostModel::piece_elems`]: two RMSNorms, RoPE on the split QKV output, two
+//! residual adds, SwiGLU; the backward the same kinds' gradients, the adds as the gradient
+//! sums), each priced by the elementwise model ([`elementwise`]: measured per kind), else as
+//! its counted bytes at `hbm_bytes_per_s`.
 
-use super::elementwise::{self, ElemKind};
+use super::elementwise;
 use super::{CostModel, LinearPiece};
-
-/// The elementwise kernels of one layer, (kind, calls), each pass.
-pub const LAYER_ELEMS: [(ElemKind, u32); 4] = [
-    (ElemKind::RmsNorm, 2),
-    (ElemKind::Rope, 1),
-    (ElemKind::SwiGlu, 1),
-    (ElemKind::Add, 2),
-];
 
 /// One layer's time by part, ps.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -87,22 +79,13 @@ impl CostModel {
         }
     }
 
-    /// The layer's elementwise kernels over `tokens` tokens, one pass, ps.
+    /// The layer's elementwise kernels over `tokens` tokens, one pass, ps: every kind of
+    /// every piece ([`CostModel::piece_elems`]), each by [`CostModel::elem_ps`].
     fn elementwise_ps(&self, tokens: u64, bwd: bool) -> f64 {
-        let dims = self.elem_dims();
-        LAYER_ELEMS
+        [LinearPiece::Qkv, LinearPiece::OutProj, LinearPiece::Ffn]
             .iter()
-            .filter(|&&(k, _)| k != ElemKind::SwiGlu || dims.mlp > 0.0)
-            .map(|&(k, n)| {
-                f64::from(n)
-                    * match &self.elementwise {
-                        Some(e) => e.time_ps(k, bwd, &dims, tokens),
-                        None => {
-                            elementwise::bytes(k, bwd, &dims, tokens) / self.hw.hbm_bytes_per_s
-                                * 1e12
-                        }
-                    }
-            })
+            .flat_map(|&p| self.piece_elems(p))
+            .map(|&k| self.elem_ps(k, bwd, tokens))
             .sum()
     }
 }
@@ -171,6 +154,35 @@ mod tests {
             elementwise::bytes(ElemKind::Add, true, &d, 1),
             3.0 * 4096.0 * 2.0
         );
+    }
+
+    /// The step's linear blocks carry the layer's GEMMs and every elementwise kernel, each
+    /// priced by the elementwise model; without it, their RMSNorms alone at the HBM rate.
+    #[test]
+    fn linear_blocks_carry_the_layers_elementwise_kernels() {
+        use crate::cost::LinearPart::{PostAttn, PreAttn};
+        let c = default_model();
+        let t = 8192u64;
+        let lt = c.layer_time(&[4096, 3000, 1096]);
+        let fwd = c.linear_fwd_ps_f(PreAttn, t) + c.linear_fwd_ps_f(PostAttn, t);
+        assert!(
+            (fwd - (lt.gemm_fwd + lt.elem_fwd)).abs() < 1.0,
+            "{fwd} vs {lt:?}"
+        );
+        let bwd = (c.linear_bwd_ps(PreAttn, t) + c.linear_bwd_ps(PostAttn, t)) as f64;
+        assert!(
+            (bwd - (lt.gemm_bwd + lt.elem_bwd)).abs() < 2.0,
+            "{bwd} vs {lt:?}"
+        );
+        let plain = CostModel {
+            elementwise: None,
+            ..c.clone()
+        };
+        let norm = elementwise::bytes(ElemKind::RmsNorm, false, &c.elem_dims(), t)
+            / c.hw.hbm_bytes_per_s
+            * 1e12;
+        let pf = plain.linear_fwd_ps_f(PreAttn, t) + plain.linear_fwd_ps_f(PostAttn, t);
+        assert!((pf - (lt.gemm_fwd + 2.0 * norm)).abs() < 1.0, "{pf}");
     }
 
     /// The measured llama3-8b layers (`validate/torch/torch_grid.py`'s layer on one H200:

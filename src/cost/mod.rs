@@ -642,11 +642,7 @@ impl CostModel {
     /// plus its RMSNorm over `norm_tokens` (the pieces that start with one: QKV and the
     /// feed-forward; `norm_tokens` = tokens / TP under sequence parallelism), in ps.
     pub fn piece_fwd_ps_f(&self, piece: LinearPiece, tokens: u64, norm_tokens: u64) -> f64 {
-        let norm = match piece {
-            LinearPiece::OutProj => 0.0,
-            _ => self.norm_ps(norm_tokens),
-        };
-        self.piece_gemm_ps_f(piece, tokens) + norm
+        self.piece_gemm_ps_f(piece, tokens) + self.piece_elem_ps(piece, tokens, norm_tokens, false)
     }
 
     /// Forward time of one piece's GEMMs over `tokens` tokens, ps: by the GEMM model's
@@ -725,15 +721,65 @@ impl CostModel {
         })
     }
 
-    /// Time of the RMSNorm in a linear block: its counted bytes at the HBM rate.
-    fn norm_ps(&self, tokens: u64) -> f64 {
-        let bytes = elementwise::bytes(
-            elementwise::ElemKind::RmsNorm,
-            false,
-            &self.elem_dims(),
-            tokens,
-        );
-        bytes / self.hw.hbm_bytes_per_s * 1e12
+    /// One call of an elementwise kernel of `kind` over `tokens` tokens (backward when
+    /// `bwd`), ps: the elementwise model's measured time of the kind, else its counted
+    /// bytes at the HBM rate.
+    pub(crate) fn elem_ps(&self, kind: elementwise::ElemKind, bwd: bool, tokens: u64) -> f64 {
+        let dims = self.elem_dims();
+        match &self.elementwise {
+            Some(e) => e.time_ps(kind, bwd, &dims, tokens),
+            None => elementwise::bytes(kind, bwd, &dims, tokens) / self.hw.hbm_bytes_per_s * 1e12,
+        }
+    }
+
+    /// The elementwise kernels an unfused layer runs in one piece, in order: QKV its input
+    /// RMSNorm and RoPE on the split output; the O projection the attention block's residual
+    /// add; the feed-forward (an MoE layer's router, which starts it, alike) its RMSNorm,
+    /// SwiGLU (a dense MLP's) and residual add.
+    pub(crate) fn piece_elems(&self, piece: LinearPiece) -> &'static [elementwise::ElemKind] {
+        use elementwise::ElemKind::{Add, RmsNorm, Rope, SwiGlu};
+        match (piece, self.model.ffn) {
+            (LinearPiece::Qkv, _) => &[RmsNorm, Rope],
+            (LinearPiece::OutProj, _) => &[Add],
+            (LinearPiece::Ffn, Ffn::Dense { .. }) => &[RmsNorm, SwiGlu, Add],
+            (LinearPiece::Ffn | LinearPiece::Router, _) => &[RmsNorm, Add],
+        }
+    }
+
+    /// One piece's elementwise kernels, ps: under the elementwise model every kind of
+    /// [`CostModel::piece_elems`] (RoPE and SwiGLU over `tokens`, the norm and adds over
+    /// `norm_tokens`, the sequence-parallel shard); without it the piece's RMSNorm alone as
+    /// its counted bytes at the HBM rate (read twice backward), the analytical model a
+    /// calibration file prices with.
+    fn piece_elem_ps(&self, piece: LinearPiece, tokens: u64, norm_tokens: u64, bwd: bool) -> f64 {
+        use elementwise::ElemKind::{Rope, SwiGlu};
+        if self.elementwise.is_none() {
+            let norm = || self.elem_ps(elementwise::ElemKind::RmsNorm, false, norm_tokens);
+            return match piece {
+                LinearPiece::OutProj => 0.0,
+                _ if bwd => 2.0 * norm(),
+                _ => norm(),
+            };
+        }
+        self.piece_elems(piece)
+            .iter()
+            .map(|&k| {
+                let t = if matches!(k, Rope | SwiGlu) {
+                    tokens
+                } else {
+                    norm_tokens
+                };
+                self.elem_ps(k, bwd, t)
+            })
+            .sum()
+    }
+
+    /// A linear block's elementwise kernels over `tokens` tokens, ps.
+    fn part_elem_ps(&self, part: LinearPart, tokens: u64, bwd: bool) -> f64 {
+        Self::part_pieces(part)
+            .iter()
+            .map(|&p| self.piece_elem_ps(p, tokens, tokens, bwd))
+            .sum()
     }
 
     /// Forward time of one linear block over `tokens` tokens, in ps (unrounded).
@@ -743,10 +789,10 @@ impl CostModel {
                 .iter()
                 .map(|&p| self.piece_gemm_ps_f(p, tokens))
                 .sum();
-            return g + self.norm_ps(tokens);
+            return g + self.part_elem_ps(part, tokens, false);
         }
         let (dense, moe) = self.linear_fwd_flops(part, tokens);
-        self.gemm_ps_f(dense, moe) + self.norm_ps(tokens)
+        self.gemm_ps_f(dense, moe) + self.part_elem_ps(part, tokens, false)
     }
 
     /// The pieces of a linear block.
@@ -763,16 +809,20 @@ impl CostModel {
     }
 
     /// Backward time of one linear block: 2 × forward GEMM FLOPs (by the GEMM model: each
-    /// GEMM's input and weight gradients by their shapes), norm read twice.
+    /// GEMM's input and weight gradients by their shapes) and the block's elementwise
+    /// kernels' gradients ([`CostModel::piece_elem_ps`]).
     pub fn linear_bwd_ps(&self, part: LinearPart, tokens: u64) -> Ps {
-        if self.gemm.is_some() {
-            let g: f64 = Self::part_pieces(part)
+        let g: f64 = match &self.gemm {
+            Some(_) => Self::part_pieces(part)
                 .iter()
                 .map(|&p| self.gemms_ps_f(&self.piece_gemms(p, tokens), true))
-                .sum();
-            return (g + 2.0 * self.norm_ps(tokens)).round() as Ps;
-        }
-        (2.0 * self.linear_fwd_ps_f(part, tokens)).round() as Ps
+                .sum(),
+            None => {
+                let (dense, moe) = self.linear_fwd_flops(part, tokens);
+                2.0 * self.gemm_ps_f(dense, moe)
+            }
+        };
+        (g + self.part_elem_ps(part, tokens, true)).round() as Ps
     }
 
     /// Bytes of the hidden state of `tokens` tokens (a pipeline activation or its

@@ -10,10 +10,16 @@
 //! latency + the most loaded link's bytes ÷ its achieved capacity. Every algorithm NCCL
 //! could use for the group is priced that way and the fastest wins, as NCCL's tuner picks
 //! the least modelled time (`topoGetAlgoInfo`, src/enqueue.cc):
-//! - ring: each rank moves (n−1)/n · S (all-gather, reduce-scatter) or 2(n−1)/n · S
-//!   (all-reduce); latency = base + one per-step latency per ring step, NVLink steps and
-//!   network steps apart (`ncclTopoTuneModel`: `baseLat` + `(nsteps − nInterSteps) ·
-//!   intraLat + nInterSteps · interLat`);
+//! - ring, in each of NCCL's three protocols: each rank moves (n−1)/n · S (all-gather,
+//!   reduce-scatter) or 2(n−1)/n · S (all-reduce); latency = base + one per-step latency
+//!   per ring step, NVLink steps and network steps apart (`ncclTopoTuneModel`,
+//!   src/graph/tuning.cc: `baseLat[p]` + `(nsteps − nInterSteps) · hwLat[NVLINK][p] +
+//!   nInterSteps · hwLat[NET][p]`); bandwidth = the links' (Simple), × 0.92 (LL128; 0.7
+//!   with one GPU per node), × 1/3 (LL all-gather and reduce-scatter on one node; 1/4
+//!   for all-reduce or across nodes) capped at `llMaxBw` (the same function's "model
+//!   refinements"). A slower protocol's transfers carry its bytes ÷ that fraction, so
+//!   that the links take its time. Small messages go LL, then LL128, then Simple, as
+//!   NCCL's least-time choice (`topoGetAlgoInfo`) sends them;
 //! - NVLS (NVLink SHARP) all-reduce inside one NVLink domain whose topology has
 //!   `nvlink.sharp_efficiency`, on communicators of at least `[collectives] nvls_min_gpus`
 //!   GPUs (≥ 3: `ncclNvlsInit`, src/transport/nvls.cc, builds no NVLS for two; the DGX
@@ -24,27 +30,44 @@
 //!   reduced shard, `multimem.st` multicasts it, so each GPU link carries S(1 + 1/n) each
 //!   way. Lowered as shift-by-one transfers of those bytes × (NVLink efficiency ÷ NVLS
 //!   efficiency), which load one up-link and one down-link per GPU for the time NVLS needs
-//!   at its own efficiency; latency a constant (`hwLat[NVLINK][NVLS]`). NVLS all-gather and
-//!   reduce-scatter are not candidates: NCCL's tuner gives them 25.5 / 114.8 / 177.1 GB/s
-//!   against the ring's 720 / 480 / 432 on 2 / 4 / 6 H100s with about the ring's latency
-//!   (NCCL 2.29 `NCCL_DEBUG=TUNING` tables of the same source), so the ring wins from a
-//!   few MiB on;
+//!   at its own efficiency; latency a constant (`hwLat[NVLINK][NVLS]`); Simple only (the
+//!   tuner skips LL and LL128 for NVLS). NVLS all-gather and reduce-scatter are not
+//!   candidates: NCCL's tuner gives them 25.5 / 114.8 / 177.1 GB/s against the ring's 720
+//!   / 480 / 432 on 2 / 4 / 6 H100s with about the ring's latency (NCCL 2.29
+//!   `NCCL_DEBUG=TUNING` tables of the same source), so the ring wins from a few MiB on;
 //! - tree (all-reduce) and PAT (all-gather, reduce-scatter) when every rank is in its own
 //!   NVLink domain (PAT: `ncclPatEnable`, one GPU per node; the tree is also considered
-//!   only there here): tree latency 2 · log2(nodes) · `interLat`, bandwidth 0.92 × ½ of the
-//!   link's (`busBw*.92`, algorithm bandwidth = bus bandwidth × .5); PAT latency
-//!   log2(nodes) · `interLat`/3.5 + nRanks · 2.8 µs, bandwidth 0.75 of the ring's
-//!   (`busBw *= .75`; its network `interLat` is taken as the ring's).
+//!   only there here): tree latency `baseLat` + 2 · log2(nodes) · `interLat` in each
+//!   protocol, bandwidth 0.92 × ½ of the link's (`busBw*.92`, algorithm bandwidth = bus
+//!   bandwidth × .5) in Simple, × 1/3.8 (LL, at most `llMaxBw`) or 120/128 (LL128) of
+//!   that; PAT (Simple only) latency log2(nodes) · `interLat`/3.5 + nRanks · 2.8 µs,
+//!   bandwidth 0.75 of the ring's (`busBw *= .75`; its network `interLat` is taken as the
+//!   ring's).
 //!
-//! NCCL's constants, µs, Simple protocol, read in NVIDIA/nccl src/graph/tuning.cc (the
-//! 2.19–2.20 table): ring `baseLat` 8.4, ring per-step `hwLat` 3.4 over NVLink and 14
-//! over the network, tree network `hwLat` 28, NVLS `hwLat` 23; the PAT latency formula from
-//! the 2.23 tuning code. The LL and LL128 protocols are not modelled: by NCCL's own
-//! table they beat Simple only below ~16 MiB on NVLink, by under 10 %. The whole latency
-//! table is scaled by the topology's `[collectives] latency_scale`, fitted to nccl-tests
-//! (the DGX H200 files: 1.36, see `traces/nccl_tests_published.csv` and the
-//! `published_nccl_tests_figures` test). Without a topology ([`CollectiveModel::default`],
-//! a stub network) every collective is a ring with no latency of its own.
+//! NCCL's constants, µs, read in NVIDIA/nccl src/graph/tuning.cc (`baseLat`, `hwLat`,
+//! `llMaxBws`), whose ring latencies NCCL 2.29.2's own `NCCL_DEBUG=TUNING` table on four
+//! H100s reproduces (all-reduce LL 10.2 µs, LL128 25.4, Simple 28.8 = 6.6 + 6 · 0.6, 14 + 6
+//! · 1.9, 8.4 + 6 · 3.4; LL128 at 0.92 of Simple's 240 GB/s): ring `baseLat` LL 6.6, LL128
+//! 14, Simple 8.4; per-step `hwLat` over NVLink 0.6 / 1.9 / 3.4, over the network 2.7 / 4 /
+//! 14; tree `baseLat` 6.8 / 14 / 0 and network `hwLat` 5 / 8.5 / 28; NVLS `hwLat` 23;
+//! `llMaxBw` 87.7 GB/s on one Hopper node, 39 on two, 20.4 on more (Intel hosts); the PAT
+//! latency formula from the 2.23 tuning code. The whole latency table is scaled by the
+//! topology's `[collectives] latency_scale`.
+//!
+//! The DGX H200 files' `latency_scale` is fitted to the `fit` rows of
+//! `traces/nccl_tests_published.csv` (one 8-GPU reduce-scatter series) and scored on the
+//! other rows (2 and 4 GPUs, other 8-GPU sources) by the `published_nccl_tests_figures`
+//! test. Without a topology ([`CollectiveModel::default`], a stub network) every
+//! collective is a Simple ring with no latency of its own.
+//!
+//! Channels: NCCL runs a collective on `comm->nChannels` channels (one thread block each)
+//! and lowers that count only for small messages (`topoGetAlgoInfo`, src/enqueue.cc: `while
+//! (nBytes < nc * nt * threadThreshold) nc--`; `threadThresholds` in src/graph/tuning.cc: 64
+//! bytes per thread for Simple, 8 for LL128, 8 × nRanks for the ring's LL; `nt` 512 threads,
+//! 640 for LL128). On c channels the loop stops at c · 32 KiB (Simple), c · 5 KiB (LL128)
+//! and c · nRanks · 4 KiB (LL): 1 MiB, 160 KiB and nRanks · 128 KiB at 32 channels, below
+//! every size the published figures cover (≥ 8 MiB), where NCCL runs on all its channels.
+//! The model prices every collective on the full links and does not lower the count.
 //!
 //! # Step-by-step lowerings
 //! [`lower`] gives the phases of each algorithm step (benchmarks and the flow-vs-analytical
@@ -298,11 +321,48 @@ impl Algo {
     }
 }
 
-// NCCL's latency table, µs, Simple protocol (src/graph/tuning.cc, see the module doc).
-const RING_BASE_US: f64 = 8.4;
-const RING_STEP_NVLINK_US: f64 = 3.4;
-const RING_STEP_NET_US: f64 = 14.0;
-const TREE_STEP_NET_US: f64 = 28.0;
+/// NCCL's protocols: LL (8-byte flag+data stores, lowest latency), LL128 (128-byte lines
+/// with a flag) and Simple (bulk copies behind a per-step handshake).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub enum Proto {
+    /// Low latency.
+    Ll,
+    /// Low latency, 128-byte lines.
+    Ll128,
+    /// Bulk.
+    Simple,
+}
+
+impl Proto {
+    /// The name `NCCL_PROTO` uses.
+    pub fn name(self) -> &'static str {
+        match self {
+            Proto::Ll => "LL",
+            Proto::Ll128 => "LL128",
+            Proto::Simple => "Simple",
+        }
+    }
+}
+
+// NCCL's ring latencies, µs, indexed by [`Proto`] (src/graph/tuning.cc: `baseLat`,
+// `hwLat[NCCL_HW_NVLINK]`, `hwLat[NCCL_HW_NET]`).
+const RING_BASE_US: [f64; 3] = [6.6, 14.0, 8.4];
+const RING_STEP_NVLINK_US: [f64; 3] = [0.6, 1.9, 3.4];
+const RING_STEP_NET_US: [f64; 3] = [2.7, 4.0, 14.0];
+/// NCCL's protocols, Simple first (it wins ties).
+pub const PROTOS: [Proto; 3] = [Proto::Simple, Proto::Ll128, Proto::Ll];
+/// LL128's bus bandwidth ÷ Simple's, at least two GPUs per node / one GPU per node.
+const LL128_BW: [f64; 2] = [0.92, 0.7];
+/// LL's bus bandwidth ÷ Simple's: all-gather and reduce-scatter on one node / all-reduce or
+/// across nodes.
+const LL_BW: [f64; 2] = [1.0 / 3.0, 1.0 / 4.0];
+/// LL's bus-bandwidth cap `llMaxBw`, GB/s: one Hopper node, two nodes, more (Intel hosts).
+const LL_MAX_GBS: [f64; 3] = [87.7, 39.0, 20.4];
+// NCCL's tree latencies, µs, by [`Proto`]: `baseLat`, `hwLat[NCCL_HW_NET]`.
+const TREE_BASE_US: [f64; 3] = [6.8, 14.0, 0.0];
+const TREE_STEP_NET_US: [f64; 3] = [5.0, 8.5, 28.0];
+/// The tree's LL and LL128 bus bandwidth ÷ its Simple one across nodes: 1/3.8, 120/128.
+const TREE_PROTO_BW: [f64; 3] = [1.0 / 3.8, 120.0 / 128.0, 1.0];
 const NVLS_US: f64 = 23.0;
 const PAT_NET_DIVISOR: f64 = 3.5;
 const PAT_RANK_US: f64 = 2.8;
@@ -372,6 +432,8 @@ pub struct CollectiveModel {
 pub struct Lowered {
     /// NCCL's choice.
     pub algo: Algo,
+    /// Its protocol.
+    pub proto: Proto,
     /// The transfers.
     pub xfers: Vec<Transfer>,
     /// The algorithm's latency beyond one transfer's start-up.
@@ -449,10 +511,25 @@ impl CollectiveModel {
     }
 
     /// Lower `op` (nccl-tests size `bytes`) over `group` (distinct GPUs; ring order = group
-    /// order) on nodes of `gpus_per_node` GPUs, as NCCL would run it: every algorithm NCCL
-    /// could use here is priced (its latency + its most loaded link alone) and the fastest
-    /// wins, ring first on ties. A group of one moves nothing.
+    /// order) on nodes of `gpus_per_node` GPUs, as NCCL would run it: every algorithm and
+    /// protocol NCCL could use here is priced (its latency + its most loaded link alone)
+    /// and the fastest wins, the ring's Simple protocol first on ties. A group of one moves
+    /// nothing.
     pub fn lower(&self, op: CollOp, group: &[GpuId], bytes: u64, gpus_per_node: u32) -> Lowered {
+        self.lower_in(&PROTOS, op, group, bytes, gpus_per_node)
+    }
+
+    /// [`CollectiveModel::lower`] with only the protocols `protos` (Simple first), e.g.
+    /// `&[Proto::Simple]` for the bulk protocol a measured `[[collectives.fit]]` line
+    /// stands for.
+    pub fn lower_in(
+        &self,
+        protos: &[Proto],
+        op: CollOp,
+        group: &[GpuId],
+        bytes: u64,
+        gpus_per_node: u32,
+    ) -> Lowered {
         let n = group.len();
         let ring_steps = match op {
             CollOp::AllReduce => 2 * n.saturating_sub(1),
@@ -461,12 +538,14 @@ impl CollectiveModel {
         if n < 2 {
             return Lowered {
                 algo: Algo::Ring,
+                proto: Proto::Simple,
                 xfers: Vec::new(),
                 latency: 0,
             };
         }
         let ring = Lowered {
             algo: Algo::Ring,
+            proto: Proto::Simple,
             xfers: ring_xfers(
                 group,
                 (ring_steps as u64 * bytes).div_ceil(n as u64),
@@ -487,51 +566,9 @@ impl CollectiveModel {
             _ => d - 1,
         };
         let us = |v: f64| (v * f.latency_ppm as f64).round() as Ps;
-        let mut cands = vec![Lowered {
-            latency: us(RING_BASE_US
-                + (ring_steps - inter) as f64 * RING_STEP_NVLINK_US
-                + inter as f64 * RING_STEP_NET_US),
-            ..ring
-        }];
-        let shift_by_one =
-            |per: f64| -> Vec<Transfer> { shift(group, 1, per.round() as u64).collect() };
-        let s = bytes as f64;
-        if let Some(ppm) = f.nvls_stretch_ppm {
-            if op == CollOp::AllReduce && d == 1 && n >= f.nvls_min_gpus as usize {
-                // S(1 + 1/n) up and down each GPU link
-                let per = s * (n as f64 + 1.0) / n as f64;
-                cands.push(Lowered {
-                    algo: Algo::Nvls,
-                    xfers: shift_by_one(per * ppm as f64 * 1e-6),
-                    latency: us(NVLS_US),
-                });
-            }
-        }
-        if d == n && f.nic_bps > 0 {
-            let log2 = f64::from(usize::BITS - 1 - n.leading_zeros());
-            cands.push(match op {
-                CollOp::AllReduce => Lowered {
-                    algo: Algo::Tree,
-                    xfers: shift_by_one(s / TREE_BW),
-                    latency: us(2.0 * log2 * TREE_STEP_NET_US),
-                },
-                _ => Lowered {
-                    algo: Algo::Pat,
-                    xfers: shift_by_one(s * (n - 1) as f64 / n as f64 / PAT_BW),
-                    latency: us(log2 * RING_STEP_NET_US / PAT_NET_DIVISOR + n as f64 * PAT_RANK_US),
-                },
-            });
-        }
-        if d == 1 {
-            for c in &mut cands {
-                if let Some(fit) = f.fits[c.algo as usize] {
-                    apply_fit(c, fit, &f);
-                }
-            }
-        }
-        let estimate = |l: &Lowered| -> f64 {
-            let link = l
-                .xfers
+        // The busiest link's time alone, s.
+        let link_secs = |l: &Lowered| -> f64 {
+            l.xfers
                 .iter()
                 .map(|t| {
                     let bps = if domain(t.src) == domain(t.dst) {
@@ -541,9 +578,93 @@ impl CollectiveModel {
                     };
                     t.bytes as f64 / bps.max(1) as f64
                 })
-                .fold(0.0, f64::max);
-            l.latency as f64 * 1e-12 + link
+                .fold(0.0, f64::max)
         };
+        let simple = link_secs(&ring);
+        let per_rank = ring_steps as f64 * bytes as f64 / n as f64;
+        let mut cands: Vec<Lowered> = protos
+            .iter()
+            .map(|&p| {
+                let k = p as usize;
+                // this protocol's bandwidth ÷ Simple's (tuning.cc, "model refinements")
+                let frac = match p {
+                    Proto::Simple => 1.0,
+                    Proto::Ll128 => LL128_BW[usize::from(d == n)],
+                    Proto::Ll => {
+                        let share = LL_BW[usize::from(d > 1 || op == CollOp::AllReduce)];
+                        let capped = per_rank / (LL_MAX_GBS[d.min(3) - 1] * 1e9);
+                        if capped > 0.0 {
+                            share.min(simple / capped)
+                        } else {
+                            share
+                        }
+                    }
+                };
+                Lowered {
+                    proto: p,
+                    xfers: stretched(&ring.xfers, 1.0 / frac),
+                    latency: us(RING_BASE_US[k]
+                        + (ring_steps - inter) as f64 * RING_STEP_NVLINK_US[k]
+                        + inter as f64 * RING_STEP_NET_US[k]),
+                    ..ring.clone()
+                }
+            })
+            .collect();
+        let shift_by_one =
+            |per: f64| -> Vec<Transfer> { shift(group, 1, per.round() as u64).collect() };
+        let s = bytes as f64;
+        if let Some(ppm) = f.nvls_stretch_ppm {
+            if op == CollOp::AllReduce && d == 1 && n >= f.nvls_min_gpus as usize {
+                // S(1 + 1/n) up and down each GPU link
+                let per = s * (n as f64 + 1.0) / n as f64;
+                cands.push(Lowered {
+                    algo: Algo::Nvls,
+                    proto: Proto::Simple,
+                    xfers: shift_by_one(per * ppm as f64 * 1e-6),
+                    latency: us(NVLS_US),
+                });
+            }
+        }
+        if d == n && f.nic_bps > 0 {
+            let log2 = f64::from(usize::BITS - 1 - n.leading_zeros());
+            match op {
+                CollOp::AllReduce => cands.extend(protos.iter().map(|&p| {
+                    let k = p as usize;
+                    let frac = match p {
+                        // `llMaxBw` caps LL's bus bandwidth (= 2 × its algorithm bandwidth)
+                        Proto::Ll => TREE_PROTO_BW[k].min(
+                            LL_MAX_GBS[d.min(3) - 1] * 1e9 / (TREE_BW * 2.0 * f.nic_bps as f64),
+                        ),
+                        _ => TREE_PROTO_BW[k],
+                    };
+                    Lowered {
+                        algo: Algo::Tree,
+                        proto: p,
+                        xfers: shift_by_one(s / TREE_BW / frac),
+                        latency: us(TREE_BASE_US[k] + 2.0 * log2 * TREE_STEP_NET_US[k]),
+                    }
+                })),
+                _ => cands.push(Lowered {
+                    algo: Algo::Pat,
+                    proto: Proto::Simple,
+                    xfers: shift_by_one(s * (n - 1) as f64 / n as f64 / PAT_BW),
+                    latency: us(
+                        log2 * RING_STEP_NET_US[Proto::Simple as usize] / PAT_NET_DIVISOR
+                            + n as f64 * PAT_RANK_US,
+                    ),
+                }),
+            }
+        }
+        if d == 1 {
+            // a measured fit prices its algorithm as one line (its bulk protocol's place)
+            cands.retain(|c| c.proto == Proto::Simple || f.fits[c.algo as usize].is_none());
+            for c in &mut cands {
+                if let Some(fit) = f.fits[c.algo as usize] {
+                    apply_fit(c, fit, &f);
+                }
+            }
+        }
+        let estimate = |l: &Lowered| l.latency as f64 * 1e-12 + link_secs(l);
         let mut best = 0;
         for (k, c) in cands.iter().enumerate().skip(1) {
             if estimate(c) < estimate(&cands[best]) {
@@ -554,15 +675,24 @@ impl CollectiveModel {
     }
 }
 
+/// `xfers` with every transfer's bytes × `by` (a slower protocol or algorithm's time on the
+/// same links).
+fn stretched(xfers: &[Transfer], by: f64) -> Vec<Transfer> {
+    xfers
+        .iter()
+        .map(|t| Transfer {
+            bytes: (t.bytes as f64 * by).round() as u64,
+            ..*t
+        })
+        .collect()
+}
+
 /// Price `l` (inside one NVLink domain) by a measured `(latency, port bytes/s)`: each
 /// transfer is stretched so that NVLink moves it at the measured rate (the busiest port
 /// then takes `port bytes / rate`), and the latency is what the measurement holds beyond
 /// one transfer's start-up.
 fn apply_fit(l: &mut Lowered, (lat, bps): (Ps, u64), f: &Fabric) {
-    let stretch = f.nvlink_bps as f64 / bps.max(1) as f64;
-    for t in &mut l.xfers {
-        t.bytes = (t.bytes as f64 * stretch).round() as u64;
-    }
+    l.xfers = stretched(&l.xfers, f.nvlink_bps as f64 / bps.max(1) as f64);
     l.latency = lat.saturating_sub(f.nvlink_alpha_ps);
 }
 
@@ -744,58 +874,115 @@ mod tests {
         (lw.algo, lowered_time(&mut a, &lw, 0))
     }
 
+    /// The published rows of `traces/nccl_tests_published.csv`: (line, op, GPUs, bytes,
+    /// published bus bandwidth GB/s).
+    fn published_rows() -> Vec<(&'static str, CollOp, u32, u64, f64)> {
+        PUBLISHED
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .skip(1)
+            .map(|line| {
+                let f: Vec<&str> = line.split(',').collect();
+                let op = match f[3] {
+                    "all_reduce" => CollOp::AllReduce,
+                    "all_gather" => CollOp::AllGather,
+                    "reduce_scatter" => CollOp::ReduceScatter,
+                    o => panic!("op {o}"),
+                };
+                (
+                    line,
+                    op,
+                    f[2].parse().unwrap(),
+                    f[5].parse().unwrap(),
+                    f[7].parse().unwrap(),
+                )
+            })
+            .collect()
+    }
+
+    /// (NCCL's algorithm, bus bandwidth error) of the DGX H200 model on one published row.
+    fn row_error(
+        t: &Arc<Topology>,
+        coll: &CollectiveModel,
+        row: &(&str, CollOp, u32, u64, f64),
+    ) -> (Algo, f64) {
+        let &(_, op, n, bytes, published) = row;
+        let (algo, time) = modelled(t, coll, op, n, bytes);
+        let ours = bus_bandwidth(op.collective(), Some(algo), n as usize, bytes, time).busbw_gbs;
+        (algo, ours / published - 1.0)
+    }
+
     /// The collective model against every published nccl-tests figure of
     /// `traces/nccl_tests_published.csv` (2, 4, 6 and 8 GPUs of H100/H200 NVSwitch nodes):
     /// NCCL's algorithm on every row; bus bandwidth within the targets (5 % at ≥ 64 MiB,
-    /// 15 % at 8–32 MiB) on the rows the parameters were fitted to and on the 8-GPU rows
-    /// held out. The 2-, 4- and 6-GPU rows (all held out) are printed and bounded by
-    /// [`HELD_OUT_BOUND`]: BENCHMARKS.md lists where they miss the targets.
+    /// 15 % at 8–32 MiB) on every row, fit and check alike, but [`MISSES`], each held to its
+    /// own bound and each still past the targets (a row that comes within them leaves the
+    /// list).
     #[test]
     fn published_nccl_tests_figures() {
         let t = shipped("dgx-h200-roce.toml", DGX_ROCE, 1);
         let coll = CollectiveModel::of(&t, true);
-        let mut rows = 0;
-        for line in PUBLISHED.lines().filter(|l| !l.starts_with('#')).skip(1) {
+        let rows = published_rows();
+        let mut missed = 0;
+        for row in &rows {
+            let &(line, _, n, bytes, published) = row;
             let f: Vec<&str> = line.split(',').collect();
-            let n: u32 = f[2].parse().unwrap();
-            let op = match f[3] {
-                "all_reduce" => CollOp::AllReduce,
-                "all_gather" => CollOp::AllGather,
-                "reduce_scatter" => CollOp::ReduceScatter,
-                o => panic!("op {o}"),
-            };
-            let bytes: u64 = f[5].parse().unwrap();
-            let published: f64 = f[7].parse().unwrap();
-            let (algo, time) = modelled(&t, &coll, op, n, bytes);
-            let ours =
-                bus_bandwidth(op.collective(), Some(algo), n as usize, bytes, time).busbw_gbs;
-            let err = ours / published - 1.0;
+            let (algo, err) = row_error(&t, &coll, row);
+            let lw = coll.lower(row.1, &(0..n).collect::<Vec<_>>(), bytes, t.gpus_per_node);
             eprintln!(
-                "{} {} GPUs {:>6} MiB {:>5} {}: published {published:7.2} GB/s, model {ours:7.2} ({:+.1} %)",
+                "{} {} GPUs {:>6} MiB {:>5} {:>6} {:>5}: published {published:7.2} GB/s, model {:7.2} ({:+.1} %)",
                 f[3],
                 n,
                 bytes >> 20,
                 algo.name(),
+                lw.proto.name(),
                 f[8],
+                published * (1.0 + err),
                 100.0 * err
             );
             assert_eq!(algo.name(), f[4], "{line}");
-            let tol = if n < 8 && f[8] == "check" {
-                HELD_OUT_BOUND
-            } else if bytes >= 64 << 20 {
-                0.05
-            } else {
-                0.15
-            };
-            assert!(err.abs() <= tol, "{line}: model {ours:.1} GB/s");
-            rows += 1;
+            let target = if bytes >= 64 << 20 { 0.05 } else { 0.15 };
+            match MISSES
+                .iter()
+                .find(|m| (m.0, m.1, m.2) == (f[3], n, bytes >> 20))
+            {
+                Some(m) => {
+                    assert!(err.abs() <= m.3, "{line}: {:+.1} %", 100.0 * err);
+                    assert!(err.abs() > target, "{line} meets the target: not a miss");
+                    missed += 1;
+                }
+                None => assert!(err.abs() <= target, "{line}: {:+.1} %", 100.0 * err),
+            }
         }
-        assert_eq!(rows, 55);
+        assert_eq!((rows.len(), missed), (55, MISSES.len()));
     }
 
-    /// Largest bus-bandwidth error of a held-out 2-, 4- or 6-GPU row (BENCHMARKS.md,
-    /// "Calibration figures").
-    const HELD_OUT_BOUND: f64 = 0.25;
+    /// Rows past the targets, with the bound each is held to: (op, GPUs, MiB, bound). All
+    /// are `check` rows on 2 and 4 GPUs (BENCHMARKS.md, "Collectives against published
+    /// nccl-tests"): there the published bus bandwidth keeps rising from 64 MiB to 8 GiB
+    /// (4-GPU reduce-scatter 266 → 350 GB/s) where NCCL's model, latency + bytes ÷
+    /// bandwidth, is flat past a few hundred MiB, and at 8 MiB the 4-GPU collectives take less
+    /// than NCCL's latency table × the 8-GPU fit's 1.36.
+    const MISSES: &[(&str, u32, u64, f64)] = &[
+        ("all_reduce", 4, 8, 0.225),
+        ("all_gather", 4, 64, 0.125),
+        ("all_gather", 4, 128, 0.12),
+        ("all_gather", 4, 256, 0.11),
+        ("all_gather", 4, 512, 0.1),
+        ("all_gather", 4, 1024, 0.09),
+        ("all_gather", 4, 2048, 0.07),
+        ("all_gather", 4, 4096, 0.055),
+        ("reduce_scatter", 4, 8, 0.16),
+        ("reduce_scatter", 4, 64, 0.09),
+        ("reduce_scatter", 4, 128, 0.11),
+        ("reduce_scatter", 4, 256, 0.12),
+        ("reduce_scatter", 4, 512, 0.105),
+        ("reduce_scatter", 4, 1024, 0.075),
+        ("all_reduce", 2, 256, 0.15),
+        ("all_reduce", 2, 512, 0.12),
+        ("all_reduce", 2, 1024, 0.09),
+        ("all_reduce", 2, 2048, 0.065),
+    ];
 
     #[test]
     fn nccl_picks_its_algorithm_by_size_and_gpu_count() {
@@ -855,7 +1042,8 @@ mod tests {
 
     #[test]
     fn bytes_and_steps_by_hand_on_2_4_and_8_gpus() {
-        // One DGX H200 node: NVLink 450 GB/s × 0.797, α 7.97 µs, NCCL's table × 1.36.
+        // One DGX H200 node: NVLink 450 GB/s × 0.797, α 7.97 µs, NCCL's Simple latencies ×
+        // 1.36.
         let t = shipped("dgx-h200-roce.toml", DGX_ROCE, 1);
         let on = CollectiveModel::of(&t, true);
         let s = 1u64 << 30;
@@ -872,7 +1060,11 @@ mod tests {
         ] {
             let g: Vec<GpuId> = (0..n).collect();
             let lw = on.lower(op, &g, s, 8);
-            assert_eq!(lw.algo, Algo::Ring, "{op:?} on {n}");
+            assert_eq!(
+                (lw.algo, lw.proto),
+                (Algo::Ring, Proto::Simple),
+                "{op:?} on {n}"
+            );
             assert_eq!(lw.xfers.len(), n as usize);
             assert!(lw.xfers.iter().all(|x| x.bytes == per), "{op:?} on {n}");
             assert_eq!(lw.latency, lat(steps), "{op:?} on {n}");
@@ -914,23 +1106,49 @@ mod tests {
     }
 
     #[test]
-    fn ring_latency_is_base_plus_one_latency_per_step() {
-        // NCCL's ring latency (8.4 µs + 3.4 µs per NVLink step) × the fitted 1.36, at every
-        // GPU count; network steps cost 14 µs.
+    fn each_protocol_pays_its_latency_per_step_and_runs_at_its_bandwidth() {
+        // NCCL's ring latency per protocol (base + per NVLink step) × the fitted 1.36, at
+        // every GPU count; network steps cost 14 µs.
         let t = shipped("dgx-h200-roce.toml", DGX_ROCE, 2);
         let off = CollectiveModel::of(&t, false);
+        let lat = |p: Proto, steps: f64| {
+            let k = p as usize;
+            (1.36e6 * (RING_BASE_US[k] + RING_STEP_NVLINK_US[k] * steps)).round() as Ps
+        };
         for n in [2u32, 4, 8] {
             let g: Vec<GpuId> = (0..n).collect();
             let steps = f64::from(n - 1);
-            let rs = off.lower(CollOp::ReduceScatter, &g, 1 << 20, 8).latency;
-            let ar = off.lower(CollOp::AllReduce, &g, 1 << 20, 8).latency;
-            assert_eq!(rs, (1.36e6 * (8.4 + 3.4 * steps)).round() as Ps);
-            assert_eq!(ar, (1.36e6 * (8.4 + 3.4 * 2.0 * steps)).round() as Ps);
+            // 64 MiB: Simple; 16 KiB: LL, whose bytes are stretched to its 87.7 GB/s cap
+            // (below 1/3 and 1/4 of the links' 358.65) on the same links
+            let big = 64u64 << 20;
+            let rs = off.lower(CollOp::ReduceScatter, &g, big, 8);
+            let ar = off.lower(CollOp::AllReduce, &g, big, 8);
+            assert_eq!((rs.proto, ar.proto), (Proto::Simple, Proto::Simple));
+            assert_eq!(rs.latency, lat(Proto::Simple, steps));
+            assert_eq!(ar.latency, lat(Proto::Simple, 2.0 * steps));
+            let b = 16u64 << 10;
+            let per = (steps as u64 * b).div_ceil(u64::from(n));
+            let capped = |per: u64| (per as f64 * 358.65 / 87.7).round() as u64;
+            let ag = off.lower(CollOp::AllGather, &g, b, 8);
+            assert_eq!(ag.proto, Proto::Ll, "{n} GPUs");
+            assert_eq!(ag.latency, lat(Proto::Ll, steps));
+            assert!(ag.xfers[0].bytes.abs_diff(capped(per)) <= 1, "{n} GPUs");
+            let ar = off.lower(CollOp::AllReduce, &g, b, 8);
+            assert_eq!(ar.proto, Proto::Ll);
+            assert!(ar.xfers[0].bytes.abs_diff(capped(2 * per)) <= 1);
         }
+        // 8 MiB over 8 GPUs: 14 all-reduce steps make LL128's 1.9 µs per step beat Simple's
+        // 3.4 for 8 % less bandwidth (and LL's 87.7 GB/s cap loses).
+        let g: Vec<GpuId> = (0..8).collect();
+        let ar = off.lower(CollOp::AllReduce, &g, 8 << 20, 8);
+        assert_eq!(ar.proto, Proto::Ll128);
+        assert_eq!(ar.latency, lat(Proto::Ll128, 14.0));
+        // Across two nodes: 2 network steps per direction.
         let two_nodes: Vec<GpuId> = (0..16).collect();
-        let ar = off.lower(CollOp::AllReduce, &two_nodes, 1 << 30, 8).latency;
+        let ar = off.lower(CollOp::AllReduce, &two_nodes, 1 << 30, 8);
+        assert_eq!(ar.proto, Proto::Simple);
         assert_eq!(
-            ar,
+            ar.latency,
             (1.36e6_f64 * (8.4 + 3.4 * 28.0 + 14.0 * 2.0)).round() as Ps
         );
     }

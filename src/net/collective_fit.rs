@@ -6,7 +6,8 @@
 //! ring, NVLS, tree or PAT for all-gather, reduce-scatter and all-reduce; all-to-all and
 //! all-to-all-v are grouped send/recv, `p2p`). Its *port bytes* are what the model puts on
 //! the most loaded GPU port: the largest transfer of the lowered phase (each GPU sends one,
-//! shift by one) for the NCCL algorithms, a GPU's sends to the others for the all-to-alls.
+//! shift by one) for the NCCL algorithms in their Simple protocol (a fitted line stands
+//! for the algorithm's bulk protocol), a GPU's sends to the others for the all-to-alls.
 //! The fitted price of a row is `latency + port bytes / bandwidth` of its algorithm: the
 //! model's own form (its latency table + the bottleneck link's bytes ÷ its achieved
 //! capacity) with both numbers measured instead of taken from NCCL's table and the
@@ -29,6 +30,7 @@ use crate::error::{invalid, parse_error, Result};
 use crate::net::analytical::AnalyticalModel;
 use crate::net::collective::{
     analytical_phases, lower, lower_alltoallv, lowered_time, CollOp, Collective, CollectiveModel,
+    Proto,
 };
 use crate::net::GpuId;
 
@@ -246,7 +248,8 @@ pub fn price(row: &CollRow, topo: &Arc<Topology>, coll: &CollectiveModel) -> Res
     };
     Ok(match coll_op {
         Some(op) => {
-            let lw = coll.lower(op, &group, row.bytes, topo.gpus_per_node);
+            // in the bulk protocol, the one a fitted line prices
+            let lw = coll.lower_in(&[Proto::Simple], op, &group, row.bytes, topo.gpus_per_node);
             Priced {
                 algo: lw.algo.name(),
                 port_bytes: lw.xfers.iter().map(|t| t.bytes).max().unwrap_or(0) as f64,

@@ -16,7 +16,7 @@ autograd runs for it):
 Forward: the kind's ops on fresh inputs; backward: torch.autograd.grad of its outputs with
 random output gradients (add has no backward kernel of its own: its forward row prices the
 backward's gradient sums too). Timing as
-torch_grid.py (one untimed call, then 3-15 calls each between two CUDA events; median, p10,
+torch_grid.py (`timed`: batches of back-to-back calls, the GPU queue fed; median, p10,
 p90 ms). Rows in a seeded shuffled order: `elementwise_SET.csv`.
 """
 import math

@@ -22,8 +22,13 @@ layer  one llama3-8b layer (TP 1) forward + backward on a varlen packed batch of
        GEMMs (forward, input and weight gradients) and (causal batches) its attention call
        timed alone.
 
-Timing (every section): one untimed call, then `reps` calls each between two CUDA events
-(reps chosen from that first call to fill about 0.15 s, 3..15); median, p10 and p90 in ms.
+Timing (every section, `timed`): the kernel's device time with the GPU queue fed, as in a
+training step where the host runs ahead: two untimed calls, then batches of back-to-back
+calls enqueued behind a GPU sleep that outlasts their enqueueing, each batch between one pair
+of CUDA events (calls per batch filling ~1 ms, 1..64; batches filling about 0.15 s, 3..15);
+the median, p10 and p90 of batch time over calls, in ms. Timing each call between its own
+events with a synchronize after it measures the host's dispatch floor instead (24-58 µs on
+the device hosts, whatever the call's work).
 Launch order is shuffled by the seed so a budget cut leaves an unbiased subset.
 """
 import csv
@@ -38,6 +43,8 @@ import time
 import torch
 
 WARM_S = 0.15
+BATCH_MS = 1.0  # device time of one batch of back-to-back calls
+SLEEP_CYCLES_PER_S = 2.0e9  # torch.cuda._sleep spins on SM cycles; >= 1 s per 2e9 at <= 2 GHz
 T0 = time.time()
 
 
@@ -45,24 +52,47 @@ def log(*a):
     print(f"[{time.time() - T0:7.1f}s]", *a, flush=True)
 
 
-def timed(fn, target_s=WARM_S, lo=3, hi=15):
+def _batch(fn, n, host_s):
+    """Device ms per call of `n` calls of `fn` enqueued back to back behind a GPU sleep that
+    outlasts their enqueueing, so the queue holds them all when the first starts and the host's
+    dispatch overlaps the kernels; `host_s` is a host enqueue time per call to size the sleep.
+    Returns (ms per call, host s per call, fed): `fed` is false when the host was still
+    enqueueing after the sleep had ended (the sleep's events time it)."""
+    pre, s, e = (torch.cuda.Event(enable_timing=True) for _ in range(3))
     torch.cuda.synchronize()
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t = time.perf_counter()
+    pre.record()
+    torch.cuda._sleep(int((2.0 * host_s * n + 2e-4) * SLEEP_CYCLES_PER_S))
     s.record()
-    fn()
-    e.record()
-    e.synchronize()
-    first = s.elapsed_time(e)
-    reps = max(lo, min(hi, int(target_s * 1e3 / max(first, 1e-3))))
-    ts = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
+    for _ in range(n):
         fn()
-        e.record()
-        e.synchronize()
-        ts.append(s.elapsed_time(e))
-    ts.sort()
+    e.record()
+    host = time.perf_counter() - t
+    e.synchronize()
+    return s.elapsed_time(e) / n, host / n, host * 1e3 < pre.elapsed_time(s)
+
+
+def _fed(fn, n, host_s):
+    """`_batch` until the queue was fed (the sleep doubled each time, four tries)."""
+    for _ in range(4):
+        ms, host, fed = _batch(fn, n, host_s)
+        if fed:
+            return ms, host
+        host_s = 2.0 * max(host, host_s)
+    raise RuntimeError(f"host enqueue outran a {host_s * n * 1e3:.1f} ms sleep four times")
+
+
+def timed(fn, target_s=WARM_S, lo=3, hi=15):
+    """Median, p10 and p90 device ms of one call of `fn`, the GPU queue kept fed (`_batch`):
+    two untimed calls, one call timed alone to size the batches, then `reps` batches of `n`
+    back-to-back calls (n filling ~1 ms of device time, 1..64; reps filling `target_s`,
+    lo..hi), each batch's time over n."""
+    fn()
+    fn()
+    one, host = _fed(fn, 1, 1e-3)
+    n = max(1, min(64, int(BATCH_MS / max(one, 1e-3))))
+    reps = max(lo, min(hi, int(target_s * 1e3 / max(n * one, 1e-3))))
+    ts = sorted(_fed(fn, n, host)[0] for _ in range(reps))
     q = lambda p: ts[min(len(ts) - 1, int(p * (len(ts) - 1) + 0.5))]
     return statistics.median(ts), q(0.1), q(0.9)
 

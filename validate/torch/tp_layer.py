@@ -11,7 +11,7 @@ column-parallel QKV projection (its 32/TP query and 8/TP KV heads), RoPE, varlen
 FlashAttention over the documents, the row-parallel output projection, reduce-scatter along
 the sequence, residual; the same for the SwiGLU MLP (gate/up column-parallel, down
 row-parallel). The collectives' backward is the other one (all-gather <-> reduce-scatter).
-Timing: CUDA events on every rank (torch_grid.timed: one untimed call, then 5-20 timed);
+Timing: CUDA events on every rank (torch_grid.timed: batches of back-to-back calls, the GPU queue fed);
 written per rank with the slowest rank's median, and the documents, so skewsim can price the
 same layer and batch.
 Keep NCCL_NVLS_ENABLE=0 on the shared multi-GPU machines.

@@ -10,7 +10,7 @@ bottom-right, under a window of W keys (query p sees keys [p - W + 1, p]:
 window_size_left = W - 1, window_size_right = 0). Launches mix whole documents (q = kv),
 one shape repeated, and CP-style chunks. Written as skewsim measurement CSV v2 with a
 `mask` column (`sliding:W`), so `skewsim calibrate` reads it; same timing as torch_grid.py
-(one untimed call, then 3-15 timed calls between CUDA events; median, p10, p90).
+(torch_grid's `timed`: batches of back-to-back calls, the GPU queue fed; median, p10, p90).
 
 `floor_SET.json`: the run's per-call floor, timed the same way: a one-element add, and the
 smallest flash forward and backward (64 queries, one head).
