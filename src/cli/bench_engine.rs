@@ -19,7 +19,7 @@ use skewsim::engine::{
 };
 use skewsim::net::{AnalyticalModel, FlowModel};
 use skewsim::report::step::step_report;
-use skewsim::schedule::step::{build_step, run_step};
+use skewsim::schedule::step::{build_step, run_step, StepRun};
 use skewsim::schedule::train::split_replicas;
 use skewsim::schedule::{NoVariance, Parallelism, PipelineKind, Placement, RankMap};
 use skewsim::workload::corpus::Corpus;
@@ -126,18 +126,8 @@ pub fn full_step(dp: u32, cp: u32, ga: u32, seq_len: u32) -> Result<Vec<BenchRow
     let corpus = "lognormal:mu=6.9315,sigma=1.6";
     let (cost, map, batch) = qwen_step_input(dp, cp, 1, ga, seq_len, false, corpus, 1)?;
     let gpus = map.gpus();
-    let mut net = AnalyticalModel::new(dgx(gpus.div_ceil(8))?);
-    let (run, wall, cpu) = timed(|| {
-        Ok(run_step(
-            &cost,
-            map,
-            &batch,
-            0,
-            &NoVariance,
-            &mut net,
-            None,
-        )?)
-    })?;
+    let topo = dgx(gpus.div_ceil(8))?;
+    let (run, wall, cpu) = timed(|| analytical_step(&cost, map, &batch, &topo))?;
     let rep = run.report;
     let note = format!("{gpus} GPUs: qwen3-30b-a3b CP={cp} DP={dp} GA={ga} L={seq_len}");
     Ok(vec![
@@ -269,6 +259,18 @@ fn process_cpu_s() -> f64 {
 }
 
 /// Wall and process CPU seconds of `f`.
+/// Step 0 of `batch` on `topo` under the analytical network, timed part by part, with no
+/// runtime variance and no trace.
+fn analytical_step(
+    cost: &CostModel,
+    map: RankMap,
+    batch: &[Vec<PackedSeq>],
+    topo: &Arc<Topology>,
+) -> Result<StepRun> {
+    let mut net = AnalyticalModel::new(topo.clone());
+    Ok(run_step(cost, map, batch, 0, &NoVariance, &mut net, None)?)
+}
+
 fn timed<T>(f: impl FnOnce() -> Result<T>) -> Result<(T, f64, f64)> {
     let (t0, c0) = (Instant::now(), process_cpu_s());
     let v = f()?;
@@ -285,18 +287,7 @@ fn arm_step(gpus: u32, flow: bool, tp: u32) -> Result<Timed> {
     if !flow {
         // Analytical: timed part by part.
         return Ok(Box::new(move || {
-            let mut net = AnalyticalModel::new(topo.clone());
-            let (run, t, c) = timed(|| {
-                Ok(run_step(
-                    &cost,
-                    map,
-                    &batch,
-                    0,
-                    &NoVariance,
-                    &mut net,
-                    None,
-                )?)
-            })?;
+            let (run, t, c) = timed(|| analytical_step(&cost, map, &batch, &topo))?;
             Ok(format!(
                 "{what}, analytical network, timed in parts): {} events; build + simulate + report {t:.2} s ({c:.2} cpu); simulated iteration {:.1} s, peak RSS {:.2} GiB",
                 run.report.events,
@@ -406,18 +397,7 @@ pub fn arm_step_16384_speedup() -> Result<Timed> {
     let (cost, map, batch) = qwen_step_input(dp, cp, 1, ga, seq_len, true, "libra-256k", 0)?;
     let topo = dgx(2048)?;
     Ok(Box::new(move || {
-        let step = || -> Result<_> {
-            let mut net = AnalyticalModel::new(topo.clone());
-            Ok(run_step(
-                &cost,
-                map,
-                &batch,
-                0,
-                &NoVariance,
-                &mut net,
-                None,
-            )?)
-        };
+        let step = || analytical_step(&cost, map, &batch, &topo);
         let one = rayon::ThreadPoolBuilder::new().num_threads(1).build()?;
         let (r1, t1, _) = timed(|| one.install(step))?;
         let (rn, tn, _) = timed(step)?;
