@@ -17,16 +17,8 @@ SC=$(python3 -c 'import random; print(random.SystemRandom().randrange(1000, 1000
 W=/tmp/fed_run
 mkdir -p $W/fit $W/check $W/window $W/elementwise
 export PYTHONUNBUFFERED=1
-{
-  date -u
-  echo "held-out seed $SC"
-  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv
-  python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version())"
-} >$W/env.txt 2>&1
-Q=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active
-nvidia-smi --query-gpu=$Q --format=csv >/dev/null 2>&1 || Q=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu
-nvidia-smi --query-gpu=$Q --format=csv -lms 100 >$W/smi.csv &
-SMI=$!
+gpu_log $W
+echo "held-out seed $SC" >>$W/env.txt
 {
   cat $W/env.txt
   echo "== attention and GEMM grids"

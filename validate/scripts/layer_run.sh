@@ -18,15 +18,7 @@ T=$(cd "$(dirname "$0")/../torch" && pwd)
 W=/tmp/layer_run
 mkdir -p $W
 export PYTHONUNBUFFERED=1
-{
-  date -u
-  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv
-  python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version())"
-} >$W/env.txt 2>&1
-Q=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active
-nvidia-smi --query-gpu=$Q --format=csv >/dev/null 2>&1 || Q=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu
-nvidia-smi --query-gpu=$Q --format=csv -lms 100 >$W/smi.csv &
-SMI=$!
+gpu_log $W
 {
   cat $W/env.txt
   for k in torch-flash torch-cudnn skewsim; do
