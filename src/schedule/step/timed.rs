@@ -33,10 +33,8 @@ use crate::report::trace::{chrome_trace, compose, stream_events, traced_gpus};
 use crate::schedule::{RankMap, RuntimeVariance};
 use crate::workload::PackedSeq;
 
-/// The fewest GPUs a part of whole replicas holds: parts stay small, so a part's ops and
-/// sweep state stay in cache (on the 2-core development box a 65,536-GPU step of 16-GPU
-/// replicas took 17 % less CPU in parts of one replica than of four).
-const PART_GPUS: u32 = 16;
+/// The most parts a step is timed in (small parts stay in cache).
+const MAX_PARTS: usize = 1024;
 
 /// A step simulated and measured.
 #[derive(Clone, Debug, PartialEq)]
@@ -63,7 +61,7 @@ pub fn run_step(
     let env = StepEnv { map, var, step };
     let parts = net
         .fixed_durations()
-        .and_then(|d| in_parts(cost, env, batch, d, trace, part_count(map)).ok());
+        .and_then(|d| in_parts(cost, env, batch, d, trace, MAX_PARTS).ok());
     let whole = |net: &mut dyn NetworkModel| -> Result<StepRun> {
         let sg = build_step(cost, map, batch, step, var)?;
         let t = run(&sg.graph, net)?;
@@ -99,14 +97,6 @@ struct PartFacts {
     trace: Vec<(u32, Vec<Vec<String>>)>,
     events: u64,
     makespan: Ps,
-}
-
-/// How many parts [`run_step`] times `map`'s replicas in: each of whole replicas and at
-/// least [`PART_GPUS`] GPUs (or all of them).
-fn part_count(map: RankMap) -> usize {
-    let dp = map.par.dp.max(1);
-    let per_part = PART_GPUS.div_ceil((map.gpus() / dp).max(1));
-    dp.div_ceil(per_part) as usize
 }
 
 /// [`run_step`] in up to `max_parts` parts of replicas (the report does not depend on how
