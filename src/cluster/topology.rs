@@ -109,6 +109,10 @@ pub struct CollectivesSpec {
     /// NCCL's tuner picks NVLS for communicators of at least this many GPUs of one NVLink
     /// domain (≥ 3: `ncclNvlsInit` never builds NVLS for two).
     pub nvls_min_gpus: u32,
+    /// The GPU's memory bandwidth, GB/s (datasheet): a ring ends each pass over its
+    /// buffer with a local copy of every rank's share while the links wait
+    /// (`net::collective`); absent: that copy is not priced.
+    pub hbm_gbyte_s: Option<f64>,
     /// Measured latency and bandwidth per algorithm (`skewsim calibrate --collectives`
     /// prints these entries): a listed algorithm, run inside one NVLink domain, is priced
     /// by them instead of NCCL's latency table and the links' efficiency.
@@ -136,6 +140,7 @@ impl Default for CollectivesSpec {
             latency_scale: 1.0,
             nvls: true,
             nvls_min_gpus: 3,
+            hbm_gbyte_s: None,
             fit: Vec::new(),
         }
     }
@@ -362,6 +367,9 @@ impl TopologySpec {
             self.collectives.latency_scale,
         )?;
         let c = &self.collectives;
+        if let Some(h) = c.hbm_gbyte_s {
+            check_pos(s, "collectives.hbm_gbyte_s", h)?;
+        }
         if !(3..=65_536).contains(&c.nvls_min_gpus) {
             return Err(field_err(
                 s,
@@ -1055,6 +1063,8 @@ rail_optimized = true
         assert!(e.contains("nvlink.efficiency = 1.5"), "{e}");
         let e = err_of(&format!("{SMALL}\n[collectives]\nlatency_scale = 0.0\n"));
         assert!(e.contains("collectives.latency_scale = 0"), "{e}");
+        let e = err_of(&format!("{SMALL}\n[collectives]\nhbm_gbyte_s = -1.0\n"));
+        assert!(e.contains("collectives.hbm_gbyte_s = -1"), "{e}");
         let e = err_of(&format!("{SMALL}\n[collectives]\nnvls = \"off\"\n"));
         assert!(e.contains("nvls"), "{e}");
         let e = err_of(&format!("{SMALL}\n[collectives]\nnvls_min_gpus = 2\n"));
