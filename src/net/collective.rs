@@ -69,15 +69,15 @@
 //! with the H100's 3.35 TB/s of memory) and scored on the other rows (2 and 4 GPUs, other
 //! 8-GPU sources) by the `published_nccl_tests_figures` test. The fitted link rate, 0.822
 //! × 450 = 370 GB/s, is NCCL's own figure for an H100's NVLink (18 links × 20.6 GB/s,
-//! `SM90_NVLINK_BW`, src/graph/topo.h). Without a topology ([`CollectiveModel::default`], a stub network) every
-//! collective is a Simple ring with no latency of its own.
+//! `SM90_NVLINK_BW`, src/graph/topo.h). Without a topology ([`CollectiveModel::default`],
+//! a stub network) every collective is a Simple ring with no latency of its own.
 //!
 //! Channels: NCCL runs a collective on `comm->nChannels` channels (one thread block each)
 //! and lowers that count only for small messages (`topoGetAlgoInfo`, src/enqueue.cc: `while
 //! (nBytes < nc * nt * threadThreshold) nc--`; `threadThresholds` in src/graph/tuning.cc: 64
 //! bytes per thread for Simple, 8 for LL128, 8 × nRanks for the ring's LL; `nt` 512 threads,
 //! 640 for LL128). On c channels the loop stops at c · 32 KiB (Simple), c · 5 KiB (LL128)
-//! and c · nRanks · 4 KiB (LL): 1 MiB, 160 KiB and nRanks · 128 KiB at 32 channels, below
+//! and c · nRanks · 4 KiB (LL): 768 KiB, 120 KiB and nRanks · 96 KiB at 24 channels, below
 //! every size the published figures cover (≥ 8 MiB), where NCCL runs on all its channels.
 //! The model prices every collective on the full links and does not lower the count. The
 //! count itself does not depend on the GPUs taken: on an H100 NVSwitch node NCCL 2.29
