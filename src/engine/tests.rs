@@ -665,3 +665,13 @@ fn collectives_with_equal_transfers_share_them() {
     // Each all-reduce: 1 µs latency + bytes at 1 byte/ps, one after another.
     assert_eq!(t.makespan, 4 * 1_000_000 + 1000 + 1000 + 3000 + 1000);
 }
+
+/// The first bad item is found in order, in one chunk or across many.
+#[test]
+fn the_first_bad_item_is_found_in_order() {
+    let v: Vec<u32> = (0..300_000).collect();
+    let bad = |&x: &u32| x % 70_000 == 69_999;
+    assert_eq!(super::first_in_chunks(&v, bad), Some((69_999, &69_999)));
+    assert_eq!(super::first_in_chunks(&v[..1000], bad), None);
+    assert_eq!(super::first_in_chunks(&v[..0], bad), None);
+}
