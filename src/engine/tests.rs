@@ -511,15 +511,20 @@ mod differential {
                     } else {
                         b.add_collective(&xfers)
                     };
+                    // Now and then the same exchange again (as a step's next layer): the
+                    // collectives share one transfer list.
+                    let again = k != 5 && rng.random_bool(0.3);
                     let kind = rng.random_range(1..3);
-                    for &m in &members {
-                        let deps = dep(&mut rng);
-                        b.add_op(
-                            streams[m as usize][kind],
-                            OpKind::Coll(c),
-                            lab(OpClass::A2aIn),
-                            &deps,
-                        );
+                    for c in std::iter::once(c).chain(again.then(|| b.add_collective(&xfers))) {
+                        for &m in &members {
+                            let deps = dep(&mut rng);
+                            b.add_op(
+                                streams[m as usize][kind],
+                                OpKind::Coll(c),
+                                lab(OpClass::A2aIn),
+                                &deps,
+                            );
+                        }
                     }
                 }
             }
