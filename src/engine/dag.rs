@@ -16,7 +16,9 @@
 //!
 //! [`run_dag`] evaluates these in topological order (Kahn): the event engine's timeline to
 //! the picosecond, with the same transfer durations (the model's one
-//! [`FixedDurations::duration`], called with the same tags) and the same event count.
+//! [`FixedDurations::duration`], called with the same tags, or once per shared transfer
+//! list when the model's durations ignore tags, [`FixedDurations::tag_free`]) and the same
+//! event count.
 //!
 //! # Parallelism
 //! The sweep runs in rounds. The ops ready at the start of a round are processed in parallel
