@@ -16,7 +16,9 @@
 //!
 //! [`run_dag`] evaluates these in topological order (Kahn): the event engine's timeline to
 //! the picosecond, with the same transfer durations (the model's one
-//! [`FixedDurations::duration`], called with the same tags) and the same event count.
+//! [`FixedDurations::duration`], called with the same tags, or once per shared transfer
+//! list when the model's durations ignore tags, [`FixedDurations::tag_free`]) and the same
+//! event count.
 //!
 //! # Parallelism
 //! The sweep runs in rounds. The ops ready at the start of a round are processed in parallel
@@ -85,6 +87,11 @@ struct Dag<'a> {
     /// so far.
     part_end_wait: Vec<AtomicU32>,
     part_drain: Vec<AtomicU64>,
+    /// When the durations do not depend on tags ([`FixedDurations::tag_free`]): per
+    /// transfer, the longest duration of the whole-group collective's list that starts
+    /// there, plus one (0 until known; lists alike are shared, one layer's exchange after
+    /// another's); else empty.
+    span: Vec<AtomicU64>,
 }
 
 impl Dag<'_> {
@@ -123,19 +130,9 @@ impl Dag<'_> {
                 self.coll_start[ci].fetch_max(t, Relaxed);
                 if self.arrived[ci].fetch_add(1, AcqRel) + 1 == g.colls[ci].parts {
                     let cs = self.coll_start[ci].load(Relaxed);
-                    let id = self.within.map_or(c, |w| w.layout.coll(w.part, c));
-                    let tag = TAG_COLL | u64::from(id);
-                    let xf = g.coll_xfers(c);
-                    let land = |x: &super::Xfer| {
-                        cs.saturating_add(self.net.duration(x.src, x.dst, x.bytes, tag))
-                    };
-                    let end = if xf.len() > PAR_XFERS {
-                        xf.par_iter().map(land).max()
-                    } else {
-                        xf.iter().map(land).max()
-                    }
-                    .unwrap_or(cs)
-                    .saturating_add(g.colls[ci].latency);
+                    let end = cs
+                        .saturating_add(self.span(c))
+                        .saturating_add(g.colls[ci].latency);
                     let (a, b) = (
                         g.coll_part_off[ci] as usize,
                         g.coll_part_off[ci + 1] as usize,
@@ -146,6 +143,33 @@ impl Dag<'_> {
                 }
             }
         }
+    }
+
+    /// The longest duration among whole-group collective `c`'s transfers (0 for none).
+    fn span(&self, c: u32) -> Ps {
+        let g = self.g;
+        let xf = g.coll_xfers(c);
+        if xf.is_empty() {
+            return 0;
+        }
+        let memo = self.span.get(g.colls[c as usize].xfer_start as usize);
+        if let Some(s) = memo.map(|m| m.load(Relaxed)).filter(|&s| s > 0) {
+            return s - 1;
+        }
+        let id = self.within.map_or(c, |w| w.layout.coll(w.part, c));
+        let tag = TAG_COLL | u64::from(id);
+        let dur = |x: &super::Xfer| self.net.duration(x.src, x.dst, x.bytes, tag);
+        let s = if xf.len() > PAR_XFERS {
+            xf.par_iter().map(dur).max()
+        } else {
+            xf.iter().map(dur).max()
+        }
+        .unwrap_or(0);
+        // Every thread that computes it finds the same value.
+        if let (Some(m), true) = (memo, s < Ps::MAX) {
+            m.store(s + 1, Relaxed);
+        }
+        s
     }
 
     /// Part `k` of grouped send/recv `c` and its peers have all arrived: its transfers
@@ -284,6 +308,11 @@ fn sweep(g: &Graph, net: &dyn FixedDurations, within: Option<Within<'_>>) -> Res
         part_go: atomics64(np, 0),
         part_end_wait: (0..np as u32).map(|k| AtomicU32::new(peers(k))).collect(),
         part_drain: atomics64(np, 0),
+        span: if net.tag_free() {
+            atomics64(g.xfers.len(), 0)
+        } else {
+            Vec::new()
+        },
     };
     while !frontier.is_empty() {
         if frontier.len() < SEQ_FRONTIER {

@@ -510,7 +510,7 @@ impl GraphBuilder {
         let ns = g.streams.len();
         let nc = g.colls.len();
         let nx = g.xfers.len();
-        let bad_op = g.ops.par_iter().enumerate().find_first(|(_, op)| {
+        let bad_op = first_in_chunks(&g.ops, |op| {
             op.stream as usize >= ns
                 || match op.kind() {
                     OpKind::Coll(c) => c as usize >= nc,
@@ -530,12 +530,9 @@ impl GraphBuilder {
             };
             return Err(invalid(field, value, allowed));
         }
-        if let Some(&(d, s)) = self
-            .edges
-            .par_iter()
-            .flatten()
-            .find_first(|&&(d, s)| d as usize >= n || s as usize >= n || d == s)
-        {
+        if let Some((_, &(d, s))) = self.edges.par_iter().find_map_first(|c| {
+            first_in_chunks(c, |&(d, s)| d as usize >= n || s as usize >= n || d == s)
+        }) {
             return Err(invalid(
                 "dependency",
                 format!("{d} -> {s}"),
@@ -587,6 +584,23 @@ impl GraphBuilder {
         g.p2p_layout()?;
         Ok(self.g)
     }
+}
+
+/// The first item of `items` (with its index) for which `bad` holds: chunks scanned in
+/// parallel, each by a plain loop (a part's graph is small, a whole step's has hundreds of
+/// millions of items).
+fn first_in_chunks<T: Sync>(items: &[T], bad: impl Fn(&T) -> bool + Sync) -> Option<(usize, &T)> {
+    const CHUNK: usize = 1 << 16;
+    if items.len() <= CHUNK {
+        return items.iter().enumerate().find(|(_, x)| bad(x));
+    }
+    items
+        .par_chunks(CHUNK)
+        .enumerate()
+        .find_map_first(|(k, c)| {
+            let i = c.iter().position(&bad)?;
+            Some((k * CHUNK + i, &c[i]))
+        })
 }
 
 /// A CSR layout by a stable counting sort: `off[k + 1]` holds how many of `items` (key,

@@ -511,15 +511,20 @@ mod differential {
                     } else {
                         b.add_collective(&xfers)
                     };
+                    // Now and then the same exchange again (as a step's next layer): the
+                    // collectives share one transfer list.
+                    let again = k != 5 && rng.random_bool(0.3);
                     let kind = rng.random_range(1..3);
-                    for &m in &members {
-                        let deps = dep(&mut rng);
-                        b.add_op(
-                            streams[m as usize][kind],
-                            OpKind::Coll(c),
-                            lab(OpClass::A2aIn),
-                            &deps,
-                        );
+                    for c in std::iter::once(c).chain(again.then(|| b.add_collective(&xfers))) {
+                        for &m in &members {
+                            let deps = dep(&mut rng);
+                            b.add_op(
+                                streams[m as usize][kind],
+                                OpKind::Coll(c),
+                                lab(OpClass::A2aIn),
+                                &deps,
+                            );
+                        }
                     }
                 }
             }
@@ -664,4 +669,14 @@ fn collectives_with_equal_transfers_share_them() {
     let t = run(&g, &mut net()).unwrap();
     // Each all-reduce: 1 µs latency + bytes at 1 byte/ps, one after another.
     assert_eq!(t.makespan, 4 * 1_000_000 + 1000 + 1000 + 3000 + 1000);
+}
+
+/// The first bad item is found in order, in one chunk or across many.
+#[test]
+fn the_first_bad_item_is_found_in_order() {
+    let v: Vec<u32> = (0..300_000).collect();
+    let bad = |&x: &u32| x % 70_000 == 69_999;
+    assert_eq!(super::first_in_chunks(&v, bad), Some((69_999, &69_999)));
+    assert_eq!(super::first_in_chunks(&v[..1000], bad), None);
+    assert_eq!(super::first_in_chunks(&v[..0], bad), None);
 }

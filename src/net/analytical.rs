@@ -12,7 +12,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::sync::Arc;
 
-use crate::cluster::{LinkId, Route, Topology};
+use crate::cluster::{LinkId, LinkKind, Route, Topology};
 use crate::net::{transfer_ps, FixedDurations, GpuId, NetworkModel, Ps};
 
 /// Alpha–beta model over a [`Topology`].
@@ -24,6 +24,9 @@ pub struct AnalyticalModel {
     /// cache line per link.
     link: Vec<(f64, Ps)>,
     local_latency: Ps,
+    /// True when every leaf–spine link has one capacity and latency: a route's time is
+    /// then the same whichever spine ECMP picks.
+    spines_alike: bool,
     queue: BinaryHeap<Reverse<(Ps, u64, u64)>>,
     seq: u64,
 }
@@ -31,15 +34,17 @@ pub struct AnalyticalModel {
 impl AnalyticalModel {
     /// The model over `topo`; local transfers (`src == dst`, 0 bytes) take 0 ps.
     pub fn new(topo: Arc<Topology>) -> AnalyticalModel {
-        let link = topo
+        let link: Vec<(f64, Ps)> = topo
             .links
             .iter()
             .map(|l| (l.capacity(), l.latency))
             .collect();
+        let spines_alike = spines_alike(&topo, &link);
         AnalyticalModel {
             topo,
             link,
             local_latency: 0,
+            spines_alike,
             queue: BinaryHeap::new(),
             seq: 0,
         }
@@ -62,6 +67,9 @@ impl AnalyticalModel {
         let l = link as usize;
         if let (Some(c), Some(link)) = (self.link.get_mut(l), self.topo.links.get(l)) {
             c.0 = link.capacity() * scale;
+            if link.kind == LinkKind::LeafSpine {
+                self.spines_alike = spines_alike(&self.topo, &self.link);
+            }
         }
     }
 
@@ -98,12 +106,29 @@ impl AnalyticalModel {
     }
 }
 
+/// True when every leaf–spine link of `topo` has one (capacity, latency) in `link`.
+fn spines_alike(topo: &Topology, link: &[(f64, Ps)]) -> bool {
+    let mut spine = topo
+        .links
+        .iter()
+        .zip(link)
+        .filter(|(l, _)| l.kind == LinkKind::LeafSpine)
+        .map(|(_, c)| c);
+    let first = spine.next();
+    spine.all(|c| Some(c) == first)
+}
+
 impl FixedDurations for AnalyticalModel {
     /// [`AnalyticalModel::transfer_time`] with the tag as ECMP flow id; endpoints that are
     /// not GPUs of the topology finish as a local transfer.
     fn duration(&self, src: GpuId, dst: GpuId, bytes: u64, tag: u64) -> Ps {
         self.transfer_time(src, dst, bytes, tag)
             .unwrap_or(self.local_latency)
+    }
+
+    /// The tag picks only the spine ([`Topology::route`]).
+    fn tag_free(&self) -> bool {
+        self.spines_alike
     }
 }
 
@@ -167,5 +192,34 @@ mod tests {
         assert_eq!(a.next_completion(), Some(21_000_005));
         // An endpoint outside the topology finishes as a local transfer.
         assert_eq!(a.duration(0, 99, 10, 7), 0);
+    }
+
+    /// Durations ignore the tag exactly while every spine link is alike.
+    #[test]
+    fn tag_free_while_spines_are_alike() {
+        let text = include_str!("../../topologies/test-small.toml");
+        let t = Arc::new(
+            TopologySpec::parse(text, "test-small")
+                .unwrap()
+                .build(None)
+                .unwrap(),
+        );
+        let gpus = t.gpus();
+        let varies = |a: &AnalyticalModel| {
+            (0..gpus).any(|s| {
+                (0..gpus).any(|d| {
+                    (1..16).any(|k| a.duration(s, d, 1 << 20, k) != a.duration(s, d, 1 << 20, 0))
+                })
+            })
+        };
+        let mut a = AnalyticalModel::new(t.clone());
+        assert!(a.tag_free() && !varies(&a));
+        let spine = (0..t.links.len() as LinkId)
+            .find(|&l| t.links[l as usize].kind == LinkKind::LeafSpine)
+            .unwrap();
+        a.scale_link(0, spine, 0.5);
+        assert!(!a.tag_free() && varies(&a));
+        a.scale_link(0, spine, 1.0);
+        assert!(a.tag_free() && !varies(&a));
     }
 }

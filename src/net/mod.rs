@@ -57,6 +57,12 @@ pub trait FixedDurations: Sync {
     /// Picoseconds to move `bytes` from `src` to `dst`; `tag` as in
     /// [`NetworkModel::start`] (a model may pick the route by it).
     fn duration(&self, src: GpuId, dst: GpuId, bytes: u64, tag: u64) -> Ps;
+
+    /// True when [`FixedDurations::duration`] does not depend on the tag, so that
+    /// transfers alike take the same time whichever collective moves them.
+    fn tag_free(&self) -> bool {
+        false
+    }
 }
 
 pub mod analytical;
