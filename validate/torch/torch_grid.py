@@ -20,7 +20,7 @@ layer  one llama3-8b layer (TP 1) forward + backward on a varlen packed batch of
        drawn from traces/wlbllm.json, with a kernel-time breakdown from torch.profiler, the
        wall-clock window of its timed calls (to read the GPU clock log against), its twelve
        GEMMs (forward, input and weight gradients) and (causal batches) its attention call
-       timed alone.
+       timed alone, after the layer and, before it, after 1 s idle (`attn_isolated_cool_ms`).
 
 Timing (every section, `timed`): the kernel's device time with the GPU queue fed, as in a
 training step where the host runs ahead: two untimed calls, then batches of back-to-back
@@ -467,8 +467,18 @@ def layer(seed, out_dir, configs, name):
 
         params = [x, wqkv, wo, wgu, wd, n1, n2]
         fb = lambda: torch.autograd.grad(fwd(), params, dy)
+        mhz, attn_cool = {}, None
+        if window is None:  # the attention call alone after 1 s idle, before the layer heats the GPU
+            L = Launch([(n, n) for n in docs], hq, hq // hkv, hd, seed)
+            torch.cuda.synchronize()
+            time.sleep(1.0)
+            attn_cool = {"fwd": timed(L.flash_fwd)[0]}
+            mhz["attn_fwd_cool"] = LAST_MHZ[0]
+            attn_cool["bwd"] = timed(L.flash_bwd_fn())[0]
+            mhz["attn_bwd_cool"] = LAST_MHZ[0]
+            del L
         r_f = timed(lambda: fwd(), target_s=0.5, lo=5, hi=20)
-        mhz = {"fwd": LAST_MHZ[0]}
+        mhz["fwd"] = LAST_MHZ[0]
         t_fb = time.time()
         r_fb = timed(fb, target_s=1.0, lo=5, hi=20)
         mhz["fwd_bwd"] = LAST_MHZ[0]
@@ -497,6 +507,7 @@ def layer(seed, out_dir, configs, name):
                     "trace_offset": offset, "mask": "causal" if window is None else f"sliding:{window}",
                     "docs": docs, "fwd_ms": r_f, "fwd_bwd_ms": r_fb, "fwd_bwd_unix_s": t_fb, "profile_fwd_bwd": cats,
                     "profile_fwd": cats_f, "gemm_isolated_ms": gemms, "attn_isolated_ms": attn_alone,
+                    "attn_isolated_cool_ms": attn_cool,
                     "sm_mhz": {k: round(v) if v == v else None for k, v in mhz.items()}})
         log(f"layer tokens {tokens} window {window} docs {len(docs)}: fwd {r_f[0]:.3f} ms, fwd+bwd {r_fb[0]:.3f} ms, "
             + ", ".join(f"{c} {v['us'] / 1e3:.3f} ms" for c, v in cats.items())
