@@ -14,8 +14,12 @@
 //!   t = max(floor, call + max(main, (M·K + K·N) · 2 / bandwidth) + M·N · 2 / bandwidth)
 //!
 //! — operands streamed under the main loop, the output written after it, at least the
-//! per-call floor (an eager call's dispatch). It may not price anything else: the step
-//! builder's linear pieces call it per GEMM (`CostModel`).
+//! per-call floor (an eager call's dispatch). Past `sustain_us` of one call the GPU's power
+//! cap has lowered the SM clock: the rest of the call runs `sustained_slowdown` times
+//! slower (measured: isolated cuBLAS calls of ≤ 2 ms at ~770 TFLOP/s and an SM clock near
+//! its 1,980 MHz boost, calls of ≥ 8 ms at ~700 TFLOP/s with the clock at 1,300–1,850 MHz
+//! under the 700 W cap, `validate/results/fed_run/smi.csv`). It may not price anything
+//! else: the step builder's linear pieces call it per GEMM (`CostModel`).
 
 use serde::{Deserialize, Serialize};
 
@@ -41,6 +45,18 @@ pub struct GemmModel {
     pub max_split: u32,
     /// Fewest K per slice.
     pub min_split_k: u32,
+    /// How long one call runs at the boost clock before the power cap lowers it, µs (0 with
+    /// `sustained_slowdown` 1: no cap).
+    #[serde(default)]
+    pub sustain_us: f64,
+    /// How much slower a call runs past `sustain_us` (the boost over the capped clock's
+    /// rate), ≥ 1.
+    #[serde(default = "one")]
+    pub sustained_slowdown: f64,
+}
+
+fn one() -> f64 {
+    1.0
 }
 
 impl GemmModel {
@@ -52,10 +68,21 @@ impl GemmModel {
                 return Err(invalid(f(n), v, "a finite rate > 0"));
             }
         }
-        for (n, v) in [("call_us", self.call_us), ("floor_us", self.floor_us)] {
+        for (n, v) in [
+            ("call_us", self.call_us),
+            ("floor_us", self.floor_us),
+            ("sustain_us", self.sustain_us),
+        ] {
             if !(v.is_finite() && v >= 0.0) {
                 return Err(invalid(f(n), v, "a finite time >= 0 µs"));
             }
+        }
+        if !(self.sustained_slowdown.is_finite() && self.sustained_slowdown >= 1.0) {
+            return Err(invalid(
+                f("sustained_slowdown"),
+                self.sustained_slowdown,
+                "a finite factor >= 1",
+            ));
         }
         for (n, v) in [
             ("sms", self.sms),
@@ -105,6 +132,12 @@ impl GemmModel {
         let operands = ((m * k + k * n) * 2) as f64 * ps_per_byte;
         let out = (m * n * 2) as f64 * ps_per_byte;
         let t = self.call_us * 1e6 + self.main_ps(m, n, k).max(operands) + out;
+        let boost = self.sustain_us * 1e6;
+        let t = if t > boost {
+            boost + (t - boost) * self.sustained_slowdown
+        } else {
+            t
+        };
         t.max(self.floor_us * 1e6)
     }
 }
@@ -225,13 +258,16 @@ pub fn h200(tflops: f64, bytes_per_s: f64, call_us: f64, floor_us: f64) -> GemmM
         tiles: vec![(128, 128), (128, 256), (256, 128)],
         max_split: 32,
         min_split_k: 512,
+        sustain_us: 0.0,
+        sustained_slowdown: 1.0,
     }
 }
 
-/// Fit the four figures of `start` to `rows` by coordinate search on the mean absolute
+/// Fit the six figures of `start` to `rows` by coordinate search on the mean absolute
 /// relative error (each figure scaled up and down by a step that halves when no move
 /// helps, until 0.1 %), from `start` and from a grid of memory rates (1.5–6 TB/s) and
-/// call terms (0, 10 µs) — the max() terms leave local minima —; geometry kept.
+/// call terms (0, 10 µs) — the max() terms leave local minima —, each with the power cap
+/// starting at 2 ms and 15 % (or `start`'s own); geometry kept.
 pub fn fit(rows: &[GemmRow], start: &GemmModel) -> Result<GemmModel> {
     if rows.is_empty() {
         return Err(invalid("gemm measurements", 0, "at least one row"));
@@ -244,9 +280,16 @@ pub fn fit(rows: &[GemmRow], start: &GemmModel) -> Result<GemmModel> {
     let mut starts = vec![start.clone()];
     for bw in [1.5e12, 3e12, 4.5e12, 6e12] {
         for call_us in [0.0, 10.0] {
+            let capped = start.sustained_slowdown > 1.0;
             starts.push(GemmModel {
                 bytes_per_s: bw,
                 call_us,
+                sustain_us: if capped { start.sustain_us } else { 2000.0 },
+                sustained_slowdown: if capped {
+                    start.sustained_slowdown
+                } else {
+                    1.15
+                },
                 ..start.clone()
             });
         }
@@ -264,17 +307,20 @@ fn descend(start: GemmModel, cost: &dyn Fn(&GemmModel) -> f64) -> (GemmModel, f6
     let mut step = 0.25_f64;
     while step > 1e-3 {
         let mut moved = false;
-        for i in 0..4 {
+        for i in 0..6 {
             for dir in [1.0 + step, 1.0 / (1.0 + step)] {
                 let mut t = best.clone();
-                let v = match i {
-                    0 => &mut t.tflops,
-                    1 => &mut t.bytes_per_s,
-                    2 => &mut t.call_us,
-                    _ => &mut t.floor_us,
-                };
-                // A zero time moves off zero by a µs.
-                *v = if *v == 0.0 { 1.0 } else { *v * dir };
+                // A zero time moves off zero by a µs; the slowdown moves as its excess
+                // over 1 (kept >= 1).
+                let scale = |v: f64| if v == 0.0 { 1.0 } else { v * dir };
+                match i {
+                    0 => t.tflops = scale(t.tflops),
+                    1 => t.bytes_per_s = scale(t.bytes_per_s),
+                    2 => t.call_us = scale(t.call_us),
+                    3 => t.floor_us = scale(t.floor_us),
+                    4 => t.sustain_us = scale(t.sustain_us),
+                    _ => t.sustained_slowdown = 1.0 + (t.sustained_slowdown - 1.0).max(1e-3) * dir,
+                }
                 let ct = cost(&t);
                 if ct < c {
                     (best, c, moved) = (t, ct, true);
@@ -329,8 +375,39 @@ mod tests {
     }
 
     #[test]
+    fn past_the_sustain_time_a_call_runs_slower() {
+        let m = GemmModel {
+            sustain_us: 1000.0,
+            sustained_slowdown: 1.2,
+            ..h200(700.0, 3e12, 0.0, 0.0)
+        };
+        let plain = GemmModel {
+            sustained_slowdown: 1.0,
+            ..m.clone()
+        };
+        // A 49 µs call ends at the boost clock.
+        let short = plain.time_ps(1024, 4096, 4096);
+        assert!(short < 1e9);
+        assert_eq!(m.time_ps(1024, 4096, 4096), short);
+        // An 11 ms call: its first ms at the boost clock, the rest 1.2× slower.
+        let long = plain.time_ps(65_536, 14_336, 4096);
+        assert!(long > 1e10);
+        assert_eq!(m.time_ps(65_536, 14_336, 4096), 1e9 + (long - 1e9) * 1.2);
+        let bad = GemmModel {
+            sustained_slowdown: 0.9,
+            ..m.clone()
+        };
+        let e = bad.validate("c.json").unwrap_err().to_string();
+        assert!(e.contains("c.json: gemm.sustained_slowdown"), "{e}");
+    }
+
+    #[test]
     fn the_fit_recovers_known_figures() {
-        let truth = h200(700.0, 3.5e12, 8.0, 20.0);
+        let truth = GemmModel {
+            sustain_us: 3000.0,
+            sustained_slowdown: 1.12,
+            ..h200(700.0, 3.5e12, 8.0, 20.0)
+        };
         let shapes = [
             (1024, 4096, 4096),
             (16384, 4096, 4096),

@@ -185,21 +185,64 @@ mod tests {
         assert!((pf - (lt.gemm_fwd + 2.0 * norm)).abs() < 1.0, "{pf}");
     }
 
+    /// The pricing refitted to the grids timed with the GPU queue fed
+    /// (`validate/results/fed_run/refit/`: the torch-flash head_dim-128 profile, the elementwise
+    /// model and the GEMM model with the power cap) of llama3-8b.
+    fn fed_refit_model() -> CostModel {
+        let ctx = "validate/results/fed_run/refit";
+        let c = crate::cost::Calibration::from_json_str(
+            include_str!("../../validate/results/fed_run/refit/torch-flash-d128.json"),
+            ctx,
+        )
+        .unwrap();
+        let g: GemmModel = serde_json::from_str(include_str!(
+            "../../validate/results/fed_run/refit/gemm-h200-capped.json"
+        ))
+        .unwrap();
+        let e: ElementwiseModel = serde_json::from_str(include_str!(
+            "../../validate/results/fed_run/refit/elementwise-h200.json"
+        ))
+        .unwrap();
+        CostModel::calibrated(ModelConfig::builtin("llama3-8b").unwrap(), &c, ctx)
+            .unwrap()
+            .with_gemm(g)
+            .with_elementwise(e)
+    }
+
     /// The measured llama3-8b layers (`validate/torch/torch_grid.py`'s layer on one H200:
     /// the fit runs' batches and held-out runs', drawn by their printed seeds; none of them
-    /// fitted anything the pricing uses) against the default pricing, part by part (the
-    /// profiler's kernel times; where a run timed them, the GEMMs and attention call alone)
-    /// and whole (CUDA events): fwd+bwd within the 5 % target.
+    /// fitted anything the pricing uses) against a pricing, part by part (the profiler's
+    /// kernel times; where a run timed them, the GEMMs and attention call alone) and whole
+    /// (CUDA events, fwd+bwd): the runs timed one call at a time, and those timed with the
+    /// queue fed (`heldout_run`). The default pricing is within the 5 % target on the first
+    /// and misses it on the second (+6.6 % at 16,384 tokens); the fed refits meet it on the
+    /// second (BENCHMARKS.md, "Attention placement and GEMM clocks").
     #[test]
     fn measured_layers() {
-        let c = default_model();
-        let files = [
+        let per_call = [
             include_str!("../../validate/results/torch_fit/layer.json"),
             include_str!("../../validate/results/production_fit/layer_fit.json"),
             include_str!("../../validate/results/production_check/layer_check.json"),
             include_str!("../../validate/results/layer_run/layer_fit.json"),
             include_str!("../../validate/results/layer_run/layer_check.json"),
         ];
+        let fed = [
+            include_str!("../../validate/results/heldout_run/layer_fit.json"),
+            include_str!("../../validate/results/heldout_run/layer_check.json"),
+        ];
+        let (d, r) = (default_model(), fed_refit_model());
+        let w = layer_errors(&d, &per_call);
+        assert!(w < 5.0, "{w}");
+        let w = layer_errors(&d, &fed);
+        assert!(w < 7.0, "{w}");
+        let w = layer_errors(&r, &fed);
+        assert!(w < 5.0, "{w}");
+        println!("the fed refits on the runs timed one call at a time:");
+        layer_errors(&r, &per_call);
+    }
+
+    /// Print each measured batch of `files` against `c`'s pricing; the worst fwd+bwd error, %.
+    fn layer_errors(c: &CostModel, files: &[&str]) -> f64 {
         let mut worst: f64 = 0.0;
         for (f, text) in files.iter().enumerate() {
             let runs: Vec<serde_json::Value> = serde_json::from_str(text).unwrap();
@@ -259,6 +302,6 @@ mod tests {
             }
         }
         println!("worst fwd+bwd error {worst:.1} %");
-        assert!(worst < 5.0, "{worst}");
+        worst
     }
 }

@@ -20,13 +20,15 @@ layer  one llama3-8b layer (TP 1) forward + backward on a varlen packed batch of
        drawn from traces/wlbllm.json, with a kernel-time breakdown from torch.profiler, the
        wall-clock window of its timed calls (to read the GPU clock log against), its twelve
        GEMMs (forward, input and weight gradients) and (causal batches) its attention call
-       timed alone.
+       timed alone, after the layer and, before it, after 1 s idle (`attn_isolated_cool_ms`).
 
 Timing (every section, `timed`): the kernel's device time with the GPU queue fed, as in a
 training step where the host runs ahead: two untimed calls, then batches of back-to-back
 calls enqueued behind a GPU sleep that outlasts their enqueueing, each batch between one pair
 of CUDA events (calls per batch filling ~1 ms, 1..64; batches filling about 0.15 s, 3..15);
-the median, p10 and p90 of batch time over calls, in ms. Timing each call between its own
+the median, p10 and p90 of batch time over calls, in ms. The SM clock is sampled (NVML) while the
+timed batches run: `attn_clocks_SET.csv` per launch and pass, the GEMM CSV's `sm_mhz`, the layer's
+`sm_mhz` (the power cap lowers the clock under sustained load; kernel times follow it). Timing each call between its own
 events with a synchronize after it measures the host's dispatch floor instead (24-58 µs on
 the device hosts, whatever the call's work).
 Launch order is shuffled by the seed so a budget cut leaves an unbiased subset.
@@ -46,6 +48,26 @@ WARM_S = 0.15
 BATCH_MS = 1.0  # device time of one batch of back-to-back calls
 SLEEP_CYCLES_PER_S = 2.0e9  # torch.cuda._sleep spins on SM cycles; >= 1 s per 2e9 at <= 2 GHz
 T0 = time.time()
+try:  # the SM clock while timed calls run (NVML; absent: no clock columns filled)
+    import pynvml
+    pynvml.nvmlInit()
+    _NVML = pynvml.nvmlDeviceGetHandleByIndex(0)
+except Exception:  # noqa: BLE001 - the timing runs without it
+    _NVML = None
+_CLOCKS = []  # SM MHz samples of the running `timed`, taken while its batches ran
+LAST_MHZ = [float("nan")]  # the mean of the last `timed`'s samples
+
+
+def _sample_clock(start, end):
+    """Poll the SM clock until `end` completes, keeping the samples taken after `start` did:
+    the clock the timed calls ran at (the power cap lowers it under sustained load)."""
+    while not end.query():
+        if _NVML is not None and start.query():
+            try:
+                _CLOCKS.append(pynvml.nvmlDeviceGetClockInfo(_NVML, pynvml.NVML_CLOCK_SM))
+            except Exception:  # noqa: BLE001
+                pass
+        time.sleep(2e-4)
 
 
 def log(*a):
@@ -68,6 +90,7 @@ def _batch(fn, n, host_s):
         fn()
     e.record()
     host = time.perf_counter() - t
+    _sample_clock(s, e)
     e.synchronize()
     return s.elapsed_time(e) / n, host / n, host * 1e3 < pre.elapsed_time(s)
 
@@ -86,13 +109,16 @@ def timed(fn, target_s=WARM_S, lo=3, hi=15):
     """Median, p10 and p90 device ms of one call of `fn`, the GPU queue kept fed (`_batch`):
     two untimed calls, one call timed alone to size the batches, then `reps` batches of `n`
     back-to-back calls (n filling ~1 ms of device time, 1..64; reps filling `target_s`,
-    lo..hi), each batch's time over n."""
+    lo..hi), each batch's time over n. `LAST_MHZ[0]`: the mean SM clock sampled while the
+    timed batches ran (NaN without NVML or samples)."""
     fn()
     fn()
     one, host = _fed(fn, 1, 1e-3)
     n = max(1, min(64, int(BATCH_MS / max(one, 1e-3))))
     reps = max(lo, min(hi, int(target_s * 1e3 / max(n * one, 1e-3))))
+    _CLOCKS.clear()
     ts = sorted(_fed(fn, n, host)[0] for _ in range(reps))
+    LAST_MHZ[0] = statistics.fmean(_CLOCKS) if _CLOCKS else float("nan")
     q = lambda p: ts[min(len(ts) - 1, int(p * (len(ts) - 1) + 0.5))]
     return statistics.median(ts), q(0.1), q(0.9)
 
@@ -242,6 +268,8 @@ def attn(set_name, seed, out_dir, n, budget_s, kernels):
     files = {k: open(os.path.join(out_dir, f"attn_{k}_{set_name}.csv"), "w") for k in kernels}
     for f in files.values():
         f.write("#skewsim-measurements,v2\n" + HEADER + "\n")
+    clocks = open(os.path.join(out_dir, f"attn_clocks_{set_name}.csv"), "w")
+    clocks.write("kernel,plan,pass,sm_mhz\n")
     t_start = time.time()
     done = 0
     for i, (units, h, g, d) in enumerate(launches):
@@ -255,7 +283,10 @@ def attn(set_name, seed, out_dir, n, budget_s, kernels):
                 fwd = L.flash_fwd if k == "torch-flash" else L.cudnn_fwd
                 bwd = L.flash_bwd_fn() if k == "torch-flash" else L.cudnn_bwd_fn()
                 rf = timed(fwd)
+                clocks.write(f"{k},{name},fwd,{LAST_MHZ[0]:.0f}\n")
                 rb = timed(bwd)
+                clocks.write(f"{k},{name},bwd,{LAST_MHZ[0]:.0f}\n")
+                clocks.flush()
                 files[k].write(row(k, "fwd", name, seed, units, h, g, d, rf) + "\n")
                 files[k].write(row(k, "bwd", name, seed, units, h, g, d, rb) + "\n")
                 files[k].flush()
@@ -268,6 +299,7 @@ def attn(set_name, seed, out_dir, n, budget_s, kernels):
             log(f"attn {done}/{len(launches)}")
     for f in files.values():
         f.close()
+    clocks.close()
 
 
 # ---------------------------------------------------------------- GEMMs
@@ -305,7 +337,7 @@ def gemm(set_name, seed, out_dir, n, budget_s):
     path = os.path.join(out_dir, f"gemm_{set_name}.csv")
     t_start = time.time()
     with open(path, "w") as f:
-        f.write("model,part,tp,tokens,pass,m,n,k,median_ms,p10_ms,p90_ms,tflops\n")
+        f.write("model,part,tp,tokens,pass,m,n,k,median_ms,p10_ms,p90_ms,tflops,sm_mhz\n")
         for i, (m, part, tp, t, pas, M, N, K) in enumerate(shapes):
             if time.time() - t_start > budget_s:
                 log(f"gemm budget reached after {i} of {len(shapes)}")
@@ -318,7 +350,7 @@ def gemm(set_name, seed, out_dir, n, budget_s):
             elif pas == "dgrad":  # dY W^T: the weight stored (out, in) as the forward reads it
                 b = b.t().contiguous().t()
             ms, p10, p90 = timed(lambda: torch.matmul(a, b), target_s=0.06)
-            f.write(f"{m},{part},{tp},{t},{pas},{M},{N},{K},{ms:.5f},{p10:.5f},{p90:.5f},{2.0 * M * N * K / ms / 1e9:.1f}\n")
+            f.write(f"{m},{part},{tp},{t},{pas},{M},{N},{K},{ms:.5f},{p10:.5f},{p90:.5f},{2.0 * M * N * K / ms / 1e9:.1f},{LAST_MHZ[0]:.0f}\n")
             f.flush()
             del a, b
     torch.cuda.empty_cache()
@@ -435,9 +467,21 @@ def layer(seed, out_dir, configs, name):
 
         params = [x, wqkv, wo, wgu, wd, n1, n2]
         fb = lambda: torch.autograd.grad(fwd(), params, dy)
+        mhz, attn_cool = {}, None
+        if window is None:  # the attention call alone after 1 s idle, before the layer heats the GPU
+            L = Launch([(n, n) for n in docs], hq, hq // hkv, hd, seed)
+            torch.cuda.synchronize()
+            time.sleep(1.0)
+            attn_cool = {"fwd": timed(L.flash_fwd)[0]}
+            mhz["attn_fwd_cool"] = LAST_MHZ[0]
+            attn_cool["bwd"] = timed(L.flash_bwd_fn())[0]
+            mhz["attn_bwd_cool"] = LAST_MHZ[0]
+            del L
         r_f = timed(lambda: fwd(), target_s=0.5, lo=5, hi=20)
+        mhz["fwd"] = LAST_MHZ[0]
         t_fb = time.time()
         r_fb = timed(fb, target_s=1.0, lo=5, hi=20)
+        mhz["fwd_bwd"] = LAST_MHZ[0]
         t_fb = [round(t_fb, 2), round(time.time(), 2)]
         cats = kernel_times(fb)
         cats_f = kernel_times(fwd)
@@ -446,18 +490,25 @@ def layer(seed, out_dir, configs, name):
             a = torch.randn(tokens, w.shape[0], device="cuda", dtype=torch.bfloat16, generator=gen)
             g = torch.randn(tokens, w.shape[1], device="cuda", dtype=torch.bfloat16, generator=gen)
             wd_ = w.detach()
-            gemms[nm] = {"fwd": timed(lambda: a @ wd_, target_s=0.06)[0], "dgrad": timed(lambda: g @ wd_.t(), target_s=0.06)[0],
-                         "wgrad": timed(lambda: a.t() @ g, target_s=0.06)[0]}
+            gemms[nm] = {}
+            for pas, fn in (("fwd", lambda: a @ wd_), ("dgrad", lambda: g @ wd_.t()), ("wgrad", lambda: a.t() @ g)):
+                gemms[nm][pas] = timed(fn, target_s=0.06)[0]
+                mhz[f"gemm_{nm}_{pas}"] = LAST_MHZ[0]
             del a, g
         attn_alone = None
         if window is None:  # the layer's attention call alone, timed as the grid's launches
             L = Launch([(n, n) for n in docs], hq, hq // hkv, hd, seed)
-            attn_alone = {"fwd": timed(L.flash_fwd)[0], "bwd": timed(L.flash_bwd_fn())[0]}
+            attn_alone = {"fwd": timed(L.flash_fwd)[0]}
+            mhz["attn_fwd"] = LAST_MHZ[0]
+            attn_alone["bwd"] = timed(L.flash_bwd_fn())[0]
+            mhz["attn_bwd"] = LAST_MHZ[0]
             del L
         res.append({"model": "llama3-8b", "tp": 1, "tokens": tokens, "seq_len": seq_len, "trace": "traces/wlbllm.json",
                     "trace_offset": offset, "mask": "causal" if window is None else f"sliding:{window}",
                     "docs": docs, "fwd_ms": r_f, "fwd_bwd_ms": r_fb, "fwd_bwd_unix_s": t_fb, "profile_fwd_bwd": cats,
-                    "profile_fwd": cats_f, "gemm_isolated_ms": gemms, "attn_isolated_ms": attn_alone})
+                    "profile_fwd": cats_f, "gemm_isolated_ms": gemms, "attn_isolated_ms": attn_alone,
+                    "attn_isolated_cool_ms": attn_cool,
+                    "sm_mhz": {k: round(v) if v == v else None for k, v in mhz.items()}})
         log(f"layer tokens {tokens} window {window} docs {len(docs)}: fwd {r_f[0]:.3f} ms, fwd+bwd {r_fb[0]:.3f} ms, "
             + ", ".join(f"{c} {v['us'] / 1e3:.3f} ms" for c, v in cats.items())
             + f"; the GEMMs alone {sum(sum(p.values()) for p in gemms.values()):.3f} ms")
