@@ -185,28 +185,33 @@ mod tests {
         assert!((pf - (lt.gemm_fwd + 2.0 * norm)).abs() < 1.0, "{pf}");
     }
 
-    /// The pricing refitted to the grids timed with the GPU queue fed
-    /// (`validate/results/fed_run/refit/`: the torch-flash head_dim-128 profile, the elementwise
-    /// model and the GEMM model with the power cap) of llama3-8b.
-    fn fed_refit_model() -> CostModel {
-        let ctx = "validate/results/fed_run/refit";
-        let c = crate::cost::Calibration::from_json_str(
-            include_str!("../../validate/results/fed_run/refit/torch-flash-d128.json"),
-            ctx,
-        )
-        .unwrap();
-        let g: GemmModel = serde_json::from_str(include_str!(
-            "../../validate/results/fed_run/refit/gemm-h200-capped.json"
-        ))
-        .unwrap();
-        let e: ElementwiseModel = serde_json::from_str(include_str!(
-            "../../validate/results/fed_run/refit/elementwise-h200.json"
-        ))
-        .unwrap();
-        CostModel::calibrated(ModelConfig::builtin("llama3-8b").unwrap(), &c, ctx)
-            .unwrap()
-            .with_gemm(g)
-            .with_elementwise(e)
+    /// The built-in H200 models are the fits to the grids timed with the GPU queue fed, as
+    /// `validate/results/fed_run/refit/` keeps them (the torch-flash profiles, the elementwise
+    /// model, the GEMM model with the power cap; BENCHMARKS.md, "Attention placement and GEMM
+    /// clocks"): the shipped files are those fits, byte for byte.
+    #[test]
+    fn the_built_in_models_are_the_fed_refits() {
+        let pairs = [
+            (
+                include_str!("../../calibrations/torch-flash-d128.json"),
+                include_str!("../../validate/results/fed_run/refit/torch-flash-d128.json"),
+            ),
+            (
+                include_str!("../../calibrations/torch-flash-d64.json"),
+                include_str!("../../validate/results/fed_run/refit/torch-flash-d64.json"),
+            ),
+            (
+                include_str!("../../calibrations/elementwise-h200.json"),
+                include_str!("../../validate/results/fed_run/refit/elementwise-h200.json"),
+            ),
+            (
+                include_str!("../../calibrations/gemm-h200.json"),
+                include_str!("../../validate/results/fed_run/refit/gemm-h200-capped.json"),
+            ),
+        ];
+        for (i, (shipped, fit)) in pairs.iter().enumerate() {
+            assert_eq!(shipped, fit, "built-in model {i}");
+        }
     }
 
     /// The measured llama3-8b layers (`validate/torch/torch_grid.py`'s layer on one H200:
@@ -214,9 +219,9 @@ mod tests {
     /// fitted anything the pricing uses) against a pricing, part by part (the profiler's
     /// kernel times; where a run timed them, the GEMMs and attention call alone) and whole
     /// (CUDA events, fwd+bwd): the runs timed one call at a time, and those timed with the
-    /// queue fed (`heldout_run`). The default pricing is within the 5 % target on the first
-    /// and misses it on the second (+6.6 % at 16,384 tokens); the fed refits meet it on the
-    /// second (BENCHMARKS.md, "Attention placement and GEMM clocks").
+    /// queue fed (`heldout_run`). The built-in pricing is within the 5 % target on the
+    /// fed runs and within −7.8 % on the others (BENCHMARKS.md, "Attention placement and GEMM
+    /// clocks").
     #[test]
     fn measured_layers() {
         let per_call = [
@@ -230,15 +235,13 @@ mod tests {
             include_str!("../../validate/results/heldout_run/layer_fit.json"),
             include_str!("../../validate/results/heldout_run/layer_check.json"),
         ];
-        let (d, r) = (default_model(), fed_refit_model());
-        let w = layer_errors(&d, &per_call);
-        assert!(w < 5.0, "{w}");
+        let d = default_model();
         let w = layer_errors(&d, &fed);
-        assert!(w < 7.0, "{w}");
-        let w = layer_errors(&r, &fed);
         assert!(w < 5.0, "{w}");
-        println!("the fed refits on the runs timed one call at a time:");
-        layer_errors(&r, &per_call);
+        // The runs timed one call at a time carry each call's host dispatch (the forward
+        // attention call alone took 1.18–1.25× the fed figure): bounded, not a target.
+        let w = layer_errors(&d, &per_call);
+        assert!(w < 8.5, "{w}");
     }
 
     /// Print each measured batch of `files` against `c`'s pricing; the worst fwd+bwd error, %.

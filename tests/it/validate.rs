@@ -437,13 +437,13 @@ fn calibrate_collectives_recovers_a_hand_made_model_and_scores_it_held_out() {
 }
 
 /// `calibrate --gemm --score-only` scores the built-in GEMM model on the committed cuBLAS
-/// measurements; fitting it again from them reproduces the built-in figures' scores; mixing
-/// it with attention measurements is refused by name.
+/// measurements timed with the queue fed: the grid it was fitted to and a held-out set drawn
+/// by another seed (≤ 5 % median); mixing it with attention measurements is refused by name.
 #[test]
 fn the_gemm_model_scores_the_committed_cublas_measurements() {
     let (fit, held) = (
-        "validate/results/torch_fit/gemm_fit.csv",
-        "validate/results/torch_check/gemm_check.csv",
+        "validate/results/fed_run/fit/gemm_fit.csv",
+        "validate/results/heldout_run/gemm_check.csv",
     );
     let out = skewsim(&[
         "--json",
@@ -460,10 +460,10 @@ fn the_gemm_model_scores_the_committed_cublas_measurements() {
         String::from_utf8_lossy(&out.stderr)
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v["fit"]["rows"], 420);
+    assert_eq!(v["fit"]["rows"], 271);
     assert_eq!(v["check"]["rows"], 160);
     assert!(v["fit"]["median_ape"].as_f64().unwrap() < 5.0, "{v}");
-    assert!(v["check"]["median_ape"].as_f64().unwrap() < 6.0, "{v}");
+    assert!(v["check"]["median_ape"].as_f64().unwrap() < 5.0, "{v}");
     check(
         &[
             "calibrate",
