@@ -68,21 +68,21 @@ struct Dag<'a> {
     wait: Vec<AtomicU32>,
     /// Per op: the latest end among its ended predecessors (its start once `wait` is 0).
     start: Vec<AtomicU64>,
-    /// Per stream: the index into `Graph::stream_ops` of its op that ends next. A stream's
-    /// ops end one after another, each after the last has told it so, so a plain load and
-    /// store suffice.
-    pos: Vec<AtomicU32>,
+    /// Per op: the op after it on its stream (`DONE` for none), one read where an op
+    /// ends.
+    after: Vec<u32>,
     end: Vec<AtomicU64>,
     /// Per collective: parts arrived (whole-group).
     arrived: Vec<AtomicU32>,
     /// Per collective: last arrival (whole-group) or earliest part start (grouped).
     coll_start: Vec<AtomicU64>,
-    /// Per grouped send/recv part: arrivals (it and its peers) still awaited, and the
-    /// latest so far.
+    /// Per grouped send/recv part: arrivals (it and its peers) still awaited, and its own
+    /// arrival. The last of them takes the latest arrival over it and its peers (peers are
+    /// mutual), so each arrival writes one time and not one per peer.
     part_wait: Vec<AtomicU32>,
-    part_go: Vec<AtomicU64>,
-    /// Per grouped send/recv part: drains (it and its peers) still awaited, and the latest
-    /// so far.
+    part_arrive: Vec<AtomicU64>,
+    /// Per grouped send/recv part: drains (it and its peers) still awaited, and when its
+    /// own transfers have landed; the last takes the latest over it and its peers.
     part_end_wait: Vec<AtomicU32>,
     part_drain: Vec<AtomicU64>,
 }
@@ -110,10 +110,9 @@ impl Dag<'_> {
             }
             OpKind::Coll(c) if g.colls[c as usize].p2p.is_some() => {
                 let k = g.part_of(c, op);
+                self.part_arrive[k as usize].store(t, Relaxed);
                 for q in std::iter::once(k).chain(g.part_nbrs(k).iter().copied()) {
-                    let qi = q as usize;
-                    self.part_go[qi].fetch_max(t, Relaxed);
-                    if self.part_wait[qi].fetch_sub(1, AcqRel) == 1 {
+                    if last_of(&self.part_wait[q as usize]) {
                         self.start_part(c, q, next, out);
                     }
                 }
@@ -148,11 +147,20 @@ impl Dag<'_> {
         }
     }
 
+    /// The latest of `at` over part `k` and its peers.
+    fn latest(&self, at: &[AtomicU64], k: u32) -> Ps {
+        std::iter::once(k)
+            .chain(self.g.part_nbrs(k).iter().copied())
+            .map(|q| at[q as usize].load(Relaxed))
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Part `k` of grouped send/recv `c` and its peers have all arrived: its transfers
     /// start; once they land it drains, for itself and each peer.
     fn start_part(&self, c: u32, k: u32, next: &mut Option<OpId>, out: &mut Vec<OpId>) {
         let g = self.g;
-        let go = self.part_go[k as usize].load(Relaxed);
+        let go = self.latest(&self.part_arrive, k);
         self.coll_start[c as usize].fetch_min(go, Relaxed);
         let tag = TAG_PART | u64::from(k);
         let drain = g
@@ -164,12 +172,11 @@ impl Dag<'_> {
             })
             .max()
             .unwrap_or(go);
+        self.part_drain[k as usize].store(drain, Relaxed);
         for q in std::iter::once(k).chain(g.part_nbrs(k).iter().copied()) {
-            let qi = q as usize;
-            self.part_drain[qi].fetch_max(drain, Relaxed);
-            if self.part_end_wait[qi].fetch_sub(1, AcqRel) == 1 {
-                let end = self.part_drain[qi].load(Relaxed);
-                self.finish(g.coll_parts[qi], end, next, out);
+            if last_of(&self.part_end_wait[q as usize]) {
+                let end = self.latest(&self.part_drain, q);
+                self.finish(g.coll_parts[q as usize], end, next, out);
             }
         }
     }
@@ -181,10 +188,7 @@ impl Dag<'_> {
         self.end[oi].store(end, Relaxed);
         self.wait[oi].store(DONE, Relaxed);
         let (a, b) = (g.succ_off[oi] as usize, g.succ_off[oi + 1] as usize);
-        let st = g.ops[oi].stream as usize;
-        let p = self.pos[st].load(Relaxed) + 1;
-        self.pos[st].store(p, Relaxed);
-        let after = (p < g.stream_off[st + 1]).then(|| g.stream_ops[p as usize]);
+        let after = Some(self.after[oi]).filter(|&s| s != DONE);
         for s in after.into_iter().chain(g.succ[a..b].iter().copied()) {
             let si = s as usize;
             let ready = if self.wait[si].load(Acquire) == 1 {
@@ -207,6 +211,22 @@ impl Dag<'_> {
             }
         }
     }
+}
+
+/// Count one down on `w`; true when that was the last. The last count skips the
+/// read-modify-write: counters only fall, so one that reads 1 before this count is touched
+/// by nobody else. Acquire (or the RMW's) sees what every earlier count published.
+fn last_of(w: &AtomicU32) -> bool {
+    if w.load(Acquire) == 1 {
+        w.store(0, Relaxed);
+        true
+    } else {
+        w.fetch_sub(1, AcqRel) == 1
+    }
+}
+
+fn atomics32(n: usize, x: u32) -> Vec<AtomicU32> {
+    (0..n).into_par_iter().map(|_| AtomicU32::new(x)).collect()
 }
 
 fn atomics64(n: usize, x: u64) -> Vec<AtomicU64> {
@@ -263,10 +283,7 @@ fn sweep(g: &Graph, net: &dyn FixedDurations, within: Option<Within<'_>>) -> Res
         } else {
             release.par_iter().map(|&t| AtomicU64::new(t)).collect()
         },
-        pos: g.stream_off[..g.streams.len()]
-            .iter()
-            .map(|&p| AtomicU32::new(p))
-            .collect(),
+        after: next_on_stream(g),
         end: atomics64(n, 0),
         arrived: (0..nc).map(|_| AtomicU32::new(0)).collect(),
         coll_start: g
@@ -281,7 +298,7 @@ fn sweep(g: &Graph, net: &dyn FixedDurations, within: Option<Within<'_>>) -> Res
             })
             .collect(),
         part_wait: (0..np as u32).map(|k| AtomicU32::new(peers(k))).collect(),
-        part_go: atomics64(np, 0),
+        part_arrive: atomics64(np, 0),
         part_end_wait: (0..np as u32).map(|k| AtomicU32::new(peers(k))).collect(),
         part_drain: atomics64(np, 0),
     };
@@ -332,6 +349,17 @@ fn sweep(g: &Graph, net: &dyn FixedDurations, within: Option<Within<'_>>) -> Res
         makespan,
         events,
     })
+}
+
+/// Per op of `g`: the op after it on its stream, `DONE` for a stream's last.
+fn next_on_stream(g: &Graph) -> Vec<u32> {
+    let next: Vec<AtomicU32> = atomics32(g.ops.len(), DONE);
+    (0..g.streams.len() as u32).into_par_iter().for_each(|s| {
+        for w in g.stream_ops(s).windows(2) {
+            next[w[0] as usize].store(w[1], Relaxed);
+        }
+    });
+    next.into_iter().map(AtomicU32::into_inner).collect()
 }
 
 /// The events the event engine processes on a graph that finishes: one per compute op and
