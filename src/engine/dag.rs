@@ -14,6 +14,12 @@
 //!   the part drains when they have landed, and it ends when it and every peer have
 //!   drained.
 //!
+//! A grouped send/recv is first swept whole: once all its parts have arrived (in the
+//! sweep's order, not in time) one pass takes every part's start, drain and end from its
+//! peers' times, with no counter per peer. The times are the same max-plus values; only
+//! where a part's end leads to another part's arrival of the same collective can that
+//! order not finish, and then the graph is swept again part by part.
+//!
 //! [`run_dag`] evaluates these in topological order (Kahn): the event engine's timeline to
 //! the picosecond, with the same transfer durations (the model's one
 //! [`FixedDurations::duration`], called with the same tags) and the same event count.
@@ -72,8 +78,10 @@ struct Dag<'a> {
     /// ends.
     after: Vec<u32>,
     end: Vec<AtomicU64>,
-    /// Per collective: parts arrived (whole-group).
+    /// Per collective: parts arrived (whole-group; grouped send/recv swept whole).
     arrived: Vec<AtomicU32>,
+    /// Grouped send/recvs are swept whole (else part by part).
+    p2p_whole: bool,
     /// Per collective: last arrival (whole-group) or earliest part start (grouped).
     coll_start: Vec<AtomicU64>,
     /// Per grouped send/recv part: arrivals (it and its peers) still awaited, and its own
@@ -111,6 +119,13 @@ impl Dag<'_> {
             OpKind::Coll(c) if g.colls[c as usize].p2p.is_some() => {
                 let k = g.part_of(c, op);
                 self.part_arrive[k as usize].store(t, Relaxed);
+                if self.p2p_whole {
+                    let ci = c as usize;
+                    if self.arrived[ci].fetch_add(1, AcqRel) + 1 == g.colls[ci].parts {
+                        self.run_p2p(c, next, out);
+                    }
+                    return;
+                }
                 for q in std::iter::once(k).chain(g.part_nbrs(k).iter().copied()) {
                     if last_of(&self.part_wait[q as usize]) {
                         self.start_part(c, q, next, out);
@@ -156,9 +171,23 @@ impl Dag<'_> {
             .unwrap_or(0)
     }
 
+    /// Every part of grouped send/recv `c` has arrived: each one's transfers start, land
+    /// and drain, then each ends with its peers.
+    fn run_p2p(&self, c: u32, next: &mut Option<OpId>, out: &mut Vec<OpId>) {
+        let g = self.g;
+        let (a, b) = (g.coll_part_off[c as usize], g.coll_part_off[c as usize + 1]);
+        for k in a..b {
+            self.drain(c, k);
+        }
+        for k in a..b {
+            let end = self.latest(&self.part_drain, k);
+            self.finish(g.coll_parts[k as usize], end, next, out);
+        }
+    }
+
     /// Part `k` of grouped send/recv `c` and its peers have all arrived: its transfers
-    /// start; once they land it drains, for itself and each peer.
-    fn start_part(&self, c: u32, k: u32, next: &mut Option<OpId>, out: &mut Vec<OpId>) {
+    /// start and land; its drain is noted.
+    fn drain(&self, c: u32, k: u32) {
         let g = self.g;
         let go = self.latest(&self.part_arrive, k);
         self.coll_start[c as usize].fetch_min(go, Relaxed);
@@ -173,6 +202,13 @@ impl Dag<'_> {
             .max()
             .unwrap_or(go);
         self.part_drain[k as usize].store(drain, Relaxed);
+    }
+
+    /// Part `k` of grouped send/recv `c` and its peers have all arrived: its transfers
+    /// start; once they land it drains, for itself and each peer.
+    fn start_part(&self, c: u32, k: u32, next: &mut Option<OpId>, out: &mut Vec<OpId>) {
+        let g = self.g;
+        self.drain(c, k);
         for q in std::iter::once(k).chain(g.part_nbrs(k).iter().copied()) {
             if last_of(&self.part_end_wait[q as usize]) {
                 let end = self.latest(&self.part_drain, q);
@@ -256,6 +292,24 @@ pub fn run_dag_within(g: &Graph, net: &dyn FixedDurations, within: Within<'_>) -
 }
 
 fn sweep(g: &Graph, net: &dyn FixedDurations, within: Option<Within<'_>>) -> Result<Timeline> {
+    let whole = g.part_count() > 0;
+    match sweep_as(g, net, within, whole) {
+        Err(Stuck(..)) if whole => sweep_as(g, net, within, false),
+        r => r,
+    }
+    .map_err(|Stuck(s, op)| stuck_error(g, s, op))
+}
+
+/// A sweep that did not finish: the first stream with an op that never ran, and that op.
+struct Stuck(u32, OpId);
+
+/// [`sweep`] with grouped send/recvs swept whole (`p2p_whole`) or part by part.
+fn sweep_as(
+    g: &Graph,
+    net: &dyn FixedDurations,
+    within: Option<Within<'_>>,
+    p2p_whole: bool,
+) -> std::result::Result<Timeline, Stuck> {
     let n = g.ops.len();
     let nc = g.colls.len();
     let np = g.part_count();
@@ -272,6 +326,13 @@ fn sweep(g: &Graph, net: &dyn FixedDurations, within: Option<Within<'_>>) -> Res
         .filter(|&o| wait[o as usize].load(Relaxed) == 0)
         .collect();
     let peers = |k: u32| 1 + g.part_nbrs(k).len() as u32;
+    let counters = |np: u32| -> Vec<AtomicU32> {
+        if p2p_whole {
+            Vec::new()
+        } else {
+            (0..np).map(|k| AtomicU32::new(peers(k))).collect()
+        }
+    };
     let release = within.map_or(&[][..], |w| w.release);
     let dag = Dag {
         g,
@@ -297,9 +358,10 @@ fn sweep(g: &Graph, net: &dyn FixedDurations, within: Option<Within<'_>>) -> Res
                 })
             })
             .collect(),
-        part_wait: (0..np as u32).map(|k| AtomicU32::new(peers(k))).collect(),
+        p2p_whole,
+        part_wait: counters(np as u32),
         part_arrive: atomics64(np, 0),
-        part_end_wait: (0..np as u32).map(|k| AtomicU32::new(peers(k))).collect(),
+        part_end_wait: counters(np as u32),
         part_drain: atomics64(np, 0),
     };
     while !frontier.is_empty() {
@@ -330,7 +392,7 @@ fn sweep(g: &Graph, net: &dyn FixedDurations, within: Option<Within<'_>>) -> Res
             .iter()
             .find(|&&o| dag.wait[o as usize].load(Relaxed) != DONE)
         {
-            return Err(stuck_error(g, s, op));
+            return Err(Stuck(s, op));
         }
     }
     let events = event_count(g);

@@ -391,6 +391,40 @@ fn grouped_p2p_hot_sender_delays_only_its_receivers() {
 }
 
 #[test]
+fn grouped_p2p_part_after_a_part_of_its_own_collective_runs() {
+    // GPU 2's part (no peers) waits for GPU 0's part to end: the collective cannot be
+    // swept whole once all its parts have arrived, and is swept part by part, as the event
+    // engine runs it.
+    let mut b = GraphBuilder::default();
+    let x = Xfer {
+        src: 0,
+        dst: 1,
+        bytes: 1000,
+    };
+    let coll = b.add_grouped_p2p(&[x], &[(0, 1)]);
+    let mut parts = Vec::new();
+    for g in 0..3 {
+        let c = b.add_stream(g, StreamKind::CpComm);
+        let deps: Vec<OpId> = parts
+            .first()
+            .copied()
+            .filter(|_| g == 2)
+            .into_iter()
+            .collect();
+        parts.push(b.add_op(c, OpKind::Coll(coll), lab(OpClass::A2aIn), &deps));
+    }
+    let g = b.build().unwrap();
+    let t = run(&g, &mut net()).unwrap();
+    assert_eq!(t, run_events(&g, &mut net()).unwrap());
+    let landed = 1_000_000 + 1000;
+    assert_eq!(t.end[parts[0] as usize], landed);
+    assert_eq!(
+        (t.start[parts[2] as usize], t.end[parts[2] as usize]),
+        (landed, landed)
+    );
+}
+
+#[test]
 fn grouped_p2p_rejects_unknown_gpus() {
     let e = p2p_graph(&[(0, 7)], &[], [0; 5]).unwrap_err().to_string();
     assert!(
