@@ -489,7 +489,8 @@ mod differential {
         let mut late: Vec<(OpId, OpId)> = Vec::new();
         // The last grouped send/recv's members, transfers and pairs: sometimes added again
         // (the same exchange one layer on), sometimes with its members in reverse order.
-        let mut again: Option<(Vec<GpuId>, Vec<Xfer>, Vec<(GpuId, GpuId)>)> = None;
+        type Exchange = (Vec<GpuId>, Vec<Xfer>, Vec<(GpuId, GpuId)>);
+        let mut again: Option<Exchange> = None;
         for _ in 0..steps {
             let n = b.len() as u32;
             let dep = |rng: &mut rand_chacha::ChaCha8Rng| -> Vec<OpId> {
