@@ -482,14 +482,15 @@ fn schemes(gpus: u32) -> Result<Timed> {
                 Ok(r)
             })?;
             let p = ph.map(|(w, _)| format!("{w:.1}")).join("/");
+            let pc = ph.map(|(_, c)| format!("{c:.1}")).join("/");
             d.push(format!(
-                "{} {t:.1} s ({p}; cpu {c:.1} s; iteration {:.2} s)",
+                "{} {t:.1} s ({p}; cpu {c:.1} s: {pc}; iteration {:.2} s)",
                 sc.name(),
                 r.report.iteration as f64 * 1e-12
             ));
         }
         Ok(format!(
-            "{gpus} GPUs (CP {cp}, DP {dp}, GA {ga}, llama3-8b, wlbllm 128K), wall s as plan/build/simulate/report: {}; peak RSS {:.2} GiB",
+            "{gpus} GPUs (CP {cp}, DP {dp}, GA {ga}, llama3-8b, wlbllm 128K), wall (and process CPU) s as plan/build/simulate/report: {}; peak RSS {:.2} GiB",
             d.join(", "),
             peak_rss_gib()
         ))

@@ -14,6 +14,12 @@
 //!   the part drains when they have landed, and it ends when it and every peer have
 //!   drained.
 //!
+//! A grouped send/recv is first swept whole: once all its parts have arrived (in the
+//! sweep's order, not in time) one pass takes every part's start, drain and end from its
+//! peers' times, with no counter per peer. The times are the same max-plus values; only
+//! where a part's end leads to another part's arrival of the same collective can that
+//! order not finish, and then the graph is swept again part by part.
+//!
 //! [`run_dag`] evaluates these in topological order (Kahn): the event engine's timeline to
 //! the picosecond, with the same transfer durations (the model's one
 //! [`FixedDurations::duration`], called with the same tags, or once per shared transfer
@@ -70,21 +76,23 @@ struct Dag<'a> {
     wait: Vec<AtomicU32>,
     /// Per op: the latest end among its ended predecessors (its start once `wait` is 0).
     start: Vec<AtomicU64>,
-    /// Per stream: the index into `Graph::stream_ops` of its op that ends next. A stream's
-    /// ops end one after another, each after the last has told it so, so a plain load and
-    /// store suffice.
-    pos: Vec<AtomicU32>,
+    /// Per op: the op after it on its stream (`DONE` for none), one read where an op
+    /// ends.
+    after: Vec<u32>,
     end: Vec<AtomicU64>,
-    /// Per collective: parts arrived (whole-group).
+    /// Per collective: parts arrived (whole-group; grouped send/recv swept whole).
     arrived: Vec<AtomicU32>,
+    /// Grouped send/recvs are swept whole (else part by part).
+    p2p_whole: bool,
     /// Per collective: last arrival (whole-group) or earliest part start (grouped).
     coll_start: Vec<AtomicU64>,
-    /// Per grouped send/recv part: arrivals (it and its peers) still awaited, and the
-    /// latest so far.
+    /// Per grouped send/recv part: arrivals (it and its peers) still awaited, and its own
+    /// arrival. The last of them takes the latest arrival over it and its peers (peers are
+    /// mutual), so each arrival writes one time and not one per peer.
     part_wait: Vec<AtomicU32>,
-    part_go: Vec<AtomicU64>,
-    /// Per grouped send/recv part: drains (it and its peers) still awaited, and the latest
-    /// so far.
+    part_arrive: Vec<AtomicU64>,
+    /// Per grouped send/recv part: drains (it and its peers) still awaited, and when its
+    /// own transfers have landed; the last takes the latest over it and its peers.
     part_end_wait: Vec<AtomicU32>,
     part_drain: Vec<AtomicU64>,
     /// When the durations do not depend on tags ([`FixedDurations::tag_free`]): per
@@ -117,10 +125,16 @@ impl Dag<'_> {
             }
             OpKind::Coll(c) if g.colls[c as usize].p2p.is_some() => {
                 let k = g.part_of(c, op);
+                self.part_arrive[k as usize].store(t, Relaxed);
+                if self.p2p_whole {
+                    let ci = c as usize;
+                    if self.arrived[ci].fetch_add(1, AcqRel) + 1 == g.colls[ci].parts {
+                        self.run_p2p(c, next, out);
+                    }
+                    return;
+                }
                 for q in std::iter::once(k).chain(g.part_nbrs(k).iter().copied()) {
-                    let qi = q as usize;
-                    self.part_go[qi].fetch_max(t, Relaxed);
-                    if self.part_wait[qi].fetch_sub(1, AcqRel) == 1 {
+                    if last_of(&self.part_wait[q as usize]) {
                         self.start_part(c, q, next, out);
                     }
                 }
@@ -172,11 +186,34 @@ impl Dag<'_> {
         s
     }
 
-    /// Part `k` of grouped send/recv `c` and its peers have all arrived: its transfers
-    /// start; once they land it drains, for itself and each peer.
-    fn start_part(&self, c: u32, k: u32, next: &mut Option<OpId>, out: &mut Vec<OpId>) {
+    /// The latest of `at` over part `k` and its peers.
+    fn latest(&self, at: &[AtomicU64], k: u32) -> Ps {
+        std::iter::once(k)
+            .chain(self.g.part_nbrs(k).iter().copied())
+            .map(|q| at[q as usize].load(Relaxed))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Every part of grouped send/recv `c` has arrived: each one's transfers start, land
+    /// and drain, then each ends with its peers.
+    fn run_p2p(&self, c: u32, next: &mut Option<OpId>, out: &mut Vec<OpId>) {
         let g = self.g;
-        let go = self.part_go[k as usize].load(Relaxed);
+        let (a, b) = (g.coll_part_off[c as usize], g.coll_part_off[c as usize + 1]);
+        for k in a..b {
+            self.drain(c, k);
+        }
+        for k in a..b {
+            let end = self.latest(&self.part_drain, k);
+            self.finish(g.coll_parts[k as usize], end, next, out);
+        }
+    }
+
+    /// Part `k` of grouped send/recv `c` and its peers have all arrived: its transfers
+    /// start and land; its drain is noted.
+    fn drain(&self, c: u32, k: u32) {
+        let g = self.g;
+        let go = self.latest(&self.part_arrive, k);
         self.coll_start[c as usize].fetch_min(go, Relaxed);
         let tag = TAG_PART | u64::from(k);
         let drain = g
@@ -188,12 +225,18 @@ impl Dag<'_> {
             })
             .max()
             .unwrap_or(go);
+        self.part_drain[k as usize].store(drain, Relaxed);
+    }
+
+    /// Part `k` of grouped send/recv `c` and its peers have all arrived: its transfers
+    /// start; once they land it drains, for itself and each peer.
+    fn start_part(&self, c: u32, k: u32, next: &mut Option<OpId>, out: &mut Vec<OpId>) {
+        let g = self.g;
+        self.drain(c, k);
         for q in std::iter::once(k).chain(g.part_nbrs(k).iter().copied()) {
-            let qi = q as usize;
-            self.part_drain[qi].fetch_max(drain, Relaxed);
-            if self.part_end_wait[qi].fetch_sub(1, AcqRel) == 1 {
-                let end = self.part_drain[qi].load(Relaxed);
-                self.finish(g.coll_parts[qi], end, next, out);
+            if last_of(&self.part_end_wait[q as usize]) {
+                let end = self.latest(&self.part_drain, q);
+                self.finish(g.coll_parts[q as usize], end, next, out);
             }
         }
     }
@@ -205,10 +248,7 @@ impl Dag<'_> {
         self.end[oi].store(end, Relaxed);
         self.wait[oi].store(DONE, Relaxed);
         let (a, b) = (g.succ_off[oi] as usize, g.succ_off[oi + 1] as usize);
-        let st = g.ops[oi].stream as usize;
-        let p = self.pos[st].load(Relaxed) + 1;
-        self.pos[st].store(p, Relaxed);
-        let after = (p < g.stream_off[st + 1]).then(|| g.stream_ops[p as usize]);
+        let after = Some(self.after[oi]).filter(|&s| s != DONE);
         for s in after.into_iter().chain(g.succ[a..b].iter().copied()) {
             let si = s as usize;
             let ready = if self.wait[si].load(Acquire) == 1 {
@@ -231,6 +271,22 @@ impl Dag<'_> {
             }
         }
     }
+}
+
+/// Count one down on `w`; true when that was the last. The last count skips the
+/// read-modify-write: counters only fall, so one that reads 1 before this count is touched
+/// by nobody else. Acquire (or the RMW's) sees what every earlier count published.
+fn last_of(w: &AtomicU32) -> bool {
+    if w.load(Acquire) == 1 {
+        w.store(0, Relaxed);
+        true
+    } else {
+        w.fetch_sub(1, AcqRel) == 1
+    }
+}
+
+fn atomics32(n: usize, x: u32) -> Vec<AtomicU32> {
+    (0..n).into_par_iter().map(|_| AtomicU32::new(x)).collect()
 }
 
 fn atomics64(n: usize, x: u64) -> Vec<AtomicU64> {
@@ -260,6 +316,24 @@ pub fn run_dag_within(g: &Graph, net: &dyn FixedDurations, within: Within<'_>) -
 }
 
 fn sweep(g: &Graph, net: &dyn FixedDurations, within: Option<Within<'_>>) -> Result<Timeline> {
+    let whole = g.part_count() > 0;
+    match sweep_as(g, net, within, whole) {
+        Err(Stuck(..)) if whole => sweep_as(g, net, within, false),
+        r => r,
+    }
+    .map_err(|Stuck(s, op)| stuck_error(g, s, op))
+}
+
+/// A sweep that did not finish: the first stream with an op that never ran, and that op.
+struct Stuck(u32, OpId);
+
+/// [`sweep`] with grouped send/recvs swept whole (`p2p_whole`) or part by part.
+fn sweep_as(
+    g: &Graph,
+    net: &dyn FixedDurations,
+    within: Option<Within<'_>>,
+    p2p_whole: bool,
+) -> std::result::Result<Timeline, Stuck> {
     let n = g.ops.len();
     let nc = g.colls.len();
     let np = g.part_count();
@@ -276,6 +350,13 @@ fn sweep(g: &Graph, net: &dyn FixedDurations, within: Option<Within<'_>>) -> Res
         .filter(|&o| wait[o as usize].load(Relaxed) == 0)
         .collect();
     let peers = |k: u32| 1 + g.part_nbrs(k).len() as u32;
+    let counters = |np: u32| -> Vec<AtomicU32> {
+        if p2p_whole {
+            Vec::new()
+        } else {
+            (0..np).map(|k| AtomicU32::new(peers(k))).collect()
+        }
+    };
     let release = within.map_or(&[][..], |w| w.release);
     let dag = Dag {
         g,
@@ -287,10 +368,7 @@ fn sweep(g: &Graph, net: &dyn FixedDurations, within: Option<Within<'_>>) -> Res
         } else {
             release.par_iter().map(|&t| AtomicU64::new(t)).collect()
         },
-        pos: g.stream_off[..g.streams.len()]
-            .iter()
-            .map(|&p| AtomicU32::new(p))
-            .collect(),
+        after: next_on_stream(g),
         end: atomics64(n, 0),
         arrived: (0..nc).map(|_| AtomicU32::new(0)).collect(),
         coll_start: g
@@ -304,9 +382,10 @@ fn sweep(g: &Graph, net: &dyn FixedDurations, within: Option<Within<'_>>) -> Res
                 })
             })
             .collect(),
-        part_wait: (0..np as u32).map(|k| AtomicU32::new(peers(k))).collect(),
-        part_go: atomics64(np, 0),
-        part_end_wait: (0..np as u32).map(|k| AtomicU32::new(peers(k))).collect(),
+        p2p_whole,
+        part_wait: counters(np as u32),
+        part_arrive: atomics64(np, 0),
+        part_end_wait: counters(np as u32),
         part_drain: atomics64(np, 0),
         span: if net.tag_free() {
             atomics64(g.xfers.len(), 0)
@@ -342,7 +421,7 @@ fn sweep(g: &Graph, net: &dyn FixedDurations, within: Option<Within<'_>>) -> Res
             .iter()
             .find(|&&o| dag.wait[o as usize].load(Relaxed) != DONE)
         {
-            return Err(stuck_error(g, s, op));
+            return Err(Stuck(s, op));
         }
     }
     let events = event_count(g);
@@ -361,6 +440,17 @@ fn sweep(g: &Graph, net: &dyn FixedDurations, within: Option<Within<'_>>) -> Res
         makespan,
         events,
     })
+}
+
+/// Per op of `g`: the op after it on its stream, `DONE` for a stream's last.
+fn next_on_stream(g: &Graph) -> Vec<u32> {
+    let next: Vec<AtomicU32> = atomics32(g.ops.len(), DONE);
+    (0..g.streams.len() as u32).into_par_iter().for_each(|s| {
+        for w in g.stream_ops(s).windows(2) {
+            next[w[0] as usize].store(w[1], Relaxed);
+        }
+    });
+    next.into_iter().map(AtomicU32::into_inner).collect()
 }
 
 /// The events the event engine processes on a graph that finishes: one per compute op and

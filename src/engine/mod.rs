@@ -393,11 +393,8 @@ impl GraphBuilder {
         if xfers.is_empty() {
             return None;
         }
-        const K: u64 = 0x9e37_79b9_7f4a_7c15;
         let h = xfers.iter().fold(xfers.len() as u64, |h, x| {
-            let h =
-                (h.rotate_left(5) ^ (u64::from(x.src) | u64::from(x.dst) << 32)).wrapping_mul(K);
-            (h.rotate_left(5) ^ x.bytes).wrapping_mul(K)
+            mix(mix(h, u64::from(x.src) | u64::from(x.dst) << 32), x.bytes)
         });
         match self.xfer_lists.entry(h) {
             std::collections::hash_map::Entry::Occupied(e) => {
@@ -603,6 +600,11 @@ fn first_in_chunks<T: Sync>(items: &[T], bad: impl Fn(&T) -> bool + Sync) -> Opt
         })
 }
 
+/// One step of the fingerprints that find equal lists: `x` mixed into `h`.
+fn mix(h: u64, x: u64) -> u64 {
+    (h.rotate_left(5) ^ x).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
 /// A CSR layout by a stable counting sort: `off[k + 1]` holds how many of `items` (key,
 /// value) have key k; returns the offsets and the values grouped by key, each group in
 /// `items`' order.
@@ -622,7 +624,18 @@ fn counting_csr(
     (off, vals)
 }
 
-/// One grouped send/recv's per-part peers and transfers, offsets local to its parts.
+/// How [`Graph::p2p_layout`] laid out one collective.
+enum Laid {
+    /// A whole-group collective: no per-part layout.
+    Whole,
+    /// A grouped send/recv with its own layout.
+    Own(P2pParts),
+    /// A grouped send/recv laid out as the earlier one with this index.
+    As(usize),
+}
+
+/// One grouped send/recv's per-part peers (local part indices) and transfers, offsets
+/// local to its parts.
 struct P2pParts {
     nbr_off: Vec<u32>,
     nbrs: Vec<u32>,
@@ -634,7 +647,8 @@ impl Graph {
     /// Per part of every grouped point-to-point collective: its peers and its own
     /// transfers (CSR over part indices; empty for whole-group collectives). Collectives
     /// are laid out in parallel and concatenated in order; the first one in order that
-    /// fails names the error.
+    /// fails names the error. A collective equal to an earlier one in pairs, transfers and
+    /// its parts' GPUs (the same exchange, one layer on) takes that one's layout.
     fn p2p_layout(&mut self) -> Result<()> {
         if self.colls.iter().all(|c| c.p2p.is_none()) {
             // No grouped send/recv: no per-part arrays (a step of Ulysses' all-to-alls has
@@ -648,11 +662,31 @@ impl Graph {
             .max()
             .unwrap_or(0);
         let this = &*self;
-        let laid: Vec<Result<Option<P2pParts>>> = (0..this.colls.len())
+        let keys: Vec<Option<u64>> = (0..this.colls.len())
+            .into_par_iter()
+            .map(|ci| this.p2p_key(ci))
+            .collect();
+        let mut first = std::collections::HashMap::new();
+        let like: Vec<usize> = keys
+            .iter()
+            .enumerate()
+            .map(|(ci, k)| k.map_or(ci, |h| *first.entry(h).or_insert(ci)))
+            .collect();
+        drop(first);
+        let laid: Vec<Result<Laid>> = (0..this.colls.len())
             .into_par_iter()
             .map_init(
                 || vec![(u32::MAX, 0u32); gpus],
-                |at, ci| this.p2p_parts(ci, at),
+                |at, ci| {
+                    let r = like[ci];
+                    if r != ci && this.same_p2p(r, ci) {
+                        return Ok(Laid::As(r));
+                    }
+                    Ok(match this.p2p_parts(ci, at)? {
+                        Some(l) => Laid::Own(l),
+                        None => Laid::Whole,
+                    })
+                },
             )
             .collect();
         let np = self.coll_parts.len();
@@ -661,20 +695,26 @@ impl Graph {
         nbr_off.push(0);
         xf_off.push(0);
         let (mut nbrs, mut xf) = (Vec::new(), Vec::new());
-        for (ci, l) in laid.into_iter().enumerate() {
-            let parts = (self.coll_part_off[ci + 1] - self.coll_part_off[ci]) as usize;
-            match l? {
-                None => {
-                    nbr_off.extend(std::iter::repeat_n(nbrs.len() as u32, parts));
-                    xf_off.extend(std::iter::repeat_n(xf.len() as u32, parts));
-                }
-                Some(l) => {
+        let laid: Vec<Laid> = laid.into_iter().collect::<Result<_>>()?;
+        for (ci, l) in laid.iter().enumerate() {
+            let (a, b) = (self.coll_part_off[ci], self.coll_part_off[ci + 1]);
+            let parts = (b - a) as usize;
+            let l = match l {
+                Laid::As(r) => &laid[*r],
+                l => l,
+            };
+            match l {
+                Laid::Own(l) => {
                     for k in 0..parts {
                         nbr_off.push(nbrs.len() as u32 + l.nbr_off[k + 1]);
                         xf_off.push(xf.len() as u32 + l.xf_off[k + 1]);
                     }
-                    nbrs.extend_from_slice(&l.nbrs);
+                    nbrs.extend(l.nbrs.iter().map(|&q| a + q));
                     xf.extend_from_slice(&l.xf);
+                }
+                _ => {
+                    nbr_off.extend(std::iter::repeat_n(nbrs.len() as u32, parts));
+                    xf_off.extend(std::iter::repeat_n(xf.len() as u32, parts));
                 }
             }
         }
@@ -685,7 +725,47 @@ impl Graph {
         Ok(())
     }
 
-    /// Collective `ci`'s parts' peers (global part indices, ascending, once each) and own
+    /// The GPU of part `k` (an index into `coll_parts`).
+    fn part_gpu(&self, k: usize) -> GpuId {
+        self.streams[self.ops[self.coll_parts[k] as usize].stream as usize].gpu
+    }
+
+    /// A hash of grouped send/recv `ci`'s transfers, pairs and parts' GPUs (`None` for a
+    /// whole-group collective): collectives that [`Graph::same_p2p`] have equal keys.
+    fn p2p_key(&self, ci: usize) -> Option<u64> {
+        let c = &self.colls[ci];
+        let (pa, pl) = c.p2p?;
+        let mut h = mix(u64::from(c.xfer_start), u64::from(c.xfer_len));
+        for &(s, d) in &self.p2p_pairs[pa as usize..(pa + pl) as usize] {
+            h = mix(h, u64::from(s) | u64::from(d) << 32);
+        }
+        h = mix(h, u64::from(c.parts));
+        for k in self.coll_part_off[ci]..self.coll_part_off[ci + 1] {
+            h = mix(h, u64::from(self.part_gpu(k as usize)));
+        }
+        Some(h)
+    }
+
+    /// Grouped send/recvs `r` and `ci` have the same transfers, pairs and parts' GPUs in
+    /// order, so the same layout local to their parts.
+    fn same_p2p(&self, r: usize, ci: usize) -> bool {
+        let (x, y) = (&self.colls[r], &self.colls[ci]);
+        let pairs = |c: &CollInfo| {
+            c.p2p
+                .map(|(a, l)| &self.p2p_pairs[a as usize..(a + l) as usize])
+        };
+        let gpus = |c: usize| {
+            (self.coll_part_off[c]..self.coll_part_off[c + 1]).map(|k| self.part_gpu(k as usize))
+        };
+        x.xfer_start == y.xfer_start
+            && x.xfer_len == y.xfer_len
+            && x.parts == y.parts
+            && pairs(x).is_some()
+            && pairs(x) == pairs(y)
+            && gpus(r).eq(gpus(ci))
+    }
+
+    /// Collective `ci`'s parts' peers (local part indices, ascending, once each) and own
     /// transfers (in transfer order), offsets local to its parts; `None` for a
     /// whole-group collective. `at` maps a GPU to (collective, part) and may hold any
     /// other collective's entries.
@@ -725,8 +805,9 @@ impl Graph {
         for &(s, d) in pairs {
             let (ps, pd) = (part(s)?, part(d)?);
             if ps != pd {
-                e.push((ps - a as u32, pd));
-                e.push((pd - a as u32, ps));
+                let (ps, pd) = (ps - a as u32, pd - a as u32);
+                e.push((ps, pd));
+                e.push((pd, ps));
             }
         }
         e.sort_unstable();

@@ -391,6 +391,40 @@ fn grouped_p2p_hot_sender_delays_only_its_receivers() {
 }
 
 #[test]
+fn grouped_p2p_part_after_a_part_of_its_own_collective_runs() {
+    // GPU 2's part (no peers) waits for GPU 0's part to end: the collective cannot be
+    // swept whole once all its parts have arrived, and is swept part by part, as the event
+    // engine runs it.
+    let mut b = GraphBuilder::default();
+    let x = Xfer {
+        src: 0,
+        dst: 1,
+        bytes: 1000,
+    };
+    let coll = b.add_grouped_p2p(&[x], &[(0, 1)]);
+    let mut parts = Vec::new();
+    for g in 0..3 {
+        let c = b.add_stream(g, StreamKind::CpComm);
+        let deps: Vec<OpId> = parts
+            .first()
+            .copied()
+            .filter(|_| g == 2)
+            .into_iter()
+            .collect();
+        parts.push(b.add_op(c, OpKind::Coll(coll), lab(OpClass::A2aIn), &deps));
+    }
+    let g = b.build().unwrap();
+    let t = run(&g, &mut net()).unwrap();
+    assert_eq!(t, run_events(&g, &mut net()).unwrap());
+    let landed = 1_000_000 + 1000;
+    assert_eq!(t.end[parts[0] as usize], landed);
+    assert_eq!(
+        (t.start[parts[2] as usize], t.end[parts[2] as usize]),
+        (landed, landed)
+    );
+}
+
+#[test]
 fn grouped_p2p_rejects_unknown_gpus() {
     let e = p2p_graph(&[(0, 7)], &[], [0; 5]).unwrap_err().to_string();
     assert!(
@@ -453,6 +487,10 @@ mod differential {
         };
         let steps = rng.random_range(1..40);
         let mut late: Vec<(OpId, OpId)> = Vec::new();
+        // The last grouped send/recv's members, transfers and pairs: sometimes added again
+        // (the same exchange one layer on), sometimes with its members in reverse order.
+        type Exchange = (Vec<GpuId>, Vec<Xfer>, Vec<(GpuId, GpuId)>);
+        let mut again: Option<Exchange> = None;
         for _ in 0..steps {
             let n = b.len() as u32;
             let dep = |rng: &mut rand_chacha::ChaCha8Rng| -> Vec<OpId> {
@@ -489,12 +527,26 @@ mod differential {
                     b.add_op(s, OpKind::Send(x), lab(OpClass::PpSendFwd), &deps);
                 }
                 k => {
-                    let members: Vec<GpuId> = (0..gpus)
+                    let mut members: Vec<GpuId> = (0..gpus)
                         .filter(|&m| m == g || rng.random_bool(0.5))
                         .collect();
                     let mut xfers = Vec::new();
                     let mut pairs = Vec::new();
-                    for _ in 0..rng.random_range(0..2 * members.len()) {
+                    let repeat = match &again {
+                        Some(_) if k == 5 => rng.random_range(0..4),
+                        _ => 3,
+                    };
+                    let fresh = match (repeat, &again) {
+                        (0..=2, Some((m, x, p))) => {
+                            (members, xfers, pairs) = (m.clone(), x.clone(), p.clone());
+                            if repeat == 2 {
+                                members.reverse();
+                            }
+                            0
+                        }
+                        _ => rng.random_range(0..2 * members.len()),
+                    };
+                    for _ in 0..fresh {
                         let (s, d) = (
                             members[rng.random_range(0..members.len())],
                             members[rng.random_range(0..members.len())],
@@ -507,7 +559,9 @@ mod differential {
                         pairs.push((s, d));
                     }
                     let c = if k == 5 {
-                        b.add_grouped_p2p(&xfers, &pairs)
+                        let c = b.add_grouped_p2p(&xfers, &pairs);
+                        again = Some((members.clone(), xfers, pairs));
+                        c
                     } else {
                         b.add_collective(&xfers)
                     };
@@ -561,6 +615,58 @@ mod differential {
         let (one, four) = (in_pool(1), in_pool(4));
         assert_eq!(one, four, "the DAG sweep depends on the thread count");
         (one, run_events(g, net))
+    }
+
+    #[test]
+    fn grouped_p2p_layouts_shared_or_not_are_each_collectives_own() {
+        // Every part's peers and transfers, from its collective's pairs and transfers
+        // alone, whether the collective repeats an earlier one or not.
+        let mut shared = 0;
+        for seed in 0..200u64 {
+            let g = random_graph(seed, 1 + (seed % 16) as u32);
+            let gpu = |k: usize| g.part_gpu(k);
+            let mut seen = std::collections::BTreeSet::new();
+            for (ci, c) in g.colls.iter().enumerate() {
+                let Some((pa, pl)) = c.p2p else { continue };
+                let pairs = &g.p2p_pairs[pa as usize..(pa + pl) as usize];
+                let (a, b) = (
+                    g.coll_part_off[ci] as usize,
+                    g.coll_part_off[ci + 1] as usize,
+                );
+                let key = (
+                    c.xfer_start,
+                    c.xfer_len,
+                    pairs.to_vec(),
+                    (a..b).map(gpu).collect::<Vec<_>>(),
+                );
+                shared += usize::from(!seen.insert(key));
+                for k in a..b {
+                    let peers: Vec<u32> = (a..b)
+                        .filter(|&q| {
+                            q != k
+                                && pairs.iter().any(|&(s, d)| {
+                                    (s, d) == (gpu(k), gpu(q)) || (d, s) == (gpu(k), gpu(q))
+                                })
+                        })
+                        .map(|q| q as u32)
+                        .collect();
+                    assert_eq!(
+                        g.part_nbrs(k as u32),
+                        peers,
+                        "seed {seed} collective {ci} part {k}"
+                    );
+                    let own: Vec<u32> = (c.xfer_start..c.xfer_start + c.xfer_len)
+                        .filter(|&i| g.xfers[i as usize].src == gpu(k))
+                        .collect();
+                    assert_eq!(
+                        g.part_xfers(k as u32),
+                        own,
+                        "seed {seed} collective {ci} part {k}"
+                    );
+                }
+            }
+        }
+        assert!(shared > 50, "{shared} repeated collectives");
     }
 
     #[test]

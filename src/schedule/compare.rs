@@ -112,51 +112,77 @@ pub fn attention_span_ticks(sg: &StepGraph, t: &Timeline, fwd_ticks: &[bool]) ->
 }
 
 fn span_of(sg: &StepGraph, t: &Timeline, fwd_ticks: Option<&[bool]>) -> Ps {
-    use std::collections::BTreeMap;
-    let gpu_of = |op: &crate::engine::Op| {
-        sg.graph
-            .streams
-            .get(op.stream as usize)
-            .map_or(0, |s| s.gpu)
-    };
-    // Backward reuses the classes (dO in, dQ/dK/dV out): forward ops of a micro-batch are
-    // those that start before the GPU's first backward linear op of that micro-batch.
-    let mut bwd_start: BTreeMap<(u16, u32), Ps> = BTreeMap::new();
-    for (i, op) in sg.graph.ops.iter().enumerate() {
-        if fwd_ticks.is_none() && matches!(op.label().class, OpClass::LinearBwd | OpClass::HeadBwd)
-        {
-            let v = bwd_start
-                .entry((op.label().mb, gpu_of(op)))
-                .or_insert(Ps::MAX);
-            *v = (*v).min(t.start[i]);
-        }
+    use rayon::prelude::*;
+    let g = &sg.graph;
+    let ngpu = g
+        .streams
+        .iter()
+        .map(|s| s.gpu as usize + 1)
+        .max()
+        .unwrap_or(0);
+    let mut by_gpu: Vec<Vec<u32>> = vec![Vec::new(); ngpu];
+    for (s, info) in g.streams.iter().enumerate() {
+        by_gpu[info.gpu as usize].push(s as u32);
     }
-    let mut spans: BTreeMap<(u16, u32), (Ps, Ps)> = BTreeMap::new();
-    for (i, op) in sg.graph.ops.iter().enumerate() {
-        let l = op.label();
-        if l.layer != 0 || !matches!(l.class, OpClass::AttnFwd | OpClass::A2aIn | OpClass::A2aOut) {
-            continue;
+    // Per GPU, per micro-batch: its layer-0 forward core-attention span.
+    let per_gpu: Vec<Vec<(Ps, Ps)>> = by_gpu
+        .par_iter()
+        .map(|streams| {
+            let ops = || streams.iter().flat_map(|&s| g.stream_ops(s)).copied();
+            // Backward reuses the classes (dO in, dQ/dK/dV out): forward ops of a
+            // micro-batch are those that start before the GPU's first backward linear op
+            // of that micro-batch.
+            let mut bwd_start: Vec<Ps> = Vec::new();
+            if fwd_ticks.is_none() {
+                for i in ops() {
+                    let l = g.ops[i as usize].label();
+                    if matches!(l.class, OpClass::LinearBwd | OpClass::HeadBwd) {
+                        let mb = usize::from(l.mb);
+                        if bwd_start.len() <= mb {
+                            bwd_start.resize(mb + 1, Ps::MAX);
+                        }
+                        bwd_start[mb] = bwd_start[mb].min(t.start[i as usize]);
+                    }
+                }
+            }
+            let mut spans: Vec<(Ps, Ps)> = Vec::new();
+            for i in ops() {
+                let l = g.ops[i as usize].label();
+                if l.layer != 0
+                    || !matches!(l.class, OpClass::AttnFwd | OpClass::A2aIn | OpClass::A2aOut)
+                {
+                    continue;
+                }
+                let mb = usize::from(l.mb);
+                if let Some(f) = fwd_ticks {
+                    if !f.get(mb).copied().unwrap_or(false) {
+                        continue;
+                    }
+                }
+                let (s, e) = (t.start[i as usize], t.end[i as usize]);
+                if s >= bwd_start.get(mb).copied().unwrap_or(Ps::MAX) {
+                    continue;
+                }
+                if spans.len() <= mb {
+                    spans.resize(mb + 1, (Ps::MAX, 0));
+                }
+                spans[mb] = (spans[mb].0.min(s), spans[mb].1.max(e));
+            }
+            spans
+        })
+        .collect();
+    let mut per_mb: Vec<Ps> = Vec::new();
+    for spans in &per_gpu {
+        if per_mb.len() < spans.len() {
+            per_mb.resize(spans.len(), 0);
         }
-        if let Some(f) = fwd_ticks {
-            if !f.get(usize::from(l.mb)).copied().unwrap_or(false) {
-                continue;
+        for (m, &(s, e)) in per_mb.iter_mut().zip(spans) {
+            if s <= e {
+                *m = (*m).max(e - s);
             }
         }
-        let key = (l.mb, gpu_of(op));
-        let (s, e) = (t.start[i], t.end[i]);
-        if s >= bwd_start.get(&key).copied().unwrap_or(Ps::MAX) {
-            continue;
-        }
-        let v = spans.entry(key).or_insert((s, e));
-        v.0 = v.0.min(s);
-        v.1 = v.1.max(e);
     }
-    let mut per_mb: BTreeMap<u16, Ps> = BTreeMap::new();
-    for (&(mb, _), &(s, e)) in &spans {
-        let m = per_mb.entry(mb).or_insert(0);
-        *m = (*m).max(e - s);
-    }
-    per_mb.values().sum()
+    per_mb.iter().sum()
 }
 
 /// Megatron dynamic CP's step on `base`'s DP × CP ranks: each rank is a replica of one
