@@ -587,12 +587,19 @@ struct State<'a> {
     outside: usize,
     /// Every server by (excess, index): the largest deficits first.
     by_excess: BTreeSet<(i128, usize)>,
-    /// Candidates on source servers: (whole-move ratio bound, descending; item).
+    /// Candidates on source servers that can give a move: (whole-move ratio bound,
+    /// descending; item).
     candidates: BTreeSet<(Reverse<u64>, usize)>,
     keys: Vec<Option<u64>>,
     /// Per candidate, [`State::smallest_move`]; and their multiset (value → count).
     min_move: Vec<u64>,
     min_moves: BTreeMap<u64, u32>,
+    /// Eligible items whose smallest move exceeds what their server may give: no target
+    /// can take a move of theirs until they are re-keyed (their server's give changes only
+    /// where its items are re-keyed), so they stay out of `candidates`; counted, since
+    /// they still hold the phase.
+    idle: Vec<bool>,
+    idle_count: usize,
     /// 0: coarse items of out-of-tolerance sources only (as far as their fine items cannot
     /// cover the surplus); 1: any item of an out-of-tolerance source; 2: any surplus server.
     phase: u8,
@@ -649,6 +656,8 @@ impl<'a> State<'a> {
             keys: vec![None; n_items],
             min_move: vec![0; n_items],
             min_moves: BTreeMap::new(),
+            idle: vec![false; n_items],
+            idle_count: 0,
             phase: 0,
             slack: (cfg.epsilon * total as f64 / p as f64).floor() as u64,
             fine: vec![0; p],
@@ -661,7 +670,7 @@ impl<'a> State<'a> {
             st.refine(s);
         }
         st.rekey_all();
-        while st.phase < 2 && st.candidates.is_empty() {
+        while st.phase < 2 && !st.has_candidates() {
             st.next_phase();
         }
         Ok(st)
@@ -881,15 +890,28 @@ impl<'a> State<'a> {
                 }
             }
         }
+        if std::mem::take(&mut self.idle[id]) {
+            self.idle_count -= 1;
+        }
         let it = self.items[id];
         if self.eligible(&it) {
+            let m = self.smallest_move(&it);
+            if m > self.give(it.home as usize) {
+                self.idle[id] = true;
+                self.idle_count += 1;
+                return;
+            }
             let k = self.bound(&it).to_bits();
             self.candidates.insert((Reverse(k), id));
             self.keys[id] = Some(k);
-            let m = self.smallest_move(&it);
             self.min_move[id] = m;
             *self.min_moves.entry(m).or_insert(0) += 1;
         }
+    }
+
+    /// Whether any item is eligible in the current phase (a candidate or idle).
+    fn has_candidates(&self) -> bool {
+        !self.candidates.is_empty() || self.idle_count > 0
     }
 
     /// The pairs of item `it`'s smallest move: one tile of head when the item is longer
@@ -982,8 +1004,9 @@ impl<'a> State<'a> {
     /// ratio bound, an upper bound of any move of theirs, so the scan stops as soon as
     /// that bound cannot beat the best move found.
     /// `over`: how far above F̄ the target may end (0, or the fallback's ε·F̄).
-    /// Candidates whose smallest move exceeds the cap are skipped unevaluated, and none is
-    /// visited when the deficit is below every candidate's smallest move.
+    /// A candidate's smallest move fits what its server may give, so it gives a move
+    /// exactly when that also fits the deficit: the others are skipped unevaluated, and
+    /// none is visited when the deficit is below every candidate's smallest move.
     fn best_move(&self, target: usize, over: u64) -> Option<Move> {
         let deficit = self.deficit(target) + over;
         if self
@@ -998,10 +1021,10 @@ impl<'a> State<'a> {
             if best.is_some_and(|b| f64::from_bits(ub) <= b.ratio) {
                 break;
             }
-            let cap = deficit.min(self.give(self.items[id].home as usize));
-            if cap < self.min_move[id] {
+            if deficit < self.min_move[id] {
                 continue;
             }
+            let cap = deficit.min(self.give(self.items[id].home as usize));
             if let Some(m) = self.evaluate(id, cap, target) {
                 if Self::better(&best, &m) {
                     best = Some(m);
@@ -1304,7 +1327,7 @@ pub fn schedule_ranges(
             continue;
         };
         received[target].push(st.apply(m, target));
-        while st.phase < 2 && st.candidates.is_empty() {
+        while st.phase < 2 && !st.has_candidates() {
             // No candidate left in this phase: the next (see the loop's head).
             st.next_phase();
             stuck.fill(false);

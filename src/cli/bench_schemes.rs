@@ -2,6 +2,7 @@
 //! bench`: each setup builds its input untimed and returns the closure that `bench` times.
 
 use anyhow::Result;
+use rayon::prelude::*;
 
 use skewsim::balance::distca::{self, DistcaConfig, DistcaScheduler, DEFAULT_EPSILON};
 use skewsim::balance::megatron_dcp::{self, DcpConfig, DcpLoad};
@@ -64,7 +65,8 @@ pub fn distca_512_256k() -> Result<Timed> {
 /// A DistCA scheduler (`scheduler`: the tight one on the baseline's contiguous layout, or
 /// the repository's on its mirrored one) over one global batch of `sequences` packed
 /// sequences of `seq_len` tokens on DP = `dp` replicas × CP = `cp` ranks (DP·CP in-place
-/// attention servers): GA = sequences / DP schedules, one per GA index, no ping-pong.
+/// attention servers): GA = sequences / DP schedules, one per GA index, no ping-pong,
+/// scheduled in parallel and gathered in GA order as `distca::lower` plans a step.
 fn distca_cp(
     corpus: &'static str,
     sequences: usize,
@@ -83,8 +85,12 @@ fn distca_cp(
     Ok(Box::new(move || {
         let (mut moves, mut bytes, mut in_place, mut dev, mut balanced) =
             (0, 0u64, 0u64, 0.0f64, 0);
-        for ga in b.chunks(dp) {
-            let s = distca::schedule_step(ga, cp, &cfg)?;
+        let per_ga: Vec<Result<distca::DistcaSchedule, _>> = b
+            .par_chunks(dp)
+            .map(|ga| distca::schedule_step(ga, cp, &cfg))
+            .collect();
+        for s in per_ga {
+            let s = s?;
             moves += s.transfers.len();
             bytes += s.moved_bytes();
             in_place += s.in_place_kv_bytes();

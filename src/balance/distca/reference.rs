@@ -74,7 +74,8 @@
 //! - *No tile.* Like the repository, shards are whole queries; `DistcaConfig::tile` is
 //!   the tight scheduler's only.
 
-use std::collections::{BTreeSet, HashMap};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 
 use serde::{Deserialize, Serialize};
 
@@ -259,6 +260,8 @@ pub fn schedule_ping_pong(
 struct Item {
     home: usize,
     it: HomeItem,
+    /// Its pairs under the mask.
+    pairs: u64,
     /// Moved whole to another server.
     gone: bool,
 }
@@ -282,9 +285,162 @@ impl Priority {
     /// Bytes per pair for a document of `l1` pairs per pair of queries when `m_scaled / P`
     /// pairs can move: non-increasing in `m_scaled`, so `m_scaled` = the item's pairs × P
     /// bounds it below.
+    #[cfg(test)]
     fn of(&self, l1: f64, m_scaled: i128) -> f64 {
+        self.at_least(l1, l1, m_scaled)
+    }
+
+    /// A lower bound of [`Priority::of`] over every `l1` in `[lo, hi]` and every
+    /// `m_scaled` up to the one given, exact in floating point: each operation of the
+    /// formula is monotone in its operands, and correctly rounded operations keep that.
+    /// `of(l, m)` itself when `lo = hi = l`.
+    fn at_least(&self, lo: f64, hi: f64, m_scaled: i128) -> f64 {
         let m = m_scaled as f64 / self.servers;
-        self.q / l1 + self.kv * l1 / m
+        self.q / hi + self.kv * lo / m
+    }
+}
+
+/// The planner's state that choosing a candidate reads.
+struct State {
+    items: Vec<Item>,
+    by_server: Vec<Vec<usize>>,
+    /// Each server's load less F̄, × P.
+    excess: Vec<i128>,
+    /// Each item's ℓ + 1 (its sample's; a split keeps it).
+    l1: Vec<f64>,
+    prio: Priority,
+    /// P, the servers.
+    pp: i128,
+}
+
+impl State {
+    /// A candidate: work left on a donor (module doc, rule 3).
+    fn candidate(&self, id: usize) -> bool {
+        let x = &self.items[id];
+        !x.gone && x.pairs > 0 && self.excess[x.home] > 0
+    }
+
+    /// What item `id` can move at most whatever the need, × P: min(its donor's surplus,
+    /// its pairs); −1 when it is no candidate.
+    fn cap(&self, id: usize) -> i128 {
+        let x = &self.items[id];
+        if self.candidate(id) {
+            self.excess[x.home].min(i128::from(x.pairs) * self.pp)
+        } else {
+            -1
+        }
+    }
+
+    /// The priority of candidate `id` toward a need of `need` (× P).
+    #[cfg(test)]
+    fn priority(&self, id: usize, need: i128) -> f64 {
+        self.prio.of(self.l1[id], self.cap(id).min(need))
+    }
+}
+
+/// Chooses the next move's item: the candidate of the lowest priority, ties to the item
+/// placed first (module doc, rule 3).
+trait Pick {
+    /// The best candidate toward `need` (× P), if any.
+    fn best(&mut self, st: &State, need: i128) -> Option<usize>;
+    /// Follows a move of item `id` off server `donor` (its pairs, its `gone` and the
+    /// donor's surplus changed).
+    fn moved(&mut self, st: &State, id: usize, donor: usize);
+}
+
+/// [`Pick`] by a best-first search of a tree over the items in order of ℓ + 1: a node
+/// keeps the range of its leaves' ℓ + 1, their lowest id and the most a candidate among
+/// them can move ([`State::cap`]), which bound the priority of every candidate below it
+/// ([`Priority::at_least`]). Nodes leave a heap by (bound, lowest id): the first leaf out
+/// is the best candidate, its bound its exact priority. Its cost follows the nodes whose
+/// bound lies below the answer, not the candidates.
+struct Search {
+    /// Leaves: `size` and up, the items by (ℓ + 1, id), then empty ones.
+    size: usize,
+    /// Each item's leaf.
+    leaf: Vec<usize>,
+    lo: Vec<f64>,
+    hi: Vec<f64>,
+    first: Vec<usize>,
+    cap: Vec<i128>,
+    heap: BinaryHeap<Reverse<(u64, usize, usize)>>,
+}
+
+impl Search {
+    fn new(st: &State) -> Search {
+        let n = st.items.len();
+        let size = n.next_power_of_two();
+        let mut order: Vec<usize> = (0..n).collect();
+        order.sort_unstable_by(|&a, &b| st.l1[a].total_cmp(&st.l1[b]).then(a.cmp(&b)));
+        let mut s = Search {
+            size,
+            leaf: vec![0; n],
+            lo: vec![f64::INFINITY; 2 * size],
+            hi: vec![0.0; 2 * size],
+            first: vec![usize::MAX; 2 * size],
+            cap: vec![-1; 2 * size],
+            heap: BinaryHeap::new(),
+        };
+        for (k, &id) in order.iter().enumerate() {
+            let v = size + k;
+            s.leaf[id] = v;
+            (s.lo[v], s.hi[v], s.first[v], s.cap[v]) = (st.l1[id], st.l1[id], id, st.cap(id));
+        }
+        for v in (1..size).rev() {
+            let (a, b) = (2 * v, 2 * v + 1);
+            s.lo[v] = s.lo[a].min(s.lo[b]);
+            s.hi[v] = s.hi[a].max(s.hi[b]);
+            s.first[v] = s.first[a].min(s.first[b]);
+            s.cap[v] = s.cap[a].max(s.cap[b]);
+        }
+        s
+    }
+
+    fn push(&mut self, st: &State, v: usize, need: i128) {
+        if self.cap[v] >= 0 {
+            let b = st
+                .prio
+                .at_least(self.lo[v], self.hi[v], self.cap[v].min(need));
+            // Bounds are positive (or +∞): their bits sort as their values.
+            self.heap.push(Reverse((b.to_bits(), self.first[v], v)));
+        }
+    }
+}
+
+impl Pick for Search {
+    fn best(&mut self, st: &State, need: i128) -> Option<usize> {
+        self.heap.clear();
+        if self.size == 0 {
+            return None;
+        }
+        self.push(st, 1, need);
+        while let Some(Reverse((_, first, v))) = self.heap.pop() {
+            if v >= self.size {
+                return Some(first);
+            }
+            self.push(st, 2 * v, need);
+            self.push(st, 2 * v + 1, need);
+        }
+        None
+    }
+
+    fn moved(&mut self, st: &State, _id: usize, donor: usize) {
+        for &j in &st.by_server[donor] {
+            let mut v = self.leaf[j];
+            let c = st.cap(j);
+            if self.cap[v] == c {
+                continue;
+            }
+            self.cap[v] = c;
+            while v > 1 {
+                v /= 2;
+                let c = self.cap[2 * v].max(self.cap[2 * v + 1]);
+                if self.cap[v] == c {
+                    break;
+                }
+                self.cap[v] = c;
+            }
+        }
     }
 }
 
@@ -296,6 +452,17 @@ pub fn schedule_items(
     cp: u32,
     lists: &[Vec<HomeItem>],
     cfg: &DistcaConfig,
+) -> Result<DistcaSchedule> {
+    plan(batch, cp, lists, cfg, Search::new)
+}
+
+/// [`schedule_items`] with the candidate choice `pick` builds.
+fn plan<P: Pick>(
+    batch: &[PackedSeq],
+    cp: u32,
+    lists: &[Vec<HomeItem>],
+    cfg: &DistcaConfig,
+    pick: impl FnOnce(&State) -> P,
 ) -> Result<DistcaSchedule> {
     let p = servers_of(batch, cp, lists.len(), "item lists")?;
     let mask = &cfg.shape.mask;
@@ -319,11 +486,13 @@ pub fn schedule_items(
                     "an item of the repository's placement on that server",
                 ));
             }
-            load[s] += it.pairs(mask);
+            let pairs = it.pairs(mask);
+            load[s] += pairs;
             by_server[s].push(items.len());
             items.push(Item {
                 home: s,
                 it: *it,
+                pairs,
                 gone: false,
             });
         }
@@ -331,64 +500,44 @@ pub fn schedule_items(
     let shape = &cfg.shape;
     let total: u64 = load.iter().sum();
     let pp = p as i128;
-    let mut excess: Vec<i128> = load
+    let excess: Vec<i128> = load
         .iter()
         .map(|&l| i128::from(l) * pp - i128::from(total))
         .collect();
     let threshold = cfg.epsilon * total as f64;
-    let prio = Priority::new(shape, p);
     // ℓ + 1 of the repository's formula, read under the mask as the pairs per pair of
     // queries of the document, 2·pairs(ℓ)/ℓ (ℓ + 1 exactly under the causal mask).
     let l1_of = |it: &HomeItem| {
         let len = batch[it.sample.seq as usize].samples[it.sample.index as usize].len;
         2.0 * mask.pairs(u64::from(len)) as f64 / f64::from(len.max(1))
     };
-    // An item's sample never changes (a split moves its ends): its ℓ + 1 once.
-    let l1: Vec<f64> = items.iter().map(|x| l1_of(&x.it)).collect();
-    let key_of =
-        |id: usize, it: &HomeItem| prio.of(l1[id], i128::from(it.pairs(mask)) * pp).to_bits();
-    // Candidates: items with work on donors, by their priority's lower bound, then order.
-    let mut cand: BTreeSet<(u64, usize)> = BTreeSet::new();
-    let mut key: Vec<Option<u64>> = vec![None; items.len()];
-    for (id, x) in items.iter().enumerate() {
-        if excess[x.home] > 0 && x.it.pairs(mask) > 0 {
-            let k = key_of(id, &x.it);
-            cand.insert((k, id));
-            key[id] = Some(k);
-        }
-    }
-    let mut recipients: Vec<usize> = (0..p).filter(|&s| excess[s] < 0).collect();
-    recipients.sort_by_key(|&s| (excess[s], s));
+    let mut st = State {
+        l1: items.iter().map(|x| l1_of(&x.it)).collect(),
+        items,
+        by_server,
+        excess,
+        prio: Priority::new(shape, p),
+        pp,
+    };
+    let mut pick = pick(&st);
+    let mut recipients: Vec<usize> = (0..p).filter(|&s| st.excess[s] < 0).collect();
+    recipients.sort_by_key(|&s| (st.excess[s], s));
     /// A move: (recipient, queries moved, item id).
     type Move = (usize, Vec<(u32, u32)>, usize);
     let mut moves: Vec<Move> = Vec::new();
     for t in recipients {
-        let mut need = -excess[t];
+        let mut need = -st.excess[t];
         while need as f64 > threshold {
-            let mut best: Option<(f64, usize)> = None;
-            for &(kb, id) in &cand {
-                if best.is_some_and(|(bp, _)| f64::from_bits(kb) > bp) {
-                    break;
-                }
-                let x = &items[id];
-                let m = excess[x.home]
-                    .min(need)
-                    .min(i128::from(x.it.pairs(mask)) * pp);
-                let pr = prio.of(l1[id], m);
-                if best.is_none_or(|(bp, bid)| pr < bp || (pr == bp && id < bid)) {
-                    best = Some((pr, id));
-                }
-            }
-            let Some((_, id)) = best else {
+            let Some(id) = pick.best(&st, need) else {
                 break;
             };
-            let x = items[id];
+            let x = st.items[id];
             let d = x.home;
-            let f = i128::from(x.it.pairs(mask)) * pp;
-            let m = excess[d].min(need).min(f);
+            let f = i128::from(x.pairs) * pp;
+            let m = st.excess[d].min(need).min(f);
             let (q_ranges, moved) = if m >= f {
-                items[id].gone = true;
-                (ranges(x.it.head, x.it.tail), x.it.pairs(mask))
+                st.items[id].gone = true;
+                (ranges(x.it.head, x.it.tail), x.pairs)
             } else {
                 // The inner ends' k: causally k·a pairs exactly; a mask keeps at most as
                 // many, so the causal k is where the search for the largest fitting starts.
@@ -404,32 +553,26 @@ pub fn schedule_items(
                 if k == 0 {
                     break;
                 }
-                items[id].it.head.1 -= k;
-                items[id].it.tail.0 += k;
+                let y = &mut st.items[id];
+                y.it.head.1 -= k;
+                y.it.tail.0 += k;
+                y.pairs = y.it.pairs(mask);
                 (ranges((h.1 - k, h.1), (tl.0, tl.0 + k)), inner(k))
             };
             let dm = i128::from(moved) * pp;
-            excess[d] -= dm;
-            excess[t] += dm;
+            st.excess[d] -= dm;
+            st.excess[t] += dm;
             need -= dm;
-            if let Some(k) = key[id].take() {
-                cand.remove(&(k, id));
-            }
-            if !items[id].gone && excess[d] > 0 {
-                let k = key_of(id, &items[id].it);
-                cand.insert((k, id));
-                key[id] = Some(k);
-            }
-            if excess[d] <= 0 {
-                for &j in &by_server[d] {
-                    if let Some(k) = key[j].take() {
-                        cand.remove(&(k, j));
-                    }
-                }
-            }
+            pick.moved(&st, id, d);
             moves.push((t, q_ranges, id));
         }
     }
+    let State {
+        items,
+        by_server,
+        excess,
+        ..
+    } = st;
     // Keys of `[a, x)` of a sample that server `s` lacks: outside its placed pieces.
     let lacking = |s: usize, sample: SampleRef, a: u32, x: u32| -> u32 {
         let mut have = 0;
@@ -537,6 +680,7 @@ mod tests {
     use super::*;
     use crate::plan::{check, Payload};
     use proptest::prelude::*;
+    use std::collections::BTreeSet;
 
     /// Unit shape (Q = out = 1 B per token, K+V = 2 B): priority 1/(ℓ+1) + 2(ℓ+1)/m.
     fn cfg(eps: f64) -> DistcaConfig {
@@ -562,6 +706,140 @@ mod tests {
                     task.q_ranges.clone(),
                     t.bytes(),
                 )
+            })
+            .collect()
+    }
+
+    /// The planner's choice as the repository walks it: candidates in a set by their
+    /// priority's lower bound (their own pairs moving), walked until that bound exceeds
+    /// the best priority seen.
+    struct Walk {
+        cand: BTreeSet<(u64, usize)>,
+        key: Vec<Option<u64>>,
+    }
+
+    impl Walk {
+        fn new(st: &State) -> Walk {
+            let mut w = Walk {
+                cand: BTreeSet::new(),
+                key: vec![None; st.items.len()],
+            };
+            for id in 0..st.items.len() {
+                w.insert(st, id);
+            }
+            w
+        }
+
+        fn insert(&mut self, st: &State, id: usize) {
+            if st.candidate(id) {
+                let f = i128::from(st.items[id].pairs) * st.pp;
+                let k = st.prio.of(st.l1[id], f).to_bits();
+                self.cand.insert((k, id));
+                self.key[id] = Some(k);
+            }
+        }
+
+        fn remove(&mut self, id: usize) {
+            if let Some(k) = self.key[id].take() {
+                self.cand.remove(&(k, id));
+            }
+        }
+    }
+
+    impl Pick for Walk {
+        fn best(&mut self, st: &State, need: i128) -> Option<usize> {
+            let mut best: Option<(f64, usize)> = None;
+            for &(kb, id) in &self.cand {
+                if best.is_some_and(|(bp, _)| f64::from_bits(kb) > bp) {
+                    break;
+                }
+                let pr = st.priority(id, need);
+                if best.is_none_or(|(bp, bid)| pr < bp || (pr == bp && id < bid)) {
+                    best = Some((pr, id));
+                }
+            }
+            best.map(|(_, id)| id)
+        }
+
+        fn moved(&mut self, st: &State, id: usize, donor: usize) {
+            self.remove(id);
+            self.insert(st, id);
+            if st.excess[donor] <= 0 {
+                for &j in &st.by_server[donor] {
+                    self.remove(j);
+                }
+            }
+        }
+    }
+
+    /// The planner's choice by its definition: every candidate's priority, the lowest
+    /// (then the lowest id).
+    struct Scan;
+
+    impl Pick for Scan {
+        fn best(&mut self, st: &State, need: i128) -> Option<usize> {
+            (0..st.items.len())
+                .filter(|&id| st.candidate(id))
+                .min_by(|&a, &b| {
+                    let (pa, pb) = (st.priority(a, need), st.priority(b, need));
+                    pa.partial_cmp(&pb).unwrap().then(a.cmp(&b))
+                })
+        }
+
+        fn moved(&mut self, _: &State, _: usize, _: usize) {}
+    }
+
+    /// [`schedule_items`] by the tree search, the walk and the scan: one schedule.
+    fn same_by_every_pick(
+        batch: &[PackedSeq],
+        cp: u32,
+        lists: &[Vec<HomeItem>],
+        c: &DistcaConfig,
+    ) -> DistcaSchedule {
+        let s = schedule_items(batch, cp, lists, c).unwrap();
+        assert_eq!(plan(batch, cp, lists, c, Walk::new).unwrap(), s);
+        assert_eq!(plan(batch, cp, lists, c, |_: &State| Scan).unwrap(), s);
+        s
+    }
+
+    #[test]
+    fn search_picks_as_the_walk_on_a_corpus_batch() {
+        // One GA index of the 512-server benchmark: 64 replicas × CP 8, 128K tokens
+        // (wlbllm), both nano-batches and the whole.
+        let c = DistcaConfig::new(
+            crate::balance::wlbllm::ConstantThroughput::h200_llama3_8b().shape,
+            0.1,
+            128,
+        )
+        .unwrap();
+        let corpus = crate::workload::corpus::Corpus::from_spec("wlbllm").unwrap();
+        let batch = crate::workload::pack::global_batch(
+            &corpus,
+            131_072,
+            64,
+            crate::workload::pack::Packing::Sequential,
+            0,
+            0,
+        )
+        .unwrap();
+        let splits = nano_splits(&batch, 8, &c.shape.mask);
+        let mut moved = 0;
+        for h in 0..2 {
+            let half: Vec<Vec<HomeItem>> = splits.iter().map(|s| s[h].clone()).collect();
+            moved += same_by_every_pick(&batch, 8, &half, &c).transfers.len();
+        }
+        moved += same_by_every_pick(&batch, 8, &home_items(&batch, 8), &c)
+            .transfers
+            .len();
+        assert!(moved > 100, "{moved}");
+    }
+
+    /// `dp` replicas cycling through `lens`, each with `slack` tokens of room.
+    fn replicas(lens: &[Vec<u32>], dp: u32, slack: u32) -> Vec<PackedSeq> {
+        (0..dp as usize)
+            .map(|i| {
+                let l = &lens[i % lens.len()];
+                PackedSeq::from_lengths(l, l.iter().sum::<u32>() + slack, 10 * i as u64)
             })
             .collect()
     }
@@ -799,12 +1077,7 @@ mod tests {
         ) {
             let shape = AttnShape { heads_q: 4, heads_kv: 2, head_dim: 2, dtype_bytes: 2, mask: crate::cost::Mask::Causal };
             let c = DistcaConfig::new(shape, eps, 128).unwrap();
-            let batch: Vec<PackedSeq> = (0..dp as usize)
-                .map(|i| {
-                    let l = &lens[i % lens.len()];
-                    PackedSeq::from_lengths(l, l.iter().sum::<u32>() + slack, 10 * i as u64)
-                })
-                .collect();
+            let batch = replicas(&lens, dp, slack);
             let exact: u64 = batch.iter().map(PackedSeq::causal_pairs).sum();
             let scheds: Vec<DistcaSchedule> = if ping_pong {
                 schedule_ping_pong(&batch, cp, &c).unwrap().into()
@@ -859,6 +1132,38 @@ mod tests {
                 .sum();
             prop_assert_eq!(pq, sq);
             prop_assert!(pkv <= skv);
+        }
+
+        /// The tree search picks what the repository's walk and a scan of every
+        /// candidate pick: equal schedules on random batches, masks, shapes, ε and
+        /// nano-batches, with many documents of one length (ties in priority).
+        #[test]
+        fn search_picks_as_the_walk_and_the_scan(
+            lens in proptest::collection::vec(
+                proptest::collection::vec(prop_oneof![1u32..600, Just(96u32), Just(250u32)], 0..8),
+                1..9,
+            ),
+            dp in 1u32..9,
+            cp in 1u32..9,
+            eps in 0.0f64..0.3,
+            slack in 0u32..100,
+            mask in prop_oneof![
+                Just(Mask::Causal),
+                (1u32..64).prop_map(|w| Mask::Sliding { w }),
+                (1u32..300).prop_map(|c| Mask::Chunked { c }),
+            ],
+            kv_heads in 1u32..5,
+            group in 1u32..5,
+            half in 0usize..3,
+        ) {
+            let shape = AttnShape { heads_q: kv_heads * group, heads_kv: kv_heads, head_dim: 4, dtype_bytes: 2, mask };
+            let c = DistcaConfig::new(shape, eps, 128).unwrap();
+            let batch = replicas(&lens, dp, slack);
+            let lists: Vec<Vec<HomeItem>> = match half {
+                2 => home_items(&batch, cp),
+                h => nano_splits(&batch, cp, &mask).into_iter().map(|s| s[h].clone()).collect(),
+            };
+            same_by_every_pick(&batch, cp, &lists, &c);
         }
     }
 }
