@@ -27,7 +27,9 @@
 //! With a network model whose transfer durations are fixed by the transfer alone (the
 //! analytical model), [`run`] needs no events: [`dag::run_dag`] times the graph by one
 //! parallel sweep in topological order, equal to the event engine to the picosecond. With
-//! the flow model, [`run_events`] runs.
+//! the flow model, [`run_events`] runs: on a graph whose replicas' flows cross disjoint links
+//! until the DP all-reduces couple them, part by part in parallel and then joined
+//! (`split`), equal to the whole graph's run to the picosecond.
 //! Events are small `Copy` values in one `BinaryHeap` keyed by (time, sequence number), so
 //! equal times pop in FIFO order and runs are deterministic. All state lives in `Vec`s
 //! indexed by op, stream and collective ids (arena style); nothing is allocated per event.
@@ -1283,8 +1285,9 @@ impl<'g, N: NetworkModel + ?Sized> Sim<'g, N> {
 
 /// Run `g` on `net` from time 0 and record every op's start and end: by one sweep of the
 /// DAG ([`dag::run_dag`]) when the model fixes every transfer's duration by the transfer
-/// alone ([`NetworkModel::fixed_durations`]), else by the event engine ([`run_events`]).
-/// Both give the same timeline.
+/// alone ([`NetworkModel::fixed_durations`]), else by the event engine ([`run_events`];
+/// under the flow model on link-disjoint parts apart and then joined when the graph
+/// splits, `split`). All give the same timeline.
 ///
 /// Errors when the graph cannot finish (a stream's head waits on an op that never runs,
 /// or a collective whose parts are not all issued): the message names the stuck op.
