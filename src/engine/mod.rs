@@ -27,7 +27,9 @@
 //! With a network model whose transfer durations are fixed by the transfer alone (the
 //! analytical model), [`run`] needs no events: [`dag::run_dag`] times the graph by one
 //! parallel sweep in topological order, equal to the event engine to the picosecond. With
-//! the flow model, [`run_events`] runs.
+//! the flow model, [`run_events`] runs: on a graph whose replicas' flows cross disjoint links
+//! until the DP all-reduces couple them, part by part in parallel and then joined
+//! (`split`), equal to the whole graph's run to the picosecond.
 //! Events are small `Copy` values in one `BinaryHeap` keyed by (time, sequence number), so
 //! equal times pop in FIFO order and runs are deterministic. All state lives in `Vec`s
 //! indexed by op, stream and collective ids (arena style); nothing is allocated per event.
@@ -37,10 +39,12 @@
 
 pub mod dag;
 pub mod parts;
+mod split;
 pub mod stub_net;
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 
 use rayon::prelude::*;
 
@@ -1020,27 +1024,124 @@ impl StreamState {
 const TAG_COLL: u64 = 1 << 63;
 const TAG_PART: u64 = 1 << 62;
 
-struct Sim<'g, 'n> {
+/// Per-op and per-collective state of one run. The workers of a split run
+/// ([`split`]) share it, each writing only the entries of its own streams' ops and
+/// collectives (and the coupling ops' readiness, by read-modify-write), so every entry is
+/// a relaxed atomic: a plain load or store on the one-worker path.
+struct Shared {
+    deps_left: Vec<AtomicU32>,
+    start: Vec<AtomicU64>,
+    end: Vec<AtomicU64>,
+    coll_start: Vec<AtomicU64>,
+    arrived: Vec<AtomicU32>,
+    pending: Vec<AtomicU32>,
+}
+
+impl Shared {
+    fn new(g: &Graph) -> Shared {
+        let (n, nc) = (g.ops.len(), g.colls.len());
+        let z64 = |k| (0..k).map(|_| AtomicU64::new(0)).collect();
+        let z32 = |k| (0..k).map(|_| AtomicU32::new(0)).collect();
+        Shared {
+            deps_left: g.ndeps.iter().map(|&d| AtomicU32::new(d)).collect(),
+            start: z64(n),
+            end: z64(n),
+            coll_start: z64(nc),
+            arrived: z32(nc),
+            pending: z32(nc),
+        }
+    }
+
+    fn timeline(self, events: u64) -> Timeline {
+        let v =
+            |a: Vec<AtomicU64>| -> Vec<Ps> { a.into_iter().map(AtomicU64::into_inner).collect() };
+        let end = v(self.end);
+        Timeline {
+            start: v(self.start),
+            makespan: end.iter().copied().max().unwrap_or(0),
+            end,
+            coll_start: v(self.coll_start),
+            events,
+        }
+    }
+}
+
+/// Which streams a split run's worker runs, and when it stops ([`split`]).
+struct Worker<'g> {
+    /// Per stream: the worker that runs it (`u32::MAX`: a coupling stream, run after the
+    /// workers have been joined).
+    owner: &'g [u32],
+    me: u32,
+    /// Per collective: its index among the coupling collectives that may start first, or
+    /// `u32::MAX`.
+    cand: &'g [u32],
+    /// Per such collective: this worker's ops its parts still wait for, and when the last
+    /// of them ended.
+    need: Vec<u32>,
+    met: Vec<Ps>,
+    /// Whether meeting a collective's needs lowers the horizon to that time.
+    lower: bool,
+}
+
+struct Sim<'g, N: NetworkModel + ?Sized> {
     g: &'g Graph,
-    net: &'n mut dyn NetworkModel,
+    net: &'g mut N,
+    sh: &'g Shared,
     heap: BinaryHeap<Reverse<Event>>,
     seq: u64,
     now: Ps,
-    deps_left: Vec<u32>,
     /// Per stream: next op index into `stream_ops`, end index, busy flag.
     st: Vec<StreamState>,
-    arrived: Vec<u32>,
-    pending: Vec<u32>,
     /// Per grouped point-to-point part: arrivals (itself and peers) still awaited before
     /// its transfers start, its transfers in flight, drained parts (itself and peers)
     /// still awaited before it ends.
     part_start_wait: Vec<u32>,
     part_pending: Vec<u32>,
     part_end_wait: Vec<u32>,
-    t: Timeline,
+    events: u64,
+    /// Events after this time wait.
+    horizon: Ps,
+    worker: Option<Worker<'g>>,
 }
 
-impl Sim<'_, '_> {
+impl<'g, N: NetworkModel + ?Sized> Sim<'g, N> {
+    fn new(g: &'g Graph, net: &'g mut N, sh: &'g Shared, worker: Option<Worker<'g>>) -> Self {
+        let ns = g.streams.len();
+        let waits = || -> Vec<u32> {
+            (0..g.part_count() as u32)
+                .map(|k| 1 + g.part_nbrs(k).len() as u32)
+                .collect()
+        };
+        Sim {
+            g,
+            net,
+            sh,
+            heap: BinaryHeap::with_capacity(ns),
+            seq: 0,
+            now: 0,
+            st: (0..ns)
+                .map(|s| StreamState {
+                    pos: g.stream_off[s],
+                    end: g.stream_off[s + 1],
+                    busy: false,
+                })
+                .collect(),
+            part_start_wait: waits(),
+            part_pending: vec![0; g.part_count()],
+            part_end_wait: waits(),
+            events: 0,
+            horizon: Ps::MAX,
+            worker,
+        }
+    }
+
+    /// True when this run runs stream `s`.
+    fn owns(&self, s: StreamId) -> bool {
+        self.worker
+            .as_ref()
+            .is_none_or(|w| w.owner[s as usize] == w.me)
+    }
+
     fn push(&mut self, time: Ps, id: u64) {
         self.seq += 1;
         self.heap.push(Reverse(Event {
@@ -1058,11 +1159,11 @@ impl Sim<'_, '_> {
         let Some(op) = ss.head(self.g) else {
             return;
         };
-        if self.deps_left[op as usize] != 0 {
+        if self.sh.deps_left[op as usize].load(Relaxed) != 0 {
             return;
         }
         self.st[s as usize].busy = true;
-        self.t.start[op as usize] = self.now;
+        self.sh.start[op as usize].store(self.now, Relaxed);
         match self.g.ops[op as usize].kind() {
             OpKind::Compute(d) => self.push(self.now + d, u64::from(op)),
             OpKind::Send(x) => {
@@ -1083,11 +1184,12 @@ impl Sim<'_, '_> {
             }
             OpKind::Coll(c) => {
                 let ci = c as usize;
-                self.arrived[ci] += 1;
+                let arrived = self.sh.arrived[ci].load(Relaxed) + 1;
+                self.sh.arrived[ci].store(arrived, Relaxed);
                 let info = self.g.colls[ci];
-                if self.arrived[ci] == info.parts {
-                    self.t.coll_start[ci] = self.now;
-                    self.pending[ci] = info.xfer_len;
+                if arrived == info.parts {
+                    self.sh.coll_start[ci].store(self.now, Relaxed);
+                    self.sh.pending[ci].store(info.xfer_len, Relaxed);
                     if info.xfer_len == 0 {
                         self.push(self.now + info.latency, EV_COLL | u64::from(c));
                     }
@@ -1104,7 +1206,7 @@ impl Sim<'_, '_> {
 
     fn complete(&mut self, op: OpId) {
         let oi = op as usize;
-        self.t.end[oi] = self.now;
+        self.sh.end[oi].store(self.now, Relaxed);
         let o = self.g.ops[oi];
         let s = o.stream;
         let ss = &mut self.st[s as usize];
@@ -1116,24 +1218,52 @@ impl Sim<'_, '_> {
         );
         for k in a..b {
             let succ = self.g.succ[k];
-            let d = &mut self.deps_left[succ as usize];
-            *d -= 1;
-            if *d == 0 {
-                let ss = self.g.ops[succ as usize].stream;
-                self.try_start(ss);
+            let ss = self.g.ops[succ as usize].stream;
+            let d = &self.sh.deps_left[succ as usize];
+            if self.owns(ss) {
+                let left = d.load(Relaxed) - 1;
+                d.store(left, Relaxed);
+                if left == 0 {
+                    self.try_start(ss);
+                }
+            } else {
+                // A coupling op: it starts after the join, at its latest dependency's end.
+                d.fetch_sub(1, Relaxed);
+                self.sh.start[succ as usize].fetch_max(self.now, Relaxed);
+                self.coupled(succ);
             }
         }
         self.try_start(s);
+    }
+
+    /// One of this worker's ops that coupling op `op` waits for has ended now.
+    fn coupled(&mut self, op: OpId) {
+        let (g, now) = (self.g, self.now);
+        let (Some(w), OpKind::Coll(c)) = (self.worker.as_mut(), g.ops[op as usize].kind()) else {
+            return;
+        };
+        let Some(k) = w.cand.get(c as usize).filter(|&&k| k != u32::MAX) else {
+            return;
+        };
+        let k = *k as usize;
+        w.need[k] -= 1;
+        if w.need[k] == 0 {
+            w.met[k] = now;
+            if w.lower {
+                self.horizon = self.horizon.min(now);
+            }
+        }
     }
 
     /// Part `k` of grouped point-to-point collective `c` and its peers have all arrived:
     /// its transfers start (none: it is drained at once, through the queue).
     fn start_part(&mut self, c: CollId, k: u32) {
         let g = self.g;
-        if self.arrived[c as usize] == 0 {
-            self.t.coll_start[c as usize] = self.now;
+        let arrived = &self.sh.arrived[c as usize];
+        if arrived.load(Relaxed) == 0 {
+            self.sh.coll_start[c as usize].store(self.now, Relaxed);
         }
-        self.arrived[c as usize] += 1;
+        arrived.store(arrived.load(Relaxed) + 1, Relaxed);
         let xf = g.part_xfers(k);
         self.part_pending[k as usize] = xf.len() as u32;
         if xf.is_empty() {
@@ -1170,17 +1300,109 @@ impl Sim<'_, '_> {
             self.complete(op);
         }
     }
+
+    /// Start every stream this run runs that can start.
+    fn start_streams(&mut self) {
+        for s in 0..self.g.streams.len() as StreamId {
+            if self.owns(s) {
+                self.try_start(s);
+            }
+        }
+    }
+
+    /// Process events in (time, sequence) order, network completions first at equal
+    /// times, while the next one is at or before the horizon.
+    fn run_loop(&mut self) {
+        let g = self.g;
+        let mut done: Vec<u64> = Vec::with_capacity(64);
+        loop {
+            let th = self.heap.peek().map(|e| e.0.time);
+            let tn = self.net.next_completion();
+            let (net_first, t) = match (th, tn) {
+                (None, None) => break,
+                (Some(a), None) => (false, a),
+                (None, Some(b)) => (true, b),
+                (Some(a), Some(b)) => (b <= a, a.min(b)),
+            };
+            if t > self.horizon {
+                break;
+            }
+            if net_first {
+                self.now = self.now.max(t);
+                self.net.advance(self.now, &mut done);
+                for &tag in &done {
+                    self.events += 1;
+                    if tag & TAG_COLL != 0 {
+                        let c = (tag & !TAG_COLL) as usize;
+                        let p = self.sh.pending[c].load(Relaxed) - 1;
+                        self.sh.pending[c].store(p, Relaxed);
+                        if p == 0 {
+                            match g.colls[c].latency {
+                                0 => self.complete_coll(c as CollId),
+                                l => self.push(self.now + l, EV_COLL | c as u64),
+                            }
+                        }
+                    } else if tag & TAG_PART != 0 {
+                        let k = (tag & !TAG_PART) as u32;
+                        self.part_pending[k as usize] -= 1;
+                        if self.part_pending[k as usize] == 0 {
+                            self.drain_part(k);
+                        }
+                    } else {
+                        self.complete(tag as OpId);
+                    }
+                }
+                done.clear();
+            } else if let Some(Reverse(e)) = self.heap.pop() {
+                self.now = e.time;
+                self.events += 1;
+                if e.id & EV_COLL != 0 {
+                    self.complete_coll((e.id & !EV_COLL) as CollId);
+                } else if e.id & EV_PART != 0 {
+                    self.drain_part((e.id & !EV_PART) as u32);
+                } else {
+                    self.complete(e.id as OpId);
+                }
+            }
+        }
+    }
+
+    /// The error for the first stream (by id) with an op that never ran, if any.
+    fn stuck(&self) -> Result<()> {
+        for (s, ss) in self.st.iter().enumerate() {
+            if let Some(op) = ss.head(self.g) {
+                return Err(stuck_error(self.g, s as StreamId, op));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Run `g` on `net` from time 0 and record every op's start and end: by one sweep of the
 /// DAG ([`dag::run_dag`]) when the model fixes every transfer's duration by the transfer
-/// alone ([`NetworkModel::fixed_durations`]), else by the event engine ([`run_events`]).
-/// Both give the same timeline.
+/// alone ([`NetworkModel::fixed_durations`]), else by the event engine ([`run_events`];
+/// under the flow model on link-disjoint parts apart and then joined when the graph
+/// splits, `split`). All give the same timeline.
 ///
 /// Errors when the graph cannot finish (a stream's head waits on an op that never runs,
 /// or a collective whose parts are not all issued): the message names the stuck op.
 pub fn run(g: &Graph, net: &mut dyn NetworkModel) -> Result<Timeline> {
     let Some(d) = net.fixed_durations() else {
+        #[cfg(test)]
+        let twin = net.as_flow().map(|f| f.idle_copy());
+        if let Some(t) = net.as_flow().and_then(|f| split::run_split(g, f)) {
+            // In the crate's own tests every graph run in parts is also a differential
+            // test against the whole graph's run.
+            #[cfg(test)]
+            if let Some(mut w) = twin {
+                let whole = run_events(g, &mut w);
+                match (&t, &whole) {
+                    (Ok(a), Ok(b)) => assert_eq!(a, b, "the split run and the whole run disagree"),
+                    (a, b) => assert_eq!(format!("{a:?}"), format!("{b:?}")),
+                }
+            }
+            return t;
+        }
         return run_events(g, net);
     };
     let t = dag::run_dag(g, d);
@@ -1213,98 +1435,13 @@ fn stuck_error(g: &Graph, s: StreamId, op: OpId) -> crate::error::Error {
 /// reference for [`dag::run_dag`]; [`run`] picks it for models whose transfers share
 /// bandwidth.
 pub fn run_events(g: &Graph, net: &mut dyn NetworkModel) -> Result<Timeline> {
-    let n = g.ops.len();
-    let ns = g.streams.len();
-    let nc = g.colls.len();
-    let mut sim = Sim {
-        g,
-        net,
-        heap: BinaryHeap::with_capacity(ns),
-        seq: 0,
-        now: 0,
-        deps_left: g.ndeps.clone(),
-        st: (0..ns)
-            .map(|s| StreamState {
-                pos: g.stream_off[s],
-                end: g.stream_off[s + 1],
-                busy: false,
-            })
-            .collect(),
-        arrived: vec![0; nc],
-        pending: vec![0; nc],
-        part_start_wait: (0..g.part_count() as u32)
-            .map(|k| 1 + g.part_nbrs(k).len() as u32)
-            .collect(),
-        part_pending: vec![0; g.part_count()],
-        part_end_wait: (0..g.part_count() as u32)
-            .map(|k| 1 + g.part_nbrs(k).len() as u32)
-            .collect(),
-        t: Timeline {
-            start: vec![0; n],
-            end: vec![0; n],
-            coll_start: vec![0; nc],
-            makespan: 0,
-            events: 0,
-        },
-    };
-    for s in 0..ns as StreamId {
-        sim.try_start(s);
-    }
-    let mut done: Vec<u64> = Vec::with_capacity(64);
-    loop {
-        let th = sim.heap.peek().map(|e| e.0.time);
-        let tn = sim.net.next_completion();
-        let net_first = match (th, tn) {
-            (None, None) => break,
-            (Some(_), None) => false,
-            (None, Some(_)) => true,
-            (Some(a), Some(b)) => b <= a,
-        };
-        if net_first {
-            let t = tn.unwrap_or(sim.now);
-            sim.now = sim.now.max(t);
-            sim.net.advance(sim.now, &mut done);
-            for &tag in &done {
-                sim.t.events += 1;
-                if tag & TAG_COLL != 0 {
-                    let c = (tag & !TAG_COLL) as usize;
-                    sim.pending[c] -= 1;
-                    if sim.pending[c] == 0 {
-                        match g.colls[c].latency {
-                            0 => sim.complete_coll(c as CollId),
-                            l => sim.push(sim.now + l, EV_COLL | c as u64),
-                        }
-                    }
-                } else if tag & TAG_PART != 0 {
-                    let k = (tag & !TAG_PART) as u32;
-                    sim.part_pending[k as usize] -= 1;
-                    if sim.part_pending[k as usize] == 0 {
-                        sim.drain_part(k);
-                    }
-                } else {
-                    sim.complete(tag as OpId);
-                }
-            }
-            done.clear();
-        } else if let Some(Reverse(e)) = sim.heap.pop() {
-            sim.now = e.time;
-            sim.t.events += 1;
-            if e.id & EV_COLL != 0 {
-                sim.complete_coll((e.id & !EV_COLL) as CollId);
-            } else if e.id & EV_PART != 0 {
-                sim.drain_part((e.id & !EV_PART) as u32);
-            } else {
-                sim.complete(e.id as OpId);
-            }
-        }
-    }
-    for s in 0..ns {
-        if let Some(op) = sim.st[s].head(g) {
-            return Err(stuck_error(g, s as StreamId, op));
-        }
-    }
-    sim.t.makespan = sim.t.end.iter().copied().max().unwrap_or(0);
-    Ok(sim.t)
+    let sh = Shared::new(g);
+    let mut sim = Sim::new(g, net, &sh, None);
+    sim.start_streams();
+    sim.run_loop();
+    sim.stuck()?;
+    let events = sim.events;
+    Ok(sh.timeline(events))
 }
 
 #[cfg(test)]

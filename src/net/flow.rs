@@ -83,6 +83,8 @@ struct LinkState {
     mark: u32,
     /// Its index inside the component that recomputation found.
     local: u32,
+    /// Whether a flow has crossed it since the model was made.
+    used: bool,
 }
 
 /// Counters of the work the model did.
@@ -196,6 +198,83 @@ impl FlowModel {
         r.into_iter().map(|(_, t, x)| (t, x)).collect()
     }
 
+    /// Bytes of one link's state (a model holds one per link of its topology).
+    pub const LINK_BYTES: usize = std::mem::size_of::<LinkState>();
+
+    /// True when no transfer is in flight, draining or waiting for a recomputation.
+    pub fn is_idle(&self) -> bool {
+        self.active == 0 && self.tail.is_empty() && self.dirty.is_none()
+    }
+
+    /// A model of the same network (topology, link bandwidths as scaled so far, local
+    /// latency) with no traffic and no counts.
+    pub fn idle_copy(&self) -> FlowModel {
+        let mut m = FlowModel::new(self.topo.clone()).with_local_latency(self.local_latency);
+        for (l, s) in m.links.iter_mut().zip(&self.links) {
+            l.cap = s.cap;
+        }
+        m
+    }
+
+    /// The links some flow of this model has crossed, in id order.
+    pub fn used_links(&self) -> impl Iterator<Item = LinkId> + '_ {
+        (self.links.iter().enumerate())
+            .filter(|(_, l)| l.used)
+            .map(|(i, _)| i as LinkId)
+    }
+
+    /// Models of one network that ran apart, on link-disjoint traffic, up to one time
+    /// (every internal event up to it processed), joined into `self` (idle, of the same
+    /// network) as one model that ran all their traffic would stand: their flows, drains
+    /// and pending completions, the flows of `parts[0]` first in start order, then
+    /// `parts[1]`'s, …, and the counters summed. Max–min rates are per component and
+    /// components never span parts, so every rate and drain time carries over unchanged.
+    pub fn join(&mut self, parts: Vec<FlowModel>) {
+        for p in parts {
+            debug_assert!(p.dirty.is_none() && p.dirty_links.is_empty());
+            let off = self.seq;
+            let mut slot_of = vec![u32::MAX; p.flows.len()];
+            for (old, f) in p.flows.iter().enumerate().filter(|(_, f)| f.alive) {
+                let slot = self.flows.len() as u32;
+                slot_of[old] = slot;
+                for &l in f.route.links() {
+                    self.links[l as usize].flows.push(slot);
+                }
+                self.flows.push(Flow {
+                    mark: 0,
+                    local: 0,
+                    seq: f.seq + off,
+                    ..*f
+                });
+            }
+            for &Reverse((at, old, version)) in p.drain_q.iter() {
+                let f = &p.flows[old as usize];
+                if f.alive && f.version == version {
+                    self.drain_q
+                        .push(Reverse((at, slot_of[old as usize], version)));
+                }
+            }
+            self.tail.extend(
+                p.tail
+                    .iter()
+                    .map(|&Reverse((t, s, tag))| Reverse((t, s + off, tag))),
+            );
+            for (l, pl) in self.links.iter_mut().zip(&p.links) {
+                l.used |= pl.used;
+            }
+            self.seq += p.seq;
+            self.active += p.active;
+            let (a, b) = (&mut self.stats, p.stats);
+            a.starts += b.starts;
+            a.finishes += b.finishes;
+            a.recomputes += b.recomputes;
+            a.flows_rerated += b.flows_rerated;
+            a.max_active = a.max_active.max(b.max_active);
+            self.bad_endpoints += p.bad_endpoints;
+        }
+        self.stats.max_active = self.stats.max_active.max(self.active as u64);
+    }
+
     /// From `now` on, run `link` at `scale` × its bandwidth (fault injection; `scale` in
     /// (0, 1]); rates are recomputed at `now`.
     pub fn scale_link(&mut self, now: Ps, link: LinkId, scale: f64) {
@@ -244,6 +323,7 @@ impl FlowModel {
         for &l in route.links() {
             let ls = &mut self.links[l as usize];
             ls.flows.push(slot);
+            ls.used = true;
             latency += ls.latency;
             self.dirty_links.push(l);
         }
@@ -609,6 +689,10 @@ impl NetworkModel for FlowModel {
 
     fn set_link_scale(&mut self, now: Ps, link: LinkId, scale: f64) {
         self.scale_link(now, link, scale);
+    }
+
+    fn as_flow(&mut self) -> Option<&mut FlowModel> {
+        Some(self)
     }
 
     fn advance(&mut self, now: Ps, done: &mut Vec<u64>) {

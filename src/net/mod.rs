@@ -40,6 +40,13 @@ pub trait NetworkModel {
         let _ = (now, link, scale);
     }
 
+    /// The flow-level model this is, if it is one: the engine then simulates parts of a
+    /// graph whose traffic crosses disjoint links apart, on copies of it
+    /// (`engine::split`). The default returns `None`.
+    fn as_flow(&mut self) -> Option<&mut FlowModel> {
+        None
+    }
+
     /// The model's transfer durations when each is fixed by the transfer alone (never by
     /// other traffic or by when it starts): the engine then times a graph as a DAG
     /// (`engine::dag`), with no events. A model that returns them must finish every transfer
