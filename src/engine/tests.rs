@@ -560,16 +560,16 @@ mod differential {
                     }
                     let c = if k == 5 {
                         let c = b.add_grouped_p2p(&xfers, &pairs);
-                        again = Some((members.clone(), xfers, pairs));
+                        again = Some((members.clone(), xfers.clone(), pairs));
                         c
                     } else {
                         b.add_collective(&xfers)
                     };
                     // Now and then the same exchange again (as a step's next layer): the
                     // collectives share one transfer list.
-                    let again = k != 5 && rng.random_bool(0.3);
+                    let twice = k != 5 && rng.random_bool(0.3);
                     let kind = rng.random_range(1..3);
-                    for c in std::iter::once(c).chain(again.then(|| b.add_collective(&xfers))) {
+                    for c in std::iter::once(c).chain(twice.then(|| b.add_collective(&xfers))) {
                         for &m in &members {
                             let deps = dep(&mut rng);
                             b.add_op(
