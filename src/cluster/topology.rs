@@ -909,6 +909,18 @@ impl Layout {
     }
 }
 
+/// The small test topology (`topologies/test-small.toml`), built without a seed.
+#[cfg(test)]
+pub(crate) fn test_small() -> std::sync::Arc<Topology> {
+    let text = include_str!("../../topologies/test-small.toml");
+    std::sync::Arc::new(
+        TopologySpec::parse(text, "test-small")
+            .unwrap()
+            .build(None)
+            .unwrap(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

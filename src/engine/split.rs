@@ -374,12 +374,10 @@ impl UnionFind {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use rand::Rng;
 
     use super::*;
-    use crate::cluster::{TopologySpec, VarianceModel, VarianceSpec};
+    use crate::cluster::{VarianceModel, VarianceSpec};
     use crate::cost::{CostModel, ModelConfig};
     use crate::engine::run_events;
     use crate::net::NetworkModel;
@@ -394,12 +392,7 @@ mod tests {
     /// degraded links.
     #[test]
     fn split_run_equals_the_whole_run() {
-        let topo = Arc::new(
-            TopologySpec::parse(include_str!("../../topologies/test-small.toml"), "t")
-                .unwrap()
-                .build(None)
-                .unwrap(),
-        );
+        let topo = crate::cluster::topology::test_small();
         let c = CostModel::h200(ModelConfig::builtin("qwen3-30b-a3b").unwrap()).unwrap();
         let faults = crate::cluster::faults::Faults {
             gpu: vec![crate::cluster::faults::GpuFault {

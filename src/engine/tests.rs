@@ -463,7 +463,7 @@ fn grouped_p2p_wait_ends_when_the_last_peer_arrives() {
 /// threads.
 mod differential {
     use super::*;
-    use crate::cluster::{Topology, TopologySpec};
+    use crate::cluster::Topology;
     use crate::net::AnalyticalModel;
     use rand::Rng;
     use std::sync::Arc;
@@ -594,13 +594,7 @@ mod differential {
     }
 
     fn topo() -> Arc<Topology> {
-        let text = include_str!("../../topologies/test-small.toml");
-        Arc::new(
-            TopologySpec::parse(text, "test-small")
-                .unwrap()
-                .build(None)
-                .unwrap(),
-        )
+        crate::cluster::topology::test_small()
     }
 
     fn both(g: &Graph, net: &mut dyn NetworkModel) -> (Result<Timeline>, Result<Timeline>) {

@@ -165,17 +165,10 @@ impl NetworkModel for AnalyticalModel {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::TopologySpec;
 
     #[test]
     fn alpha_beta_and_link_faults() {
-        let text = include_str!("../../topologies/test-small.toml");
-        let t = Arc::new(
-            TopologySpec::parse(text, "test-small")
-                .unwrap()
-                .build(None)
-                .unwrap(),
-        );
+        let t = crate::cluster::topology::test_small();
         let mut a = AnalyticalModel::new(t.clone());
         // gpu0 → gpu1 over NVLink: 1 µs + 1 MB / 100 GB/s = 1 µs + 10 µs.
         assert_eq!(a.transfer_time(0, 1, 1_000_000, 0), Some(11_000_000));
@@ -197,13 +190,7 @@ mod tests {
     /// Durations ignore the tag exactly while every spine link is alike.
     #[test]
     fn tag_free_while_spines_are_alike() {
-        let text = include_str!("../../topologies/test-small.toml");
-        let t = Arc::new(
-            TopologySpec::parse(text, "test-small")
-                .unwrap()
-                .build(None)
-                .unwrap(),
-        );
+        let t = crate::cluster::topology::test_small();
         let gpus = t.gpus();
         let varies = |a: &AnalyticalModel| {
             (0..gpus).any(|s| {

@@ -867,13 +867,7 @@ rail_optimized = true
 
     #[test]
     fn incremental_max_min_matches_reference_as_flows_come_and_go() {
-        let text = include_str!("../../topologies/test-small.toml");
-        let t = Arc::new(
-            TopologySpec::parse(text, "test-small")
-                .unwrap()
-                .build(None)
-                .unwrap(),
-        );
+        let t = crate::cluster::topology::test_small();
         let mut rng = crate::rng::stream(9, "flow-reference", 0);
         use rand::Rng as _;
         let mut f = FlowModel::new(t.clone());
@@ -1130,13 +1124,7 @@ rail_optimized = true
     }
 
     fn small() -> Arc<Topology> {
-        let text = include_str!("../../topologies/test-small.toml");
-        Arc::new(
-            TopologySpec::parse(text, "test-small")
-                .unwrap()
-                .build(None)
-                .unwrap(),
-        )
+        crate::cluster::topology::test_small()
     }
 
     /// Random flows (many at one picosecond, some local or empty) and link scalings on
