@@ -87,13 +87,9 @@ pub(super) fn run_split(g: &Graph, flow: &mut FlowModel) -> Option<Result<Timeli
     let horizon = (0..plan.need.first().map_or(0, Vec::len))
         .map(|k| {
             sims.iter()
-                .map(|s| {
-                    let w = s.worker.as_ref().expect("a worker");
-                    if w.need[k] == 0 {
-                        w.met[k]
-                    } else {
-                        s.horizon
-                    }
+                .filter_map(|s| {
+                    let w = s.worker.as_ref()?;
+                    Some(if w.need[k] == 0 { w.met[k] } else { s.horizon })
                 })
                 .max()
                 .unwrap_or(0)
