@@ -648,6 +648,15 @@ struct P2pParts {
 }
 
 impl Graph {
+    /// GPUs the streams name: one past the highest GPU id (0 for no streams).
+    pub fn gpu_count(&self) -> usize {
+        self.streams
+            .iter()
+            .map(|s| s.gpu as usize + 1)
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Per part of every grouped point-to-point collective: its peers and its own
     /// transfers (CSR over part indices; empty for whole-group collectives). Collectives
     /// are laid out in parallel and concatenated in order; the first one in order that
@@ -659,12 +668,7 @@ impl Graph {
             // millions of parts).
             return Ok(());
         }
-        let gpus = self
-            .streams
-            .iter()
-            .map(|s| s.gpu as usize + 1)
-            .max()
-            .unwrap_or(0);
+        let gpus = self.gpu_count();
         let this = &*self;
         let keys: Vec<Option<u64>> = (0..this.colls.len())
             .into_par_iter()

@@ -114,13 +114,7 @@ pub fn attention_span_ticks(sg: &StepGraph, t: &Timeline, fwd_ticks: &[bool]) ->
 fn span_of(sg: &StepGraph, t: &Timeline, fwd_ticks: Option<&[bool]>) -> Ps {
     use rayon::prelude::*;
     let g = &sg.graph;
-    let ngpu = g
-        .streams
-        .iter()
-        .map(|s| s.gpu as usize + 1)
-        .max()
-        .unwrap_or(0);
-    let mut by_gpu: Vec<Vec<u32>> = vec![Vec::new(); ngpu];
+    let mut by_gpu: Vec<Vec<u32>> = vec![Vec::new(); g.gpu_count()];
     for (s, info) in g.streams.iter().enumerate() {
         by_gpu[info.gpu as usize].push(s as u32);
     }
