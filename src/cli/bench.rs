@@ -162,7 +162,7 @@ pub const ARMS: &[Arm] = &[
     },
     Arm {
         name: "schemes-4096",
-        what: "one step of each of the four schemes on 4,096 GPUs (llama3-8b, CP 8, DP 512, GA 8, wlbllm 128K), planning + simulation",
+        what: "one step of each of the five schemes (the four balancing schemes and Megatron DCP) on 4,096 GPUs (llama3-8b, CP 8, DP 512, GA 8, wlbllm 128K), planning + simulation",
         target_s: Some(15.0),
         runs: 1,
         setup: super::bench_engine::arm_schemes_4096,

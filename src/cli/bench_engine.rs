@@ -411,7 +411,7 @@ pub fn arm_step_16384_speedup() -> Result<Timed> {
     }))
 }
 
-/// One step of each of the four schemes (Ulysses, WLB-LLM, DistCA, Libra) on `gpus` GPUs
+/// One step of each scheme (Ulysses, WLB-LLM, DistCA, Libra and Megatron DCP) on `gpus` GPUs
 /// of DGX H200 + RoCE, analytical network: llama3-8b, CP 8, GA 8, full recomputation,
 /// ZeRO-3, wlbllm corpus at L = 128K (the four-way experiment's settings), planning and
 /// simulation timed, the global batch drawn untimed.

@@ -1,4 +1,4 @@
-//! One training step of any of the four schemes on one cluster, simulated the same way:
+//! One training step of any scheme on one cluster, simulated the same way:
 //! the scheme's planner (`balance::schemes`) makes the step's Plan, the generic Plan
 //! lowering (`plan_step::build_plan_step`, `plan_attn`) or Ulysses' attention stage
 //! (`step::build_step`) turns it into ops, the engine times them, `report::step` measures
