@@ -29,7 +29,20 @@
 //!   rank reads and writes its share S/n once more in its own memory: 2·S/n at the GPU's
 //!   memory bandwidth (`[collectives] hbm_gbyte_s`), added to the ring's latency in every
 //!   protocol. It is one local step per 2(n−1) link steps of an all-reduce and per n − 1
-//!   of an all-gather or reduce-scatter, so it weighs most on small rings;
+//!   of an all-gather or reduce-scatter, so it weighs most on small rings. The ring's
+//!   pipeline moves whole slices behind flags (a rank forwards a slice once it has landed
+//!   whole: `directRecvCopyDirectSend`, `recvReduceSend` in the same kernels), so it
+//!   fills and drains by one slice per channel, priced as one slice per channel
+//!   (`[collectives] ring_channels`) crossing the busiest link at the protocol's rate,
+//!   once per collective. A slice is `stepSize · sliceSteps` (`calcCollChunking`,
+//!   src/enqueue.cc; `stepSize = buffSizes[p] / NCCL_STEPS`, src/init.cc;
+//!   `*_SLICESTEPS` / `*_CHUNKSTEPS`, src/include/collectives.h): Simple 1 MiB, half its 2
+//!   MiB chunk; LL128 and LL one chunk (576,000 and 32,768 bytes of data). On a buffer
+//!   smaller than one loop (channels × ranks × chunk) `runRing` shrinks the chunk to the
+//!   buffer's share of one channel and rank (`divUp(remCount, nranks)`). So the fill
+//!   grows with the buffer up to one loop and stays at 24 MiB (Simple, 24 channels, 67 µs
+//!   at 375 GB/s) beyond: the bus bandwidth keeps rising with size up to 8 GiB, and the
+//!   fill, not the per-step latency, carries the large sizes' shortfall;
 //! - NVLS (NVLink SHARP) all-reduce inside one NVLink domain whose topology has
 //!   `nvlink.sharp_efficiency`, on communicators of at least `[collectives] nvls_min_gpus`
 //!   GPUs (≥ 3: `ncclNvlsInit`, src/transport/nvls.cc, builds no NVLS for two; the DGX
@@ -64,13 +77,16 @@
 //! latency formula from the 2.23 tuning code. The whole latency table is scaled by the
 //! topology's `[collectives] latency_scale`.
 //!
-//! The DGX H200 files' NVLink efficiency and `latency_scale` are fitted to the `fit` rows
-//! of `traces/nccl_tests_published.csv` (one 8-GPU H100 reduce-scatter series, priced
-//! with the H100's 3.35 TB/s of memory) and scored on the other rows (2 and 4 GPUs, other
-//! 8-GPU sources) by the `published_nccl_tests_figures` test. The fitted link rate, 0.822
-//! × 450 = 370 GB/s, is NCCL's own figure for an H100's NVLink (18 links × 20.6 GB/s,
-//! `SM90_NVLINK_BW`, src/graph/topo.h). Without a topology ([`CollectiveModel::default`],
-//! a stub network) every collective is a Simple ring with no latency of its own.
+//! The DGX H200 files' NVLink efficiency, `latency_scale` and NVLS efficiency are fitted
+//! to the `fit` rows of `traces/nccl_tests_published.csv` (one 8-GPU H100 reduce-scatter
+//! series, priced with the H100's 3.35 TB/s of memory, and one 8-GPU NVLS all-reduce) and
+//! scored on the other rows (2, 4 and 6 GPUs, other 8-GPU sources) by the
+//! `published_nccl_tests_figures` test. The fitted link rate, 0.833 × 450 = 374.9 GB/s, is
+//! 1 % above NCCL's own figure for an H100's NVLink (18 links × 20.6 GB/s,
+//! `SM90_NVLINK_BW`, src/graph/topo.h); the latency scale comes out 0.64 (the held-out
+//! 4-GPU rows at 8 MiB land within 6 % with it). Without a topology
+//! ([`CollectiveModel::default`], a stub network) every collective is a Simple ring with
+//! no latency of its own.
 //!
 //! Channels: NCCL runs a collective on `comm->nChannels` channels (one thread block each)
 //! and lowers that count only for small messages (`topoGetAlgoInfo`, src/enqueue.cc: `while
@@ -79,8 +95,9 @@
 //! 640 for LL128). On c channels the loop stops at c · 32 KiB (Simple), c · 5 KiB (LL128)
 //! and c · nRanks · 4 KiB (LL): 768 KiB, 120 KiB and nRanks · 96 KiB at 24 channels, below
 //! every size the published figures cover (≥ 8 MiB), where NCCL runs on all its channels.
-//! The model prices every collective on the full links and does not lower the count. The
-//! count itself does not depend on the GPUs taken: on an H100 NVSwitch node NCCL 2.29
+//! The model prices every collective on the full links and does not lower the count; the
+//! count (`[collectives] ring_channels`) sets the pipeline's fill. It does not depend on
+//! the GPUs taken: on an H100 NVSwitch node NCCL 2.29
 //! builds 24 ring channels for 2 and for 4 GPUs alike, 15 GB/s each in its tuner (360 GB/s
 //! of bus bandwidth; `NCCL_DEBUG=INFO` logs of github.com/waynehacking8/nccl-collectives-bench,
 //! results/scaling_attributed/), and neither its tuner nor its kernels treat a small ring
