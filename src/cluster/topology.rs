@@ -113,6 +113,10 @@ pub struct CollectivesSpec {
     /// buffer with a local copy of every rank's share while the links wait
     /// (`net::collective`); absent: that copy is not priced.
     pub hbm_gbyte_s: Option<f64>,
+    /// NCCL's ring channels on this fabric (`NCCL_DEBUG=INFO`: "N coll channels"): the
+    /// ring's pipeline fills with one slice per channel before its links run full
+    /// (`net::collective`); in [1, 64] (NCCL's `MAXCHANNELS`); absent: not priced.
+    pub ring_channels: Option<u32>,
     /// Measured latency and bandwidth per algorithm (`skewsim calibrate --collectives`
     /// prints these entries): a listed algorithm, run inside one NVLink domain, is priced
     /// by them instead of NCCL's latency table and the links' efficiency.
@@ -141,6 +145,7 @@ impl Default for CollectivesSpec {
             nvls: true,
             nvls_min_gpus: 3,
             hbm_gbyte_s: None,
+            ring_channels: None,
             fit: Vec::new(),
         }
     }
@@ -369,6 +374,16 @@ impl TopologySpec {
         let c = &self.collectives;
         if let Some(h) = c.hbm_gbyte_s {
             check_pos(s, "collectives.hbm_gbyte_s", h)?;
+        }
+        if let Some(ch) = c.ring_channels {
+            if !(1..=64).contains(&ch) {
+                return Err(field_err(
+                    s,
+                    "collectives.ring_channels",
+                    ch,
+                    "an integer in [1, 64] (NCCL's MAXCHANNELS)",
+                ));
+            }
         }
         if !(3..=65_536).contains(&c.nvls_min_gpus) {
             return Err(field_err(
@@ -1079,6 +1094,11 @@ rail_optimized = true
         assert!(e.contains("collectives.hbm_gbyte_s = -1"), "{e}");
         let e = err_of(&format!("{SMALL}\n[collectives]\nnvls = \"off\"\n"));
         assert!(e.contains("nvls"), "{e}");
+        let e = err_of(&format!("{SMALL}\n[collectives]\nring_channels = 0\n"));
+        assert!(
+            e.contains("collectives.ring_channels = 0") && e.contains("[1, 64]"),
+            "{e}"
+        );
         let e = err_of(&format!("{SMALL}\n[collectives]\nnvls_min_gpus = 2\n"));
         assert!(
             e.contains("collectives.nvls_min_gpus = 2") && e.contains("[3, 65536]"),

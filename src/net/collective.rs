@@ -29,7 +29,20 @@
 //!   rank reads and writes its share S/n once more in its own memory: 2·S/n at the GPU's
 //!   memory bandwidth (`[collectives] hbm_gbyte_s`), added to the ring's latency in every
 //!   protocol. It is one local step per 2(n−1) link steps of an all-reduce and per n − 1
-//!   of an all-gather or reduce-scatter, so it weighs most on small rings;
+//!   of an all-gather or reduce-scatter, so it weighs most on small rings. The ring's
+//!   pipeline moves whole slices behind flags (a rank forwards a slice once it has landed
+//!   whole: `directRecvCopyDirectSend`, `recvReduceSend` in the same kernels), so it
+//!   fills and drains by one slice per channel, priced as one slice per channel
+//!   (`[collectives] ring_channels`) crossing the busiest link at the protocol's rate,
+//!   once per collective. A slice is `stepSize · sliceSteps` (`calcCollChunking`,
+//!   src/enqueue.cc; `stepSize = buffSizes[p] / NCCL_STEPS`, src/init.cc;
+//!   `*_SLICESTEPS` / `*_CHUNKSTEPS`, src/include/collectives.h): Simple 1 MiB, half its 2
+//!   MiB chunk; LL128 and LL one chunk (576,000 and 32,768 bytes of data). On a buffer
+//!   smaller than one loop (channels × ranks × chunk) `runRing` shrinks the chunk to the
+//!   buffer's share of one channel and rank (`divUp(remCount, nranks)`). So the fill
+//!   grows with the buffer up to one loop and stays at 24 MiB (Simple, 24 channels, 67 µs
+//!   at 375 GB/s) beyond: the bus bandwidth keeps rising with size up to 8 GiB, and the
+//!   fill, not the per-step latency, carries the large sizes' shortfall;
 //! - NVLS (NVLink SHARP) all-reduce inside one NVLink domain whose topology has
 //!   `nvlink.sharp_efficiency`, on communicators of at least `[collectives] nvls_min_gpus`
 //!   GPUs (≥ 3: `ncclNvlsInit`, src/transport/nvls.cc, builds no NVLS for two; the DGX
@@ -64,13 +77,16 @@
 //! latency formula from the 2.23 tuning code. The whole latency table is scaled by the
 //! topology's `[collectives] latency_scale`.
 //!
-//! The DGX H200 files' NVLink efficiency and `latency_scale` are fitted to the `fit` rows
-//! of `traces/nccl_tests_published.csv` (one 8-GPU H100 reduce-scatter series, priced
-//! with the H100's 3.35 TB/s of memory) and scored on the other rows (2 and 4 GPUs, other
-//! 8-GPU sources) by the `published_nccl_tests_figures` test. The fitted link rate, 0.822
-//! × 450 = 370 GB/s, is NCCL's own figure for an H100's NVLink (18 links × 20.6 GB/s,
-//! `SM90_NVLINK_BW`, src/graph/topo.h). Without a topology ([`CollectiveModel::default`],
-//! a stub network) every collective is a Simple ring with no latency of its own.
+//! The DGX H200 files' NVLink efficiency, `latency_scale` and NVLS efficiency are fitted
+//! to the `fit` rows of `traces/nccl_tests_published.csv` (one 8-GPU H100 reduce-scatter
+//! series, priced with the H100's 3.35 TB/s of memory, and one 8-GPU NVLS all-reduce) and
+//! scored on the other rows (2, 4 and 6 GPUs, other 8-GPU sources) by the
+//! `published_nccl_tests_figures` test. The fitted link rate, 0.833 × 450 = 374.9 GB/s, is
+//! 1 % above NCCL's own figure for an H100's NVLink (18 links × 20.6 GB/s,
+//! `SM90_NVLINK_BW`, src/graph/topo.h); the latency scale comes out 0.64 (the held-out
+//! 4-GPU rows at 8 MiB land within 6 % with it). Without a topology
+//! ([`CollectiveModel::default`], a stub network) every collective is a Simple ring with
+//! no latency of its own.
 //!
 //! Channels: NCCL runs a collective on `comm->nChannels` channels (one thread block each)
 //! and lowers that count only for small messages (`topoGetAlgoInfo`, src/enqueue.cc: `while
@@ -79,8 +95,9 @@
 //! 640 for LL128). On c channels the loop stops at c · 32 KiB (Simple), c · 5 KiB (LL128)
 //! and c · nRanks · 4 KiB (LL): 768 KiB, 120 KiB and nRanks · 96 KiB at 24 channels, below
 //! every size the published figures cover (≥ 8 MiB), where NCCL runs on all its channels.
-//! The model prices every collective on the full links and does not lower the count. The
-//! count itself does not depend on the GPUs taken: on an H100 NVSwitch node NCCL 2.29
+//! The model prices every collective on the full links and does not lower the count; the
+//! count (`[collectives] ring_channels`) sets the pipeline's fill. It does not depend on
+//! the GPUs taken: on an H100 NVSwitch node NCCL 2.29
 //! builds 24 ring channels for 2 and for 4 GPUs alike, 15 GB/s each in its tuner (360 GB/s
 //! of bus bandwidth; `NCCL_DEBUG=INFO` logs of github.com/waynehacking8/nccl-collectives-bench,
 //! results/scaling_attributed/), and neither its tuner nor its kernels treat a small ring
@@ -366,6 +383,16 @@ impl Proto {
 const RING_BASE_US: [f64; 3] = [6.6, 14.0, 8.4];
 const RING_STEP_NVLINK_US: [f64; 3] = [0.6, 1.9, 3.4];
 const RING_STEP_NET_US: [f64; 3] = [2.7, 4.0, 14.0];
+/// NCCL's ring chunk per channel and rank, bytes, by [`Proto`] (`calcCollChunking`,
+/// src/enqueue.cc: `stepSize = buffSizes[p] / NCCL_STEPS`, × `chunkSteps` for Simple;
+/// LL carries half its bytes, LL128 15 of each 16 words). Buffers (src/init.cc): LL 8 ·
+/// 512 · 8 · 16 B = 512 KiB, LL128 120 · 640 · 8 · 8 B, Simple 4 MiB (`DEFAULT_BUFFSIZE`);
+/// `NCCL_STEPS` 8, `ALLREDUCE_CHUNKSTEPS` = `ALLGATHER_CHUNKSTEPS` =
+/// `REDUCESCATTER_CHUNKSTEPS` = 4 (src/include/collectives.h).
+const RING_CHUNK: [u64; 3] = [32 << 10, 614_400 / 16 * 15, 2 << 20];
+/// Slices per chunk by [`Proto`]: `CHUNKSTEPS / SLICESTEPS` = 4 / 2 for Simple; one
+/// (`sliceSteps = 1`) for LL and LL128.
+const RING_SLICES_PER_CHUNK: [u64; 3] = [1, 1, 2];
 /// NCCL's protocols, Simple first (it wins ties).
 pub const PROTOS: [Proto; 3] = [Proto::Simple, Proto::Ll128, Proto::Ll];
 /// LL128's bus bandwidth ÷ Simple's, at least two GPUs per node / one GPU per node.
@@ -432,6 +459,9 @@ pub struct Fabric {
     /// GPU memory bytes/s for the ring's local last step (`[collectives] hbm_gbyte_s`; 0:
     /// not priced).
     pub hbm_bps: u64,
+    /// NCCL's ring channels (`[collectives] ring_channels`; 0: the ring's pipeline fill is
+    /// not priced).
+    pub ring_channels: u32,
     /// Measured (latency ps, port bytes/s) per algorithm, in [`Algo`] order
     /// (`[[collectives.fit]]`, measured inside one NVLink domain and applied there).
     pub fits: [Option<(Ps, u64)>; 4],
@@ -524,6 +554,7 @@ impl CollectiveModel {
                     .collectives
                     .hbm_gbyte_s
                     .map_or(0, |h| (h * 1e9).round() as u64),
+                ring_channels: spec.collectives.ring_channels.unwrap_or(0),
                 fits,
             }),
         }
@@ -567,14 +598,12 @@ impl CollectiveModel {
                 latency: 0,
             };
         }
+        // each rank's bytes over its ring link
+        let moved = (ring_steps as u64 * bytes).div_ceil(n as u64);
         let ring = Lowered {
             algo: Algo::Ring,
             proto: Proto::Simple,
-            xfers: ring_xfers(
-                group,
-                (ring_steps as u64 * bytes).div_ceil(n as u64),
-                gpus_per_node,
-            ),
+            xfers: ring_xfers(group, moved, gpus_per_node),
             latency: 0,
         };
         let Some(f) = self.fabric else {
@@ -612,6 +641,17 @@ impl CollectiveModel {
         } else {
             0
         };
+        // the ring's pipeline fill: one slice per channel, a slice being the protocol's
+        // chunk, or the buffer's share of one channel and rank when that is smaller
+        let fill = |p: Proto| -> u64 {
+            let c = u64::from(f.ring_channels);
+            if c == 0 {
+                return 0;
+            }
+            let k = p as usize;
+            let chunk = bytes.div_ceil(c * n as u64).min(RING_CHUNK[k]);
+            c * chunk.div_ceil(RING_SLICES_PER_CHUNK[k])
+        };
         let mut cands: Vec<Lowered> = protos
             .iter()
             .map(|&p| {
@@ -630,7 +670,7 @@ impl CollectiveModel {
                         }
                     }
                 };
-                Lowered {
+                let mut l = Lowered {
                     proto: p,
                     xfers: stretched(&ring.xfers, 1.0 / frac),
                     latency: us(RING_BASE_US[k]
@@ -638,7 +678,13 @@ impl CollectiveModel {
                         + inter as f64 * RING_STEP_NET_US[k])
                         + last_step,
                     ..ring.clone()
+                };
+                // the fill crosses the busiest link at this protocol's rate
+                if moved > 0 {
+                    let share = fill(p) as f64 / moved as f64;
+                    l.latency += (link_secs(&l) * share * 1e12).round() as Ps;
                 }
+                l
             })
             .collect();
         let shift_by_one =
@@ -959,6 +1005,7 @@ mod tests {
         let coll = CollectiveModel::of(&t, true);
         let rows = published_rows();
         let mut missed = 0;
+        let mut wrong = Vec::new();
         for row in &rows {
             let &(line, _, n, bytes, published) = row;
             let f: Vec<&str> = line.split(',').collect();
@@ -975,44 +1022,38 @@ mod tests {
                 published * (1.0 + err),
                 100.0 * err
             );
-            assert_eq!(algo.name(), f[4], "{line}");
             let target = if bytes >= 64 << 20 { 0.05 } else { 0.15 };
-            match MISSES
+            let fault = match MISSES
                 .iter()
                 .find(|m| (m.0, m.1, m.2) == (f[3], n, bytes >> 20))
             {
-                Some(m) => {
-                    assert!(err.abs() <= m.3, "{line}: {:+.1} %", 100.0 * err);
-                    assert!(err.abs() > target, "{line} meets the target: not a miss");
+                _ if algo.name() != f[4] => Some("another algorithm"),
+                Some(m) if err.abs() > m.3 => Some("past its bound"),
+                Some(_) if err.abs() <= target => Some("meets the target: not a miss"),
+                Some(_) => {
                     missed += 1;
+                    None
                 }
-                None => assert!(err.abs() <= target, "{line}: {:+.1} %", 100.0 * err),
+                None if err.abs() > target => Some("past the target"),
+                None => None,
+            };
+            if let Some(why) = fault {
+                wrong.push(format!("{line}: {:+.1} %, {why}", 100.0 * err));
             }
         }
+        assert!(wrong.is_empty(), "{wrong:#?}");
         assert_eq!((rows.len(), missed), (55, MISSES.len()));
     }
 
-    /// Rows past the targets, with the bound each is held to: (op, GPUs, MiB, bound). All
-    /// are `check` rows on 2 and 4 GPUs (BENCHMARKS.md, "Collectives against published
-    /// nccl-tests"). From 64 to 512 MiB the published bus bandwidth sits below the model's:
-    /// it keeps rising up to 8 GiB on every GPU count (the 8-GPU fit rows' too, 352 → 367
-    /// GB/s per added byte from 256 MiB to 8 GiB) where latency + bytes ÷ bandwidth flattens
-    /// by a few hundred MiB, and the 2- and 4-GPU rings rise further. At 8 MiB the 4-GPU
-    /// all-reduce and reduce-scatter take less than NCCL's latency table × the 8-GPU fit's
-    /// 1.36.
-    const MISSES: &[(&str, u32, u64, f64)] = &[
-        ("all_reduce", 4, 8, 0.225),
-        ("all_gather", 4, 64, 0.09),
-        ("all_gather", 4, 128, 0.08),
-        ("all_gather", 4, 256, 0.07),
-        ("all_gather", 4, 512, 0.06),
-        ("reduce_scatter", 4, 8, 0.17),
-        ("reduce_scatter", 4, 64, 0.06),
-        ("reduce_scatter", 4, 128, 0.07),
-        ("reduce_scatter", 4, 256, 0.075),
-        ("reduce_scatter", 4, 512, 0.06),
-        ("all_reduce", 2, 256, 0.075),
-    ];
+    /// Rows past the targets, with the bound each is held to: (op, GPUs, MiB, bound). Both
+    /// are `check` rows (BENCHMARKS.md, "Collectives: the ring's pipeline fill"). The 4-GPU
+    /// all-gather at 8 MiB took 57.1 µs where the same source's reduce-scatter, which moves
+    /// the same bytes over the same steps and reduces on top, took 42.9: no model that
+    /// prices the two alike meets both within 15 % (a window under 1 µs wide). The 6-GPU
+    /// NVLS all-reduce at 256 MiB takes NCCL's NVLS latency × the fitted 0.64 and nothing
+    /// that grows with size below NVLS's own chunking, which the model does not price.
+    const MISSES: &[(&str, u32, u64, f64)] =
+        &[("all_gather", 4, 8, 0.41), ("all_reduce", 6, 256, 0.065)];
 
     #[test]
     fn nccl_picks_its_algorithm_by_size_and_gpu_count() {
@@ -1072,14 +1113,19 @@ mod tests {
 
     #[test]
     fn bytes_and_steps_by_hand_on_2_4_and_8_gpus() {
-        // One DGX H200 node: NVLink 450 GB/s × 0.822, α 7.97 µs, NCCL's Simple latencies ×
-        // 1.36, and the last step's S/n read and written at 4.8 TB/s.
+        // One DGX H200 node: NVLink 450 GB/s × 0.833, α 7.97 µs, NCCL's Simple latencies ×
+        // 0.64, the last step's S/n read and written at 4.8 TB/s, and the pipeline's fill:
+        // 1 GiB fills 2 MiB chunks on every GPU count, one 1 MiB slice on each of 24
+        // channels, 24 MiB at 374.85 GB/s = 67.14 µs.
         let t = shipped("dgx-h200-roce.toml", DGX_ROCE, 1);
         let on = CollectiveModel::of(&t, true);
         let s = 1u64 << 30;
+        let fill = (24u64 << 20) as f64 / 374.85e9 * 1e12;
+        assert!((fill - 67.136e6).abs() < 1e3);
         let lat = |steps: f64, n: u32| {
-            (1.36e6 * (8.4 + 3.4 * steps)).round() as Ps
-                + (2.0 * (s / u64::from(n)) as f64 / 4.8e12 * 1e12).round() as Ps
+            (0.64e6 * (8.4 + 3.4 * steps)).round()
+                + (2.0 * (s / u64::from(n)) as f64 / 4.8e12 * 1e12).round()
+                + fill
         };
         for (n, op, per, steps) in [
             // all-reduce: 2(n − 1)/n · S per rank, 2(n − 1) steps
@@ -1100,16 +1146,19 @@ mod tests {
             );
             assert_eq!(lw.xfers.len(), n as usize);
             assert!(lw.xfers.iter().all(|x| x.bytes == per), "{op:?} on {n}");
-            assert_eq!(lw.latency, lat(steps, n), "{op:?} on {n}");
+            assert!(
+                (lw.latency as f64 - lat(steps, n)).abs() <= 1.0,
+                "{op:?} on {n}"
+            );
             // each rank to the next, one link each way per GPU
             assert!(lw.xfers.iter().all(|x| x.dst == (x.src + 1) % n));
         }
-        // NVLS all-reduce on 8: S(1 + 1/8) per GPU port, stretched by 0.822 / 0.679 so
-        // that NVLink carries it at NVLS's rate; NVLS's one latency (23 µs × 1.36).
+        // NVLS all-reduce on 8: S(1 + 1/8) per GPU port, stretched by 0.833 / 0.680 so
+        // that NVLink carries it at NVLS's rate; NVLS's one latency (23 µs × 0.64).
         let lw = on.lower(CollOp::AllReduce, &(0..8).collect::<Vec<_>>(), s, 8);
-        let ppm = (0.822f64 / 0.679 * 1e6).round();
+        let ppm = (0.833f64 / 0.680 * 1e6).round();
         assert_eq!(lw.algo, Algo::Nvls);
-        assert_eq!(lw.latency, (1.36e6f64 * 23.0).round() as Ps);
+        assert_eq!(lw.latency, (0.64e6f64 * 23.0).round() as Ps);
         let want = (s as f64 * 9.0 / 8.0 * ppm * 1e-6).round() as u64;
         assert!(lw.xfers.iter().all(|x| x.bytes == want));
     }
@@ -1140,36 +1189,51 @@ mod tests {
 
     #[test]
     fn each_protocol_pays_its_latency_per_step_and_runs_at_its_bandwidth() {
-        // NCCL's ring latency per protocol (base + per NVLink step) × the fitted 1.36, at
-        // every GPU count, + the last step's S/n read and written at 4.8 TB/s; network
-        // steps cost 14 µs.
+        // NCCL's ring latency per protocol (base + per NVLink step) × the fitted 0.64, at
+        // every GPU count, + the last step's S/n read and written at 4.8 TB/s + the
+        // pipeline's fill, one slice per channel (24) at the protocol's rate on the link
+        // (`rate`, bytes/s); network steps cost 14 µs.
         let t = shipped("dgx-h200-roce.toml", DGX_ROCE, 2);
         let off = CollectiveModel::of(&t, false);
         let last = |n: u32, bytes: u64| {
-            (2.0 * bytes.div_ceil(u64::from(n)) as f64 / 4.8e12 * 1e12).round() as Ps
+            (2.0 * bytes.div_ceil(u64::from(n)) as f64 / 4.8e12 * 1e12).round()
         };
-        let lat = |p: Proto, steps: f64, n: u32, bytes: u64| {
+        let slice = |p: Proto, n: u32, bytes: u64| {
             let k = p as usize;
-            (1.36e6 * (RING_BASE_US[k] + RING_STEP_NVLINK_US[k] * steps)).round() as Ps
-                + last(n, bytes)
+            let chunk = bytes.div_ceil(24 * u64::from(n)).min(RING_CHUNK[k]);
+            (24 * chunk.div_ceil(RING_SLICES_PER_CHUNK[k])) as f64
         };
+        let lat = |p: Proto, steps: f64, n: u32, bytes: u64, rate: f64| {
+            let k = p as usize;
+            (0.64e6 * (RING_BASE_US[k] + RING_STEP_NVLINK_US[k] * steps)).round()
+                + last(n, bytes)
+                + slice(p, n, bytes) / rate * 1e12
+        };
+        let near = |got: Ps, want: f64| (got as f64 - want).abs() <= 2.0;
+        let nvlink = 374.85e9;
         for n in [2u32, 4, 8] {
             let g: Vec<GpuId> = (0..n).collect();
             let steps = f64::from(n - 1);
             // 64 MiB: Simple; 16 KiB: LL, whose bytes are stretched to its 87.7 GB/s cap
-            // (below 1/3 and 1/4 of the links' 369.9) on the same links
+            // (below 1/3 and 1/4 of the links' 374.85) on the same links
             let big = 64u64 << 20;
             let rs = off.lower(CollOp::ReduceScatter, &g, big, 8);
             let ar = off.lower(CollOp::AllReduce, &g, big, 8);
             assert_eq!((rs.proto, ar.proto), (Proto::Simple, Proto::Simple));
-            assert_eq!(rs.latency, lat(Proto::Simple, steps, n, big));
-            assert_eq!(ar.latency, lat(Proto::Simple, 2.0 * steps, n, big));
+            assert!(near(rs.latency, lat(Proto::Simple, steps, n, big, nvlink)));
+            assert!(near(
+                ar.latency,
+                lat(Proto::Simple, 2.0 * steps, n, big, nvlink)
+            ));
             let b = 16u64 << 10;
             let per = (steps as u64 * b).div_ceil(u64::from(n));
-            let capped = |per: u64| (per as f64 * 369.9 / 87.7).round() as u64;
+            let capped = |per: u64| (per as f64 * 374.85 / 87.7).round() as u64;
             let ag = off.lower(CollOp::AllGather, &g, b, 8);
             assert_eq!(ag.proto, Proto::Ll, "{n} GPUs");
-            assert_eq!(ag.latency, lat(Proto::Ll, steps, n, b));
+            assert!(
+                near(ag.latency, lat(Proto::Ll, steps, n, b, 87.7e9)),
+                "{n} GPUs"
+            );
             assert!(ag.xfers[0].bytes.abs_diff(capped(per)) <= 1, "{n} GPUs");
             let ar = off.lower(CollOp::AllReduce, &g, b, 8);
             assert_eq!(ar.proto, Proto::Ll);
@@ -1180,14 +1244,22 @@ mod tests {
         let g: Vec<GpuId> = (0..8).collect();
         let ar = off.lower(CollOp::AllReduce, &g, 8 << 20, 8);
         assert_eq!(ar.proto, Proto::Ll128);
-        assert_eq!(ar.latency, lat(Proto::Ll128, 14.0, 8, 8 << 20));
+        let ll128 = 0.92 * nvlink;
+        assert!(near(ar.latency, lat(Proto::Ll128, 14.0, 8, 8 << 20, ll128)));
         // Across two nodes: 2 network steps per direction.
         let two_nodes: Vec<GpuId> = (0..16).collect();
         let ar = off.lower(CollOp::AllReduce, &two_nodes, 1 << 30, 8);
         assert_eq!(ar.proto, Proto::Simple);
-        assert_eq!(
-            ar.latency,
-            (1.36e6_f64 * (8.4 + 3.4 * 28.0 + 14.0 * 2.0)).round() as Ps + last(16, 1 << 30)
+        // the fill, 24 MiB, crosses the busiest link: the NIC, 1/8 of each rank's bytes
+        // at 48.5 GB/s against 7/8 at 374.85
+        let nic = 400e9 / 8.0 * 0.97;
+        let want = (0.64e6_f64 * (8.4 + 3.4 * 28.0 + 14.0 * 2.0)).round()
+            + last(16, 1 << 30)
+            + slice(Proto::Simple, 16, 1 << 30) / 8.0 / nic * 1e12;
+        assert!(
+            (ar.latency as f64 - want).abs() <= 1e3,
+            "{} vs {want}",
+            ar.latency
         );
     }
 
