@@ -22,8 +22,8 @@ use skewsim::cost::fit::{
 };
 
 use skewsim::cost::blocks::{
-    BlockModel, BlockTimes, BwdBlockModel, TileOrder, BWD_BLOCKS_PER_SM, BWD_BLOCK_M, BWD_BLOCK_N,
-    FWD_BLOCKS_PER_SM, FWD_BLOCK_M, FWD_BLOCK_N, FWD_HEAD_DIM, H200_SMS,
+    BlockModel, BlockTimes, BwdBlockModel, Placement, TileOrder, BWD_BLOCKS_PER_SM, BWD_BLOCK_M,
+    BWD_BLOCK_N, FWD_BLOCKS_PER_SM, FWD_BLOCK_M, FWD_BLOCK_N, FWD_HEAD_DIM, H200_SMS,
 };
 
 use super::Output;
@@ -101,6 +101,12 @@ pub struct Args {
     /// launch's most tiles, dQ accumulated by the dK/dV blocks).
     #[arg(long, value_enum, default_value_t = BlockLayout::Skewsim)]
     pub block_layout: BlockLayout,
+    /// Where the forward model's dispatcher puts blocks past the first of every SM:
+    /// `in-order` (each freed slot takes the next block, the lowest SM first) or
+    /// `any-free-slot` (a free slot at random, as measured on the H200; the median of
+    /// seeded draws).
+    #[arg(long, value_enum, default_value_t = PlacementArg::InOrder)]
+    pub placement: PlacementArg,
     /// Score without fitting: price every row (measurements and traces, no holdout) by
     /// `--calibration`, else by the built-in default, and print predicted vs measured.
     #[arg(long)]
@@ -175,6 +181,15 @@ pub enum BlockLayout {
     Skewsim,
     /// FlashAttention-2's varlen kernels.
     Flash2,
+}
+
+/// Where the dispatcher puts blocks past the first of every SM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum PlacementArg {
+    /// Each freed slot takes the next block, the lowest SM first.
+    InOrder,
+    /// A free slot at random (the H200's, measured).
+    AnyFreeSlot,
 }
 
 /// The tile order of a block layout.
@@ -526,6 +541,10 @@ fn fit_options(args: &Args) -> Result<FitOptions> {
             block_n: args.block_n,
             head_dim: FWD_HEAD_DIM,
             order: order(args.block_layout),
+            placement: match args.placement {
+                PlacementArg::InOrder => Placement::InOrder,
+                PlacementArg::AnyFreeSlot => Placement::AnyFreeSlot,
+            },
             ..BlockModel::h200(0.0, 1.0, 0.0, 0.0, 1.0)
         }),
         bwd_blocks: (args.kernel_model == KernelModel::Blocks).then(|| {

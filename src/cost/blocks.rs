@@ -23,7 +23,11 @@
 //!   with k resident each runs `1 + (pair_slowdown − 1)(k − 1)` times slower than alone
 //!   (1: co-residency doubles an SM's throughput, k: gains nothing). Blocks take the first
 //!   slot of every SM, then the second, …; afterwards each freed slot takes the next block
-//!   in launch order ([`makespan_ps`], the one makespan of every launch).
+//!   in launch order ([`makespan_ps`], the one makespan of every launch). Where the SM a
+//!   block lands on is the hardware's ([`Placement`]): past the first block of every SM it
+//!   is a free slot at random (`validate/torch/dispatch_probe.py`), so a launch of a few long
+//!   blocks among short ones runs them alone on some launches and paired on others, and
+//!   the model prices the median of seeded draws.
 //! - **The backward call** (`validate/kernels/attn_bwd.cu`, 64-row tiles and steps, 2
 //!   blocks per SM at head_dim 128): the zeroing of dK/dV and `attn_bwd_dot` (priced per
 //!   query row × head), then the dQ launch — the forward's tiling at 64 rows
@@ -49,6 +53,9 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::sync::{Arc, Mutex};
 
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
 use super::Mask;
@@ -131,7 +138,37 @@ pub struct BlockModel {
     /// and checks its softmax for rows with no key yet; 0: no windowed launches measured).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub window_ns: f64,
+    /// Which SM a block past the first of every SM lands on.
+    #[serde(default, skip_serializing_if = "Placement::is_in_order")]
+    pub placement: Placement,
 }
+
+/// Which SM the block dispatcher gives a block once every SM holds one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Placement {
+    /// Each freed slot takes the next block in launch order, the lowest SM first; the
+    /// second block of every SM in SM order.
+    #[default]
+    InOrder,
+    /// Measured on the H200 (`validate/torch/dispatch_probe.py`, BENCHMARKS.md "Where the
+    /// H200's dispatcher puts blocks"): the first block of every SM one per SM; every later
+    /// block to a free slot at random — slots that free at the same instant take the next
+    /// blocks in a random order, and the second slots fill in a random SM order — so an SM
+    /// with two free slots is twice as likely as one with one. The makespan is the median
+    /// of [`PLACEMENT_DRAWS`] seeded draws (a measured launch's time is the median of
+    /// its repeats).
+    AnyFreeSlot,
+}
+
+impl Placement {
+    fn is_in_order(&self) -> bool {
+        *self == Placement::InOrder
+    }
+}
+
+/// Seeded placements whose median makespan a [`Placement::AnyFreeSlot`] launch takes.
+pub const PLACEMENT_DRAWS: u64 = 7;
 
 /// The order a kernel's grid hands its blocks to the SMs, and which blocks it launches.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -200,6 +237,7 @@ impl BlockModel {
             order: TileOrder::LongestFirst,
             empty_ns: 0.0,
             window_ns: 0.0,
+            placement: Placement::InOrder,
         }
     }
 
@@ -220,6 +258,7 @@ impl BlockModel {
             sms: self.sms,
             blocks_per_sm: self.blocks_per_sm,
             pair_slowdown: self.pair_slowdown,
+            placement: self.placement,
         }
     }
 
@@ -240,7 +279,13 @@ impl BlockModel {
 
     /// The shape of the block of query rows [p0, p1) under `mask` (causal: keys [0, p1)).
     pub fn shape(&self, mask: Mask, p0: u64, p1: u64) -> BlockShape {
-        query_tile_shape(self.block_n, mask, p0, p1)
+        query_tile_shape(
+            self.block_n,
+            mask,
+            p0,
+            p1,
+            self.order == TileOrder::LongestFirst,
+        )
     }
 
     /// Time in ps of a block of `shape` alone on its SM at `head_dim`: [`BlockTimes`]'s,
@@ -315,6 +360,8 @@ pub struct SmSlots {
     pub blocks_per_sm: u32,
     /// How much slower each of two co-resident blocks runs than alone.
     pub pair_slowdown: f64,
+    /// Which SM a block past the first of every SM lands on.
+    pub placement: Placement,
 }
 
 impl SmSlots {
@@ -392,15 +439,21 @@ fn union_len(a: (u64, u64), b: (u64, u64)) -> u64 {
 /// sliding window: [`prices_mask`]): the steps run from the key block holding the first
 /// row's lowest key ([`Mask::key_start`]) to the one holding key p1 − 1, as the kernels'
 /// key loops bound them; its masked steps are those the causal diagonal crosses (keys past
-/// p0) and those the window's lower edge crosses (the rows' lowest keys fall inside). The
-/// forward's and the backward dQ's blocks.
-fn query_tile_shape(block_n: u32, mask: Mask, p0: u64, p1: u64) -> BlockShape {
+/// p0) and, with `edge_masked`, those the window's lower edge crosses (the rows' lowest keys
+/// fall inside). FlashAttention-2's forward (the [`TileOrder::Grid`] layout) masks every
+/// step of a windowed launch alike (`window_ns`); only its first steps, the diagonal's,
+/// cost the masked-step extra. The forward's and the backward dQ's blocks.
+fn query_tile_shape(block_n: u32, mask: Mask, p0: u64, p1: u64, edge_masked: bool) -> BlockShape {
     debug_assert!(p1 > p0);
     let bn = u64::from(block_n.max(1));
     let end = p1.div_ceil(bn);
     let first = mask.key_start(p0) / bn;
     let diag = ((p0 / bn).min(end), end);
-    let edge = (first, mask.key_start(p1 - 1).div_ceil(bn));
+    let edge = if edge_masked {
+        (first, mask.key_start(p1 - 1).div_ceil(bn))
+    } else {
+        (first, first)
+    };
     let n_iter = (end - first) as u32;
     BlockShape {
         n_iter,
@@ -446,7 +499,7 @@ fn query_tiles(
                     if p0 >= e {
                         EMPTY
                     } else {
-                        query_tile_shape(block_n, mask, p0, (p0 + bm).min(e))
+                        query_tile_shape(block_n, mask, p0, (p0 + bm).min(e), false)
                     }
                 })
                 .collect();
@@ -461,7 +514,7 @@ fn query_tiles(
         let mut p0 = start;
         while p0 < end {
             let p1 = (p0 + bm).min(end);
-            let b = (p1, query_tile_shape(block_n, mask, p0, p1));
+            let b = (p1, query_tile_shape(block_n, mask, p0, p1, true));
             blocks.extend(std::iter::repeat_n(b, n as usize));
             p0 = p1;
         }
@@ -507,8 +560,32 @@ pub fn makespan_ps(m: SmSlots, times: &[f64], heads: u32) -> f64 {
 
 /// The list schedule of `heads` copies (head-major) of `times` on the SMs: blocks fill the
 /// first slot of every SM, then the second, …; afterwards each freed slot takes the next
-/// block. Ties: the lowest SM first.
+/// block. Where the blocks past the first of every SM land is `m.placement`'s: in order
+/// (the lowest SM first), or at random — the median of [`PLACEMENT_DRAWS`] seeded draws
+/// (with one slot per SM every placement gives the same makespan, so one is drawn).
 pub fn list_makespan_ps(m: SmSlots, times: &[f64], heads: u32) -> f64 {
+    if m.placement == Placement::InOrder || m.blocks_per_sm <= 1 {
+        return list_schedule_ps(m, times, heads, None);
+    }
+    let mut draws: Vec<f64> = (0..PLACEMENT_DRAWS)
+        .map(|seed| {
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            list_schedule_ps(m, times, heads, Some(&mut rng))
+        })
+        .collect();
+    draws.sort_unstable_by(f64::total_cmp);
+    draws[draws.len() / 2]
+}
+
+/// One list schedule: `rng` None places in order (a freed SM's slots take the next blocks,
+/// the lowest SM first); else the second and later slots fill in a random SM order, and the
+/// slots of every SM that frees at one instant take the next blocks in a random order.
+fn list_schedule_ps(
+    m: SmSlots,
+    times: &[f64],
+    heads: u32,
+    mut rng: Option<&mut ChaCha8Rng>,
+) -> f64 {
     let total = times.len() * heads as usize;
     let sms = m.sms as usize;
     if total == 0 || sms == 0 {
@@ -534,8 +611,14 @@ pub fn list_makespan_ps(m: SmSlots, times: &[f64], heads: u32) -> f64 {
     let mut rem = vec![0.0f64; sms * per_sm];
     let mut cnt = vec![0usize; sms];
     let mut last = vec![0.0f64; sms];
-    for _ in 0..per_sm {
-        for s in 0..sms {
+    let mut order: Vec<usize> = (0..sms).collect();
+    for round in 0..per_sm {
+        if round == 1 {
+            if let Some(r) = rng.as_deref_mut() {
+                order.shuffle(r);
+            }
+        }
+        for &s in &order {
             if let Some(w) = next() {
                 rem[s * per_sm + cnt[s]] = w;
                 cnt[s] += 1;
@@ -544,8 +627,7 @@ pub fn list_makespan_ps(m: SmSlots, times: &[f64], heads: u32) -> f64 {
     }
     let min_of = |r: &[f64]| r.iter().copied().fold(f64::INFINITY, f64::min);
     // One event per busy SM, its next completion: (time bits — times are ≥ 0, so the bits
-    // order as the times —, SM). An SM's event changes only when it fires, so the earliest
-    // is updated in place.
+    // order as the times —, SM).
     let mut heap: BinaryHeap<Reverse<(u64, u32)>> = BinaryHeap::with_capacity(sms);
     for s in 0..sms {
         if cnt[s] > 0 {
@@ -554,46 +636,64 @@ pub fn list_makespan_ps(m: SmSlots, times: &[f64], heads: u32) -> f64 {
         }
     }
     let mut end = 0.0f64;
-    while let Some(mut top) = heap.peek_mut() {
-        let Reverse((tb, s32)) = *top;
-        let s = s32 as usize;
-        let t = f64::from_bits(tb);
-        let k = cnt[s];
-        let slots = &mut rem[s * per_sm..(s + 1) * per_sm];
-        let done = (t - last[s]) / slow[k];
-        let min = min_of(&slots[..k]);
-        // The block(s) that end now leave; the others advance by the same work. `done`
-        // comes from absolute times, so it can miss `min` by a few ulps of `t`: a block
-        // stays only when it is further than that from ending (then what is left of it is
-        // > 0), so the block that set this event always leaves and every event retires
-        // one block at least (a remainder left ≤ 0 would set an event at `t` that retires
-        // nothing, forever).
-        let tol = (min * 1e-12).max(4.0 * f64::EPSILON * t);
-        let mut j = 0;
-        for i in 0..k {
-            let w = slots[i];
-            if w - min > tol {
-                slots[j] = (w - done).max(0.0);
-                j += 1;
+    // The SMs whose events fire at one instant (in order: one at a time), and their freed
+    // slots, one entry per slot.
+    let mut batch: Vec<usize> = Vec::with_capacity(sms);
+    let mut freed: Vec<usize> = Vec::with_capacity(sms * per_sm);
+    while let Some(&Reverse((tb, _))) = heap.peek() {
+        batch.clear();
+        while let Some(&Reverse((tb2, s32))) = heap.peek() {
+            if tb2 != tb || (rng.is_none() && !batch.is_empty()) {
+                break;
             }
+            heap.pop();
+            batch.push(s32 as usize);
         }
-        while j < per_sm {
+        let t = f64::from_bits(tb);
+        freed.clear();
+        for &s in &batch {
+            let k = cnt[s];
+            let slots = &mut rem[s * per_sm..(s + 1) * per_sm];
+            let done = (t - last[s]) / slow[k];
+            let min = min_of(&slots[..k]);
+            // The block(s) that end now leave; the others advance by the same work. `done`
+            // comes from absolute times, so it can miss `min` by a few ulps of `t`: a block
+            // stays only when it is further than that from ending (then what is left of it
+            // is > 0), so the block that set this event always leaves and every event
+            // retires one block at least (a remainder left ≤ 0 would set an event at `t`
+            // that retires nothing, forever).
+            let tol = (min * 1e-12).max(4.0 * f64::EPSILON * t);
+            let mut j = 0;
+            for i in 0..k {
+                let w = slots[i];
+                if w - min > tol {
+                    slots[j] = (w - done).max(0.0);
+                    j += 1;
+                }
+            }
+            cnt[s] = j;
+            last[s] = t;
+            freed.extend(std::iter::repeat_n(s, per_sm - j));
+        }
+        if let Some(r) = rng.as_deref_mut() {
+            freed.shuffle(r);
+        }
+        for &s in &freed {
             match next() {
                 Some(w) => {
-                    slots[j] = w;
-                    j += 1;
+                    rem[s * per_sm + cnt[s]] = w;
+                    cnt[s] += 1;
                 }
                 None => break,
             }
         }
-        cnt[s] = j;
-        last[s] = t;
         end = end.max(t);
-        if j > 0 {
-            let fin = t + min_of(&slots[..j]) * slow[j];
-            *top = Reverse((fin.to_bits(), s32));
-        } else {
-            std::collections::binary_heap::PeekMut::pop(top);
+        for &s in &batch {
+            if cnt[s] > 0 {
+                let r = &rem[s * per_sm..s * per_sm + cnt[s]];
+                let fin = t + min_of(r) * slow[cnt[s]];
+                heap.push(Reverse((fin.to_bits(), s as u32)));
+            }
         }
     }
     end
@@ -762,6 +862,7 @@ impl BwdBlockModel {
             sms: self.sms,
             blocks_per_sm: self.blocks_per_sm,
             pair_slowdown: self.pair_slowdown,
+            placement: Placement::InOrder,
         }
     }
 
@@ -790,7 +891,7 @@ impl BwdBlockModel {
 
     /// The shape of the dQ block of query rows [p0, p1) under `mask`.
     pub fn dq_shape(&self, mask: Mask, p0: u64, p1: u64) -> BlockShape {
-        query_tile_shape(self.block_n, mask, p0, p1)
+        query_tile_shape(self.block_n, mask, p0, p1, true)
     }
 }
 
@@ -1083,6 +1184,7 @@ mod tests {
             sms: 1,
             blocks_per_sm: 3,
             pair_slowdown: 1.3,
+            placement: Placement::InOrder,
         };
         let mut times = vec![1e9];
         for i in 0..4000 {
@@ -1092,6 +1194,38 @@ mod tests {
         let t = list_makespan_ps(m, &times, 1);
         // The long block alone after the others: its 1e9 plus what it lost sharing.
         assert!(t >= 1e9 && t.is_finite(), "{t}");
+    }
+
+    /// Two long blocks after a first fill of empty ones, on 4 SMs × 2 slots: in order, the
+    /// first SM to free takes both (paired, 1.5× each); at any free slot, the second lands
+    /// on the first's SM in 1 draw of 7 in expectation (1 of the 7 other freed slots), so the
+    /// median draw runs them alone. Draws are seeded: the same makespan every time.
+    #[test]
+    fn any_free_slot_spreads_blocks_that_free_together() {
+        let mut times = vec![1.0; 8];
+        times.extend([1000.0, 1000.0]);
+        let slots = |placement| SmSlots {
+            sms: 4,
+            blocks_per_sm: 2,
+            pair_slowdown: 1.5,
+            placement,
+        };
+        let in_order = list_makespan_ps(slots(Placement::InOrder), &times, 1);
+        assert_eq!(in_order, 1.5 + 1500.0);
+        let any = list_makespan_ps(slots(Placement::AnyFreeSlot), &times, 1);
+        assert_eq!(any, 1.5 + 1000.0);
+        assert_eq!(
+            list_makespan_ps(slots(Placement::AnyFreeSlot), &times, 1).to_bits(),
+            any.to_bits()
+        );
+        // The first block of every SM goes one per SM either way: 4 long blocks first run
+        // alone, whatever the rest.
+        let mut first = vec![1000.0; 4];
+        first.extend([1.0; 12]);
+        for p in [Placement::InOrder, Placement::AnyFreeSlot] {
+            let t = list_makespan_ps(slots(p), &first, 1);
+            assert!(t < 1000.0 + 10.0, "{p:?}: {t}");
+        }
     }
 
     /// Unit step, no fixed or diagonal cost, no row share: a block's time = its steps, ns.
@@ -1547,10 +1681,10 @@ mod tests {
         // in grid order (its tile, then the empties), then the second's tiles from its first.
         let b = launch_blocks(&m, C, [(0, 64, 1), (100, 400, 1)]);
         assert_eq!(b.len(), 6);
-        assert_eq!(b[0], query_tile_shape(64, C, 0, 64));
+        assert_eq!(b[0], query_tile_shape(64, C, 0, 64, true));
         assert_eq!((b[1], b[2]), (EMPTY, EMPTY));
-        assert_eq!(b[3], query_tile_shape(64, C, 100, 228));
-        assert_eq!(b[5], query_tile_shape(64, C, 356, 400));
+        assert_eq!(b[3], query_tile_shape(64, C, 100, 228, true));
+        assert_eq!(b[5], query_tile_shape(64, C, 356, 400, true));
         assert_eq!(m.block_ps(EMPTY, 128), 500.0);
         // FlashAttention-2's backward: no dQ launch; key tiles padded to the longest prefix.
         let bwd = BwdBlockModel {
@@ -1595,6 +1729,12 @@ mod tests {
         assert_eq!(m.block_ps(b, 128), 24_000.0);
         // Rows near the sample's start see fewer keys: no edge inside [0, 64).
         assert_eq!(m.shape(w, 0, 64).n_diag, 1);
+        // FlashAttention-2's grid: only the diagonal's steps (blocks 4–6) are masked ones.
+        let fa2 = BlockModel {
+            order: TileOrder::Grid,
+            ..m
+        };
+        assert_eq!(fa2.shape(w, 300, 428), BlockShape { n_diag: 3, ..want });
         // A window past every key range: the causal kernel's blocks.
         let wide = Mask::Sliding { w: 5000 };
         assert_eq!(

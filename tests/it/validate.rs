@@ -266,8 +266,9 @@ fn block_makespan_is_a_bench_arm() {
 
 /// `calibrate --score-only` prices held-out PyTorch FlashAttention launches (timed with the
 /// queue fed, drawn by a seed no model was fitted or chosen on) by the built-in torch-flash
-/// profile (a model per head_dim) without fitting: the medians within 5 %, the backward's
-/// p90 within 10 %.
+/// profile (a model per head_dim) without fitting: the medians within 5 %, the p90s within
+/// 10 % (forward 7.25 %, backward 6.17 %: BENCHMARKS.md "Where the H200's dispatcher puts
+/// blocks").
 #[test]
 fn score_only_prices_held_out_torch_launches_by_the_built_in_profile() {
     let m = "validate/results/heldout_run/attn_torch-flash_check.csv";
@@ -292,8 +293,10 @@ fn score_only_prices_held_out_torch_launches_by_the_built_in_profile() {
     let med = |k: &str| s[k]["median_ape"].as_f64().unwrap();
     assert!(med("launch_err") < 5.0, "{}", med("launch_err"));
     assert!(med("bwd_launch_err") < 5.0, "{}", med("bwd_launch_err"));
-    let p90 = s["bwd_launch_err"]["p90_ape"].as_f64().unwrap();
-    assert!(p90 <= 10.0, "{p90}");
+    for k in ["launch_err", "bwd_launch_err"] {
+        let p90 = s[k]["p90_ape"].as_f64().unwrap();
+        assert!(p90 <= 10.0, "{k}: {p90}");
+    }
     // It is the default: no --kernel prices the rows alike.
     let d = skewsim(&["--json", "calibrate", "--score-only", "--measurements", m]);
     let d: serde_json::Value = serde_json::from_slice(&d.stdout).unwrap();
@@ -303,9 +306,8 @@ fn score_only_prices_held_out_torch_launches_by_the_built_in_profile() {
 
 /// Held-out sliding-window launches (`validate/torch/window_grid.py`: PyTorch's varlen
 /// FlashAttention under `window_size` on an H200, timed with the queue fed) priced by the
-/// built-in torch-flash profile's mask-aware block models: the backward's median error per
-/// worker within 5 %; the forward's misses that target (6.68 %, BENCHMARKS.md "Scores of
-/// the refits") and is held to it.
+/// built-in torch-flash profile's mask-aware block models: the forward's and the backward's
+/// median error per worker within 5 %.
 #[test]
 fn score_only_prices_held_out_sliding_window_launches() {
     let out = skewsim(&[
@@ -324,7 +326,7 @@ fn score_only_prices_held_out_sliding_window_launches() {
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["rows"], 366);
-    for (k, bound) in [("worker_err", 7.0), ("bwd_worker_err", 5.0)] {
+    for (k, bound) in [("worker_err", 5.0), ("bwd_worker_err", 5.0)] {
         let e = &v["summary"][k];
         assert_eq!(e["n"], 183, "{k}");
         let med = e["median_ape"].as_f64().unwrap();
