@@ -56,6 +56,7 @@ use std::sync::{Arc, Mutex};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use super::Mask;
@@ -564,17 +565,41 @@ pub fn makespan_ps(m: SmSlots, times: &[f64], heads: u32) -> f64 {
 /// (the lowest SM first), or at random — the median of [`PLACEMENT_DRAWS`] seeded draws
 /// (with one slot per SM every placement gives the same makespan, so one is drawn).
 pub fn list_makespan_ps(m: SmSlots, times: &[f64], heads: u32) -> f64 {
-    if m.placement == Placement::InOrder || m.blocks_per_sm <= 1 {
+    // One block per SM at most: no block is placed past the first of its SM.
+    let one_fill = times.len() * heads as usize <= m.sms as usize;
+    if m.placement == Placement::InOrder || m.blocks_per_sm <= 1 || one_fill {
         return list_schedule_ps(m, times, heads, None);
     }
-    let mut draws: Vec<f64> = (0..PLACEMENT_DRAWS)
-        .map(|seed| {
-            let mut rng = ChaCha8Rng::seed_from_u64(seed);
-            list_schedule_ps(m, times, heads, Some(&mut rng))
-        })
-        .collect();
+    // The draws run in parallel, in two rounds: a majority first, the rest only if those
+    // leave the median open.
+    let draw = |seed: u64| {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        list_schedule_ps(m, times, heads, Some(&mut rng))
+    };
+    let n = PLACEMENT_DRAWS as usize;
+    let majority = PLACEMENT_DRAWS / 2 + 1;
+    let mut draws: Vec<f64> = (0..majority).into_par_iter().map(draw).collect();
+    if let Some(median) = settled_median(&mut draws, n) {
+        return median;
+    }
+    draws.par_extend((majority..PLACEMENT_DRAWS).into_par_iter().map(draw));
+    settled_median(&mut draws, n).unwrap_or(f64::NAN)
+}
+
+/// The median of `n` draws once the ones drawn so far fix it whatever the rest give: a
+/// value x with at most n/2 − (n − drawn) draws below it and more than n/2 at or below it
+/// (e.g. the first 4 of 7 alike). After the last draw, the median itself. Sorts `draws`.
+fn settled_median(draws: &mut [f64], n: usize) -> Option<f64> {
     draws.sort_unstable_by(f64::total_cmp);
-    draws[draws.len() / 2]
+    let left = n - draws.len();
+    let mut below = 0;
+    for run in draws.chunk_by(|a, b| a.to_bits() == b.to_bits()) {
+        if below + left <= n / 2 && below + run.len() > n / 2 {
+            return Some(run[0]);
+        }
+        below += run.len();
+    }
+    None
 }
 
 /// One list schedule: `rng` None places in order (a freed SM's slots take the next blocks,
@@ -640,14 +665,25 @@ fn list_schedule_ps(
     // slots, one entry per slot.
     let mut batch: Vec<usize> = Vec::with_capacity(sms);
     let mut freed: Vec<usize> = Vec::with_capacity(sms * per_sm);
-    while let Some(&Reverse((tb, _))) = heap.peek() {
+    while let Some(&Reverse((tb, s0))) = heap.peek() {
+        // The top's SM alone fires now unless another event ties with it (then one ties at
+        // a child of the root): it is updated in place.
+        let tie = |e: Option<&Reverse<(u64, u32)>>| e.is_some_and(|e| e.0 .0 == tb);
+        let alone = rng.is_none() || {
+            let h = heap.as_slice();
+            !tie(h.get(1)) && !tie(h.get(2))
+        };
         batch.clear();
-        while let Some(&Reverse((tb2, s32))) = heap.peek() {
-            if tb2 != tb || (rng.is_none() && !batch.is_empty()) {
-                break;
+        if alone {
+            batch.push(s0 as usize);
+        } else {
+            while let Some(&Reverse((tb2, s32))) = heap.peek() {
+                if tb2 != tb {
+                    break;
+                }
+                heap.pop();
+                batch.push(s32 as usize);
             }
-            heap.pop();
-            batch.push(s32 as usize);
         }
         let t = f64::from_bits(tb);
         freed.clear();
@@ -688,11 +724,24 @@ fn list_schedule_ps(
             }
         }
         end = end.max(t);
-        for &s in &batch {
+        let fin = |s: usize| {
+            let r = &rem[s * per_sm..s * per_sm + cnt[s]];
+            Reverse(((t + min_of(r) * slow[cnt[s]]).to_bits(), s as u32))
+        };
+        if alone {
+            let s = s0 as usize;
             if cnt[s] > 0 {
-                let r = &rem[s * per_sm..s * per_sm + cnt[s]];
-                let fin = t + min_of(r) * slow[cnt[s]];
-                heap.push(Reverse((fin.to_bits(), s as u32)));
+                if let Some(mut top) = heap.peek_mut() {
+                    *top = fin(s);
+                }
+            } else {
+                heap.pop();
+            }
+        } else {
+            for &s in &batch {
+                if cnt[s] > 0 {
+                    heap.push(fin(s));
+                }
             }
         }
     }
@@ -1226,6 +1275,34 @@ mod tests {
             let t = list_makespan_ps(slots(p), &first, 1);
             assert!(t < 1000.0 + 10.0, "{p:?}: {t}");
         }
+    }
+
+    /// The median of 7 is settled by the first 4 draws when they agree, by 5 when 4 of them
+    /// are at or below a value only one lies under, and only by all 7 otherwise.
+    #[test]
+    fn the_median_is_settled_as_soon_as_the_draws_fix_it() {
+        assert_eq!(settled_median(&mut [3.0, 3.0, 3.0, 3.0], 7), Some(3.0));
+        assert_eq!(settled_median(&mut [3.0, 3.0, 3.0, 2.0], 7), None);
+        assert_eq!(settled_median(&mut [3.0, 3.0, 3.0, 2.0, 3.0], 7), Some(3.0));
+        assert_eq!(settled_median(&mut [3.0, 3.0, 1.0, 2.0, 3.0], 7), None);
+        assert_eq!(
+            settled_median(&mut [5.0, 1.0, 4.0, 2.0, 7.0, 3.0, 6.0], 7),
+            Some(4.0)
+        );
+        // As the draws themselves: the settled median is the full sort's middle.
+        let mut times = vec![1.0; 300];
+        times.extend([900.0, 1000.0, 1100.0, 700.0]);
+        let m = SmSlots {
+            sms: 132,
+            blocks_per_sm: 2,
+            pair_slowdown: 1.6,
+            placement: Placement::AnyFreeSlot,
+        };
+        let mut all: Vec<f64> = (0..PLACEMENT_DRAWS)
+            .map(|seed| list_schedule_ps(m, &times, 1, Some(&mut ChaCha8Rng::seed_from_u64(seed))))
+            .collect();
+        all.sort_unstable_by(f64::total_cmp);
+        assert_eq!(list_makespan_ps(m, &times, 1), all[all.len() / 2]);
     }
 
     /// Unit step, no fixed or diagonal cost, no row share: a block's time = its steps, ns.
