@@ -22,9 +22,9 @@
 //!
 //! [`run_dag`] evaluates these in topological order (Kahn): the event engine's timeline to
 //! the picosecond, with the same transfer durations (the model's one
-//! [`FixedDurations::duration`], called with the same tags, or once per shared transfer
-//! list when the model's durations ignore tags, [`FixedDurations::tag_free`]) and the same
-//! event count.
+//! [`FixedDurations::duration`], called with the same tags, or, when the model's durations
+//! ignore tags, [`FixedDurations::tag_free`], once per shared transfer list and once per
+//! grouped send/recv part's share of one) and the same event count.
 //!
 //! # Parallelism
 //! The sweep runs in rounds. The ops ready at the start of a round are processed in parallel
@@ -100,6 +100,9 @@ struct Dag<'a> {
     /// there, plus one (0 until known; lists alike are shared, one layer's exchange after
     /// another's); else empty.
     span: Vec<AtomicU64>,
+    /// The same per transfer for a grouped send/recv part whose transfers start there:
+    /// collectives sharing a list give the part on one GPU the same transfers.
+    part_span: Vec<AtomicU64>,
 }
 
 impl Dag<'_> {
@@ -167,23 +170,36 @@ impl Dag<'_> {
             return 0;
         }
         let memo = self.span.get(g.colls[c as usize].xfer_start as usize);
-        if let Some(s) = memo.map(|m| m.load(Relaxed)).filter(|&s| s > 0) {
-            return s - 1;
-        }
-        let id = self.within.map_or(c, |w| w.layout.coll(w.part, c));
-        let tag = TAG_COLL | u64::from(id);
-        let dur = |x: &super::Xfer| self.net.duration(x.src, x.dst, x.bytes, tag);
-        let s = if xf.len() > PAR_XFERS {
-            xf.par_iter().map(dur).max()
-        } else {
-            xf.iter().map(dur).max()
-        }
-        .unwrap_or(0);
-        // Every thread that computes it finds the same value.
-        if let (Some(m), true) = (memo, s < Ps::MAX) {
-            m.store(s + 1, Relaxed);
-        }
-        s
+        memoized(memo, || {
+            let id = self.within.map_or(c, |w| w.layout.coll(w.part, c));
+            let tag = TAG_COLL | u64::from(id);
+            let dur = |x: &super::Xfer| self.net.duration(x.src, x.dst, x.bytes, tag);
+            if xf.len() > PAR_XFERS {
+                xf.par_iter().map(dur).max()
+            } else {
+                xf.iter().map(dur).max()
+            }
+            .unwrap_or(0)
+        })
+    }
+
+    /// The longest duration among grouped send/recv part `k`'s own transfers (0 for none).
+    fn part_span(&self, k: u32) -> Ps {
+        let g = self.g;
+        let xf = g.part_xfers(k);
+        let Some(&first) = xf.first() else {
+            return 0;
+        };
+        memoized(self.part_span.get(first as usize), || {
+            let tag = TAG_PART | u64::from(k);
+            xf.iter()
+                .map(|&x| {
+                    let x = g.xfers[x as usize];
+                    self.net.duration(x.src, x.dst, x.bytes, tag)
+                })
+                .max()
+                .unwrap_or(0)
+        })
     }
 
     /// The latest of `at` over part `k` and its peers.
@@ -200,8 +216,10 @@ impl Dag<'_> {
     fn run_p2p(&self, c: u32, next: &mut Option<OpId>, out: &mut Vec<OpId>) {
         let g = self.g;
         let (a, b) = (g.coll_part_off[c as usize], g.coll_part_off[c as usize + 1]);
-        for k in a..b {
-            self.drain(c, k);
+        // One thread sweeps the collective: its earliest start is stored once.
+        let go = (a..b).map(|k| self.drain(k)).min();
+        if let Some(go) = go {
+            self.coll_start[c as usize].store(go, Relaxed);
         }
         for k in a..b {
             let end = self.latest(&self.part_drain, k);
@@ -209,30 +227,21 @@ impl Dag<'_> {
         }
     }
 
-    /// Part `k` of grouped send/recv `c` and its peers have all arrived: its transfers
-    /// start and land; its drain is noted.
-    fn drain(&self, c: u32, k: u32) {
-        let g = self.g;
+    /// Part `k` of a grouped send/recv and its peers have all arrived: its transfers start
+    /// (returned) and land; its drain is noted.
+    fn drain(&self, k: u32) -> Ps {
         let go = self.latest(&self.part_arrive, k);
-        self.coll_start[c as usize].fetch_min(go, Relaxed);
-        let tag = TAG_PART | u64::from(k);
-        let drain = g
-            .part_xfers(k)
-            .iter()
-            .map(|&x| {
-                let x = g.xfers[x as usize];
-                go.saturating_add(self.net.duration(x.src, x.dst, x.bytes, tag))
-            })
-            .max()
-            .unwrap_or(go);
+        let drain = go.saturating_add(self.part_span(k));
         self.part_drain[k as usize].store(drain, Relaxed);
+        go
     }
 
     /// Part `k` of grouped send/recv `c` and its peers have all arrived: its transfers
     /// start; once they land it drains, for itself and each peer.
     fn start_part(&self, c: u32, k: u32, next: &mut Option<OpId>, out: &mut Vec<OpId>) {
         let g = self.g;
-        self.drain(c, k);
+        let go = self.drain(k);
+        self.coll_start[c as usize].fetch_min(go, Relaxed);
         for q in std::iter::once(k).chain(g.part_nbrs(k).iter().copied()) {
             if last_of(&self.part_end_wait[q as usize]) {
                 let end = self.latest(&self.part_drain, q);
@@ -271,6 +280,19 @@ impl Dag<'_> {
             }
         }
     }
+}
+
+/// `memo`'s value less one when set, else `f()`, noted in `memo` (when there is one and the
+/// value fits). Every thread that computes it finds the same value.
+fn memoized(memo: Option<&AtomicU64>, f: impl FnOnce() -> Ps) -> Ps {
+    if let Some(s) = memo.map(|m| m.load(Relaxed)).filter(|&s| s > 0) {
+        return s - 1;
+    }
+    let s = f();
+    if let (Some(m), true) = (memo, s < Ps::MAX) {
+        m.store(s + 1, Relaxed);
+    }
+    s
 }
 
 /// Count one down on `w`; true when that was the last. The last count skips the
@@ -337,18 +359,18 @@ fn sweep_as(
     let n = g.ops.len();
     let nc = g.colls.len();
     let np = g.part_count();
-    // A stream's ops after its first also wait for their predecessor.
-    let wait: Vec<AtomicU32> = g
-        .ops
-        .par_iter()
-        .zip(&g.ndeps)
-        .enumerate()
-        .map(|(i, (op, &d))| AtomicU32::new(d + u32::from(!g.stream_first(op.stream, i as OpId))))
-        .collect();
-    let mut frontier: Vec<OpId> = (0..n as OpId)
-        .into_par_iter()
-        .filter(|&o| wait[o as usize].load(Relaxed) == 0)
-        .collect();
+    // A stream's ops after its first also wait for their predecessor; only a stream's
+    // first op can be ready at once.
+    let wait: Vec<AtomicU32> = g.ndeps.par_iter().map(|&d| AtomicU32::new(d + 1)).collect();
+    let mut frontier: Vec<OpId> = Vec::new();
+    for &op in stream_lists(g).filter_map(|s| s.first()) {
+        let d = g.ndeps[op as usize];
+        wait[op as usize].store(d, Relaxed);
+        if d == 0 {
+            frontier.push(op);
+        }
+    }
+    frontier.sort_unstable();
     let peers = |k: u32| 1 + g.part_nbrs(k).len() as u32;
     let counters = |np: u32| -> Vec<AtomicU32> {
         if p2p_whole {
@@ -358,6 +380,13 @@ fn sweep_as(
         }
     };
     let release = within.map_or(&[][..], |w| w.release);
+    let memo = |n: usize| {
+        if net.tag_free() {
+            atomics64(n, 0)
+        } else {
+            Vec::new()
+        }
+    };
     let dag = Dag {
         g,
         net,
@@ -387,11 +416,8 @@ fn sweep_as(
         part_arrive: atomics64(np, 0),
         part_end_wait: counters(np as u32),
         part_drain: atomics64(np, 0),
-        span: if net.tag_free() {
-            atomics64(g.xfers.len(), 0)
-        } else {
-            Vec::new()
-        },
+        span: memo(g.xfers.len()),
+        part_span: memo(if np > 0 { g.xfers.len() } else { 0 }),
     };
     while !frontier.is_empty() {
         if frontier.len() < SEQ_FRONTIER {
@@ -414,7 +440,10 @@ fn sweep_as(
             .collect();
         frontier = rounds.concat();
     }
-    let finished = dag.wait.par_iter().all(|w| w.load(Relaxed) == DONE);
+    // An op ends only after its stream predecessor, so every op has ended when every
+    // stream's last op has.
+    let done = |op: &OpId| dag.wait[*op as usize].load(Relaxed) == DONE;
+    let finished = stream_lists(g).all(|s| s.last().is_none_or(done));
     for s in (0..g.streams.len() as u32).filter(|_| !finished) {
         if let Some(&op) = g
             .stream_ops(s)
@@ -432,7 +461,13 @@ fn sweep_as(
         ..
     } = dag;
     let end = plain64(end);
-    let makespan = end.par_iter().copied().max().unwrap_or(0);
+    // An op ends no earlier than its stream predecessor: the latest end is a stream's
+    // last op's.
+    let makespan = stream_lists(g)
+        .filter_map(|s| s.last())
+        .map(|&op| end[op as usize])
+        .max()
+        .unwrap_or(0);
     Ok(Timeline {
         start: plain64(start),
         end,
@@ -453,27 +488,30 @@ fn next_on_stream(g: &Graph) -> Vec<u32> {
     next.into_iter().map(AtomicU32::into_inner).collect()
 }
 
+/// Every stream's ops in issue order.
+fn stream_lists(g: &Graph) -> impl Iterator<Item = &[OpId]> {
+    (0..g.streams.len() as u32).map(|s| g.stream_ops(s))
+}
+
 /// The events the event engine processes on a graph that finishes: one per compute op and
-/// per transfer, and one for each collective or grouped part without transfers.
+/// per transfer (every op but a collective's parts is a compute op or a send), and one for
+/// each collective or grouped part without transfers.
 fn event_count(g: &Graph) -> u64 {
-    let ops: u64 = g
-        .ops
-        .par_iter()
-        .enumerate()
-        .map(|(i, o)| match o.kind() {
-            OpKind::Compute(_) | OpKind::Send(_) => 1,
-            OpKind::Coll(c) if g.colls[c as usize].p2p.is_some() => {
-                let k = g.part_of(c, i as OpId);
-                g.part_xfers(k).len().max(1) as u64
+    let ops = (g.ops.len() - g.coll_parts.len()) as u64;
+    let colls: u64 = (0..g.colls.len())
+        .into_par_iter()
+        .map(|ci| {
+            let c = &g.colls[ci];
+            if c.p2p.is_some() {
+                (g.coll_part_off[ci]..g.coll_part_off[ci + 1])
+                    .map(|k| g.part_xfers(k).len().max(1) as u64)
+                    .sum()
+            } else if c.parts > 0 {
+                u64::from(c.xfer_len.max(1)) + u64::from(c.latency > 0 && c.xfer_len > 0)
+            } else {
+                0
             }
-            OpKind::Coll(_) => 0,
         })
-        .sum();
-    let colls: u64 = g
-        .colls
-        .iter()
-        .filter(|c| c.p2p.is_none() && c.parts > 0)
-        .map(|c| u64::from(c.xfer_len.max(1)) + u64::from(c.latency > 0 && c.xfer_len > 0))
         .sum();
     ops + colls
 }
