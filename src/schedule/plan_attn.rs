@@ -197,6 +197,19 @@ pub struct PlanAttention {
     /// Workers are GPUs of every stage (DistCA's ticks).
     pooled: bool,
     stages: Vec<Stage>,
+    /// [`AttentionStage::emit`]'s per-group lists, kept between calls.
+    scratch: EmitScratch,
+}
+
+/// Per slot and worker of a group: the op its compute waits for, the op its return waits
+/// for, its return; per worker: its latest compute and communication op.
+#[derive(Clone, Debug, Default)]
+struct EmitScratch {
+    ready: Vec<OpId>,
+    done: Vec<OpId>,
+    returned: Vec<OpId>,
+    tail: Vec<OpId>,
+    comm_tail: Vec<OpId>,
 }
 
 /// Per group, per slot and worker: forward time (unrounded) and whether it calls a kernel;
@@ -418,6 +431,7 @@ impl PlanAttention {
             width: par.dp * par.cp * par.tp,
             pooled,
             stages: overlap_stages(slots.0),
+            scratch: EmitScratch::default(),
         })
     }
 
@@ -724,6 +738,7 @@ impl AttentionStage for PlanAttention {
             let k = if nano { k } else { 0 };
             (s as usize * nanos + k) * width + off as usize
         };
+        let mut scratch = std::mem::take(&mut self.scratch);
         for g in groups {
             let n = g.slots.len();
             if g.slots.iter().any(|&w| slot_of(nanos - 1, w) >= last.len()) {
@@ -733,13 +748,21 @@ impl AttentionStage for PlanAttention {
                     format!("worker ids within the builder's {} entries", last.len()),
                 ));
             }
-            // Per slot and worker: the op its compute waits for, the op its return waits
-            // for, its return; the worker's latest compute and communication op.
-            let mut ready = vec![OpId::MAX; m * n];
-            let mut done = vec![OpId::MAX; m * n];
-            let mut returned = vec![OpId::MAX; m * n];
-            let mut tail: Vec<OpId> = g.slots.iter().map(|&w| last[slot_of(0, w)]).collect();
-            let mut comm_tail = vec![OpId::MAX; n];
+            let EmitScratch {
+                ready,
+                done,
+                returned,
+                tail,
+                comm_tail,
+            } = &mut scratch;
+            for v in [&mut *ready, &mut *done, &mut *returned] {
+                v.clear();
+                v.resize(m * n, OpId::MAX);
+            }
+            tail.clear();
+            tail.extend(g.slots.iter().map(|&w| last[slot_of(0, w)]));
+            comm_tail.clear();
+            comm_tail.resize(n, OpId::MAX);
             for st in &self.stages {
                 if let Some(k) = st.dispatch {
                     let k = k as usize;
@@ -849,6 +872,7 @@ impl AttentionStage for PlanAttention {
                 }
             }
         }
+        self.scratch = scratch;
         Ok(())
     }
 }
