@@ -282,14 +282,29 @@ fn measure_gpu(
 /// micro-batch spans are a min / max over GPUs, so the report is the same at any thread
 /// count.
 pub fn step_report(sg: &StepGraph, t: &Timeline, cost: &CostModel, step: u64) -> StepReport {
+    step_report_with(sg, t, cost, step, |_| ()).0
+}
+
+/// [`step_report`], and `also(gpu)` of every GPU, run on the thread that has just measured
+/// that GPU (so a second look at its ops finds them in cache), gathered in GPU order.
+pub fn step_report_with<X: Send>(
+    sg: &StepGraph,
+    t: &Timeline,
+    cost: &CostModel,
+    step: u64,
+    also: impl Fn(u32) -> X + Sync,
+) -> (StepReport, Vec<X>) {
     let xs = sg.graph.xfer_starts(t);
-    let measured: Vec<(GpuTimes, Vec<Iv>)> = (0..sg.map.gpus())
+    let (measured, extra): (Vec<(GpuTimes, Vec<Iv>)>, Vec<X>) = (0..sg.map.gpus())
         .into_par_iter()
         .map_init(Default::default, |w, gpu| {
-            measure_gpu(sg, t, xs.as_deref(), gpu, w)
+            (measure_gpu(sg, t, xs.as_deref(), gpu, w), also(gpu))
         })
-        .collect();
-    report_of(sg, measured, t.makespan, t.events, cost, step)
+        .unzip();
+    (
+        report_of(sg, measured, t.makespan, t.events, cost, step),
+        extra,
+    )
 }
 
 /// The step's report from each GPU's time split and forward spans per micro-batch (in GPU

@@ -33,7 +33,7 @@ use crate::engine::{run, OpClass, Timeline};
 use crate::error::{invalid, Result};
 use crate::net::{NetworkModel, Ps};
 use crate::plan::{Payload, Plan};
-use crate::report::step::{step_report, StepReport};
+use crate::report::step::{step_report_with, StepReport};
 use crate::workload::PackedSeq;
 
 /// What one scheme's step gave.
@@ -99,74 +99,72 @@ pub fn scheme_overlap<'a>(
 /// kernel op to the end of its last), summed over the micro-batches. A GPU that waits for
 /// a slow peer's data waits inside its span, so this is the straggler's latency of one
 /// attention layer for the step's global batch.
+/// ([`measure_scheme_step`] takes it GPU by GPU within the report's walk.)
 pub fn attention_span(sg: &StepGraph, t: &Timeline) -> Ps {
-    span_of(sg, t, None)
-}
-
-/// [`attention_span`] of a step run in DistCA's ticks: pooled attention ops carry the tick
-/// as their micro-batch and layer j of every stage as layer j, so the span is Σ over the
-/// forward ticks (`fwd_ticks[k]`) of the straggler's layer-0 pooled attention — every
-/// stage's first layer at once.
-pub fn attention_span_ticks(sg: &StepGraph, t: &Timeline, fwd_ticks: &[bool]) -> Ps {
-    span_of(sg, t, Some(fwd_ticks))
-}
-
-fn span_of(sg: &StepGraph, t: &Timeline, fwd_ticks: Option<&[bool]>) -> Ps {
     use rayon::prelude::*;
-    let g = &sg.graph;
-    let mut by_gpu: Vec<Vec<u32>> = vec![Vec::new(); g.gpu_count()];
-    for (s, info) in g.streams.iter().enumerate() {
-        by_gpu[info.gpu as usize].push(s as u32);
-    }
-    // Per GPU, per micro-batch: its layer-0 forward core-attention span.
-    let per_gpu: Vec<Vec<(Ps, Ps)>> = by_gpu
-        .par_iter()
-        .map(|streams| {
-            let ops = || streams.iter().flat_map(|&s| g.stream_ops(s)).copied();
-            // Backward reuses the classes (dO in, dQ/dK/dV out): forward ops of a
-            // micro-batch are those that start before the GPU's first backward linear op
-            // of that micro-batch.
-            let mut bwd_start: Vec<Ps> = Vec::new();
-            if fwd_ticks.is_none() {
-                for i in ops() {
-                    let l = g.ops[i as usize].label();
-                    if matches!(l.class, OpClass::LinearBwd | OpClass::HeadBwd) {
-                        let mb = usize::from(l.mb);
-                        if bwd_start.len() <= mb {
-                            bwd_start.resize(mb + 1, Ps::MAX);
-                        }
-                        bwd_start[mb] = bwd_start[mb].min(t.start[i as usize]);
-                    }
-                }
-            }
-            let mut spans: Vec<(Ps, Ps)> = Vec::new();
-            for i in ops() {
-                let l = g.ops[i as usize].label();
-                if l.layer != 0
-                    || !matches!(l.class, OpClass::AttnFwd | OpClass::A2aIn | OpClass::A2aOut)
-                {
-                    continue;
-                }
-                let mb = usize::from(l.mb);
-                if let Some(f) = fwd_ticks {
-                    if !f.get(mb).copied().unwrap_or(false) {
-                        continue;
-                    }
-                }
-                let (s, e) = (t.start[i as usize], t.end[i as usize]);
-                if s >= bwd_start.get(mb).copied().unwrap_or(Ps::MAX) {
-                    continue;
-                }
-                if spans.len() <= mb {
-                    spans.resize(mb + 1, (Ps::MAX, 0));
-                }
-                spans[mb] = (spans[mb].0.min(s), spans[mb].1.max(e));
-            }
-            spans
-        })
+    let per_gpu: Vec<Vec<(Ps, Ps)>> = (0..sg.map.gpus())
+        .into_par_iter()
+        .map(|gpu| gpu_attn_spans(sg, t, gpu, None))
         .collect();
+    span_total(&per_gpu)
+}
+
+/// GPU `gpu`'s layer-0 forward core-attention span per micro-batch (first start, last
+/// end; `(Ps::MAX, 0)` where it has none), in one walk over its streams' ops. In DistCA's
+/// ticks (`fwd_ticks[k]`: tick k runs forward) pooled attention ops carry the tick as their
+/// micro-batch and layer j of every stage as layer j, so the span per forward tick is the
+/// layer-0 pooled attention of every stage's first layer at once.
+fn gpu_attn_spans(
+    sg: &StepGraph,
+    t: &Timeline,
+    gpu: u32,
+    fwd_ticks: Option<&[bool]>,
+) -> Vec<(Ps, Ps)> {
+    let g = &sg.graph;
+    let s0 = sg.streams_per_gpu * gpu;
+    // Backward reuses the classes (dO in, dQ/dK/dV out): forward ops of a micro-batch are
+    // those that start before the GPU's first backward linear op of that micro-batch.
+    let mut bwd_start: Vec<Ps> = Vec::new();
+    // Layer-0 attention ops of a forward tick (any micro-batch without ticks): (mb, start,
+    // end), kept until the backward starts are known.
+    let mut cand: Vec<(usize, Ps, Ps)> = Vec::new();
+    for i in (s0..s0 + sg.streams_per_gpu).flat_map(|s| g.stream_ops(s)) {
+        let i = *i as usize;
+        let l = g.ops[i].label();
+        let mb = usize::from(l.mb);
+        match l.class {
+            OpClass::LinearBwd | OpClass::HeadBwd if fwd_ticks.is_none() => {
+                if bwd_start.len() <= mb {
+                    bwd_start.resize(mb + 1, Ps::MAX);
+                }
+                bwd_start[mb] = bwd_start[mb].min(t.start[i]);
+            }
+            OpClass::AttnFwd | OpClass::A2aIn | OpClass::A2aOut
+                if l.layer == 0
+                    && fwd_ticks.is_none_or(|f| f.get(mb).copied().unwrap_or(false)) =>
+            {
+                cand.push((mb, t.start[i], t.end[i]));
+            }
+            _ => {}
+        }
+    }
+    let mut spans: Vec<(Ps, Ps)> = Vec::new();
+    for (mb, s, e) in cand {
+        if s >= bwd_start.get(mb).copied().unwrap_or(Ps::MAX) {
+            continue;
+        }
+        if spans.len() <= mb {
+            spans.resize(mb + 1, (Ps::MAX, 0));
+        }
+        spans[mb] = (spans[mb].0.min(s), spans[mb].1.max(e));
+    }
+    spans
+}
+
+/// Σ over micro-batches of the longest span any GPU spends ([`gpu_attn_spans`] per GPU).
+fn span_total(per_gpu: &[Vec<(Ps, Ps)>]) -> Ps {
     let mut per_mb: Vec<Ps> = Vec::new();
-    for spans in &per_gpu {
+    for spans in per_gpu {
         if per_mb.len() < spans.len() {
             per_mb.resize(spans.len(), 0);
         }
@@ -400,14 +398,15 @@ pub fn measure_scheme_step(
     cost: &CostModel,
     step: u64,
 ) -> SchemeStep {
+    let ticks = (sg.step.map.par.pipeline == PipelineKind::Ticks).then_some(&sg.fwd_ticks[..]);
+    // Each GPU's attention spans are taken right after its report walk, ops still in cache.
+    let (report, spans) = step_report_with(&sg.step, t, cost, step, |gpu| {
+        gpu_attn_spans(&sg.step, t, gpu, ticks)
+    });
     SchemeStep {
         scheme: sg.scheme,
-        report: step_report(&sg.step, t, cost, step),
-        attn_span: if sg.step.map.par.pipeline == PipelineKind::Ticks {
-            attention_span_ticks(&sg.step, t, &sg.fwd_ticks)
-        } else {
-            attention_span(&sg.step, t)
-        },
+        report,
+        attn_span: span_total(&spans),
         plan_bytes: sg.plan_bytes,
     }
 }
@@ -548,6 +547,32 @@ mod tests {
         (cost, batch, set)
     }
 
+    /// [`small_step`]'s plan and graph of `sc` on DP 4 × CP 4, GA 4, two nodes of 8.
+    fn small_graph(
+        sc: Scheme,
+        cost: &CostModel,
+        batch: &[PackedSeq],
+        set: &SchemeSettings,
+    ) -> (Option<SchemePlan>, SchemeGraph) {
+        let base = par(4, 4, 4);
+        let mut planner = SchemePlanner::new(sc, set.clone(), cost, 4, 16, 16_384).unwrap();
+        let sp = plan_scheme_step(cost, &mut planner, base, 0, batch).unwrap();
+        let sg = build_scheme_step(
+            cost,
+            sc,
+            set,
+            base,
+            Placement::new(8, 2),
+            0,
+            batch,
+            sp.clone(),
+            &NoVariance,
+            false,
+        )
+        .unwrap();
+        (sp, sg)
+    }
+
     #[test]
     fn every_scheme_runs_a_step_and_the_signal_removes_exposed_bytes() {
         let (cost, batch, set) = small_step(2);
@@ -589,8 +614,6 @@ mod tests {
         // grouped send/recv layout run in parallel: 1 thread (each in turn) and 3 give the
         // same plan, graph and report.
         let (cost, batch, set) = small_step(3);
-        let base = par(4, 4, 4);
-        let place = Placement::new(8, 2);
         for sc in Scheme::ALL {
             let step = |threads: usize| {
                 let pool = rayon::ThreadPoolBuilder::new()
@@ -598,22 +621,7 @@ mod tests {
                     .build()
                     .unwrap();
                 pool.install(|| {
-                    let mut planner =
-                        SchemePlanner::new(sc, set.clone(), &cost, 4, 16, 16_384).unwrap();
-                    let sp = plan_scheme_step(&cost, &mut planner, base, 0, &batch).unwrap();
-                    let sg = build_scheme_step(
-                        &cost,
-                        sc,
-                        &set,
-                        base,
-                        place,
-                        0,
-                        &batch,
-                        sp.clone(),
-                        &NoVariance,
-                        false,
-                    )
-                    .unwrap();
+                    let (sp, sg) = small_graph(sc, &cost, &batch, &set);
                     let t = run(&sg.step.graph, &mut StubNet::dgx_h200()).unwrap();
                     let r = measure_scheme_step(&sg, &t, &cost, 0);
                     (sp, sg.step.graph, r.report, r.attn_span)
@@ -621,6 +629,22 @@ mod tests {
             };
             let (one, three) = (step(1), step(3));
             assert!(one == three, "{sc:?} depends on the thread count");
+        }
+    }
+
+    #[test]
+    fn the_fused_measure_equals_the_report_and_span_taken_apart() {
+        // measure_scheme_step takes each GPU's attention spans within the report's walk:
+        // the same report as step_report and the same span as attention_span.
+        let (cost, batch, set) = small_step(4);
+        for sc in Scheme::ALL {
+            let (_, sg) = small_graph(sc, &cost, &batch, &set);
+            let t = run(&sg.step.graph, &mut StubNet::dgx_h200()).unwrap();
+            let r = measure_scheme_step(&sg, &t, &cost, 0);
+            let alone = crate::report::step::step_report(&sg.step, &t, &cost, 0);
+            assert_eq!(r.report, alone, "{sc:?}");
+            assert_eq!(r.attn_span, attention_span(&sg.step, &t), "{sc:?}");
+            assert!(r.attn_span > 0, "{sc:?}");
         }
     }
 

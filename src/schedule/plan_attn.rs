@@ -142,12 +142,12 @@ struct ChunkOps {
     /// Per group worker: forward and backward kernel time (0 = no units).
     fwd: Vec<Ps>,
     bwd: Vec<Ps>,
-    /// Aggregated port transfers (GPU ids of the stage): forward dispatch and return,
-    /// backward dispatch and return.
+    /// Aggregated port transfers (GPU ids of the stage): forward dispatch and return. The
+    /// backward's are the same lists: dO travels as the output did and dQ, dK, dV go home
+    /// as Q and KV came, each reversed, and a port aggregate (max of egress and ingress
+    /// per GPU) does not change when every piece is reversed.
     f_in: Vec<Xfer>,
     f_out: Vec<Xfer>,
-    b_in: Vec<Xfer>,
-    b_out: Vec<Xfer>,
     /// The GPU pairs that really exchange data in the dispatch (forward Q/KV, backward
     /// dQ/dK/dV) and in the return (forward output, backward dO): the coupling of the
     /// grouped send/recv, whose priced transfers are the port aggregates above.
@@ -197,6 +197,19 @@ pub struct PlanAttention {
     /// Workers are GPUs of every stage (DistCA's ticks).
     pooled: bool,
     stages: Vec<Stage>,
+    /// [`AttentionStage::emit`]'s per-group lists, kept between calls.
+    scratch: EmitScratch,
+}
+
+/// Per slot and worker of a group: the op its compute waits for, the op its return waits
+/// for, its return; per worker: its latest compute and communication op.
+#[derive(Clone, Debug, Default)]
+struct EmitScratch {
+    ready: Vec<OpId>,
+    done: Vec<OpId>,
+    returned: Vec<OpId>,
+    tail: Vec<OpId>,
+    comm_tail: Vec<OpId>,
 }
 
 /// Per group, per slot and worker: forward time (unrounded) and whether it calls a kernel;
@@ -418,6 +431,7 @@ impl PlanAttention {
             width: par.dp * par.cp * par.tp,
             pooled,
             stages: overlap_stages(slots.0),
+            scratch: EmitScratch::default(),
         })
     }
 
@@ -528,17 +542,9 @@ impl PlanAttention {
             let base = p * nworkers;
             // Lane t of worker wk: the builder's rank offset (base + wk) · TP + t.
             let gpu = |wk: WorkerId, t: u32| (base + wk) * tp + t;
-            let pieces = |v: &[(WorkerId, WorkerId, u64)], rev: bool| -> Vec<(GpuId, GpuId, u64)> {
+            let pieces = |v: &[(WorkerId, WorkerId, u64)]| -> Vec<(GpuId, GpuId, u64)> {
                 v.iter()
-                    .flat_map(|&(s, d, b)| {
-                        (0..tp).map(move |t| {
-                            if rev {
-                                (gpu(d, t), gpu(s, t), b)
-                            } else {
-                                (gpu(s, t), gpu(d, t), b)
-                            }
-                        })
-                    })
+                    .flat_map(|&(s, d, b)| (0..tp).map(move |t| (gpu(s, t), gpu(d, t), b)))
                     .collect()
             };
             let lowered: Vec<GroupOps> = pre
@@ -546,19 +552,14 @@ impl PlanAttention {
                 .map(|g| {
                     let chunk_ops = (0..chunks as usize)
                         .map(|k| {
-                            let rev = |v: &[(WorkerId, WorkerId, u64)]| pieces(v, true);
-                            let fwd_dir = |v: &[(WorkerId, WorkerId, u64)]| pieces(v, false);
+                            let (disp, ret) = (pieces(&g.disp[k]), pieces(&g.ret[k]));
                             ChunkOps {
                                 fwd: lanes(&g.fwd[k]),
                                 bwd: lanes(&g.bwd[k]),
-                                f_in: port_xfers(&fwd_dir(&g.disp[k]), map),
-                                f_out: port_xfers(&fwd_dir(&g.ret[k]), map),
-                                // Backward: dO travels as the output did, reversed; dQ, dK,
-                                // dV go home as Q and KV came.
-                                b_in: port_xfers(&rev(&g.ret[k]), map),
-                                b_out: port_xfers(&rev(&g.disp[k]), map),
-                                disp_pairs: peer_pairs(&fwd_dir(&g.disp[k])),
-                                ret_pairs: peer_pairs(&fwd_dir(&g.ret[k])),
+                                f_in: port_xfers(&disp, map),
+                                f_out: port_xfers(&ret, map),
+                                disp_pairs: peer_pairs(&disp),
+                                ret_pairs: peer_pairs(&ret),
                             }
                         })
                         .collect();
@@ -619,19 +620,29 @@ fn check_group(g: &Group, gi: usize, nworkers: u32, ga: u32) -> Result<()> {
 fn port_xfers(pieces: &[(GpuId, GpuId, u64)], map: RankMap) -> Vec<Xfer> {
     let place = map.place;
     let gpn = place.gpus_per_node.max(1);
-    // (gpu, intra out, intra in, inter out, inter in), sorted by gpu.
-    let mut load: std::collections::BTreeMap<GpuId, [u64; 4]> = Default::default();
+    // (gpu, which of intra out, intra in, inter out, inter in, bytes), then summed per
+    // (gpu, which) in GPU order.
+    let mut ends: Vec<(GpuId, u8, u64)> = Vec::with_capacity(2 * pieces.len());
     for &(s, d, b) in pieces {
         if s == d || b == 0 {
             continue;
         }
-        let intra = place.node(s) == place.node(d);
-        let (o, i) = if intra { (0, 1) } else { (2, 3) };
-        load.entry(s).or_default()[o] += b;
-        load.entry(d).or_default()[i] += b;
+        let o = if place.node(s) == place.node(d) { 0 } else { 2 };
+        ends.push((s, o, b));
+        ends.push((d, o + 1, b));
+    }
+    ends.sort_unstable_by_key(|&(g, w, _)| (g, w));
+    let mut load: Vec<(GpuId, [u64; 4])> = Vec::new();
+    for (g, w, b) in ends {
+        if load.last().is_none_or(|l| l.0 != g) {
+            load.push((g, [0; 4]));
+        }
+        if let Some(l) = load.last_mut() {
+            l.1[usize::from(w)] += b;
+        }
     }
     let mut out = Vec::with_capacity(2 * load.len());
-    for (&g, l) in &load {
+    for &(g, l) in &load {
         let (node, pos) = (g / gpn, g % gpn);
         let intra = l[0].max(l[1]);
         if intra > 0 {
@@ -727,6 +738,7 @@ impl AttentionStage for PlanAttention {
             let k = if nano { k } else { 0 };
             (s as usize * nanos + k) * width + off as usize
         };
+        let mut scratch = std::mem::take(&mut self.scratch);
         for g in groups {
             let n = g.slots.len();
             if g.slots.iter().any(|&w| slot_of(nanos - 1, w) >= last.len()) {
@@ -736,13 +748,21 @@ impl AttentionStage for PlanAttention {
                     format!("worker ids within the builder's {} entries", last.len()),
                 ));
             }
-            // Per slot and worker: the op its compute waits for, the op its return waits
-            // for, its return; the worker's latest compute and communication op.
-            let mut ready = vec![OpId::MAX; m * n];
-            let mut done = vec![OpId::MAX; m * n];
-            let mut returned = vec![OpId::MAX; m * n];
-            let mut tail: Vec<OpId> = g.slots.iter().map(|&w| last[slot_of(0, w)]).collect();
-            let mut comm_tail = vec![OpId::MAX; n];
+            let EmitScratch {
+                ready,
+                done,
+                returned,
+                tail,
+                comm_tail,
+            } = &mut scratch;
+            for v in [&mut *ready, &mut *done, &mut *returned] {
+                v.clear();
+                v.resize(m * n, OpId::MAX);
+            }
+            tail.clear();
+            tail.extend(g.slots.iter().map(|&w| last[slot_of(0, w)]));
+            comm_tail.clear();
+            comm_tail.resize(n, OpId::MAX);
             for st in &self.stages {
                 if let Some(k) = st.dispatch {
                     let k = k as usize;
@@ -750,7 +770,7 @@ impl AttentionStage for PlanAttention {
                     let (xf, pairs) = if call.fwd {
                         (&c.f_in, &c.disp_pairs)
                     } else {
-                        (&c.b_in, &c.ret_pairs)
+                        (&c.f_out, &c.ret_pairs)
                     };
                     if !xf.is_empty() {
                         let coll = b.add_grouped_p2p(xf, pairs);
@@ -803,7 +823,7 @@ impl AttentionStage for PlanAttention {
                     let (xf, pairs) = if call.fwd {
                         (&c.f_out, &c.ret_pairs)
                     } else {
-                        (&c.b_out, &c.disp_pairs)
+                        (&c.f_in, &c.disp_pairs)
                     };
                     if !xf.is_empty() {
                         let coll = b.add_grouped_p2p(xf, pairs);
@@ -852,6 +872,7 @@ impl AttentionStage for PlanAttention {
                 }
             }
         }
+        self.scratch = scratch;
         Ok(())
     }
 }

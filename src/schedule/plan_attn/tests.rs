@@ -292,6 +292,28 @@ fn ports_aggregate_egress_and_ingress() {
 }
 
 #[test]
+fn reversed_pieces_aggregate_onto_the_same_ports() {
+    // The backward reuses the forward's port transfers: reversing every piece swaps each
+    // GPU's egress and ingress, and a port moves the larger of the two.
+    let m = map(8, 4);
+    let mut rng = crate::rng::stream(7, "ports", 0);
+    for _ in 0..50 {
+        use rand::Rng;
+        let pieces: Vec<(GpuId, GpuId, u64)> = (0..rng.random_range(0..40))
+            .map(|_| {
+                (
+                    rng.random_range(0..8),
+                    rng.random_range(0..8),
+                    rng.random_range(0..1000),
+                )
+            })
+            .collect();
+        let rev: Vec<_> = pieces.iter().map(|&(s, d, b)| (d, s, b)).collect();
+        assert_eq!(port_xfers(&pieces, m), port_xfers(&rev, m), "{pieces:?}");
+    }
+}
+
+#[test]
 fn bad_chunks_and_foreign_workers_are_named() {
     let c = qwen();
     let plan = one_unit_plan(&c, 1024, 0, 1);
