@@ -524,26 +524,34 @@ impl FlowModel {
             links: &self.links,
             flows: &self.flows,
         };
-        let mut outs = Vec::new();
-        let (mut links, mut flows, mut rates) = (
-            self.comp_links.as_slice(),
-            self.comp_flows.as_slice(),
-            self.comp_rates.as_mut_slice(),
-        );
-        let (mut l0, mut f0) = (0, 0);
-        for &(l1, f1) in &self.comps {
-            let (l, lr) = links.split_at(l1 as usize - l0);
-            let (f, fr) = flows.split_at(f1 as usize - f0);
-            let (r, rr) = rates.split_at_mut(f1 as usize - f0);
-            outs.push((l, f, r));
-            (links, flows, rates, l0, f0) = (lr, fr, rr, l1 as usize, f1 as usize);
-        }
-        if outs.len() > 1 && n >= PAR_FLOWS {
+        if self.comps.len() > 1 && n >= PAR_FLOWS {
+            let mut outs = Vec::with_capacity(self.comps.len());
+            let (mut links, mut flows, mut rates) = (
+                self.comp_links.as_slice(),
+                self.comp_flows.as_slice(),
+                self.comp_rates.as_mut_slice(),
+            );
+            let (mut l0, mut f0) = (0, 0);
+            for &(l1, f1) in &self.comps {
+                let (l, lr) = links.split_at(l1 as usize - l0);
+                let (f, fr) = flows.split_at(f1 as usize - f0);
+                let (r, rr) = rates.split_at_mut(f1 as usize - f0);
+                outs.push((l, f, r));
+                (links, flows, rates, l0, f0) = (lr, fr, rr, l1 as usize, f1 as usize);
+            }
             outs.into_par_iter()
                 .for_each_init(Filling::default, |fill, (l, f, r)| fill.run(&view, l, f, r));
         } else {
-            for (l, f, r) in outs {
-                self.filling.run(&view, l, f, r);
+            let (mut l0, mut f0) = (0, 0);
+            for &(l1, f1) in &self.comps {
+                let (l1, f1) = (l1 as usize, f1 as usize);
+                self.filling.run(
+                    &view,
+                    &self.comp_links[l0..l1],
+                    &self.comp_flows[f0..f1],
+                    &mut self.comp_rates[f0..f1],
+                );
+                (l0, f0) = (l1, f1);
             }
         }
     }
