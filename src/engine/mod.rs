@@ -1047,7 +1047,7 @@ impl Shared {
         let z64 = |k| (0..k).map(|_| AtomicU64::new(0)).collect();
         let z32 = |k| (0..k).map(|_| AtomicU32::new(0)).collect();
         Shared {
-            deps_left: g.ndeps.iter().map(|&d| AtomicU32::new(d)).collect(),
+            deps_left: g.ndeps.par_iter().map(|&d| AtomicU32::new(d)).collect(),
             start: z64(n),
             end: z64(n),
             coll_start: z64(nc),

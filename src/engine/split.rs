@@ -55,7 +55,11 @@ pub(super) fn run_split(g: &Graph, flow: &mut FlowModel) -> Option<Result<Timeli
     let link_bytes = flow.topology().links.len() * FlowModel::LINK_BYTES;
     let plan = Plan::new(g, MODEL_BYTES / link_bytes.max(1))?;
     let sh = Shared::new(g);
-    let mut models: Vec<FlowModel> = (0..plan.workers).map(|_| flow.idle_copy()).collect();
+    let base: &FlowModel = flow;
+    let mut models: Vec<FlowModel> = (0..plan.workers)
+        .into_par_iter()
+        .map(|_| base.idle_copy())
+        .collect();
     let mut sims: Vec<Sim<'_, FlowModel>> = models
         .iter_mut()
         .enumerate()

@@ -24,7 +24,10 @@
 //! id (a scan in a small component, a binary heap of links with lazy increase-key in a
 //! large one), freeze its unfrozen flows at that share and charge it to their other
 //! links. Every flow frozen at one link subtracts the same share, so the rates do not
-//! depend on the order of the per-link lists. Cost: O(F_c·h + L_c log L_c) for the F_c
+//! depend on the order of the per-link lists. A component of one flow alone on its links
+//! (an all-to-all's aggregates on a rail-optimized fabric) takes that filling's result,
+//! its smallest capacity, without the filling's scratch. A drain marks dirty only the
+//! links it leaves carrying flows. Cost: O(F_c·h + L_c log L_c) for the F_c
 //! flows and L_c links of the affected components (h ≤ 6 links per flow) — linear in the
 //! active flows that share links with the change, not in all active flows; measured in
 //! BENCHMARKS.md. In the worst case (one giant component, e.g. everything crossing one
@@ -408,7 +411,8 @@ impl FlowModel {
     /// is searched for the slot: that reads only the list, which the removal touches
     /// anyway, where keeping each flow's positions up to date would touch the flow moved
     /// into the gap; and it is O(flows on the link), no more than the recomputation the
-    /// drain causes.
+    /// drain causes. Only a link that still carries flows is marked dirty: an emptied one
+    /// has none to re-rate.
     fn unlink(&mut self, slot: u32) {
         let route = self.flows[slot as usize].route;
         for &l in route.links() {
@@ -416,7 +420,9 @@ impl FlowModel {
             if let Some(p) = list.iter().position(|&x| x == slot) {
                 list.swap_remove(p);
             }
-            self.dirty_links.push(l);
+            if !list.is_empty() {
+                self.dirty_links.push(l);
+            }
         }
         let fm = &mut self.flows[slot as usize];
         fm.alive = false;
@@ -518,26 +524,34 @@ impl FlowModel {
             links: &self.links,
             flows: &self.flows,
         };
-        let mut outs = Vec::new();
-        let (mut links, mut flows, mut rates) = (
-            self.comp_links.as_slice(),
-            self.comp_flows.as_slice(),
-            self.comp_rates.as_mut_slice(),
-        );
-        let (mut l0, mut f0) = (0, 0);
-        for &(l1, f1) in &self.comps {
-            let (l, lr) = links.split_at(l1 as usize - l0);
-            let (f, fr) = flows.split_at(f1 as usize - f0);
-            let (r, rr) = rates.split_at_mut(f1 as usize - f0);
-            outs.push((l, f, r));
-            (links, flows, rates, l0, f0) = (lr, fr, rr, l1 as usize, f1 as usize);
-        }
-        if outs.len() > 1 && n >= PAR_FLOWS {
+        if self.comps.len() > 1 && n >= PAR_FLOWS {
+            let mut outs = Vec::with_capacity(self.comps.len());
+            let (mut links, mut flows, mut rates) = (
+                self.comp_links.as_slice(),
+                self.comp_flows.as_slice(),
+                self.comp_rates.as_mut_slice(),
+            );
+            let (mut l0, mut f0) = (0, 0);
+            for &(l1, f1) in &self.comps {
+                let (l, lr) = links.split_at(l1 as usize - l0);
+                let (f, fr) = flows.split_at(f1 as usize - f0);
+                let (r, rr) = rates.split_at_mut(f1 as usize - f0);
+                outs.push((l, f, r));
+                (links, flows, rates, l0, f0) = (lr, fr, rr, l1 as usize, f1 as usize);
+            }
             outs.into_par_iter()
                 .for_each_init(Filling::default, |fill, (l, f, r)| fill.run(&view, l, f, r));
         } else {
-            for (l, f, r) in outs {
-                self.filling.run(&view, l, f, r);
+            let (mut l0, mut f0) = (0, 0);
+            for &(l1, f1) in &self.comps {
+                let (l1, f1) = (l1 as usize, f1 as usize);
+                self.filling.run(
+                    &view,
+                    &self.comp_links[l0..l1],
+                    &self.comp_flows[f0..f1],
+                    &mut self.comp_rates[f0..f1],
+                );
+                (l0, f0) = (l1, f1);
             }
         }
     }
@@ -573,6 +587,12 @@ impl Filling {
     /// unfrozen flows` (ties to the smaller link id), freeze its unfrozen flows at that
     /// share and charge it to their other links.
     fn run(&mut self, v: &FillView, links: &[LinkId], flows: &[u32], rate: &mut [f64]) {
+        if let [fs] = flows {
+            if let Some(r) = alone(v, *fs) {
+                rate[0] = r;
+                return;
+            }
+        }
         self.rem.clear();
         self.count.clear();
         for &l in links {
@@ -657,6 +677,22 @@ impl Filling {
         }
         None
     }
+}
+
+/// The rate of flow `fs` when it is the only flow on each of its links: progressive
+/// filling's first bottleneck (the smallest `capacity ÷ 1`) and its share, computed as
+/// [`Filling::run`] computes them; `None` when a link carries another flow (or the route
+/// crosses a link twice).
+fn alone(v: &FillView, fs: u32) -> Option<f64> {
+    let mut key = u64::MAX;
+    for &l in v.flows[fs as usize].route.links() {
+        let ls = &v.links[l as usize];
+        if ls.flows.len() != 1 {
+            return None;
+        }
+        key = key.min(share_key(ls.cap, 1));
+    }
+    Some(f64::from_bits(key))
 }
 
 /// Heap key of a fair share: the bits of a non-negative f64 order like the number.
