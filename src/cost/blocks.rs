@@ -583,12 +583,13 @@ pub fn list_makespan_ps(m: SmSlots, times: &[f64], heads: u32) -> f64 {
         return median;
     }
     draws.par_extend((majority..PLACEMENT_DRAWS).into_par_iter().map(draw));
-    settled_median(&mut draws, n).unwrap_or(f64::NAN)
+    draws.sort_unstable_by(f64::total_cmp);
+    draws[n / 2]
 }
 
 /// The median of `n` draws once the ones drawn so far fix it whatever the rest give: a
 /// value x with at most n/2 − (n − drawn) draws below it and more than n/2 at or below it
-/// (e.g. the first 4 of 7 alike). After the last draw, the median itself. Sorts `draws`.
+/// (e.g. the first 4 of 7 alike). Sorts `draws`.
 fn settled_median(draws: &mut [f64], n: usize) -> Option<f64> {
     draws.sort_unstable_by(f64::total_cmp);
     let left = n - draws.len();
