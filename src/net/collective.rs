@@ -1025,10 +1025,10 @@ mod tests {
             let target = if bytes >= 64 << 20 { 0.05 } else { 0.15 };
             let fault = match MISSES
                 .iter()
-                .find(|m| (m.0, m.1, m.2) == (f[3], n, bytes >> 20))
+                .find(|m| (m.0, m.1, m.2, m.3) == (f[0], f[3], n, bytes >> 20))
             {
                 _ if algo.name() != f[4] => Some("another algorithm"),
-                Some(m) if err.abs() > m.3 => Some("past its bound"),
+                Some(m) if err.abs() > m.4 => Some("past its bound"),
                 Some(_) if err.abs() <= target => Some("meets the target: not a miss"),
                 Some(_) => {
                     missed += 1;
@@ -1042,18 +1042,26 @@ mod tests {
             }
         }
         assert!(wrong.is_empty(), "{wrong:#?}");
-        assert_eq!((rows.len(), missed), (55, MISSES.len()));
+        assert_eq!((rows.len(), missed), (88, MISSES.len()));
     }
 
-    /// Rows past the targets, with the bound each is held to: (op, GPUs, MiB, bound). Both
-    /// are `check` rows (BENCHMARKS.md, "Collectives: the ring's pipeline fill"). The 4-GPU
-    /// all-gather at 8 MiB took 57.1 µs where the same source's reduce-scatter, which moves
-    /// the same bytes over the same steps and reduces on top, took 42.9: no model that
-    /// prices the two alike meets both within 15 % (a window under 1 µs wide). The 6-GPU
-    /// NVLS all-reduce at 256 MiB takes NCCL's NVLS latency × the fitted 0.64 and nothing
-    /// that grows with size below NVLS's own chunking, which the model does not price.
-    const MISSES: &[(&str, u32, u64, f64)] =
-        &[("all_gather", 4, 8, 0.41), ("all_reduce", 6, 256, 0.065)];
+    /// Rows past the targets, with the bound each is held to: (source, op, GPUs, MiB, bound).
+    /// All are `check` rows (BENCHMARKS.md, "Collectives: the ring's pipeline fill"). The
+    /// 4-GPU all-gather at 8 MiB took 57.1 µs in the source's first run and 47.3 µs in its
+    /// rerun on a quiet host, where its reduce-scatter, which moves the same bytes over the
+    /// same steps and reduces on top, took 42.9 and 42.7: all-gather runs about 4 µs slower
+    /// than reduce-scatter from 4 to 128 MiB in both runs, and the model prices the two alike.
+    /// The 6-GPU NVLS all-reduce at 256 MiB takes NCCL's NVLS latency × the fitted 0.64 and
+    /// nothing that grows with size below NVLS's own chunking, which the model does not price.
+    const MISSES: &[(&str, &str, u32, u64, f64)] = &[
+        (BENCH_AG, "all_gather", 4, 8, 0.41),
+        (BENCH_AG_QUIET, "all_gather", 4, 8, 0.17),
+        (BENCH_SCALING, "all_reduce", 6, 256, 0.065),
+    ];
+    const BENCH_AG: &str = "github.com/waynehacking8/nccl-collectives-bench/results/all_gather.txt";
+    const BENCH_AG_QUIET: &str =
+        "github.com/waynehacking8/nccl-collectives-bench/results/quiet/all_gather.txt";
+    const BENCH_SCALING: &str = "github.com/waynehacking8/nccl-collectives-bench/results/scaling.txt";
 
     #[test]
     fn nccl_picks_its_algorithm_by_size_and_gpu_count() {
