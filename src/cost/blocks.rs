@@ -1225,9 +1225,9 @@ mod tests {
 
     const C: Mask = Mask::Causal;
 
-    /// Blocks that end within an ulp of the clock of each other, late in a long launch
-    /// (the clock's rounding used to leave one with a remainder below 0, whose event then
-    /// retired nothing, forever): the schedule ends, every block's work done.
+    /// Blocks that end within an ulp of the clock of each other, late in a long launch (the
+    /// clock's rounding can leave one with a remainder below 0, whose event must still retire
+    /// it): the schedule ends, every block's work done.
     #[test]
     fn near_ties_late_in_a_launch_end() {
         let m = SmSlots {
