@@ -346,6 +346,9 @@ pub struct GraphBuilder {
     too_long: Option<(OpId, Ps)>,
     /// Per hash of a non-empty transfer list: the first collective that added it.
     xfer_lists: std::collections::HashMap<u64, CollId>,
+    /// Per hash of a non-empty grouped send/recv pair list: the first collective that
+    /// added it.
+    pair_lists: std::collections::HashMap<u64, CollId>,
 }
 
 impl GraphBuilder {
@@ -377,10 +380,16 @@ impl GraphBuilder {
     /// one layer on) shares that one's transfers instead of holding a copy.
     pub fn add_collective_with_latency(&mut self, xfers: &[Xfer], latency: Ps) -> CollId {
         let c = self.g.colls.len() as CollId;
-        let start = self.shared_xfers(xfers, c).unwrap_or_else(|| {
-            self.g.xfers.extend_from_slice(xfers);
-            (self.g.xfers.len() - xfers.len()) as u32
+        let h = xfers.iter().fold(xfers.len() as u64, |h, x| {
+            mix(mix(h, u64::from(x.src) | u64::from(x.dst) << 32), x.bytes)
         });
+        let at = |ci: &CollInfo| Some((ci.xfer_start, ci.xfer_len));
+        let g = &mut self.g;
+        let start = shared_list(&mut self.xfer_lists, &g.colls, &g.xfers, xfers, h, c, at)
+            .unwrap_or_else(|| {
+                g.xfers.extend_from_slice(xfers);
+                (g.xfers.len() - xfers.len()) as u32
+            });
         self.g.colls.push(CollInfo {
             parts: 0,
             xfer_start: start,
@@ -391,39 +400,33 @@ impl GraphBuilder {
         (self.g.colls.len() - 1) as CollId
     }
 
-    /// Where an earlier collective's transfers equal `xfers` (none for an empty list), else
-    /// `None` after noting that collective `c` adds them.
-    fn shared_xfers(&mut self, xfers: &[Xfer], c: CollId) -> Option<u32> {
-        if xfers.is_empty() {
-            return None;
-        }
-        let h = xfers.iter().fold(xfers.len() as u64, |h, x| {
-            mix(mix(h, u64::from(x.src) | u64::from(x.dst) << 32), x.bytes)
-        });
-        match self.xfer_lists.entry(h) {
-            std::collections::hash_map::Entry::Occupied(e) => {
-                let ci = self.g.colls[*e.get() as usize];
-                let a = ci.xfer_start as usize;
-                (self.g.xfers[a..a + ci.xfer_len as usize] == *xfers).then_some(ci.xfer_start)
-            }
-            std::collections::hash_map::Entry::Vacant(e) => {
-                e.insert(c);
-                None
-            }
-        }
-    }
-
     /// A new grouped point-to-point collective (an NCCL group of sends and receives):
     /// `xfers` are the priced transfers, each owned by the part on its sender's GPU;
     /// `pairs` are the GPU pairs that really exchange data (either direction). A part's
     /// transfers start once it and all its peers have arrived; it ends once its own and all
     /// its peers' transfers have landed. Add one part per GPU with [`GraphBuilder::add_op`]
-    /// and `OpKind::Coll`; every sender and every pair's GPU needs a part.
+    /// and `OpKind::Coll`; every sender and every pair's GPU needs a part. Pairs equal to
+    /// an earlier collective's are shared, as transfers are.
     pub fn add_grouped_p2p(&mut self, xfers: &[Xfer], pairs: &[(GpuId, GpuId)]) -> CollId {
         let c = self.add_collective(xfers);
-        let a = self.g.p2p_pairs.len() as u32;
-        self.g.p2p_pairs.extend_from_slice(pairs);
-        self.g.colls[c as usize].p2p = Some((a, pairs.len() as u32));
+        let h = pairs.iter().fold(pairs.len() as u64, |h, &(s, d)| {
+            mix(h, u64::from(s) | u64::from(d) << 32)
+        });
+        let g = &mut self.g;
+        let a = shared_list(
+            &mut self.pair_lists,
+            &g.colls,
+            &g.p2p_pairs,
+            pairs,
+            h,
+            c,
+            |ci| ci.p2p,
+        )
+        .unwrap_or_else(|| {
+            g.p2p_pairs.extend_from_slice(pairs);
+            (g.p2p_pairs.len() - pairs.len()) as u32
+        });
+        g.colls[c as usize].p2p = Some((a, pairs.len() as u32));
         c
     }
 
@@ -604,6 +607,33 @@ fn first_in_chunks<T: Sync>(items: &[T], bad: impl Fn(&T) -> bool + Sync) -> Opt
         })
 }
 
+/// Where an earlier collective's list in `all` equals `items` (none for an empty list), else
+/// `None` after noting in `lists` that collective `c` adds them: `h` is the list's hash,
+/// `at` a collective's list (start, length) in `all`.
+fn shared_list<T: PartialEq>(
+    lists: &mut std::collections::HashMap<u64, CollId>,
+    colls: &[CollInfo],
+    all: &[T],
+    items: &[T],
+    h: u64,
+    c: CollId,
+    at: impl Fn(&CollInfo) -> Option<(u32, u32)>,
+) -> Option<u32> {
+    if items.is_empty() {
+        return None;
+    }
+    match lists.entry(h) {
+        std::collections::hash_map::Entry::Occupied(e) => {
+            let (a, l) = at(&colls[*e.get() as usize])?;
+            (all[a as usize..(a + l) as usize] == *items).then_some(a)
+        }
+        std::collections::hash_map::Entry::Vacant(e) => {
+            e.insert(c);
+            None
+        }
+    }
+}
+
 /// One step of the fingerprints that find equal lists: `x` mixed into `h`.
 fn mix(h: u64, x: u64) -> u64 {
     (h.rotate_left(5) ^ x).wrapping_mul(0x9e37_79b9_7f4a_7c15)
@@ -697,21 +727,26 @@ impl Graph {
                 },
             )
             .collect();
+        let laid: Vec<Laid> = laid.into_iter().collect::<Result<_>>()?;
+        let own = |ci: usize| match &laid[ci] {
+            Laid::As(r) => &laid[*r],
+            l => l,
+        };
+        // Sized once, not grown by doubling (a step has millions of parts).
+        let (nn, nx) = (0..laid.len()).fold((0, 0), |(nn, nx), ci| match own(ci) {
+            Laid::Own(l) => (nn + l.nbrs.len(), nx + l.xf.len()),
+            _ => (nn, nx),
+        });
         let np = self.coll_parts.len();
         let mut nbr_off = Vec::with_capacity(np + 1);
         let mut xf_off = Vec::with_capacity(np + 1);
         nbr_off.push(0);
         xf_off.push(0);
-        let (mut nbrs, mut xf) = (Vec::new(), Vec::new());
-        let laid: Vec<Laid> = laid.into_iter().collect::<Result<_>>()?;
-        for (ci, l) in laid.iter().enumerate() {
+        let (mut nbrs, mut xf) = (Vec::with_capacity(nn), Vec::with_capacity(nx));
+        for ci in 0..laid.len() {
             let (a, b) = (self.coll_part_off[ci], self.coll_part_off[ci + 1]);
             let parts = (b - a) as usize;
-            let l = match l {
-                Laid::As(r) => &laid[*r],
-                l => l,
-            };
-            match l {
+            match own(ci) {
                 Laid::Own(l) => {
                     for k in 0..parts {
                         nbr_off.push(nbrs.len() as u32 + l.nbr_off[k + 1]);
