@@ -18,9 +18,8 @@ fn main() -> ExitCode {
 
 /// glibc's allocator keeps freed memory for the next allocation instead of handing it back:
 /// large blocks come from the heap, not from a fresh mapping each, and free space at the
-/// heap's top is not trimmed. A run builds, times and drops graphs of hundreds of megabytes
-/// one after another; fresh mappings would have the kernel fault in and zero every page of
-/// each again.
+/// heap's top is not trimmed. A run builds, times and drops large graphs one after another;
+/// from fresh mappings the kernel would fault in and zero every page of each again.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 fn keep_freed_memory() {
     // SAFETY: `mallopt` only sets allocator parameters; it runs before any other thread.

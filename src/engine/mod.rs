@@ -346,9 +346,6 @@ pub struct GraphBuilder {
     too_long: Option<(OpId, Ps)>,
     /// Per hash of a non-empty transfer list: the first collective that added it.
     xfer_lists: std::collections::HashMap<u64, CollId>,
-    /// Per hash of a non-empty grouped send/recv pair list: the first collective that
-    /// added it.
-    pair_lists: std::collections::HashMap<u64, CollId>,
 }
 
 impl GraphBuilder {
@@ -379,17 +376,21 @@ impl GraphBuilder {
     /// A collective whose transfers equal an earlier one's (the same layer's exchange again,
     /// one layer on) shares that one's transfers instead of holding a copy.
     pub fn add_collective_with_latency(&mut self, xfers: &[Xfer], latency: Ps) -> CollId {
+        self.add_coll(xfers, latency).0
+    }
+
+    /// [`GraphBuilder::add_collective_with_latency`], and the earlier collective whose
+    /// transfers it shares, if any.
+    fn add_coll(&mut self, xfers: &[Xfer], latency: Ps) -> (CollId, Option<CollId>) {
         let c = self.g.colls.len() as CollId;
-        let h = xfers.iter().fold(xfers.len() as u64, |h, x| {
-            mix(mix(h, u64::from(x.src) | u64::from(x.dst) << 32), x.bytes)
-        });
-        let at = |ci: &CollInfo| Some((ci.xfer_start, ci.xfer_len));
-        let g = &mut self.g;
-        let start = shared_list(&mut self.xfer_lists, &g.colls, &g.xfers, xfers, h, c, at)
-            .unwrap_or_else(|| {
-                g.xfers.extend_from_slice(xfers);
-                (g.xfers.len() - xfers.len()) as u32
-            });
+        let like = self.shared_xfers(xfers, c);
+        let start = match like {
+            Some(r) => self.g.colls[r as usize].xfer_start,
+            None => {
+                self.g.xfers.extend_from_slice(xfers);
+                (self.g.xfers.len() - xfers.len()) as u32
+            }
+        };
         self.g.colls.push(CollInfo {
             parts: 0,
             xfer_start: start,
@@ -397,7 +398,30 @@ impl GraphBuilder {
             p2p: None,
             latency,
         });
-        (self.g.colls.len() - 1) as CollId
+        (c, like)
+    }
+
+    /// The earlier collective whose transfers equal `xfers` (none for an empty list), else
+    /// `None` after noting that collective `c` adds them.
+    fn shared_xfers(&mut self, xfers: &[Xfer], c: CollId) -> Option<CollId> {
+        if xfers.is_empty() {
+            return None;
+        }
+        let h = xfers.iter().fold(xfers.len() as u64, |h, x| {
+            mix(mix(h, u64::from(x.src) | u64::from(x.dst) << 32), x.bytes)
+        });
+        match self.xfer_lists.entry(h) {
+            std::collections::hash_map::Entry::Occupied(e) => {
+                let r = *e.get();
+                let ci = self.g.colls[r as usize];
+                let a = ci.xfer_start as usize;
+                (self.g.xfers[a..a + ci.xfer_len as usize] == *xfers).then_some(r)
+            }
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(c);
+                None
+            }
+        }
     }
 
     /// A new grouped point-to-point collective (an NCCL group of sends and receives):
@@ -405,27 +429,21 @@ impl GraphBuilder {
     /// `pairs` are the GPU pairs that really exchange data (either direction). A part's
     /// transfers start once it and all its peers have arrived; it ends once its own and all
     /// its peers' transfers have landed. Add one part per GPU with [`GraphBuilder::add_op`]
-    /// and `OpKind::Coll`; every sender and every pair's GPU needs a part. Pairs equal to
-    /// an earlier collective's are shared, as transfers are.
+    /// and `OpKind::Coll`; every sender and every pair's GPU needs a part. A collective
+    /// that shares an earlier one's transfers shares its pairs too when they are equal.
     pub fn add_grouped_p2p(&mut self, xfers: &[Xfer], pairs: &[(GpuId, GpuId)]) -> CollId {
-        let c = self.add_collective(xfers);
-        let h = pairs.iter().fold(pairs.len() as u64, |h, &(s, d)| {
-            mix(h, u64::from(s) | u64::from(d) << 32)
-        });
+        let (c, like) = self.add_coll(xfers, 0);
         let g = &mut self.g;
-        let a = shared_list(
-            &mut self.pair_lists,
-            &g.colls,
-            &g.p2p_pairs,
-            pairs,
-            h,
-            c,
-            |ci| ci.p2p,
-        )
-        .unwrap_or_else(|| {
-            g.p2p_pairs.extend_from_slice(pairs);
-            (g.p2p_pairs.len() - pairs.len()) as u32
-        });
+        let shared = like
+            .and_then(|r| g.colls[r as usize].p2p)
+            .filter(|&(a, l)| l > 0 && g.p2p_pairs[a as usize..(a + l) as usize] == *pairs);
+        let a = match shared {
+            Some((a, _)) => a,
+            None => {
+                g.p2p_pairs.extend_from_slice(pairs);
+                (g.p2p_pairs.len() - pairs.len()) as u32
+            }
+        };
         g.colls[c as usize].p2p = Some((a, pairs.len() as u32));
         c
     }
@@ -605,33 +623,6 @@ fn first_in_chunks<T: Sync>(items: &[T], bad: impl Fn(&T) -> bool + Sync) -> Opt
             let i = c.iter().position(&bad)?;
             Some((k * CHUNK + i, &c[i]))
         })
-}
-
-/// Where an earlier collective's list in `all` equals `items` (none for an empty list), else
-/// `None` after noting in `lists` that collective `c` adds them: `h` is the list's hash,
-/// `at` a collective's list (start, length) in `all`.
-fn shared_list<T: PartialEq>(
-    lists: &mut std::collections::HashMap<u64, CollId>,
-    colls: &[CollInfo],
-    all: &[T],
-    items: &[T],
-    h: u64,
-    c: CollId,
-    at: impl Fn(&CollInfo) -> Option<(u32, u32)>,
-) -> Option<u32> {
-    if items.is_empty() {
-        return None;
-    }
-    match lists.entry(h) {
-        std::collections::hash_map::Entry::Occupied(e) => {
-            let (a, l) = at(&colls[*e.get() as usize])?;
-            (all[a as usize..(a + l) as usize] == *items).then_some(a)
-        }
-        std::collections::hash_map::Entry::Vacant(e) => {
-            e.insert(c);
-            None
-        }
-    }
 }
 
 /// One step of the fingerprints that find equal lists: `x` mixed into `h`.

@@ -322,7 +322,6 @@ pub fn assemble(streams: Vec<StreamInfo>, mut parts: Vec<Part>) -> Result<(Graph
         count,
         too_long,
         xfer_lists: Default::default(),
-        pair_lists: Default::default(),
     };
     Ok((
         b,
