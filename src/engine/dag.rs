@@ -71,14 +71,8 @@ struct Dag<'a> {
     g: &'a Graph,
     net: &'a dyn FixedDurations,
     within: Option<Within<'a>>,
-    /// Per op: predecessors (stream predecessor and dependencies) not yet ended; `DONE`
-    /// once the op has ended.
-    wait: Vec<AtomicU32>,
-    /// Per op: the latest end among its ended predecessors (its start once `wait` is 0).
-    start: Vec<AtomicU64>,
-    /// Per op: the op after it on its stream (`DONE` for none), one read where an op
-    /// ends.
-    after: Vec<u32>,
+    /// Per op: what the sweep reads and writes together, in one place ([`Node`]).
+    node: Vec<Node>,
     end: Vec<AtomicU64>,
     /// Per collective: parts arrived (whole-group; grouped send/recv swept whole).
     arrived: Vec<AtomicU32>,
@@ -105,6 +99,18 @@ struct Dag<'a> {
     part_span: Vec<AtomicU64>,
 }
 
+/// One op's sweep state, 16 bytes: an op that ends reads its own and, for each successor,
+/// that one's, so each is one cache line and not one per field.
+struct Node {
+    /// The latest end among its ended predecessors (its start once `wait` is 0).
+    start: AtomicU64,
+    /// Predecessors (stream predecessor and dependencies) not yet ended; `DONE` once the
+    /// op has ended.
+    wait: AtomicU32,
+    /// The op after it on its stream (`DONE` for none).
+    after: AtomicU32,
+}
+
 impl Dag<'_> {
     /// Run `op` (ready: every predecessor has ended) and the ops of its stream after it
     /// while each becomes ready; push the ops made ready on other streams onto `out`.
@@ -117,7 +123,7 @@ impl Dag<'_> {
 
     fn run_op(&self, op: OpId, next: &mut Option<OpId>, out: &mut Vec<OpId>) {
         let g = self.g;
-        let t = self.start[op as usize].load(Relaxed);
+        let t = self.node[op as usize].start.load(Relaxed);
         match g.ops[op as usize].kind() {
             OpKind::Compute(d) => self.finish(op, t + d, next, out),
             OpKind::Send(x) => {
@@ -255,21 +261,22 @@ impl Dag<'_> {
         let g = self.g;
         let oi = op as usize;
         self.end[oi].store(end, Relaxed);
-        self.wait[oi].store(DONE, Relaxed);
+        let me = &self.node[oi];
+        me.wait.store(DONE, Relaxed);
         let (a, b) = (g.succ_off[oi] as usize, g.succ_off[oi + 1] as usize);
-        let after = Some(self.after[oi]).filter(|&s| s != DONE);
+        let after = Some(me.after.load(Relaxed)).filter(|&s| s != DONE);
         for s in after.into_iter().chain(g.succ[a..b].iter().copied()) {
-            let si = s as usize;
-            let ready = if self.wait[si].load(Acquire) == 1 {
+            let n = &self.node[s as usize];
+            let ready = if n.wait.load(Acquire) == 1 {
                 // This is its last predecessor (counters only fall, and this one has not
                 // counted yet): nobody else touches it, so no read-modify-write.
-                let t = self.start[si].load(Relaxed).max(end);
-                self.start[si].store(t, Relaxed);
-                self.wait[si].store(0, Relaxed);
+                let t = n.start.load(Relaxed).max(end);
+                n.start.store(t, Relaxed);
+                n.wait.store(0, Relaxed);
                 true
             } else {
-                self.start[si].fetch_max(end, Relaxed);
-                self.wait[si].fetch_sub(1, AcqRel) == 1
+                n.start.fetch_max(end, Relaxed);
+                n.wait.fetch_sub(1, AcqRel) == 1
             };
             if ready {
                 if next.is_none() {
@@ -305,10 +312,6 @@ fn last_of(w: &AtomicU32) -> bool {
     } else {
         w.fetch_sub(1, AcqRel) == 1
     }
-}
-
-fn atomics32(n: usize, x: u32) -> Vec<AtomicU32> {
-    (0..n).into_par_iter().map(|_| AtomicU32::new(x)).collect()
 }
 
 fn atomics64(n: usize, x: u64) -> Vec<AtomicU64> {
@@ -359,17 +362,13 @@ fn sweep_as(
     let n = g.ops.len();
     let nc = g.colls.len();
     let np = g.part_count();
-    // A stream's ops after its first also wait for their predecessor; only a stream's
-    // first op can be ready at once.
-    let wait: Vec<AtomicU32> = g.ndeps.par_iter().map(|&d| AtomicU32::new(d + 1)).collect();
-    let mut frontier: Vec<OpId> = Vec::new();
-    for &op in stream_lists(g).filter_map(|s| s.first()) {
-        let d = g.ndeps[op as usize];
-        wait[op as usize].store(d, Relaxed);
-        if d == 0 {
-            frontier.push(op);
-        }
-    }
+    let release = within.map_or(&[][..], |w| w.release);
+    let node = nodes(g, release);
+    // Only a stream's first op can be ready at once.
+    let mut frontier: Vec<OpId> = stream_lists(g)
+        .filter_map(|s| s.first().copied())
+        .filter(|&op| g.ndeps[op as usize] == 0)
+        .collect();
     frontier.sort_unstable();
     let peers = |k: u32| 1 + g.part_nbrs(k).len() as u32;
     let counters = |np: u32| -> Vec<AtomicU32> {
@@ -379,7 +378,6 @@ fn sweep_as(
             (0..np).map(|k| AtomicU32::new(peers(k))).collect()
         }
     };
-    let release = within.map_or(&[][..], |w| w.release);
     let memo = |n: usize| {
         if net.tag_free() {
             atomics64(n, 0)
@@ -391,13 +389,7 @@ fn sweep_as(
         g,
         net,
         within,
-        wait,
-        start: if release.is_empty() {
-            atomics64(n, 0)
-        } else {
-            release.par_iter().map(|&t| AtomicU64::new(t)).collect()
-        },
-        after: next_on_stream(g),
+        node,
         end: atomics64(n, 0),
         arrived: (0..nc).map(|_| AtomicU32::new(0)).collect(),
         coll_start: g
@@ -442,24 +434,25 @@ fn sweep_as(
     }
     // An op ends only after its stream predecessor, so every op has ended when every
     // stream's last op has.
-    let done = |op: &OpId| dag.wait[*op as usize].load(Relaxed) == DONE;
+    let done = |op: &OpId| dag.node[*op as usize].wait.load(Relaxed) == DONE;
     let finished = stream_lists(g).all(|s| s.last().is_none_or(done));
     for s in (0..g.streams.len() as u32).filter(|_| !finished) {
         if let Some(&op) = g
             .stream_ops(s)
             .iter()
-            .find(|&&o| dag.wait[o as usize].load(Relaxed) != DONE)
+            .find(|&&o| dag.node[o as usize].wait.load(Relaxed) != DONE)
         {
             return Err(Stuck(s, op));
         }
     }
     let events = event_count(g);
     let Dag {
-        start,
+        node,
         end,
         coll_start,
         ..
     } = dag;
+    let start: Vec<Ps> = node.into_par_iter().map(|x| x.start.into_inner()).collect();
     let end = plain64(end);
     // An op ends no earlier than its stream predecessor: the latest end is a stream's
     // last op's.
@@ -469,7 +462,7 @@ fn sweep_as(
         .max()
         .unwrap_or(0);
     Ok(Timeline {
-        start: plain64(start),
+        start,
         end,
         coll_start: plain64(coll_start),
         makespan,
@@ -477,15 +470,30 @@ fn sweep_as(
     })
 }
 
-/// Per op of `g`: the op after it on its stream, `DONE` for a stream's last.
-fn next_on_stream(g: &Graph) -> Vec<u32> {
-    let next: Vec<AtomicU32> = atomics32(g.ops.len(), DONE);
+/// Per op of `g`, its [`Node`] before the sweep: its earliest start (`release`'s entry, 0
+/// when empty), its predecessors (a stream's ops after its first also wait for the one
+/// before) and the op after it on its stream.
+fn nodes(g: &Graph, release: &[Ps]) -> Vec<Node> {
+    let node: Vec<Node> = g
+        .ndeps
+        .par_iter()
+        .enumerate()
+        .map(|(i, &d)| Node {
+            start: AtomicU64::new(release.get(i).copied().unwrap_or(0)),
+            wait: AtomicU32::new(d + 1),
+            after: AtomicU32::new(DONE),
+        })
+        .collect();
     (0..g.streams.len() as u32).into_par_iter().for_each(|s| {
-        for w in g.stream_ops(s).windows(2) {
-            next[w[0] as usize].store(w[1], Relaxed);
+        let ops = g.stream_ops(s);
+        if let Some(&first) = ops.first() {
+            node[first as usize].wait.fetch_sub(1, Relaxed);
+        }
+        for w in ops.windows(2) {
+            node[w[0] as usize].after.store(w[1], Relaxed);
         }
     });
-    next.into_iter().map(AtomicU32::into_inner).collect()
+    node
 }
 
 /// Every stream's ops in issue order.

@@ -376,11 +376,21 @@ impl GraphBuilder {
     /// A collective whose transfers equal an earlier one's (the same layer's exchange again,
     /// one layer on) shares that one's transfers instead of holding a copy.
     pub fn add_collective_with_latency(&mut self, xfers: &[Xfer], latency: Ps) -> CollId {
+        self.add_coll(xfers, latency).0
+    }
+
+    /// [`GraphBuilder::add_collective_with_latency`], and the earlier collective whose
+    /// transfers it shares, if any.
+    fn add_coll(&mut self, xfers: &[Xfer], latency: Ps) -> (CollId, Option<CollId>) {
         let c = self.g.colls.len() as CollId;
-        let start = self.shared_xfers(xfers, c).unwrap_or_else(|| {
-            self.g.xfers.extend_from_slice(xfers);
-            (self.g.xfers.len() - xfers.len()) as u32
-        });
+        let like = self.shared_xfers(xfers, c);
+        let start = match like {
+            Some(r) => self.g.colls[r as usize].xfer_start,
+            None => {
+                self.g.xfers.extend_from_slice(xfers);
+                (self.g.xfers.len() - xfers.len()) as u32
+            }
+        };
         self.g.colls.push(CollInfo {
             parts: 0,
             xfer_start: start,
@@ -388,12 +398,12 @@ impl GraphBuilder {
             p2p: None,
             latency,
         });
-        (self.g.colls.len() - 1) as CollId
+        (c, like)
     }
 
-    /// Where an earlier collective's transfers equal `xfers` (none for an empty list), else
+    /// The earlier collective whose transfers equal `xfers` (none for an empty list), else
     /// `None` after noting that collective `c` adds them.
-    fn shared_xfers(&mut self, xfers: &[Xfer], c: CollId) -> Option<u32> {
+    fn shared_xfers(&mut self, xfers: &[Xfer], c: CollId) -> Option<CollId> {
         if xfers.is_empty() {
             return None;
         }
@@ -402,9 +412,10 @@ impl GraphBuilder {
         });
         match self.xfer_lists.entry(h) {
             std::collections::hash_map::Entry::Occupied(e) => {
-                let ci = self.g.colls[*e.get() as usize];
+                let r = *e.get();
+                let ci = self.g.colls[r as usize];
                 let a = ci.xfer_start as usize;
-                (self.g.xfers[a..a + ci.xfer_len as usize] == *xfers).then_some(ci.xfer_start)
+                (self.g.xfers[a..a + ci.xfer_len as usize] == *xfers).then_some(r)
             }
             std::collections::hash_map::Entry::Vacant(e) => {
                 e.insert(c);
@@ -418,12 +429,22 @@ impl GraphBuilder {
     /// `pairs` are the GPU pairs that really exchange data (either direction). A part's
     /// transfers start once it and all its peers have arrived; it ends once its own and all
     /// its peers' transfers have landed. Add one part per GPU with [`GraphBuilder::add_op`]
-    /// and `OpKind::Coll`; every sender and every pair's GPU needs a part.
+    /// and `OpKind::Coll`; every sender and every pair's GPU needs a part. A collective
+    /// that shares an earlier one's transfers shares its pairs too when they are equal.
     pub fn add_grouped_p2p(&mut self, xfers: &[Xfer], pairs: &[(GpuId, GpuId)]) -> CollId {
-        let c = self.add_collective(xfers);
-        let a = self.g.p2p_pairs.len() as u32;
-        self.g.p2p_pairs.extend_from_slice(pairs);
-        self.g.colls[c as usize].p2p = Some((a, pairs.len() as u32));
+        let (c, like) = self.add_coll(xfers, 0);
+        let g = &mut self.g;
+        let shared = like
+            .and_then(|r| g.colls[r as usize].p2p)
+            .filter(|&(a, l)| l > 0 && g.p2p_pairs[a as usize..(a + l) as usize] == *pairs);
+        let a = match shared {
+            Some((a, _)) => a,
+            None => {
+                g.p2p_pairs.extend_from_slice(pairs);
+                (g.p2p_pairs.len() - pairs.len()) as u32
+            }
+        };
+        g.colls[c as usize].p2p = Some((a, pairs.len() as u32));
         c
     }
 
@@ -697,21 +718,26 @@ impl Graph {
                 },
             )
             .collect();
+        let laid: Vec<Laid> = laid.into_iter().collect::<Result<_>>()?;
+        let own = |ci: usize| match &laid[ci] {
+            Laid::As(r) => &laid[*r],
+            l => l,
+        };
+        // Sized once, not grown by doubling (a step has millions of parts).
+        let (nn, nx) = (0..laid.len()).fold((0, 0), |(nn, nx), ci| match own(ci) {
+            Laid::Own(l) => (nn + l.nbrs.len(), nx + l.xf.len()),
+            _ => (nn, nx),
+        });
         let np = self.coll_parts.len();
         let mut nbr_off = Vec::with_capacity(np + 1);
         let mut xf_off = Vec::with_capacity(np + 1);
         nbr_off.push(0);
         xf_off.push(0);
-        let (mut nbrs, mut xf) = (Vec::new(), Vec::new());
-        let laid: Vec<Laid> = laid.into_iter().collect::<Result<_>>()?;
-        for (ci, l) in laid.iter().enumerate() {
+        let (mut nbrs, mut xf) = (Vec::with_capacity(nn), Vec::with_capacity(nx));
+        for ci in 0..laid.len() {
             let (a, b) = (self.coll_part_off[ci], self.coll_part_off[ci + 1]);
             let parts = (b - a) as usize;
-            let l = match l {
-                Laid::As(r) => &laid[*r],
-                l => l,
-            };
-            match l {
+            match own(ci) {
                 Laid::Own(l) => {
                     for k in 0..parts {
                         nbr_off.push(nbrs.len() as u32 + l.nbr_off[k + 1]);

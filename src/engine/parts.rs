@@ -284,15 +284,20 @@ pub fn assemble(streams: Vec<StreamInfo>, mut parts: Vec<Part>) -> Result<(Graph
     let new_colls: Vec<CollInfo> = gather(&colls.global, |s, i| {
         let q = s % np;
         let mut c = parts[q].b.g.colls[(colls.local[s] + i) as usize];
-        // A collective's pairs, and its transfers unless it shares an earlier collective's
-        // (of its own part), are added with it, in its segment.
+        // A collective's transfers and pairs, unless it shares an earlier collective's (of
+        // its own part), are added with it, in its segment.
         c.xfer_start = if c.xfer_len == 0 {
             (xfers.global[s] + u64::from(c.xfer_start - xfers.local[s])) as u32
         } else {
             xfers.place(np, q, c.xfer_start)
         };
         if let Some((a, l)) = c.p2p {
-            c.p2p = Some(((pairs.global[s] + u64::from(a - pairs.local[s])) as u32, l));
+            let a = if l == 0 {
+                (pairs.global[s] + u64::from(a - pairs.local[s])) as u32
+            } else {
+                pairs.place(np, q, a)
+            };
+            c.p2p = Some((a, l));
         }
         c
     });
