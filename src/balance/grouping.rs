@@ -19,6 +19,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use rand::seq::SliceRandom;
+use rayon::prelude::*;
 
 use crate::error::{invalid, Result};
 use crate::rng::Rng;
@@ -165,7 +166,8 @@ pub fn group(
 /// VRSP, exactly Libra Algorithm 1: F_i = Σ ℓ² (given as `loads`); visit sequences by F
 /// descending, ties by index ascending; pop the non-full pool with the least (load, pool id)
 /// from a min-heap, place the sequence there, and push the pool back only while it holds
-/// fewer than P sequences. O(D log D + D log K) time.
+/// fewer than P sequences. O(D log D + D log K) time; for a large batch the order is
+/// found in runs while the placement consumes it.
 ///
 /// Errors: P = 0, D = 0, or D not divisible by P.
 pub fn vrsp(loads: &[u64], pool_size: usize) -> Result<Vec<Vec<usize>>> {
@@ -175,133 +177,287 @@ pub fn vrsp(loads: &[u64], pool_size: usize) -> Result<Vec<Vec<usize>>> {
 
 /// (load, sequence index) by load descending, index ascending (Algorithm 1, line 4).
 fn heavy_first(loads: &[u64]) -> Vec<(u64, usize)> {
-    use rayon::slice::ParallelSliceMut;
-    // One u128 key per sequence, (u64::MAX − load, index): ascending keys are loads
-    // descending, indices ascending. They are unique (the index breaks ties), so an
-    // unstable parallel sort is deterministic at any thread count.
-    let mut keys: Vec<u128> = loads
-        .iter()
-        .enumerate()
-        .map(|(i, &l)| u128::from(u64::MAX - l) << 64 | i as u128)
-        .collect();
-    keys.par_sort_unstable();
-    keys.into_iter()
-        .map(|k| (u64::MAX - (k >> 64) as u64, k as u64 as usize))
-        .collect()
+    let mut order = Vec::with_capacity(loads.len());
+    heavy_first_in_runs(loads, |run| order.extend_from_slice(&run));
+    order
 }
 
-fn vrsp_unchecked(loads: &[u64], pool_size: usize, k: usize) -> Vec<Vec<usize>> {
-    // Pool loads are sums of per-sequence loads: when the batch total fits in u64 every
-    // pool load does, and the narrower heap key is faster; otherwise use u128. Both give
-    // the same placement (the same keys, exactly).
-    let total: u128 = loads.iter().map(|&f| u128::from(f)).sum();
-    if total <= u128::from(u64::MAX) {
-        vrsp_core::<u64>(loads, pool_size, k)
-    } else {
-        vrsp_core::<u128>(loads, pool_size, k)
+/// The order of [`heavy_first`] handed to `emit` in consecutive runs (a long batch in many,
+/// so that a consumer may start before the whole order is known).
+///
+/// A long batch is bucketed by a monotone, float-like digest of the load (its bit length
+/// and the 6 bits below its leading one) in one stable pass, heaviest bucket first; each
+/// bucket is then sorted alone.
+fn heavy_first_in_runs(loads: &[u64], mut emit: impl FnMut(Vec<(u64, usize)>)) {
+    let sort = |items: &mut [(u64, usize)]| items.sort_unstable_by_key(|&(l, i)| (Reverse(l), i));
+    if loads.len() < BUCKETED_MIN {
+        let mut all: Vec<(u64, usize)> = loads.iter().copied().zip(0..).collect();
+        sort(&mut all);
+        emit(all);
+        return;
+    }
+    let mut count = vec![0usize; BUCKETS];
+    for &l in loads {
+        count[bucket(l)] += 1;
+    }
+    // Bucket b's items start at at[b], heaviest bucket first.
+    let mut at = vec![0usize; BUCKETS];
+    let mut sum = 0;
+    for b in (0..BUCKETS).rev() {
+        at[b] = sum;
+        sum += count[b];
+    }
+    let mut items = vec![(0u64, 0usize); loads.len()];
+    for (i, &l) in loads.iter().enumerate() {
+        let b = bucket(l);
+        items[at[b]] = (l, i);
+        at[b] += 1;
+    }
+    // at[b] is now the end of bucket b; runs of whole buckets of at least RUN items.
+    let (mut from, mut top) = (0, BUCKETS - 1);
+    for b in (0..BUCKETS).rev() {
+        let to = at[b];
+        if to - from >= RUN || (b == 0 && to > from) {
+            let mut run = items[from..to].to_vec();
+            let mut lo = 0;
+            for &n in count[b..=top].iter().rev() {
+                sort(&mut run[lo..lo + n]);
+                lo += n;
+            }
+            emit(run);
+            (from, top) = (to, b.saturating_sub(1));
+        }
     }
 }
 
-fn vrsp_core<W>(loads: &[u64], pool_size: usize, k: usize) -> Vec<Vec<usize>>
-where
-    W: Copy + Ord + From<u64> + std::ops::Add<Output = W>,
-{
-    let order = heavy_first(loads);
-    // Pool p's sequences in placement order: slots[p·P ..][..P].
+/// The bucket of a load: loads below 128 alone, then 64 buckets per bit length (the 6
+/// bits below the leading one). Monotone in the load.
+fn bucket(l: u64) -> usize {
+    let bits = u64::BITS - l.leading_zeros();
+    if bits <= 7 {
+        l as usize
+    } else {
+        ((bits as usize - 6) << 6) | ((l >> (bits - 7)) & 63) as usize
+    }
+}
+
+/// Buckets of [`bucket`]: up to bit length 64.
+const BUCKETS: usize = (58 << 6) + 64;
+/// Batches of at least this many sequences are ordered by buckets, in runs.
+const BUCKETED_MIN: usize = 1 << 14;
+/// Sequences per run handed on (at least).
+const RUN: usize = 1 << 13;
+
+/// Pools at or above which pools are built and summed in parallel (integer work, the same
+/// at any thread count).
+const PAR_POOLS: usize = 1 << 12;
+
+fn vrsp_unchecked(loads: &[u64], pool_size: usize, k: usize) -> Vec<Vec<usize>> {
+    // Pool loads are sums of per-sequence loads: when the batch total fits in u64 (and pool
+    // ids and counts in u32) a heap key packs into one u128, which is faster; otherwise
+    // it is a wide tuple. Both order by (load, pool id), exactly.
+    let total: u128 = loads.iter().map(|&f| u128::from(f)).sum();
+    let narrow = u32::try_from(k).is_ok() && u32::try_from(pool_size).is_ok();
+    if total <= u128::from(u64::MAX) && narrow {
+        vrsp_core::<Packed>(loads, pool_size, k)
+    } else {
+        vrsp_core::<Wide>(loads, pool_size, k)
+    }
+}
+
+/// A pool's heap key: ordered by (pool load, pool id), carrying how many sequences it
+/// holds (which never decides: pool ids are unique).
+trait PoolKey: Copy + Ord {
+    type Load: Copy + From<u64> + std::ops::Add<Output = Self::Load>;
+    fn key(load: Self::Load, pool: usize, placed: usize) -> Self;
+    fn parts(self) -> (Self::Load, usize, usize);
+}
+
+/// load · 2^64 + pool · 2^32 + placed, for u64 loads and u32 pool ids and counts.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Packed(u128);
+
+impl PoolKey for Packed {
+    type Load = u64;
+    fn key(load: u64, pool: usize, placed: usize) -> Packed {
+        Packed(u128::from(load) << 64 | (pool as u128) << 32 | placed as u128)
+    }
+    fn parts(self) -> (u64, usize, usize) {
+        let k = self.0;
+        (
+            (k >> 64) as u64,
+            (k >> 32) as u32 as usize,
+            k as u32 as usize,
+        )
+    }
+}
+
+/// (load, pool, placed) for any sizes.
+type Wide = (u128, usize, usize);
+
+impl PoolKey for Wide {
+    type Load = u128;
+    fn key(load: u128, pool: usize, placed: usize) -> Wide {
+        (load, pool, placed)
+    }
+    fn parts(self) -> Wide {
+        self
+    }
+}
+
+fn vrsp_core<K: PoolKey>(loads: &[u64], pool_size: usize, k: usize) -> Vec<Vec<usize>> {
+    let slots = if loads.len() < BUCKETED_MIN {
+        place::<K>(heavy_first(loads).into_iter(), pool_size, k)
+    } else {
+        // The order is found run by run while the placement consumes it: the sorting runs
+        // first on this thread and the placement, if another thread takes it, alongside
+        // (else after it, from the queued runs). The placement reads the same order
+        // either way.
+        let (tx, rx) = std::sync::mpsc::channel();
+        rayon::join(
+            move || heavy_first_in_runs(loads, |run| tx.send(run).unwrap_or(())),
+            || place::<K>(rx.into_iter().flatten(), pool_size, k),
+        )
+        .1
+    };
+    if k >= PAR_POOLS {
+        slots.par_chunks(pool_size).map(<[usize]>::to_vec).collect()
+    } else {
+        slots.chunks(pool_size).map(<[usize]>::to_vec).collect()
+    }
+}
+
+/// Algorithm 1's placement of the heavy-first `order` into K pools of P: pool p's
+/// sequences in placement order are `slots[p·P ..][..P]`.
+fn place<K: PoolKey>(
+    mut order: impl Iterator<Item = (u64, usize)>,
+    pool_size: usize,
+    k: usize,
+) -> Vec<usize> {
     let mut slots = vec![0usize; k * pool_size];
     // While every pool is empty the least (load, pool id) is the lowest empty pool id, and
     // a pool that got a positive load never is: the first sequences, up to K and while
     // their loads are positive, go to pools 0, 1, … in turn without the heap.
-    let dealt = order.iter().take(k).take_while(|&&(f, _)| f > 0).count();
-    for (p, &(_, i)) in order[..dealt].iter().enumerate() {
-        slots[p * pool_size] = i;
+    let mut dealt: Vec<u64> = Vec::with_capacity(k);
+    let mut next = order.next();
+    while let Some((f, i)) = next.filter(|&(f, _)| f > 0 && dealt.len() < k) {
+        slots[dealt.len() * pool_size] = i;
+        dealt.push(f);
+        next = order.next();
     }
-    // Heap entries: (pool load, pool id, sequences placed); the first two decide.
-    let mut heap = QuadHeap::new(
+    let mut heap = QuadHeap::from_vec(
         (0..k)
-            .map(|p| match order.get(p).filter(|_| p < dealt) {
-                Some(&(f, _)) => (W::from(f), p, 1),
-                None => (W::from(0), p, 0),
+            .map(|p| match dealt.get(p) {
+                Some(&f) => (K::Load::from(f), p, 1),
+                None => (K::Load::from(0), p, 0),
             })
             .filter(|&(_, _, n)| n < pool_size)
+            .map(|(l, p, n)| K::key(l, p, n))
             .collect(),
     );
-    for &(f, i) in &order[dealt..] {
+    for (f, i) in next.into_iter().chain(order) {
         // The heap holds every non-full pool and exactly D placements are made into
         // K·P = D slots, so it is non-empty here.
-        let Some((load, p, n)) = heap.top() else {
+        let Some(top) = heap.top() else {
             break;
         };
+        let (load, p, n) = top.parts();
         slots[p * pool_size + n] = i;
         if n + 1 < pool_size {
             // The pool stays in the heap with its new load.
-            heap.replace_top((load + W::from(f), p, n + 1));
+            heap.replace_top(K::key(load + K::Load::from(f), p, n + 1));
         } else {
             // A full pool leaves the heap for good (the exact-cardinality constraint).
             heap.pop_top();
         }
     }
-    slots.chunks(pool_size).map(<[usize]>::to_vec).collect()
+    slots
 }
 
-/// A min-heap with four children per node (`v[4i + 1 ..= 4i + 4]` under `v[i]`): half
-/// the levels of a binary heap, and a node's children share a cache line or two. With
-/// unique keys its top is the same as any min-heap's.
+/// A min-heap with four children per node (`v[4i + 1 ..= 4i + 4]` under `v[i]`): half the
+/// levels of a binary heap. For 16-byte keys the heap starts a few slots into its storage,
+/// so that every group of four children fills exactly one 64-byte cache line. With unique
+/// keys its top is the same as any min-heap's.
 struct QuadHeap<T> {
+    /// `v[off..]` is the heap; `v[..off]` pads it to that alignment.
     v: Vec<T>,
+    off: usize,
 }
 
 impl<T: Copy + Ord> QuadHeap<T> {
-    fn new(mut v: Vec<T>) -> QuadHeap<T> {
-        for i in (0..v.len().div_ceil(4)).rev() {
-            Self::sift_down(&mut v, i);
+    fn from_vec(items: Vec<T>) -> QuadHeap<T> {
+        let Some(&pad) = items.first() else {
+            return QuadHeap { v: items, off: 0 };
+        };
+        let size = std::mem::size_of::<T>();
+        let mut v = Vec::with_capacity(items.len() + 3);
+        // Slot 1 (the root's first child) starts a line.
+        let at = v.as_ptr() as usize;
+        let off = (0..4)
+            .find(|&o| size * 4 == 64 && (at + (o + 1) * size) % 64 == 0)
+            .unwrap_or(0);
+        v.resize(off, pad);
+        v.extend_from_slice(&items);
+        for i in (0..items.len().div_ceil(4)).rev() {
+            let x = v[off + i];
+            Self::sift_down(&mut v[off..], i, x);
         }
-        QuadHeap { v }
+        QuadHeap { v, off }
     }
 
     fn top(&self) -> Option<T> {
-        self.v.first().copied()
+        self.v.get(self.off).copied()
     }
 
     /// Replaces the top with `x` and restores the order.
     fn replace_top(&mut self, x: T) {
-        if let Some(t) = self.v.first_mut() {
-            *t = x;
-            Self::sift_down(&mut self.v, 0);
+        if self.v.len() > self.off {
+            Self::sift_down(&mut self.v[self.off..], 0, x);
         }
     }
 
     /// Removes the top.
     fn pop_top(&mut self) {
         if let Some(last) = self.v.pop() {
-            if !self.v.is_empty() {
-                self.v[0] = last;
-                Self::sift_down(&mut self.v, 0);
+            if self.v.len() > self.off {
+                Self::sift_down(&mut self.v[self.off..], 0, last);
             }
         }
     }
 
-    fn sift_down(v: &mut [T], mut i: usize) {
-        let n = v.len();
-        let x = v[i];
+    /// Puts `x` into the hole at `i` and restores the order below it, bottom-up: the hole
+    /// walks down along the smaller children to a leaf (a key placed there mostly sinks
+    /// that deep), then `x` rises from there, no higher than `i`.
+    fn sift_down(h: &mut [T], mut i: usize, x: T) {
+        let (n, start) = (h.len(), i);
         loop {
-            let first = 4 * i + 1;
-            if first >= n {
+            let c = 4 * i + 1;
+            if c >= n {
                 break;
             }
-            let mut c = first;
-            for j in first + 1..(first + 4).min(n) {
-                if v[j] < v[c] {
-                    c = j;
+            let m = if c + 4 <= n {
+                let a = if h[c + 1] < h[c] { c + 1 } else { c };
+                let b = if h[c + 3] < h[c + 2] { c + 3 } else { c + 2 };
+                if h[b] < h[a] {
+                    b
+                } else {
+                    a
                 }
-            }
-            if v[c] >= x {
+            } else {
+                (c + 1..n).fold(c, |m, j| if h[j] < h[m] { j } else { m })
+            };
+            h[i] = h[m];
+            i = m;
+        }
+        while i > start {
+            let p = (i - 1) / 4;
+            if h[p] <= x {
                 break;
             }
-            v[i] = v[c];
-            i = c;
+            h[i] = h[p];
+            i = p;
         }
-        v[i] = x;
+        h[i] = x;
     }
 }
 
@@ -410,7 +566,12 @@ pub fn ga_major_order(pools: &[Vec<usize>]) -> Vec<usize> {
 
 /// Per-pool aggregate loads L_k.
 pub fn pool_loads(loads: &[u64], pools: &[Vec<usize>]) -> Vec<u128> {
-    pools.iter().map(|p| pool_load(loads, p)).collect()
+    let load = |p: &Vec<usize>| pool_load(loads, p);
+    if pools.len() >= PAR_POOLS {
+        pools.par_iter().map(load).collect()
+    } else {
+        pools.iter().map(load).collect()
+    }
 }
 
 /// Residual imbalance R = max_k L_k / (P·μ), μ the batch mean load. P·μ is computed as
@@ -504,6 +665,50 @@ mod tests {
     }
 
     #[test]
+    fn large_batches_take_the_bucketed_order_with_the_same_placement() {
+        let mut r = stream(12, "test-vrsp-radix", 0);
+        for top in [0u64, 3, 300, 1 << 40, u64::MAX] {
+            let loads: Vec<u64> = (0..BUCKETED_MIN + 8 * 123)
+                .map(|_| rand::Rng::random_range(&mut r, 0..=top))
+                .collect();
+            let mut want: Vec<(u64, usize)> = loads.iter().copied().zip(0..).collect();
+            want.sort_by_key(|&(l, i)| (Reverse(l), i));
+            assert_eq!(heavy_first(&loads), want, "loads up to {top}");
+            assert_eq!(vrsp(&loads, 8).unwrap(), reference_vrsp(&loads, 8));
+        }
+    }
+
+    /// The 4-ary heap (16-byte keys: line-aligned; 24-byte keys) pops what a binary heap
+    /// pops, under random top replacements and removals of unique keys.
+    #[test]
+    fn quad_heap_has_a_binary_heaps_tops() {
+        let mut r = stream(3, "test-quad-heap", 0);
+        for case in 0..200 {
+            let n = rand::Rng::random_range(&mut r, 0..300u64);
+            let keys: Vec<(u64, u64)> = (0..n)
+                .map(|i| (rand::Rng::random_range(&mut r, 0..50), i))
+                .collect();
+            let mut q = QuadHeap::from_vec(keys.clone());
+            let mut q24 = QuadHeap::from_vec(keys.iter().map(|&(a, b)| (a, b, 7)).collect());
+            let mut b: BinaryHeap<Reverse<(u64, u64)>> = keys.into_iter().map(Reverse).collect();
+            for next in n..n + 400 {
+                assert_eq!(q.top(), b.peek().map(|x| x.0), "case {case}");
+                assert_eq!(q24.top().map(|x| (x.0, x.1)), q.top());
+                if rand::Rng::random_range(&mut r, 0..3) == 0 {
+                    q.pop_top();
+                    q24.pop_top();
+                    b.pop();
+                } else if b.pop().is_some() {
+                    let k = (rand::Rng::random_range(&mut r, 0..80), next);
+                    q.replace_top(k);
+                    q24.replace_top((k.0, k.1, 7));
+                    b.push(Reverse(k));
+                }
+            }
+        }
+    }
+
+    #[test]
     fn vrsp_wide_sums_take_the_u128_path_with_the_same_rule() {
         let m = u64::MAX;
         // Σ F overflows u64: 0 → pool 0, 1 → pool 1, 2 → (MAX, 0) → pool 0 (full),
@@ -514,7 +719,7 @@ mod tests {
             let f: Vec<u64> = (0..24)
                 .map(|_| rand::Rng::random_range(&mut r, 0..1000))
                 .collect();
-            assert_eq!(vrsp_core::<u64>(&f, 4, 6), vrsp_core::<u128>(&f, 4, 6));
+            assert_eq!(vrsp_core::<Packed>(&f, 4, 6), vrsp_core::<Wide>(&f, 4, 6));
         }
     }
 
