@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cost::memory::MemoryBreakdown;
 use crate::cost::CostModel;
-use crate::engine::{Graph, Op, OpId, OpKind, OpLabel, StreamId, Timeline};
+use crate::engine::{Graph, OpKind, StreamId, Timeline};
 use crate::net::Ps;
 use crate::schedule::step::StepGraph;
 use crate::schedule::Coords;
@@ -176,13 +176,6 @@ impl std::ops::Add for GpuTimes {
     }
 }
 
-/// Op `o` of `g` with its start and end in `t`.
-#[inline]
-fn timed_op(g: &Graph, t: &Timeline, o: OpId) -> (OpId, Op, Ps, Ps) {
-    let i = o as usize;
-    (o, g.ops[i], t.start[i], t.end[i])
-}
-
 /// One GPU's intervals: kernels running, transfers of its own in flight, and waits at
 /// collectives for other ranks. Filled stream by stream ([`GpuSpans::add_stream`]), then
 /// merged; a merged set cut at a time ([`GpuSpans::cut_at`]) gives two stretches whose
@@ -216,36 +209,23 @@ impl GpuSpans {
         fwd: &mut [Iv],
     ) {
         for &o in g.stream_ops(s) {
-            self.add_op(g, t, xs, timed_op(g, t, o), compute, fwd);
-        }
-    }
-
-    /// Op `o` of a stream of this GPU (`op`, started at `st`, ended at `en`), as
-    /// [`GpuSpans::add_stream`] takes each.
-    #[inline]
-    fn add_op(
-        &mut self,
-        g: &Graph,
-        t: &Timeline,
-        xs: Option<&[Ps]>,
-        (o, op, st, en): (OpId, Op, Ps, Ps),
-        compute: bool,
-        fwd: &mut [Iv],
-    ) {
-        let l = op.label();
-        if l.class.is_forward_compute() {
-            if let Some(f) = fwd.get_mut(usize::from(l.mb)) {
-                *f = (f.0.min(st), f.1.max(en));
+            let op = &g.ops[o as usize];
+            let (st, en) = (t.start[o as usize], t.end[o as usize]);
+            let l = op.label();
+            if l.class.is_forward_compute() {
+                if let Some(f) = fwd.get_mut(usize::from(l.mb)) {
+                    *f = (f.0.min(st), f.1.max(en));
+                }
             }
-        }
-        match op.kind() {
-            _ if compute => self.comp.push((st, en)),
-            OpKind::Coll(_) => {
-                let cs = xs.map_or_else(|| g.xfer_start(t, o), |v| v[o as usize]);
-                self.wait.push((st, cs));
-                self.act.push((cs, en));
+            match op.kind() {
+                _ if compute => self.comp.push((st, en)),
+                OpKind::Coll(_) => {
+                    let cs = xs.map_or_else(|| g.xfer_start(t, o), |v| v[o as usize]);
+                    self.wait.push((st, cs));
+                    self.act.push((cs, en));
+                }
+                _ => self.act.push((st, en)),
             }
-            _ => self.act.push((st, en)),
         }
     }
 
@@ -279,39 +259,20 @@ impl GpuSpans {
     }
 }
 
-/// What else a look at each op of one GPU gathers, beside the step report's own measures
-/// ([`step_report_with`]): it is shown every op of the GPU's streams, stream by stream, each
-/// stream's in issue order.
-pub trait OpVisitor {
-    /// One op: its label, start and end.
-    fn op(&mut self, label: OpLabel, start: Ps, end: Ps);
-}
-
-impl OpVisitor for () {
-    fn op(&mut self, _: OpLabel, _: Ps, _: Ps) {}
-}
-
-/// One GPU's time split and, per micro-batch of its replica, the first start and last end
-/// of its forward compute (`(Ps::MAX, 0)` when it has none); `vis` is shown each of its
-/// ops. `xs`: `Graph::xfer_starts`.
+/// One GPU's time split, and per micro-batch of its replica the first start and last end
+/// of its forward compute (`(Ps::MAX, 0)` when it has none). `xs`: `Graph::xfer_starts`.
 fn measure_gpu(
     sg: &StepGraph,
     t: &Timeline,
     xs: Option<&[Ps]>,
     gpu: u32,
-    vis: &mut impl OpVisitor,
     (w, ca): &mut (GpuSpans, Vec<Iv>),
 ) -> (GpuTimes, Vec<Iv>) {
-    let g = &sg.graph;
     let mut fwd = vec![(Ps::MAX, 0); sg.map.par.ga as usize];
     w.clear();
     let s0 = sg.streams_per_gpu * gpu;
     for s in s0..s0 + sg.streams_per_gpu {
-        for &o in g.stream_ops(s) {
-            let x = timed_op(g, t, o);
-            w.add_op(g, t, xs, x, s == s0, &mut fwd);
-            vis.op(x.1.label(), x.2, x.3);
-        }
+        w.add_stream(&sg.graph, t, xs, s, s == s0, &mut fwd);
     }
     w.merge();
     (w.times(ca), fwd)
@@ -324,21 +285,20 @@ pub fn step_report(sg: &StepGraph, t: &Timeline, cost: &CostModel, step: u64) ->
     step_report_with(sg, t, cost, step, |_| ()).0
 }
 
-/// [`step_report`], and each GPU's visitor (`init(gpu)`) shown that GPU's ops within the
-/// report's walk (so they are read once), gathered in GPU order.
-pub fn step_report_with<V: OpVisitor + Send>(
+/// [`step_report`], and `also(gpu)` of every GPU, run on the thread that has just measured
+/// that GPU (so a second look at its ops finds them in cache), gathered in GPU order.
+pub fn step_report_with<X: Send>(
     sg: &StepGraph,
     t: &Timeline,
     cost: &CostModel,
     step: u64,
-    init: impl Fn(u32) -> V + Sync,
-) -> (StepReport, Vec<V>) {
+    also: impl Fn(u32) -> X + Sync,
+) -> (StepReport, Vec<X>) {
     let xs = sg.graph.xfer_starts(t);
-    let (measured, extra): (Vec<(GpuTimes, Vec<Iv>)>, Vec<V>) = (0..sg.map.gpus())
+    let (measured, extra): (Vec<(GpuTimes, Vec<Iv>)>, Vec<X>) = (0..sg.map.gpus())
         .into_par_iter()
         .map_init(Default::default, |w, gpu| {
-            let mut v = init(gpu);
-            (measure_gpu(sg, t, xs.as_deref(), gpu, &mut v, w), v)
+            (measure_gpu(sg, t, xs.as_deref(), gpu, w), also(gpu))
         })
         .unzip();
     (

@@ -29,11 +29,11 @@ use crate::balance::distca::ticks::replica_batches;
 use crate::balance::megatron_dcp::rank_batches;
 use crate::balance::schemes::{Scheme, SchemePlan, SchemePlanner, SchemeSettings};
 use crate::cost::CostModel;
-use crate::engine::{run, OpClass, OpLabel, Timeline};
+use crate::engine::{run, OpClass, Timeline};
 use crate::error::{invalid, Result};
 use crate::net::{NetworkModel, Ps};
 use crate::plan::{Payload, Plan};
-use crate::report::step::{step_report_with, OpVisitor, StepReport};
+use crate::report::step::{step_report_with, StepReport};
 use crate::workload::PackedSeq;
 
 /// What one scheme's step gave.
@@ -102,86 +102,66 @@ pub fn scheme_overlap<'a>(
 /// ([`measure_scheme_step`] takes it GPU by GPU within the report's walk.)
 pub fn attention_span(sg: &StepGraph, t: &Timeline) -> Ps {
     use rayon::prelude::*;
-    let g = &sg.graph;
     let per_gpu: Vec<Vec<(Ps, Ps)>> = (0..sg.map.gpus())
         .into_par_iter()
-        .map(|gpu| {
-            let mut a = AttnSpans::new(None);
-            let s0 = sg.streams_per_gpu * gpu;
-            for &o in (s0..s0 + sg.streams_per_gpu).flat_map(|s| g.stream_ops(s)) {
-                let o = o as usize;
-                a.op(g.ops[o].label(), t.start[o], t.end[o]);
-            }
-            a.spans()
-        })
+        .map(|gpu| gpu_attn_spans(sg, t, gpu, None))
         .collect();
     span_total(&per_gpu)
 }
 
-/// One GPU's layer-0 forward core-attention span per micro-batch, gathered from its ops
-/// ([`OpVisitor`]). In DistCA's ticks (`fwd_ticks[k]`: tick k runs forward) pooled
-/// attention ops carry the tick as their micro-batch and layer j of every stage as layer
-/// j, so the span per forward tick is the layer-0 pooled attention of every stage's first
-/// layer at once.
-struct AttnSpans<'a> {
-    fwd_ticks: Option<&'a [bool]>,
-    /// Backward reuses the classes (dO in, dQ/dK/dV out): forward ops of a micro-batch are
-    /// those that start before the GPU's first backward linear op of that micro-batch.
-    bwd_start: Vec<Ps>,
-    /// Layer-0 attention ops of a forward tick (any micro-batch without ticks): (mb, start,
-    /// end), kept until the backward starts are known.
-    cand: Vec<(usize, Ps, Ps)>,
-}
-
-impl<'a> AttnSpans<'a> {
-    fn new(fwd_ticks: Option<&'a [bool]>) -> Self {
-        AttnSpans {
-            fwd_ticks,
-            bwd_start: Vec::new(),
-            cand: Vec::new(),
-        }
-    }
-
-    /// Per micro-batch: first start and last end (`(Ps::MAX, 0)` where it has none).
-    fn spans(self) -> Vec<(Ps, Ps)> {
-        let mut spans: Vec<(Ps, Ps)> = Vec::new();
-        for (mb, s, e) in self.cand {
-            if s >= self.bwd_start.get(mb).copied().unwrap_or(Ps::MAX) {
-                continue;
-            }
-            if spans.len() <= mb {
-                spans.resize(mb + 1, (Ps::MAX, 0));
-            }
-            spans[mb] = (spans[mb].0.min(s), spans[mb].1.max(e));
-        }
-        spans
-    }
-}
-
-impl OpVisitor for AttnSpans<'_> {
-    fn op(&mut self, l: OpLabel, start: Ps, end: Ps) {
+/// GPU `gpu`'s layer-0 forward core-attention span per micro-batch (first start, last
+/// end; `(Ps::MAX, 0)` where it has none), in one walk over its streams' ops. In DistCA's
+/// ticks (`fwd_ticks[k]`: tick k runs forward) pooled attention ops carry the tick as their
+/// micro-batch and layer j of every stage as layer j, so the span per forward tick is the
+/// layer-0 pooled attention of every stage's first layer at once.
+fn gpu_attn_spans(
+    sg: &StepGraph,
+    t: &Timeline,
+    gpu: u32,
+    fwd_ticks: Option<&[bool]>,
+) -> Vec<(Ps, Ps)> {
+    let g = &sg.graph;
+    let s0 = sg.streams_per_gpu * gpu;
+    // Backward reuses the classes (dO in, dQ/dK/dV out): forward ops of a micro-batch are
+    // those that start before the GPU's first backward linear op of that micro-batch.
+    let mut bwd_start: Vec<Ps> = Vec::new();
+    // Layer-0 attention ops of a forward tick (any micro-batch without ticks): (mb, start,
+    // end), kept until the backward starts are known.
+    let mut cand: Vec<(usize, Ps, Ps)> = Vec::new();
+    for i in (s0..s0 + sg.streams_per_gpu).flat_map(|s| g.stream_ops(s)) {
+        let i = *i as usize;
+        let l = g.ops[i].label();
         let mb = usize::from(l.mb);
         match l.class {
-            OpClass::LinearBwd | OpClass::HeadBwd if self.fwd_ticks.is_none() => {
-                if self.bwd_start.len() <= mb {
-                    self.bwd_start.resize(mb + 1, Ps::MAX);
+            OpClass::LinearBwd | OpClass::HeadBwd if fwd_ticks.is_none() => {
+                if bwd_start.len() <= mb {
+                    bwd_start.resize(mb + 1, Ps::MAX);
                 }
-                self.bwd_start[mb] = self.bwd_start[mb].min(start);
+                bwd_start[mb] = bwd_start[mb].min(t.start[i]);
             }
             OpClass::AttnFwd | OpClass::A2aIn | OpClass::A2aOut
                 if l.layer == 0
-                    && self
-                        .fwd_ticks
-                        .is_none_or(|f| f.get(mb).copied().unwrap_or(false)) =>
+                    && fwd_ticks.is_none_or(|f| f.get(mb).copied().unwrap_or(false)) =>
             {
-                self.cand.push((mb, start, end));
+                cand.push((mb, t.start[i], t.end[i]));
             }
             _ => {}
         }
     }
+    let mut spans: Vec<(Ps, Ps)> = Vec::new();
+    for (mb, s, e) in cand {
+        if s >= bwd_start.get(mb).copied().unwrap_or(Ps::MAX) {
+            continue;
+        }
+        if spans.len() <= mb {
+            spans.resize(mb + 1, (Ps::MAX, 0));
+        }
+        spans[mb] = (spans[mb].0.min(s), spans[mb].1.max(e));
+    }
+    spans
 }
 
-/// Σ over micro-batches of the longest span any GPU spends ([`AttnSpans`] per GPU).
+/// Σ over micro-batches of the longest span any GPU spends ([`gpu_attn_spans`] per GPU).
 fn span_total(per_gpu: &[Vec<(Ps, Ps)>]) -> Ps {
     let mut per_mb: Vec<Ps> = Vec::new();
     for spans in per_gpu {
@@ -419,9 +399,10 @@ pub fn measure_scheme_step(
     step: u64,
 ) -> SchemeStep {
     let ticks = (sg.step.map.par.pipeline == PipelineKind::Ticks).then_some(&sg.fwd_ticks[..]);
-    // Each GPU's attention spans are gathered within the report's walk over its ops.
-    let (report, spans) = step_report_with(&sg.step, t, cost, step, |_| AttnSpans::new(ticks));
-    let spans: Vec<Vec<(Ps, Ps)>> = spans.into_iter().map(AttnSpans::spans).collect();
+    // Each GPU's attention spans are taken right after its report walk, ops still in cache.
+    let (report, spans) = step_report_with(&sg.step, t, cost, step, |gpu| {
+        gpu_attn_spans(&sg.step, t, gpu, ticks)
+    });
     SchemeStep {
         scheme: sg.scheme,
         report,
