@@ -1061,7 +1061,8 @@ mod tests {
     const BENCH_AG: &str = "github.com/waynehacking8/nccl-collectives-bench/results/all_gather.txt";
     const BENCH_AG_QUIET: &str =
         "github.com/waynehacking8/nccl-collectives-bench/results/quiet/all_gather.txt";
-    const BENCH_SCALING: &str = "github.com/waynehacking8/nccl-collectives-bench/results/scaling.txt";
+    const BENCH_SCALING: &str =
+        "github.com/waynehacking8/nccl-collectives-bench/results/scaling.txt";
 
     #[test]
     fn nccl_picks_its_algorithm_by_size_and_gpu_count() {
