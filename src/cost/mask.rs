@@ -396,13 +396,6 @@ impl AttentionPattern {
     /// The mask a step's plan is made for: the one whose pairs contain every layer's (the
     /// widest class), or causal when no class contains the others.
     pub fn plan_mask(&self, layers: u32) -> Mask {
-        // One mask on every layer (the common case, asked for each priced unit): that one,
-        // without listing the classes.
-        if let Some(&m) = self.masks.first() {
-            if layers > 0 && self.masks.iter().all(|&x| x == m) {
-                return m;
-            }
-        }
         let classes = self.classes(layers);
         classes
             .iter()
