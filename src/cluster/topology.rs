@@ -117,6 +117,13 @@ pub struct CollectivesSpec {
     /// ring's pipeline fills with one slice per channel before its links run full
     /// (`net::collective`); in [1, 64] (NCCL's `MAXCHANNELS`); absent: not priced.
     pub ring_channels: Option<u32>,
+    /// NCCL's NVLS channels on this fabric (`NCCL_DEBUG=INFO`: "N nvls channels"): an NVLS
+    /// all-reduce walks its buffer in loops of one chunk per channel and rank, and fills
+    /// and drains by two loops (`net::collective`); in [1, 64]; absent: not priced.
+    pub nvls_channels: Option<u32>,
+    /// The cost of one NVLS chunk copy beyond its bytes, µs: each channel copies one chunk
+    /// per rank in every loop (`net::collective`); in [0, 1e6]; absent: 0.
+    pub nvls_copy_us: Option<f64>,
     /// Measured latency and bandwidth per algorithm (`skewsim calibrate --collectives`
     /// prints these entries): a listed algorithm, run inside one NVLink domain, is priced
     /// by them instead of NCCL's latency table and the links' efficiency.
@@ -146,6 +153,8 @@ impl Default for CollectivesSpec {
             nvls_min_gpus: 3,
             hbm_gbyte_s: None,
             ring_channels: None,
+            nvls_channels: None,
+            nvls_copy_us: None,
             fit: Vec::new(),
         }
     }
@@ -384,6 +393,19 @@ impl TopologySpec {
                     "an integer in [1, 64] (NCCL's MAXCHANNELS)",
                 ));
             }
+        }
+        if let Some(ch) = c.nvls_channels {
+            if !(1..=64).contains(&ch) {
+                return Err(field_err(
+                    s,
+                    "collectives.nvls_channels",
+                    ch,
+                    "an integer in [1, 64] (NCCL's MAXCHANNELS)",
+                ));
+            }
+        }
+        if let Some(us) = c.nvls_copy_us {
+            check_latency(s, "collectives.nvls_copy_us", us)?;
         }
         if !(3..=65_536).contains(&c.nvls_min_gpus) {
             return Err(field_err(
@@ -1097,6 +1119,16 @@ rail_optimized = true
         let e = err_of(&format!("{SMALL}\n[collectives]\nring_channels = 0\n"));
         assert!(
             e.contains("collectives.ring_channels = 0") && e.contains("[1, 64]"),
+            "{e}"
+        );
+        let e = err_of(&format!("{SMALL}\n[collectives]\nnvls_channels = 65\n"));
+        assert!(
+            e.contains("collectives.nvls_channels = 65") && e.contains("[1, 64]"),
+            "{e}"
+        );
+        let e = err_of(&format!("{SMALL}\n[collectives]\nnvls_copy_us = -0.5\n"));
+        assert!(
+            e.contains("collectives.nvls_copy_us = -0.5") && e.contains("[0, 1e6]"),
             "{e}"
         );
         let e = err_of(&format!("{SMALL}\n[collectives]\nnvls_min_gpus = 2\n"));
