@@ -384,21 +384,14 @@ impl TopologySpec {
         if let Some(h) = c.hbm_gbyte_s {
             check_pos(s, "collectives.hbm_gbyte_s", h)?;
         }
-        if let Some(ch) = c.ring_channels {
-            if !(1..=64).contains(&ch) {
+        for (field, ch) in [
+            ("collectives.ring_channels", c.ring_channels),
+            ("collectives.nvls_channels", c.nvls_channels),
+        ] {
+            if let Some(ch) = ch.filter(|ch| !(1..=64).contains(ch)) {
                 return Err(field_err(
                     s,
-                    "collectives.ring_channels",
-                    ch,
-                    "an integer in [1, 64] (NCCL's MAXCHANNELS)",
-                ));
-            }
-        }
-        if let Some(ch) = c.nvls_channels {
-            if !(1..=64).contains(&ch) {
-                return Err(field_err(
-                    s,
-                    "collectives.nvls_channels",
+                    field,
                     ch,
                     "an integer in [1, 64] (NCCL's MAXCHANNELS)",
                 ));
