@@ -97,10 +97,10 @@
 //! copy are fitted to the `fit` rows of `traces/nccl_tests_published.csv` (one 8-GPU H100
 //! ring reduce-scatter series, priced with the H100's 3.35 TB/s of memory, and one 8-GPU
 //! H100 NVLS all-reduce series, 8 MiB – 16 GiB) and scored on the other rows (2, 4 and 6
-//! GPUs, other 8-GPU sources) by the `published_nccl_tests_figures` test. The fitted link rate, 0.833 × 450 = 374.9 GB/s, is
-//! 1 % above NCCL's own figure for an H100's NVLink (18 links × 20.6 GB/s,
-//! `SM90_NVLINK_BW`, src/graph/topo.h); the latency scale comes out 0.64 (the held-out
-//! 4-GPU rows at 8 MiB land within 6 % with it). Without a topology
+//! GPUs, other 8-GPU sources) by the `published_nccl_tests_figures` test. The fitted link
+//! rate, 0.833 × 450 = 374.9 GB/s, is 1 % above NCCL's own figure for an H100's NVLink (18
+//! links × 20.6 GB/s, `SM90_NVLINK_BW`, src/graph/topo.h); the latency scale comes out 0.64
+//! (the held-out 4-GPU rows at 8 MiB land within 6 % with it). Without a topology
 //! ([`CollectiveModel::default`], a stub network) every collective is a Simple ring with
 //! no latency of its own.
 //!
@@ -732,8 +732,8 @@ impl CollectiveModel {
                     let fill = 2.0 * loop_bytes.min(bytes) as f64 / bytes as f64;
                     let fill_ps = (link_secs(&l) * fill * 1e12).round() as Ps;
                     // every loop of the pipeline, fill included, copies one chunk per rank
-                    let copies_ps = (loops + 2) * n as u64 * f.nvls_copy_ps;
-                    nvls_loops_ps = fill_ps + copies_ps;
+                    let copies = (loops + 2).saturating_mul(n as u64);
+                    nvls_loops_ps = fill_ps.saturating_add(copies.saturating_mul(f.nvls_copy_ps));
                 }
                 cands.push(l);
             }
@@ -789,7 +789,7 @@ impl CollectiveModel {
         }
         let mut chosen = cands.swap_remove(best);
         if chosen.algo == Algo::Nvls {
-            chosen.latency += nvls_loops_ps;
+            chosen.latency = chosen.latency.saturating_add(nvls_loops_ps);
         }
         chosen
     }
@@ -807,7 +807,7 @@ fn nvls_loops(channels: u32, ranks: u64, bytes: u64) -> (u64, u64) {
     let ops = u64::from(channels) * ranks;
     let mut chunk = NVLS_CHUNK;
     for (loops, smaller) in [(64, 64 << 10), (8, 32 << 10), (2, 16 << 10)] {
-        if bytes < loops * ops * chunk && chunk > smaller {
+        if bytes < (loops * ops).saturating_mul(chunk) && chunk > smaller {
             chunk = smaller;
         }
     }
