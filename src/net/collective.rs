@@ -1308,6 +1308,21 @@ mod tests {
             coll.lower(CollOp::AllReduce, &all, 1 << 30, 8),
             base.lower(CollOp::AllReduce, &all, 1 << 30, 8)
         );
+        // An NVLS fit is the whole NVLS price: its line on the port bytes (as `calibrate
+        // --collectives` counts them), without the loops.
+        let text = format!(
+            "{DGX_ROCE}\n[[collectives.fit]]\nalgo = \"NVLS\"\nlatency_us = 40.0\nbandwidth_gbyte_s = 300.0\n"
+        );
+        let nv = CollectiveModel::of(&shipped("fit.toml", &text, 1), true);
+        for bytes in [8u64 << 20, 1 << 30] {
+            let lw = nv.lower(CollOp::AllReduce, &all, bytes, 8);
+            let got = lowered_time(&mut a, &lw, 0) as f64;
+            let unfitted = base.lower(CollOp::AllReduce, &all, bytes, 8);
+            let port = unfitted.xfers.iter().map(|x| x.bytes).max().unwrap_or(0);
+            let want = 40e6 + port as f64 / 300e9 * 1e12;
+            assert_eq!(lw.algo, Algo::Nvls);
+            assert!((got - want).abs() <= 10.0, "{got} ps vs {want}");
+        }
     }
 
     #[test]
