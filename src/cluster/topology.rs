@@ -122,7 +122,8 @@ pub struct CollectivesSpec {
     /// and drains by two loops (`net::collective`); in [1, 64]; absent: not priced.
     pub nvls_channels: Option<u32>,
     /// The cost of one NVLS chunk copy beyond its bytes, µs: each channel copies one chunk
-    /// per rank in every loop (`net::collective`); in [0, 1e6]; absent: 0.
+    /// per rank in every loop (`net::collective`); in [0, 1e6], only with `nvls_channels`;
+    /// absent: 0.
     pub nvls_copy_us: Option<f64>,
     /// Measured latency and bandwidth per algorithm (`skewsim calibrate --collectives`
     /// prints these entries): a listed algorithm, run inside one NVLink domain, is priced
@@ -399,6 +400,14 @@ impl TopologySpec {
         }
         if let Some(us) = c.nvls_copy_us {
             check_latency(s, "collectives.nvls_copy_us", us)?;
+            if c.nvls_channels.is_none() {
+                return Err(field_err(
+                    s,
+                    "collectives.nvls_copy_us",
+                    us,
+                    "set together with collectives.nvls_channels (the copies are counted per NVLS channel)",
+                ));
+            }
         }
         if !(3..=65_536).contains(&c.nvls_min_gpus) {
             return Err(field_err(
@@ -1122,6 +1131,11 @@ rail_optimized = true
         let e = err_of(&format!("{SMALL}\n[collectives]\nnvls_copy_us = -0.5\n"));
         assert!(
             e.contains("collectives.nvls_copy_us = -0.5") && e.contains("[0, 1e6]"),
+            "{e}"
+        );
+        let e = err_of(&format!("{SMALL}\n[collectives]\nnvls_copy_us = 0.5\n"));
+        assert!(
+            e.contains("collectives.nvls_copy_us = 0.5") && e.contains("nvls_channels"),
             "{e}"
         );
         let e = err_of(&format!("{SMALL}\n[collectives]\nnvls_min_gpus = 2\n"));
