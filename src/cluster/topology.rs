@@ -1112,37 +1112,38 @@ rail_optimized = true
             "efficiency = 1.5\nlatency_us = 1.0",
         ));
         assert!(e.contains("nvlink.efficiency = 1.5"), "{e}");
-        let e = err_of(&format!("{SMALL}\n[collectives]\nlatency_scale = 0.0\n"));
-        assert!(e.contains("collectives.latency_scale = 0"), "{e}");
-        let e = err_of(&format!("{SMALL}\n[collectives]\nhbm_gbyte_s = -1.0\n"));
-        assert!(e.contains("collectives.hbm_gbyte_s = -1"), "{e}");
-        let e = err_of(&format!("{SMALL}\n[collectives]\nnvls = \"off\"\n"));
-        assert!(e.contains("nvls"), "{e}");
-        let e = err_of(&format!("{SMALL}\n[collectives]\nring_channels = 0\n"));
-        assert!(
-            e.contains("collectives.ring_channels = 0") && e.contains("[1, 64]"),
-            "{e}"
-        );
-        let e = err_of(&format!("{SMALL}\n[collectives]\nnvls_channels = 65\n"));
-        assert!(
-            e.contains("collectives.nvls_channels = 65") && e.contains("[1, 64]"),
-            "{e}"
-        );
-        let e = err_of(&format!("{SMALL}\n[collectives]\nnvls_copy_us = -0.5\n"));
-        assert!(
-            e.contains("collectives.nvls_copy_us = -0.5") && e.contains("[0, 1e6]"),
-            "{e}"
-        );
-        let e = err_of(&format!("{SMALL}\n[collectives]\nnvls_copy_us = 0.5\n"));
-        assert!(
-            e.contains("collectives.nvls_copy_us = 0.5") && e.contains("nvls_channels"),
-            "{e}"
-        );
-        let e = err_of(&format!("{SMALL}\n[collectives]\nnvls_min_gpus = 2\n"));
-        assert!(
-            e.contains("collectives.nvls_min_gpus = 2") && e.contains("[3, 65536]"),
-            "{e}"
-        );
+        // [collectives]: (the line, what its error names)
+        for (line, names) in [
+            (
+                "latency_scale = 0.0",
+                &["collectives.latency_scale = 0"][..],
+            ),
+            ("hbm_gbyte_s = -1.0", &["collectives.hbm_gbyte_s = -1"]),
+            ("nvls = \"off\"", &["nvls"]),
+            (
+                "ring_channels = 0",
+                &["collectives.ring_channels = 0", "[1, 64]"],
+            ),
+            (
+                "nvls_channels = 65",
+                &["collectives.nvls_channels = 65", "[1, 64]"],
+            ),
+            (
+                "nvls_copy_us = -0.5",
+                &["collectives.nvls_copy_us = -0.5", "[0, 1e6]"],
+            ),
+            (
+                "nvls_copy_us = 0.5",
+                &["collectives.nvls_copy_us = 0.5", "nvls_channels"],
+            ),
+            (
+                "nvls_min_gpus = 2",
+                &["collectives.nvls_min_gpus = 2", "[3, 65536]"],
+            ),
+        ] {
+            let e = err_of(&format!("{SMALL}\n[collectives]\n{line}\n"));
+            assert!(names.iter().all(|n| e.contains(n)), "{line}: {e}");
+        }
         let fit = |algo: &str, lat: &str, bw: &str| {
             format!("{SMALL}\n[[collectives.fit]]\nalgo = \"{algo}\"\nlatency_us = {lat}\nbandwidth_gbyte_s = {bw}\n")
         };
