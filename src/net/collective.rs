@@ -713,29 +713,16 @@ impl CollectiveModel {
         let shift_by_one =
             |per: f64| -> Vec<Transfer> { shift(group, 1, per.round() as u64).collect() };
         let s = bytes as f64;
-        // NVLS's loops: priced, but not seen by NCCL's tuner, which chooses by its latency
-        // and bandwidth alone
-        let mut nvls_loops_ps: Ps = 0;
         if let Some(ppm) = f.nvls_stretch_ppm {
             if op == CollOp::AllReduce && d == 1 && n >= f.nvls_min_gpus as usize {
                 // S(1 + 1/n) up and down each GPU link
                 let per = s * (n as f64 + 1.0) / n as f64;
-                let l = Lowered {
+                cands.push(Lowered {
                     algo: Algo::Nvls,
                     proto: Proto::Simple,
                     xfers: shift_by_one(per * ppm as f64 * 1e-6),
                     latency: us(NVLS_US),
-                };
-                if f.nvls_channels > 0 && bytes > 0 {
-                    let (loop_bytes, loops) = nvls_loops(f.nvls_channels, n as u64, bytes);
-                    // two loops fill and drain the three-stage pipeline at NVLS's rate
-                    let fill = 2.0 * loop_bytes.min(bytes) as f64 / bytes as f64;
-                    let fill_ps = (link_secs(&l) * fill * 1e12).round() as Ps;
-                    // every loop of the pipeline, fill included, copies one chunk per rank
-                    let copies = (loops + 2).saturating_mul(n as u64);
-                    nvls_loops_ps = fill_ps.saturating_add(copies.saturating_mul(f.nvls_copy_ps));
-                }
-                cands.push(l);
+                });
             }
         }
         if d == n && f.nic_bps > 0 {
@@ -770,9 +757,6 @@ impl CollectiveModel {
         }
         if d == 1 {
             // a measured fit prices its algorithm as one line (its bulk protocol's place)
-            if f.fits[Algo::Nvls as usize].is_some() {
-                nvls_loops_ps = 0;
-            }
             cands.retain(|c| c.proto == Proto::Simple || f.fits[c.algo as usize].is_none());
             for c in &mut cands {
                 if let Some(fit) = f.fits[c.algo as usize] {
@@ -788,8 +772,11 @@ impl CollectiveModel {
             }
         }
         let mut chosen = cands.swap_remove(best);
-        if chosen.algo == Algo::Nvls {
-            chosen.latency = chosen.latency.saturating_add(nvls_loops_ps);
+        // NVLS's loops price it once chosen: NCCL's tuner chooses by its latency and
+        // bandwidth alone; a measured NVLS fit is the whole price
+        if chosen.algo == Algo::Nvls && f.fits[Algo::Nvls as usize].is_none() {
+            let loops_ps = nvls_loops_ps(&f, n as u64, bytes, link_secs(&chosen));
+            chosen.latency = chosen.latency.saturating_add(loops_ps);
         }
         chosen
     }
@@ -813,6 +800,20 @@ fn nvls_loops(channels: u32, ranks: u64, bytes: u64) -> (u64, u64) {
     }
     let loop_bytes = ops * chunk;
     (loop_bytes, bytes.div_ceil(loop_bytes))
+}
+
+/// The loops of an NVLS all-reduce of `bytes` on `ranks` GPUs whose transfers alone take
+/// `link_secs`, ps: two loops fill and drain the three-stage pipeline at NVLS's rate, and
+/// every loop, the fill's included, copies one chunk per rank (0 without `nvls_channels`).
+fn nvls_loops_ps(f: &Fabric, ranks: u64, bytes: u64, link_secs: f64) -> Ps {
+    if f.nvls_channels == 0 || bytes == 0 {
+        return 0;
+    }
+    let (loop_bytes, loops) = nvls_loops(f.nvls_channels, ranks, bytes);
+    let fill = 2.0 * loop_bytes.min(bytes) as f64 / bytes as f64;
+    let fill_ps = (link_secs * fill * 1e12).round() as Ps;
+    let copies = (loops + 2).saturating_mul(ranks);
+    fill_ps.saturating_add(copies.saturating_mul(f.nvls_copy_ps))
 }
 
 /// `xfers` with every transfer's bytes × `by` (a slower protocol or algorithm's time on the
