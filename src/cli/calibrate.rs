@@ -136,8 +136,10 @@ pub struct Args {
     #[arg(short, long, default_value = "calibration.json")]
     pub out: PathBuf,
     /// Fit the collective model instead: nccl-tests-style rows (CSV columns op, gpus, bytes,
-    /// time_us; `validate/torch/collectives.py` writes them), a latency and a bandwidth per
-    /// algorithm, scored on held-out rows (`--holdout-gpus`, `--holdout-every`).
+    /// time_us; `validate/torch/collectives.py` writes them). Fits the model's own parameters
+    /// (NVLink and NVLS efficiency, latency scale, NVLS chunk copy; printed as topology
+    /// settings) and a latency and a bandwidth per algorithm (`[[collectives.fit]]` lines),
+    /// both scored on held-out rows (`--holdout-gpus`, `--holdout-every`).
     #[arg(long, num_args = 1..)]
     pub collectives: Vec<PathBuf>,
     /// The topology the collective rows ran on (GPUs 0..N of it).

@@ -1,9 +1,11 @@
 //! `skewsim calibrate --collectives FILE...`: the collective model against measured
 //! collectives ([`skewsim::net::collective_fit`]). Reads the rows, prices each on the
 //! topology's first GPUs, holds rows out by GPU count (`--holdout-gpus`) and by size
-//! (`--holdout-every`), fits a latency and a bandwidth per algorithm on the rest, and
-//! prints, for the held-out rows, the fitted and the unfitted model's errors by (op, GPUs)
-//! and by size band. `-o` gets the fit and the scores as JSON.
+//! (`--holdout-every`), and fits two forms on the rest: the model's own parameters (NVLink
+//! and NVLS efficiency, latency scale, NVLS chunk copy: topology settings) and a latency
+//! and a bandwidth per algorithm (`[[collectives.fit]]` lines). Prints, for the held-out
+//! rows, both fits' and the unfitted model's errors by (op, GPUs) and by size band. `-o`
+//! gets the fits and the scores as JSON.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -14,7 +16,7 @@ use serde::Serialize;
 use skewsim::cluster::TopologySpec;
 use skewsim::cost::fit::ErrStats;
 use skewsim::net::collective::CollectiveModel;
-use skewsim::net::collective_fit::{self, AlgoFit, CollRow, Priced};
+use skewsim::net::collective_fit::{self, AlgoFit, CollRow, ParamFit, Priced};
 
 use super::calibrate::Args;
 use super::Output;
@@ -27,8 +29,10 @@ const LARGE: u64 = 64 << 20;
 struct Score {
     /// `op gpus` or a size band.
     group: String,
-    /// With the fitted latency and bandwidth.
+    /// With the fitted latency and bandwidth per algorithm.
     fitted: ErrStats,
+    /// With the model's own parameters fitted.
+    params: ErrStats,
     /// With the model as the topology and NCCL's table give it.
     model: ErrStats,
 }
@@ -42,6 +46,7 @@ struct Report {
     single_gpu_rows: usize,
     fitted_rows: usize,
     held_out_rows: usize,
+    params: ParamFit,
     fit: Vec<AlgoFit>,
     scores: Vec<Score>,
 }
@@ -67,7 +72,8 @@ pub fn run(args: &Args, out: Output) -> Result<()> {
     // rows are priced by NCCL's table and the links, never by an earlier fit
     spec.collectives.fit.clear();
     let most = rows.iter().map(|r| r.gpus).max().unwrap_or(2);
-    let topo = Arc::new(spec.build(Some(most.div_ceil(spec.gpus_per_node.max(1))))?);
+    let nodes = most.div_ceil(spec.gpus_per_node.max(1));
+    let topo = Arc::new(spec.build(Some(nodes))?);
     let coll = CollectiveModel::of(&topo, args.nvls);
     let priced: Vec<Priced> = rows
         .iter()
@@ -99,6 +105,13 @@ pub fn run(args: &Args, out: Output) -> Result<()> {
         bail!("--collectives: every row is held out (--holdout-gpus / --holdout-every): nothing left to fit");
     }
     let fits = collective_fit::fit(&points)?;
+    let kept: Vec<CollRow> = (0..rows.len())
+        .filter(|&i| !held[i])
+        .map(|i| rows[i].clone())
+        .collect();
+    let params = collective_fit::fit_params(&spec, &kept, args.nvls)?;
+    let ptopo = Arc::new(params.applied(&spec).build(Some(nodes))?);
+    let pcoll = CollectiveModel::of(&ptopo, args.nvls);
     let fitted_us = |i: usize| -> Result<f64> {
         let f = fits.iter().find(|f| f.algo == priced[i].algo).with_context(|| {
             format!(
@@ -112,12 +125,16 @@ pub fn run(args: &Args, out: Output) -> Result<()> {
     };
     // per group: (fitted, measured) and (model, measured) pairs
     type Pairs = Vec<(f64, f64)>;
-    let mut groups: BTreeMap<String, (Pairs, Pairs)> = BTreeMap::new();
+    let mut groups: BTreeMap<String, [Pairs; 3]> = BTreeMap::new();
     let mut held_n = 0;
     for i in (0..rows.len()).filter(|&i| held[i]) {
         held_n += 1;
         let r = &rows[i];
         let pair = (fitted_us(i)?, r.time_us);
+        let par = (
+            collective_fit::price(r, &ptopo, &pcoll)?.model_us,
+            r.time_us,
+        );
         let base = (priced[i].model_us, r.time_us);
         let band = if r.bytes >= LARGE {
             "sizes >= 64 MiB"
@@ -130,15 +147,17 @@ pub fn run(args: &Args, out: Output) -> Result<()> {
             "all held out".to_string(),
         ] {
             let g = groups.entry(key).or_default();
-            g.0.push(pair);
-            g.1.push(base);
+            g[0].push(pair);
+            g[1].push(par);
+            g[2].push(base);
         }
     }
     let scores: Vec<Score> = groups
         .into_iter()
-        .map(|(group, (f, m))| Score {
+        .map(|(group, [f, p, m])| Score {
             group,
             fitted: ErrStats::of(&f),
+            params: ErrStats::of(&p),
             model: ErrStats::of(&m),
         })
         .collect();
@@ -149,6 +168,7 @@ pub fn run(args: &Args, out: Output) -> Result<()> {
         single_gpu_rows: single,
         fitted_rows: points.len(),
         held_out_rows: held_n,
+        params,
         fit: fits,
         scores,
     };
@@ -160,15 +180,33 @@ pub fn run(args: &Args, out: Output) -> Result<()> {
 }
 
 fn report_text(r: &Report, out: &str) -> String {
+    let p = &r.params;
     let mut s = format!(
-        "{} rows ({} on one GPU, left out): {} fitted, {} held out; topology {}, NVLS {}\n\nalgorithm  rows  latency us  bandwidth GB/s\n",
+        "{} rows ({} on one GPU, left out): {} fitted, {} held out; topology {}, NVLS {}\n\n\
+         the model's own parameters ({} ring rows, {} NVLS rows inside one NVLink domain; {} round(s) of NCCL's choice), as topology settings:\n\
+         [nvlink]\nefficiency = {:.3}\n",
         r.rows,
         r.single_gpu_rows,
         r.fitted_rows,
         r.held_out_rows,
         r.topology,
-        if r.nvls { "on" } else { "off" }
+        if r.nvls { "on" } else { "off" },
+        p.ring_rows,
+        p.nvls_rows,
+        p.rounds,
+        p.nvlink_efficiency,
     );
+    if let Some(e) = p.sharp_efficiency {
+        s.push_str(&format!("sharp_efficiency = {e:.3}\n"));
+    }
+    s.push_str(&format!(
+        "[collectives]\nlatency_scale = {:.3}\n",
+        p.latency_scale
+    ));
+    if let Some(c) = p.nvls_copy_us {
+        s.push_str(&format!("nvls_copy_us = {c:.3}\n"));
+    }
+    s.push_str("\na line per algorithm:\nalgorithm  rows  latency us  bandwidth GB/s\n");
     for f in &r.fit {
         s.push_str(&format!(
             "{:<10}{:>6}{:>12.2}{:>16.1}\n",
@@ -183,15 +221,17 @@ fn report_text(r: &Report, out: &str) -> String {
         ));
     }
     s.push_str(
-        "\nheld out                          n  fitted median/p90 APE %  model median/p90 APE %\n",
+        "\nheld out                          n   median/p90 APE %:  lines          parameters     model\n",
     );
     for sc in &r.scores {
         s.push_str(&format!(
-            "{:<30}{:>5}{:>14.2}{:>10.2}{:>14.2}{:>10.2}\n",
+            "{:<30}{:>5}{:>24.2}{:>7.2}{:>8.2}{:>7.2}{:>8.2}{:>7.2}\n",
             sc.group,
             sc.fitted.n,
             sc.fitted.median_ape,
             sc.fitted.p90_ape,
+            sc.params.median_ape,
+            sc.params.p90_ape,
             sc.model.median_ape,
             sc.model.p90_ape
         ));

@@ -25,12 +25,12 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use crate::cluster::topology::CollectiveFitSpec;
-use crate::cluster::Topology;
+use crate::cluster::{Topology, TopologySpec};
 use crate::error::{invalid, parse_error, Result};
 use crate::net::analytical::AnalyticalModel;
 use crate::net::collective::{
-    analytical_phases, lower, lower_alltoallv, lowered_time, CollOp, Collective, CollectiveModel,
-    Proto,
+    analytical_phases, lower, lower_alltoallv, lowered_time, Algo, CollOp, Collective,
+    CollectiveModel, Proto,
 };
 use crate::net::GpuId;
 
@@ -75,6 +75,16 @@ impl CollMeasureOp {
     /// The name rows use.
     pub fn name(self) -> &'static str {
         Self::NAMES[self as usize]
+    }
+
+    /// The NCCL collective of the op (`None`: the all-to-alls, grouped send/recv).
+    pub fn coll_op(self) -> Option<CollOp> {
+        match self {
+            CollMeasureOp::AllGather => Some(CollOp::AllGather),
+            CollMeasureOp::ReduceScatter => Some(CollOp::ReduceScatter),
+            CollMeasureOp::AllReduce => Some(CollOp::AllReduce),
+            CollMeasureOp::AllToAll | CollMeasureOp::AllToAllV => None,
+        }
     }
 }
 
@@ -240,20 +250,16 @@ pub fn price(row: &CollRow, topo: &Arc<Topology>, coll: &CollectiveModel) -> Res
     let group: Vec<GpuId> = (0..row.gpus).collect();
     let mut net = AnalyticalModel::new(topo.clone());
     let ps_us = |ps: u64| ps as f64 * 1e-6;
-    let coll_op = match row.op {
-        CollMeasureOp::AllGather => Some(CollOp::AllGather),
-        CollMeasureOp::ReduceScatter => Some(CollOp::ReduceScatter),
-        CollMeasureOp::AllReduce => Some(CollOp::AllReduce),
-        _ => None,
-    };
-    Ok(match coll_op {
+    Ok(match row.op.coll_op() {
         Some(op) => {
-            // in the bulk protocol, the one a fitted line prices
+            // the algorithm and port bytes in the bulk protocol, the one a fitted line
+            // prices; the time in the protocol NCCL's choice gives
             let lw = coll.lower_in(&[Proto::Simple], op, &group, row.bytes, topo.gpus_per_node);
+            let chosen = coll.lower(op, &group, row.bytes, topo.gpus_per_node);
             Priced {
                 algo: lw.algo.name(),
                 port_bytes: lw.xfers.iter().map(|t| t.bytes).max().unwrap_or(0) as f64,
-                model_us: ps_us(lowered_time(&mut net, &lw, 0)),
+                model_us: ps_us(lowered_time(&mut net, &chosen, 0)),
             }
         }
         None => {
@@ -399,6 +405,301 @@ pub fn fit(points: &[(&'static str, f64, f64)]) -> Result<Vec<AlgoFit>> {
     Ok(out)
 }
 
+/// The collective model's own parameters fitted to measured rows ([`fit_params`]): what
+/// a topology file's `[nvlink]` and `[collectives]` sections take.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ParamFit {
+    /// Rows NCCL's choice runs as rings, inside one NVLink domain: they give
+    /// `nvlink_efficiency` and `latency_scale`.
+    pub ring_rows: usize,
+    /// Rows it runs as NVLS: they give `sharp_efficiency` and `nvls_copy_us`.
+    pub nvls_rows: usize,
+    /// `[nvlink] efficiency`.
+    pub nvlink_efficiency: f64,
+    /// `[collectives] latency_scale`.
+    pub latency_scale: f64,
+    /// `[nvlink] sharp_efficiency` (the topology's own where no row runs NVLS).
+    pub sharp_efficiency: Option<f64>,
+    /// `[collectives] nvls_copy_us` (the topology's own where no row runs NVLS or it has
+    /// no `nvls_channels`).
+    pub nvls_copy_us: Option<f64>,
+    /// Rounds of choosing and fitting until NCCL's choice for every row stood still (at
+    /// most [`MAX_ROUNDS`]).
+    pub rounds: usize,
+}
+
+impl ParamFit {
+    /// The parameters of `spec`, before any fit.
+    fn of(spec: &TopologySpec) -> Self {
+        ParamFit {
+            ring_rows: 0,
+            nvls_rows: 0,
+            nvlink_efficiency: spec.nvlink.efficiency,
+            latency_scale: spec.collectives.latency_scale,
+            sharp_efficiency: spec.nvlink.sharp_efficiency,
+            nvls_copy_us: spec.collectives.nvls_copy_us,
+            rounds: 0,
+        }
+    }
+
+    /// `spec` with these parameters.
+    pub fn applied(&self, spec: &TopologySpec) -> TopologySpec {
+        let mut s = spec.clone();
+        s.nvlink.efficiency = self.nvlink_efficiency;
+        s.collectives.latency_scale = self.latency_scale;
+        s.nvlink.sharp_efficiency = self.sharp_efficiency;
+        s.collectives.nvls_copy_us = self.nvls_copy_us;
+        s
+    }
+}
+
+/// Most rounds of choosing and fitting in [`fit_params`].
+pub const MAX_ROUNDS: usize = 8;
+/// The smallest latency scale a fit gives (a topology's must be > 0).
+const MIN_LATENCY_SCALE: f64 = 1e-3;
+/// A latency-scale probe, and an inverse-efficiency probe as a factor: the model's time is
+/// linear in the latency scale and, at a fixed algorithm and protocol, in 1 / efficiency
+/// (LL's rate cap aside, which a small probe does not cross).
+const SCALE_STEP: f64 = 0.1;
+const INV_EFF_STEP: f64 = 1.01;
+/// A chunk-copy probe, µs.
+const COPY_STEP_US: f64 = 0.1;
+
+/// Fit the collective model's own parameters to `rows` on `spec` (NVLS allowed when
+/// `nvls`): the form that prices every size, rather than one line per algorithm
+/// ([`fit`]). Rows of all-gather, reduce-scatter and all-reduce inside one NVLink domain
+/// are fitted; the all-to-alls and rows across domains are left to the topology's figures.
+/// Each row is run as NCCL's choice gives it on the current parameters (algorithm and
+/// protocol); with that choice held, its time is `a + latency_scale · L + B /
+/// efficiency` (ring) or `a' + B' / sharp_efficiency + nvls_copy_us · K` (NVLS), the
+/// coefficients read off the model itself by probing each parameter. Least squares on
+/// relative error, the ring first, then NVLS at the ring's latency scale; efficiencies
+/// kept in (0, 1], the latency scale and the copy cost ≥ 0. The choice is made again on
+/// the fitted parameters, until it stands still. An algorithm with rows of fewer than two
+/// sizes is an error naming it.
+pub fn fit_params(spec: &TopologySpec, rows: &[CollRow], nvls: bool) -> Result<ParamFit> {
+    let mut spec = spec.clone();
+    spec.collectives.fit.clear();
+    let most = rows.iter().map(|r| r.gpus).max().unwrap_or(2);
+    let nodes = most.div_ceil(spec.gpus_per_node.max(1));
+    let build = |s: &TopologySpec| -> Result<(Arc<Topology>, CollectiveModel)> {
+        let t = Arc::new(s.build(Some(nodes))?);
+        let c = CollectiveModel::of(&t, nvls);
+        Ok((t, c))
+    };
+    let domain = build(&spec)?.1.domain_gpus().unwrap_or(0);
+    let fitted: Vec<(CollOp, &CollRow)> = rows
+        .iter()
+        .filter(|r| (2..=domain).contains(&r.gpus))
+        .filter_map(|r| Some((r.op.coll_op()?, r)))
+        .collect();
+    let group = |r: &CollRow| (0..r.gpus).collect::<Vec<GpuId>>();
+    let mut fit = ParamFit::of(&spec);
+    let mut choice: Vec<(Algo, Proto)> = Vec::new();
+    for round in 1..=MAX_ROUNDS {
+        let (t, c) = build(&fit.applied(&spec))?;
+        let now: Vec<(Algo, Proto)> = fitted
+            .iter()
+            .map(|(op, r)| {
+                let lw = c.lower(*op, &group(r), r.bytes, t.gpus_per_node);
+                (lw.algo, lw.proto)
+            })
+            .collect();
+        if now == choice {
+            break;
+        }
+        choice = now;
+        fit.rounds = round;
+        // The rows `algo` runs, timed on `base` with `set` applied, µs.
+        let times = |base: &TopologySpec,
+                     algo: Algo,
+                     set: &dyn Fn(&mut TopologySpec)|
+         -> Result<Vec<f64>> {
+            let mut s = base.clone();
+            set(&mut s);
+            let (t, c) = build(&s)?;
+            let mut net = AnalyticalModel::new(t.clone());
+            let mut out = Vec::new();
+            for (&(op, r), &(a, p)) in fitted.iter().zip(&choice) {
+                if a != algo {
+                    continue;
+                }
+                let lw = c
+                    .lower_as(a, p, op, &group(r), r.bytes, t.gpus_per_node)
+                    .ok_or_else(|| {
+                        invalid(
+                            format!("{} on {} GPUs, {} bytes", op_name(op), r.gpus, r.bytes),
+                            format!("{} {}", a.name(), p.name()),
+                            "an algorithm and protocol the group can run",
+                        )
+                    })?;
+                out.push(lowered_time(&mut net, &lw, 0) as f64 * 1e-6);
+            }
+            Ok(out)
+        };
+        let measured = |algo: Algo| -> Vec<&CollRow> {
+            fitted
+                .iter()
+                .zip(&choice)
+                .filter(|(_, c)| c.0 == algo)
+                .map(|(f, _)| f.1)
+                .collect()
+        };
+        let ring = measured(Algo::Ring);
+        fit.ring_rows = ring.len();
+        if !ring.is_empty() {
+            two_sizes("ring", &ring)?;
+            let (s, u) = (fit.latency_scale, 1.0 / fit.nvlink_efficiency);
+            let base = fit.applied(&spec);
+            let t0 = times(&base, Algo::Ring, &|_| {})?;
+            let ts = times(&base, Algo::Ring, &|p| {
+                p.collectives.latency_scale = s + SCALE_STEP;
+            })?;
+            let tu = times(&base, Algo::Ring, &|p| {
+                p.nvlink.efficiency = 1.0 / (u * INV_EFF_STEP);
+            })?;
+            let pts = linear_parts(
+                &ring,
+                &t0,
+                [&ts, &tu],
+                [s, u],
+                [SCALE_STEP, u * (INV_EFF_STEP - 1.0)],
+            );
+            let [s, u] = wls2(&pts, [MIN_LATENCY_SCALE, 1.0], [1e6, f64::INFINITY]);
+            fit.latency_scale = s;
+            fit.nvlink_efficiency = 1.0 / u;
+        }
+        let nv = measured(Algo::Nvls);
+        fit.nvls_rows = nv.len();
+        if let (false, Some(e)) = (nv.is_empty(), fit.sharp_efficiency) {
+            two_sizes("NVLS", &nv)?;
+            let (v, k) = (1.0 / e, fit.nvls_copy_us.unwrap_or(0.0));
+            let base = fit.applied(&spec);
+            let t0 = times(&base, Algo::Nvls, &|_| {})?;
+            let tv = times(&base, Algo::Nvls, &|p| {
+                p.nvlink.sharp_efficiency = Some(1.0 / (v * INV_EFF_STEP));
+            })?;
+            // the copy cost is a parameter only where the topology counts NVLS channels
+            let copies = spec.collectives.nvls_channels.is_some();
+            let tk = if copies {
+                times(&base, Algo::Nvls, &|p| {
+                    p.collectives.nvls_copy_us = Some(k + COPY_STEP_US);
+                })?
+            } else {
+                t0.clone()
+            };
+            let pts = linear_parts(
+                &nv,
+                &t0,
+                [&tv, &tk],
+                [v, k],
+                [v * (INV_EFF_STEP - 1.0), COPY_STEP_US],
+            );
+            let (lo_k, hi_k) = if copies { (0.0, MAX_COPY_US) } else { (k, k) };
+            let [v, k] = wls2(&pts, [1.0, lo_k], [f64::INFINITY, hi_k]);
+            fit.sharp_efficiency = Some(1.0 / v);
+            fit.nvls_copy_us = copies.then_some(k);
+        }
+    }
+    Ok(fit)
+}
+
+/// The largest chunk-copy cost a fit gives, µs (a topology's `nvls_copy_us` limit).
+const MAX_COPY_US: f64 = 1e6;
+
+/// nccl-tests' name of `op`.
+fn op_name(op: CollOp) -> &'static str {
+    op.collective().name()
+}
+
+/// An error naming `algo` unless its rows have at least two sizes.
+fn two_sizes(algo: &str, rows: &[&CollRow]) -> Result<()> {
+    let mut sizes: Vec<u64> = rows.iter().map(|r| r.bytes).collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    if sizes.len() < 2 {
+        return Err(invalid(
+            format!("rows of algorithm {algo}"),
+            format!("{} distinct size(s)", sizes.len()),
+            "at least 2 distinct sizes to fit its two parameters",
+        ));
+    }
+    Ok(())
+}
+
+/// Each row's (constant, coefficient of p1, coefficient of p2, measured µs) from its time
+/// `t0` at parameters `p` and its times `probes` with one parameter moved by `step`.
+fn linear_parts(
+    rows: &[&CollRow],
+    t0: &[f64],
+    probes: [&[f64]; 2],
+    p: [f64; 2],
+    step: [f64; 2],
+) -> Vec<[f64; 4]> {
+    (0..rows.len())
+        .map(|i| {
+            let x = [
+                (probes[0][i] - t0[i]) / step[0],
+                (probes[1][i] - t0[i]) / step[1],
+            ];
+            [
+                t0[i] - p[0] * x[0] - p[1] * x[1],
+                x[0],
+                x[1],
+                rows[i].time_us,
+            ]
+        })
+        .collect()
+}
+
+/// `[p1, p2]` in the box `lo..=hi` minimising Σ ((a + p1·x1 + p2·x2 − t) / t)² over
+/// `pts` = (a, x1, x2, t): the unconstrained optimum when it lies in the box, else the
+/// best of the optima along its edges (the objective is a convex quadratic).
+fn wls2(pts: &[[f64; 4]], lo: [f64; 2], hi: [f64; 2]) -> [f64; 2] {
+    let (mut m, mut v) = ([[0.0f64; 2]; 2], [0.0f64; 2]);
+    for &[a, x1, x2, t] in pts {
+        let (w, x, y) = (1.0 / (t * t), [x1, x2], t - a);
+        for i in 0..2 {
+            v[i] += w * x[i] * y;
+            for j in 0..2 {
+                m[i][j] += w * x[i] * x[j];
+            }
+        }
+    }
+    let obj = |p: [f64; 2]| {
+        p[0] * p[0] * m[0][0] + 2.0 * p[0] * p[1] * m[0][1] + p[1] * p[1] * m[1][1]
+            - 2.0 * (p[0] * v[0] + p[1] * v[1])
+    };
+    let inside = |p: [f64; 2]| (0..2).all(|i| p[i] >= lo[i] && p[i] <= hi[i] && p[i].is_finite());
+    let det = m[0][0] * m[1][1] - m[0][1] * m[1][0];
+    let mut cands = Vec::new();
+    if det > 1e-12 * m[0][0] * m[1][1] {
+        cands.push([
+            (v[0] * m[1][1] - v[1] * m[0][1]) / det,
+            (m[0][0] * v[1] - m[1][0] * v[0]) / det,
+        ]);
+    }
+    for i in 0..2 {
+        let j = 1 - i;
+        for b in [lo[i], hi[i]].into_iter().filter(|b| b.is_finite()) {
+            let free = if m[j][j] > 0.0 {
+                (v[j] - m[j][i] * b) / m[j][j]
+            } else {
+                lo[j]
+            };
+            let mut p = [0.0; 2];
+            p[i] = b;
+            p[j] = free.clamp(lo[j], hi[j]);
+            cands.push(p);
+        }
+    }
+    cands
+        .into_iter()
+        .filter(|&p| inside(p))
+        .min_by(|a, b| obj(*a).total_cmp(&obj(*b)))
+        .unwrap_or(lo)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -530,5 +831,87 @@ mod tests {
         // one size cannot separate latency from bandwidth
         let e = fit(&[("ring", 1e6, 5.0), ("ring", 1e6, 6.0)]).unwrap_err();
         assert!(e.to_string().contains("algorithm ring"), "{e}");
+    }
+    #[test]
+    fn the_parameter_fit_recovers_what_rows_were_priced_with() {
+        // Rows priced by the model itself on other parameters than the file's, on 2, 4 and
+        // 8 GPUs from 64 KiB (LL and LL128 rings) to 4 GiB (Simple, NVLS on 8), plus rows
+        // the fit leaves to the topology: an all-to-all and a 16-GPU ring across nodes.
+        let text = include_str!("../../topologies/dgx-h200-roce.toml");
+        let shipped = TopologySpec::parse(text, "dgx-h200-roce.toml").unwrap();
+        let truth = ParamFit {
+            nvlink_efficiency: 0.78,
+            latency_scale: 0.45,
+            sharp_efficiency: Some(0.66),
+            nvls_copy_us: Some(0.31),
+            ..ParamFit::of(&shipped)
+        };
+        let spec = truth.applied(&shipped);
+        let t = Arc::new(spec.build(Some(2)).unwrap());
+        let coll = CollectiveModel::of(&t, true);
+        let mut rows = Vec::new();
+        for op in [
+            CollMeasureOp::AllGather,
+            CollMeasureOp::ReduceScatter,
+            CollMeasureOp::AllReduce,
+        ] {
+            for gpus in [2, 4, 8] {
+                for k in (16..=32).step_by(2) {
+                    let mut r = CollRow {
+                        op,
+                        gpus,
+                        bytes: 1 << k,
+                        time_us: 1.0,
+                    };
+                    r.time_us = price(&r, &t, &coll).unwrap().model_us;
+                    rows.push(r);
+                }
+            }
+        }
+        for (op, gpus) in [(CollMeasureOp::AllToAll, 8), (CollMeasureOp::AllReduce, 16)] {
+            rows.push(CollRow {
+                op,
+                gpus,
+                bytes: 1 << 30,
+                time_us: 1.0,
+            });
+        }
+        let f = fit_params(&shipped, &rows, true).unwrap();
+        let close = |a: f64, b: f64| (a / b - 1.0).abs() < 1e-3;
+        assert!(close(f.nvlink_efficiency, 0.78), "{f:?}");
+        assert!(close(f.latency_scale, 0.45), "{f:?}");
+        assert!(close(f.sharp_efficiency.unwrap(), 0.66), "{f:?}");
+        assert!(close(f.nvls_copy_us.unwrap(), 0.31), "{f:?}");
+        // the 8-GPU all-reduces from 256 KiB run NVLS (64 KiB: an LL ring), the other
+        // priced rows rings; the last two are not fitted
+        assert_eq!((f.ring_rows, f.nvls_rows), (73, 8), "{f:?}");
+        // NVLS off: every priced row runs as a ring and nothing fits NVLS
+        let f = fit_params(&shipped, &rows, false).unwrap();
+        assert_eq!((f.ring_rows, f.nvls_rows), (81, 0));
+        assert_eq!(f.sharp_efficiency, shipped.nvlink.sharp_efficiency);
+        // one size cannot separate a latency from a bandwidth
+        let e = fit_params(&shipped, &rows[..1], true).unwrap_err();
+        assert!(e.to_string().contains("algorithm ring"), "{e}");
+    }
+
+    #[test]
+    fn the_bounded_fit_stays_in_its_box() {
+        // t = 2 + 3·x1 exactly, with x2 ignored: the unconstrained optimum p = (3, 0)
+        let pts: Vec<[f64; 4]> = (1..6)
+            .map(|i| {
+                let x = i as f64;
+                [2.0, x, x * x, 2.0 + 3.0 * x]
+            })
+            .collect();
+        let p = wls2(&pts, [0.0, 0.0], [10.0, 10.0]);
+        assert!((p[0] - 3.0).abs() < 1e-9 && p[1].abs() < 1e-9, "{p:?}");
+        // p1 held to ≤ 2: p2 takes up what it can
+        let p = wls2(&pts, [0.0, 0.0], [2.0, 10.0]);
+        assert_eq!(p[0], 2.0);
+        assert!(p[1] > 0.0, "{p:?}");
+        // a parameter fixed by lo = hi stays put
+        let p = wls2(&pts, [0.0, 0.5], [10.0, 0.5]);
+        assert_eq!(p[1], 0.5);
+        assert!(p[0] < 3.0, "{p:?}");
     }
 }

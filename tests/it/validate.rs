@@ -440,6 +440,65 @@ fn calibrate_collectives_recovers_a_hand_made_model_and_scores_it_held_out() {
     }
 }
 
+/// `calibrate --collectives` on the published nccl-tests figures fits the model's own
+/// parameters and prints them as topology settings; held out (every second size of each
+/// series), they score better than one line per algorithm, which cannot bend where NCCL's
+/// pipeline fill and NVLS's loops bend the curve.
+#[test]
+fn calibrate_collectives_fits_the_models_own_parameters() {
+    let out_json = temp("published_fit.json");
+    let out = skewsim(&[
+        "calibrate",
+        "--collectives",
+        "traces/nccl_tests_published.csv",
+        "--nvls",
+        "-o",
+        out_json.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out_json).unwrap()).unwrap();
+    let p = &r["params"];
+    assert_eq!(
+        (p["ring_rows"].as_u64(), p["nvls_rows"].as_u64()),
+        (Some(41), Some(18))
+    );
+    for (k, lo, hi) in [
+        ("nvlink_efficiency", 0.7, 0.9),
+        ("sharp_efficiency", 0.6, 0.8),
+        ("latency_scale", 0.3, 1.5),
+        ("nvls_copy_us", 0.0, 0.5),
+    ] {
+        let v = p[k].as_f64().unwrap();
+        assert!(v > lo && v < hi, "{k} = {v}: {stdout}");
+    }
+    let all = r["scores"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["group"] == "all held out")
+        .unwrap();
+    let ape = |form: &str, k: &str| all[form][k].as_f64().unwrap();
+    assert!(ape("params", "p90_ape") < 5.0, "{stdout}");
+    assert!(
+        ape("params", "median_ape") < ape("fitted", "median_ape"),
+        "{stdout}"
+    );
+    assert!(
+        ape("params", "p90_ape") < ape("fitted", "p90_ape"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("[nvlink]\nefficiency = ") && stdout.contains("nvls_copy_us = "),
+        "{stdout}"
+    );
+}
+
 /// `calibrate --gemm --score-only` scores the built-in GEMM model on the committed cuBLAS
 /// measurements timed with the queue fed: the grid it was fitted to and a held-out set drawn
 /// by another seed (≤ 5 % median); mixing it with attention measurements is refused by name.
