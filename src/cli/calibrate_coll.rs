@@ -110,7 +110,9 @@ pub fn run(args: &Args, out: Output) -> Result<()> {
         .map(|i| rows[i].clone())
         .collect();
     let params = collective_fit::fit_params(&spec, &kept, args.nvls)?;
-    let ptopo = Arc::new(params.applied(&spec).build(Some(nodes))?);
+    let mut pspec = spec.clone();
+    params.apply_to(&mut pspec);
+    let ptopo = Arc::new(pspec.build(Some(nodes))?);
     let pcoll = CollectiveModel::of(&ptopo, args.nvls);
     let fitted_us = |i: usize| -> Result<f64> {
         let f = fits.iter().find(|f| f.algo == priced[i].algo).with_context(|| {
@@ -183,7 +185,7 @@ fn report_text(r: &Report, out: &str) -> String {
     let p = &r.params;
     let mut s = format!(
         "{} rows ({} on one GPU, left out): {} fitted, {} held out; topology {}, NVLS {}\n\n\
-         the model's own parameters ({} ring rows, {} NVLS rows inside one NVLink domain; {} round(s) of NCCL's choice), as topology settings:\n\
+         the model's own parameters ({} ring rows, {} NVLS rows inside one NVLink domain; {} round(s) of NCCL's choice), as topology settings (or pass the -o file to `skewsim topo --collectives`):\n\
          [nvlink]\nefficiency = {:.3}\n",
         r.rows,
         r.single_gpu_rows,
@@ -213,7 +215,7 @@ fn report_text(r: &Report, out: &str) -> String {
             f.algo, f.rows, f.latency_us, f.bandwidth_gbs
         ));
     }
-    s.push_str("\nas topology entries (or pass the -o file to `skewsim topo --collectives`):\n");
+    s.push_str("\nas topology entries:\n");
     for f in r.fit.iter().filter(|f| f.algo != "p2p") {
         s.push_str(&format!(
             "[[collectives.fit]]\nalgo = \"{}\"\nlatency_us = {:.3}\nbandwidth_gbyte_s = {:.3}\n",

@@ -38,8 +38,10 @@ pub struct Args {
     #[arg(long)]
     pub no_nvls: bool,
     /// Price collectives by a measured fit: the `-o` report of `skewsim calibrate
-    /// --collectives` (its per-algorithm latency and bandwidth replace the file's
-    /// `[[collectives.fit]]`).
+    /// --collectives`. Its fitted model parameters (NVLink and NVLS efficiency, latency
+    /// scale, NVLS chunk copy) replace the file's; a report without them (hand-written)
+    /// gives its per-algorithm latency and bandwidth, which replace the file's
+    /// `[[collectives.fit]]`.
     #[arg(long, value_name = "FIT.json")]
     pub collectives: Option<PathBuf>,
     /// Also list every link (its name, as fault injection spells it, and bandwidth).
@@ -97,7 +99,7 @@ pub fn run(args: Args, out: Output) -> Result<()> {
         let fname = f.display().to_string();
         let text = std::fs::read_to_string(f)
             .with_context(|| format!("reading collective fit {fname} (--collectives)"))?;
-        spec.collectives.fit = collective_fit::fit_specs_from_json(&text, &fname)?;
+        collective_fit::apply_report(&text, &fname, &mut spec)?;
         spec.validate()
             .with_context(|| format!("the fit of {fname} (--collectives)"))?;
     }

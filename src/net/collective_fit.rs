@@ -22,7 +22,7 @@
 
 use std::sync::Arc;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::cluster::topology::CollectiveFitSpec;
 use crate::cluster::{Topology, TopologySpec};
@@ -301,12 +301,26 @@ impl AlgoFit {
     }
 }
 
-/// The `fit` of a `skewsim calibrate --collectives -o FILE` report as topology
-/// `[[collectives.fit]]` entries (each checked when the topology is validated). An entry
-/// of `p2p` (the all-to-alls) is not a collective algorithm and is left out.
-pub fn fit_specs_from_json(text: &str, source: &str) -> Result<Vec<CollectiveFitSpec>> {
+/// What a `skewsim calibrate --collectives -o FILE` report sets in `spec`: its fitted
+/// model parameters ([`ParamFit::apply_to`]) where it has them, else its per-algorithm
+/// lines as `[[collectives.fit]]` (replacing the file's). Checked again when `spec` is
+/// validated.
+pub fn apply_report(text: &str, source: &str, spec: &mut TopologySpec) -> Result<()> {
     let v: serde_json::Value =
         serde_json::from_str(text).map_err(|e| parse_error(source, format!("not JSON: {e}")))?;
+    match v.get("params") {
+        Some(p) => serde_json::from_value::<ParamFit>(p.clone())
+            .map_err(|e| parse_error(source, format!("params: {e}")))?
+            .apply_to(spec),
+        None => spec.collectives.fit = fit_specs(&v, source)?,
+    }
+    Ok(())
+}
+
+/// The `fit` of a report as topology `[[collectives.fit]]` entries (each checked when the
+/// topology is validated). An entry of `p2p` (the all-to-alls) is not a collective
+/// algorithm and is left out.
+fn fit_specs(v: &serde_json::Value, source: &str) -> Result<Vec<CollectiveFitSpec>> {
     let fit = v.get("fit").and_then(|f| f.as_array()).ok_or_else(|| {
         parse_error(
             source,
@@ -407,7 +421,7 @@ pub fn fit(points: &[(&'static str, f64, f64)]) -> Result<Vec<AlgoFit>> {
 
 /// The collective model's own parameters fitted to measured rows ([`fit_params`]): what
 /// a topology file's `[nvlink]` and `[collectives]` sections take.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ParamFit {
     /// Rows NCCL's choice runs as rings, inside one NVLink domain: they give
     /// `nvlink_efficiency` and `latency_scale`.
@@ -442,8 +456,23 @@ impl ParamFit {
         }
     }
 
-    /// `spec` with these parameters.
-    pub fn applied(&self, spec: &TopologySpec) -> TopologySpec {
+    /// Set in `spec` the parameters rows were fitted to: the ring's where ring rows were
+    /// fitted, NVLS's where NVLS rows were; the rest stays the file's.
+    pub fn apply_to(&self, spec: &mut TopologySpec) {
+        if self.ring_rows > 0 {
+            spec.nvlink.efficiency = self.nvlink_efficiency;
+            spec.collectives.latency_scale = self.latency_scale;
+        }
+        if self.nvls_rows > 0 {
+            spec.nvlink.sharp_efficiency = self.sharp_efficiency;
+            if self.nvls_copy_us.is_some() {
+                spec.collectives.nvls_copy_us = self.nvls_copy_us;
+            }
+        }
+    }
+
+    /// `spec` with all these parameters, fitted or not.
+    fn applied(&self, spec: &TopologySpec) -> TopologySpec {
         let mut s = spec.clone();
         s.nvlink.efficiency = self.nvlink_efficiency;
         s.collectives.latency_scale = self.latency_scale;
@@ -777,18 +806,50 @@ mod tests {
     }
 
     #[test]
-    fn a_fit_report_loads_as_topology_entries() {
+    fn a_report_sets_its_fitted_parameters_else_its_lines() {
+        let text = include_str!("../../topologies/dgx-h200-roce.toml");
+        let file = TopologySpec::parse(text, "dgx-h200-roce.toml").unwrap();
+        let load = |json: &str| {
+            let mut spec = file.clone();
+            apply_report(json, "fit.json", &mut spec).map(|()| spec)
+        };
+        // without `params` (a hand-written report): the lines, `p2p` left out
         let json = r#"{"fit": [{"algo": "p2p", "rows": 4, "latency_us": 1.0, "bandwidth_gbs": 100.0},
             {"algo": "ring", "rows": 8, "latency_us": 30.5, "bandwidth_gbs": 343.0}]}"#;
-        let f = fit_specs_from_json(json, "fit.json").unwrap();
+        let spec = load(json).unwrap();
         assert_eq!(
-            f,
+            spec.collectives.fit,
             vec![CollectiveFitSpec {
                 algo: "ring".into(),
                 latency_us: 30.5,
                 bandwidth_gbyte_s: 343.0
             }]
         );
+        assert_eq!(spec.nvlink, file.nvlink);
+        // with `params`: the parameters its rows were fitted to, not the lines
+        let params = |ring: u32, nvls: u32| {
+            format!(
+                r#"{{"fit": [], "params": {{"ring_rows": {ring}, "nvls_rows": {nvls},
+                "nvlink_efficiency": 0.8, "latency_scale": 0.7, "sharp_efficiency": 0.6,
+                "nvls_copy_us": 0.3, "rounds": 1}}}}"#
+            )
+        };
+        let spec = load(&params(5, 5)).unwrap();
+        assert_eq!(
+            (
+                spec.nvlink.efficiency,
+                spec.collectives.latency_scale,
+                spec.nvlink.sharp_efficiency,
+                spec.collectives.nvls_copy_us
+            ),
+            (0.8, 0.7, Some(0.6), Some(0.3))
+        );
+        assert!(spec.collectives.fit.is_empty());
+        // no NVLS rows: NVLS keeps the file's figures
+        let spec = load(&params(5, 0)).unwrap();
+        assert_eq!(spec.nvlink.efficiency, 0.8);
+        assert_eq!(spec.nvlink.sharp_efficiency, file.nvlink.sharp_efficiency);
+        assert_eq!(spec.collectives.nvls_copy_us, file.collectives.nvls_copy_us);
         for (bad, part) in [
             ("[1, 2]", "no `fit` array"),
             (
@@ -803,11 +864,10 @@ mod tests {
                 "{\"fit\": [{\"algo\": \"ring\", \"latency_us\": \"x\", \"bandwidth_gbs\": 1.0}]}",
                 "fit[0].latency_us",
             ),
+            ("{\"params\": {\"ring_rows\": 1}}", "params: missing field"),
             ("not json", "not JSON"),
         ] {
-            let e = fit_specs_from_json(bad, "fit.json")
-                .unwrap_err()
-                .to_string();
+            let e = load(bad).unwrap_err().to_string();
             assert!(e.contains("fit.json") && e.contains(part), "{bad}: {e}");
         }
     }

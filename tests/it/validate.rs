@@ -497,6 +497,40 @@ fn calibrate_collectives_fits_the_models_own_parameters() {
         stdout.contains("[nvlink]\nefficiency = ") && stdout.contains("nvls_copy_us = "),
         "{stdout}"
     );
+    // `topo --collectives` prices by the fitted parameters: an 8 GiB all-gather on 8 GPUs
+    // takes the file's NVLink efficiency ÷ the fitted one longer, less its fixed costs
+    let all_gather_8gib = |extra: &[&str]| {
+        let dir = temp("published_fit_topo");
+        let mut a = vec![
+            "--json",
+            "topo",
+            "topologies/dgx-h200-roce.toml",
+            "--nodes",
+            "1",
+            "--out",
+            dir.to_str().unwrap(),
+        ];
+        a.extend_from_slice(extra);
+        let out = skewsim(&a);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["collectives"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["op"] == "all_gather" && c["ranks"] == 8 && c["bytes"] == 8u64 << 30)
+            .unwrap()["time_us"]
+            .as_f64()
+            .unwrap()
+    };
+    let ratio =
+        all_gather_8gib(&["--collectives", out_json.to_str().unwrap()]) / all_gather_8gib(&[]);
+    let want = 0.833 / p["nvlink_efficiency"].as_f64().unwrap();
+    assert!((ratio / want - 1.0).abs() < 0.005, "{ratio} against {want}");
 }
 
 /// `calibrate --gemm --score-only` scores the built-in GEMM model on the committed cuBLAS
