@@ -109,6 +109,8 @@ pub struct Args {
     pub placement: PlacementArg,
     /// Score without fitting: price every row (measurements and traces, no holdout) by
     /// `--calibration`, else by the built-in default, and print predicted vs measured.
+    /// With `--collectives`: every row by the `--topology` file's collective model as it
+    /// is (its `[[collectives.fit]]` included).
     #[arg(long)]
     pub score_only: bool,
     /// GEMM measurement CSVs (`validate/torch/torch_grid.py`'s gemm section): fit the GEMM

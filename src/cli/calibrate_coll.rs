@@ -63,16 +63,19 @@ pub fn run(args: &Args, out: Output) -> Result<()> {
     rows.retain(|r| r.gpus >= 2);
     let single = total - rows.len();
     if rows.is_empty() {
-        bail!("--collectives: all {total} rows are on one GPU: a collective crosses no link there, nothing to fit (measure on 2 or more GPUs)");
+        bail!("--collectives: all {total} rows are on one GPU: a collective crosses no link there, nothing to fit or score (measure on 2 or more GPUs)");
     }
     let tname = args.topology.display().to_string();
     let text = std::fs::read_to_string(&args.topology)
         .with_context(|| format!("reading topology {tname} (--topology)"))?;
     let mut spec = TopologySpec::parse(&text, &tname)?;
-    // rows are priced by NCCL's table and the links, never by an earlier fit
-    spec.collectives.fit.clear();
     let most = rows.iter().map(|r| r.gpus).max().unwrap_or(2);
     let nodes = most.div_ceil(spec.gpus_per_node.max(1));
+    if args.score_only {
+        return score(args, out, &rows, single, tname, &spec, nodes);
+    }
+    // rows are priced by NCCL's table and the links, never by an earlier fit
+    spec.collectives.fit.clear();
     let topo = Arc::new(spec.build(Some(nodes))?);
     let coll = CollectiveModel::of(&topo, args.nvls);
     let priced: Vec<Priced> = rows
@@ -138,16 +141,7 @@ pub fn run(args: &Args, out: Output) -> Result<()> {
             r.time_us,
         );
         let base = (priced[i].model_us, r.time_us);
-        let band = if r.bytes >= LARGE {
-            "sizes >= 64 MiB"
-        } else {
-            "sizes < 64 MiB"
-        };
-        for key in [
-            format!("{} {} GPUs", r.op.name(), r.gpus),
-            band.to_string(),
-            "all held out".to_string(),
-        ] {
+        for key in groups_of(r, "all held out") {
             let g = groups.entry(key).or_default();
             g[0].push(pair);
             g[1].push(par);
@@ -179,6 +173,124 @@ pub fn run(args: &Args, out: Output) -> Result<()> {
     out.emit(&report, || {
         report_text(&report, &args.out.display().to_string())
     })
+}
+
+/// The groups a row is scored in: its (op, GPUs), its size band and `all`.
+fn groups_of(r: &CollRow, all: &str) -> [String; 3] {
+    let band = if r.bytes >= LARGE {
+        "sizes >= 64 MiB"
+    } else {
+        "sizes < 64 MiB"
+    };
+    [
+        format!("{} {} GPUs", r.op.name(), r.gpus),
+        band.to_string(),
+        all.to_string(),
+    ]
+}
+
+/// One row as the topology's model prices it.
+#[derive(Serialize)]
+struct RowScore {
+    op: &'static str,
+    gpus: u32,
+    bytes: u64,
+    algo: &'static str,
+    measured_us: f64,
+    model_us: f64,
+    /// (model − measured) / measured, %.
+    error_pct: f64,
+}
+
+/// One group's errors of the topology's model.
+#[derive(Serialize)]
+struct GroupScore {
+    group: String,
+    model: ErrStats,
+}
+
+#[derive(Serialize)]
+struct ScoreReport {
+    topology: String,
+    nvls: bool,
+    rows: usize,
+    /// Rows on one GPU (nothing crosses a link; not scored).
+    single_gpu_rows: usize,
+    scored: Vec<RowScore>,
+    scores: Vec<GroupScore>,
+}
+
+/// `--score-only`: every row priced by the topology's model as the file gives it (its
+/// `[[collectives.fit]]` lines included), nothing fitted or held out.
+fn score(
+    args: &Args,
+    out: Output,
+    rows: &[CollRow],
+    single: usize,
+    tname: String,
+    spec: &TopologySpec,
+    nodes: u32,
+) -> Result<()> {
+    let topo = Arc::new(spec.build(Some(nodes))?);
+    let coll = CollectiveModel::of(&topo, args.nvls);
+    let mut scored = Vec::with_capacity(rows.len());
+    let mut groups: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
+    for r in rows {
+        let p = collective_fit::price(r, &topo, &coll)
+            .with_context(|| format!("{} on {} GPUs, {} bytes", r.op.name(), r.gpus, r.bytes))?;
+        for key in groups_of(r, "all rows") {
+            groups.entry(key).or_default().push((p.model_us, r.time_us));
+        }
+        scored.push(RowScore {
+            op: r.op.name(),
+            gpus: r.gpus,
+            bytes: r.bytes,
+            algo: p.algo,
+            measured_us: r.time_us,
+            model_us: p.model_us,
+            error_pct: 100.0 * (p.model_us / r.time_us - 1.0),
+        });
+    }
+    let report = ScoreReport {
+        topology: tname,
+        nvls: args.nvls,
+        rows: rows.len() + single,
+        single_gpu_rows: single,
+        scored,
+        scores: groups
+            .into_iter()
+            .map(|(group, pairs)| GroupScore {
+                group,
+                model: ErrStats::of(&pairs),
+            })
+            .collect(),
+    };
+    out.emit(&report, || score_text(&report))
+}
+
+fn score_text(r: &ScoreReport) -> String {
+    let mut s = format!(
+        "{} rows ({} on one GPU, left out), priced by topology {} as it is, NVLS {}; nothing fitted\n\n\
+         op              GPUs        bytes  algorithm  measured us     model us   error %\n",
+        r.rows,
+        r.single_gpu_rows,
+        r.topology,
+        if r.nvls { "on" } else { "off" }
+    );
+    for x in &r.scored {
+        s.push_str(&format!(
+            "{:<16}{:>4}{:>13}  {:<9}{:>13.2}{:>13.2}{:>+10.2}\n",
+            x.op, x.gpus, x.bytes, x.algo, x.measured_us, x.model_us, x.error_pct
+        ));
+    }
+    s.push_str("\ngroup                             n  median APE %  p90 APE %  max APE %\n");
+    for g in &r.scores {
+        s.push_str(&format!(
+            "{:<30}{:>5}{:>14.2}{:>11.2}{:>11.2}\n",
+            g.group, g.model.n, g.model.median_ape, g.model.p90_ape, g.model.max_ape
+        ));
+    }
+    s
 }
 
 fn report_text(r: &Report, out: &str) -> String {

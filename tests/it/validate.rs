@@ -440,6 +440,62 @@ fn calibrate_collectives_recovers_a_hand_made_model_and_scores_it_held_out() {
     }
 }
 
+/// `calibrate --score-only --collectives` fits nothing: it prices every row by the
+/// topology's model as the file gives it, `[[collectives.fit]]` lines included. A file
+/// whose ring line is the hand-made rows' own (20 µs + port bytes / 360 GB/s) prices their
+/// rings exactly; without it the same rings miss.
+#[test]
+fn calibrate_score_only_prices_collectives_by_the_topology_as_it_is() {
+    let base = std::fs::read_to_string("topologies/dgx-h200-roce.toml").unwrap();
+    let with_line = temp("ring_line.toml");
+    std::fs::write(
+        &with_line,
+        format!("{base}\n[[collectives.fit]]\nalgo = \"ring\"\nlatency_us = 20.0\nbandwidth_gbyte_s = 360.0\n"),
+    )
+    .unwrap();
+    let score = |topology: &str| {
+        let out = skewsim(&[
+            "--json",
+            "calibrate",
+            "--score-only",
+            "--collectives",
+            "validate/torch/handmade_collectives.csv",
+            "--topology",
+            topology,
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert!(v.get("params").is_none() && v.get("fit").is_none(), "{v}");
+        assert_eq!(v["scored"].as_array().unwrap().len(), 90);
+        let max = |group: &str| {
+            v["scores"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|g| g["group"] == group)
+                .unwrap()["model"]["max_ape"]
+                .as_f64()
+                .unwrap()
+        };
+        [
+            "all_gather 8 GPUs",
+            "reduce_scatter 4 GPUs",
+            "all_reduce 2 GPUs",
+        ]
+        .map(max)
+    };
+    for ape in score(with_line.to_str().unwrap()) {
+        assert!(ape < 0.01, "{ape}");
+    }
+    for ape in score("topologies/dgx-h200-roce.toml") {
+        assert!(ape > 1.0, "{ape}");
+    }
+}
+
 /// `calibrate --collectives` on the published nccl-tests figures fits the model's own
 /// parameters and prints them as topology settings; held out (every second size of each
 /// series), they score better than one line per algorithm, which cannot bend where NCCL's
