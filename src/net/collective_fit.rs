@@ -376,16 +376,7 @@ pub fn fit(points: &[(&'static str, f64, f64)]) -> Result<Vec<AlgoFit>> {
             .filter(|p| p.0 == a)
             .map(|p| (p.1, p.2))
             .collect();
-        let mut sizes: Vec<u64> = pts.iter().map(|p| p.0 as u64).collect();
-        sizes.sort_unstable();
-        sizes.dedup();
-        if sizes.len() < 2 {
-            return Err(invalid(
-                format!("rows of algorithm {a}"),
-                format!("{} distinct size(s)", sizes.len()),
-                "at least 2 distinct sizes to fit a latency and a bandwidth",
-            ));
-        }
+        two_sizes(a, pts.iter().map(|p| p.0 as u64))?;
         // weighted least squares of m = l + b·x with weights 1/m²
         let (mut s1, mut sx, mut sxx, mut sm, mut sxm) = (0.0, 0.0, 0.0, 0.0, 0.0);
         for &(x, m) in &pts {
@@ -577,7 +568,7 @@ pub fn fit_params(spec: &TopologySpec, rows: &[CollRow], nvls: bool) -> Result<P
         let ring = measured(Algo::Ring);
         fit.ring_rows = ring.len();
         if !ring.is_empty() {
-            two_sizes("ring", &ring)?;
+            two_sizes("ring", ring.iter().map(|r| r.bytes))?;
             let (s, u) = (fit.latency_scale, 1.0 / fit.nvlink_efficiency);
             let base = fit.applied(&spec);
             let t0 = times(&base, Algo::Ring, &|_| {})?;
@@ -601,7 +592,7 @@ pub fn fit_params(spec: &TopologySpec, rows: &[CollRow], nvls: bool) -> Result<P
         let nv = measured(Algo::Nvls);
         fit.nvls_rows = nv.len();
         if let (false, Some(e)) = (nv.is_empty(), fit.sharp_efficiency) {
-            two_sizes("NVLS", &nv)?;
+            two_sizes("NVLS", nv.iter().map(|r| r.bytes))?;
             let (v, k) = (1.0 / e, fit.nvls_copy_us.unwrap_or(0.0));
             let base = fit.applied(&spec);
             let t0 = times(&base, Algo::Nvls, &|_| {})?;
@@ -641,16 +632,16 @@ fn op_name(op: CollOp) -> &'static str {
     op.collective().name()
 }
 
-/// An error naming `algo` unless its rows have at least two sizes.
-fn two_sizes(algo: &str, rows: &[&CollRow]) -> Result<()> {
-    let mut sizes: Vec<u64> = rows.iter().map(|r| r.bytes).collect();
+/// An error naming `algo` unless its rows have at least two distinct `sizes`.
+fn two_sizes(algo: &str, sizes: impl Iterator<Item = u64>) -> Result<()> {
+    let mut sizes: Vec<u64> = sizes.collect();
     sizes.sort_unstable();
     sizes.dedup();
     if sizes.len() < 2 {
         return Err(invalid(
             format!("rows of algorithm {algo}"),
             format!("{} distinct size(s)", sizes.len()),
-            "at least 2 distinct sizes to fit its two parameters",
+            "at least 2 distinct sizes to fit two parameters (a latency and a rate)",
         ));
     }
     Ok(())

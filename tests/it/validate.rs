@@ -367,26 +367,34 @@ fn kernel_profiles_are_named_and_exclusive() {
     );
 }
 
-#[test]
-fn calibrate_collectives_recovers_a_hand_made_model_and_scores_it_held_out() {
-    let out_json = temp("coll.json");
-    let out = skewsim(&[
+/// `skewsim calibrate --collectives ROWS ARGS -o TEMP`: its text and its `-o` report.
+fn calibrate_collectives(rows: &str, args: &[&str], report: &str) -> (String, serde_json::Value) {
+    let out_json = temp(report);
+    let mut a = vec![
         "calibrate",
         "--collectives",
-        "validate/torch/handmade_collectives.csv",
-        "--holdout-gpus",
-        "4",
+        rows,
         "-o",
         out_json.to_str().unwrap(),
-    ]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    ];
+    a.extend_from_slice(args);
+    let out = skewsim(&a);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let r: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&out_json).unwrap()).unwrap();
+    let r = serde_json::from_str(&std::fs::read_to_string(&out_json).unwrap()).unwrap();
+    (String::from_utf8_lossy(&out.stdout).into_owned(), r)
+}
+
+#[test]
+fn calibrate_collectives_recovers_a_hand_made_model_and_scores_it_held_out() {
+    let (stdout, r) = calibrate_collectives(
+        "validate/torch/handmade_collectives.csv",
+        &["--holdout-gpus", "4"],
+        "coll.json",
+    );
     // 90 rows: GPU count 4 held out (30) and every second size of the others (30)
     assert_eq!(
         (r["fitted_rows"].as_u64(), r["held_out_rows"].as_u64()),
@@ -502,23 +510,12 @@ fn calibrate_score_only_prices_collectives_by_the_topology_as_it_is() {
 /// pipeline fill and NVLS's loops bend the curve.
 #[test]
 fn calibrate_collectives_fits_the_models_own_parameters() {
-    let out_json = temp("published_fit.json");
-    let out = skewsim(&[
-        "calibrate",
-        "--collectives",
+    let (stdout, r) = calibrate_collectives(
         "traces/nccl_tests_published.csv",
-        "--nvls",
-        "-o",
-        out_json.to_str().unwrap(),
-    ]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        &["--nvls"],
+        "published_fit.json",
     );
-    let r: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&out_json).unwrap()).unwrap();
+    let out_json = temp("published_fit.json");
     let p = &r["params"];
     assert_eq!(
         (p["ring_rows"].as_u64(), p["nvls_rows"].as_u64()),
