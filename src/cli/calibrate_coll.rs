@@ -297,8 +297,7 @@ fn report_text(r: &Report, out: &str) -> String {
     let p = &r.params;
     let mut s = format!(
         "{} rows ({} on one GPU, left out): {} fitted, {} held out; topology {}, NVLS {}\n\n\
-         the model's own parameters ({} ring rows, {} NVLS rows inside one NVLink domain; {} round(s) of NCCL's choice), as topology settings (or pass the -o file to `skewsim topo --collectives`):\n\
-         [nvlink]\nefficiency = {:.3}\n",
+         the model's own parameters ({} ring rows, {} NVLS rows inside one NVLink domain; {} round(s) of NCCL's choice)",
         r.rows,
         r.single_gpu_rows,
         r.fitted_rows,
@@ -308,17 +307,31 @@ fn report_text(r: &Report, out: &str) -> String {
         p.ring_rows,
         p.nvls_rows,
         p.rounds,
-        p.nvlink_efficiency,
     );
-    if let Some(e) = p.sharp_efficiency {
-        s.push_str(&format!("sharp_efficiency = {e:.3}\n"));
+    // only what rows were fitted to: the rest stays the topology's
+    let mut nvlink = Vec::new();
+    let mut coll = Vec::new();
+    if p.ring_rows > 0 {
+        nvlink.push(format!("efficiency = {:.3}", p.nvlink_efficiency));
+        coll.push(format!("latency_scale = {:.3}", p.latency_scale));
     }
-    s.push_str(&format!(
-        "[collectives]\nlatency_scale = {:.3}\n",
-        p.latency_scale
-    ));
-    if let Some(c) = p.nvls_copy_us {
-        s.push_str(&format!("nvls_copy_us = {c:.3}\n"));
+    if p.nvls_rows > 0 {
+        if let Some(e) = p.sharp_efficiency {
+            nvlink.push(format!("sharp_efficiency = {e:.3}"));
+        }
+        if let Some(c) = p.nvls_copy_us {
+            coll.push(format!("nvls_copy_us = {c:.3}"));
+        }
+    }
+    if nvlink.is_empty() && coll.is_empty() {
+        s.push_str(": none fitted, no row runs inside one NVLink domain\n");
+    } else {
+        s.push_str(", as topology settings (or pass the -o file to `skewsim topo --collectives`):\n");
+        for (table, lines) in [("[nvlink]", &nvlink), ("[collectives]", &coll)] {
+            if !lines.is_empty() {
+                s.push_str(&format!("{table}\n{}\n", lines.join("\n")));
+            }
+        }
     }
     s.push_str("\na line per algorithm:\nalgorithm  rows  latency us  bandwidth GB/s\n");
     for f in &r.fit {

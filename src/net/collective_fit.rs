@@ -940,6 +940,15 @@ mod tests {
         let f = fit_params(&shipped, &rows, false).unwrap();
         assert_eq!((f.ring_rows, f.nvls_rows), (81, 0));
         assert_eq!(f.sharp_efficiency, shipped.nvlink.sharp_efficiency);
+        // one GPU per NVLink domain: no row is fitted, and applying the fit changes nothing
+        let mut apart = shipped.clone();
+        apart.gpus_per_node = 1;
+        apart.nic.as_mut().unwrap().per_node = 1;
+        let f = fit_params(&apart, &rows, true).unwrap();
+        assert_eq!((f.ring_rows, f.nvls_rows, f.rounds), (0, 0, 0));
+        let mut same = apart.clone();
+        f.apply_to(&mut same);
+        assert_eq!(same, apart);
         // one size cannot separate a latency from a bandwidth
         let e = fit_params(&shipped, &rows[..1], true).unwrap_err();
         assert!(e.to_string().contains("algorithm ring"), "{e}");
