@@ -1159,6 +1159,9 @@ mod tests {
     /// rerun on a quiet host, where its reduce-scatter, which moves the same bytes over the
     /// same steps and reduces on top, took 42.9 and 42.7: all-gather runs about 4 µs slower
     /// than reduce-scatter from 4 to 128 MiB in both runs, and the model prices the two alike.
+    /// NCCL's maintainers know no reason for all-gather trailing reduce-scatter on H100 and
+    /// put it down to code generation (`NVIDIA/nccl#1281`: all-gather is built for byte
+    /// elements only, reduce-scatter per datatype), so it is not modelled.
     const MISSES: &[(&str, &str, u32, u64, f64)] = &[
         (BENCH_AG, "all_gather", 4, 8, 0.41),
         (BENCH_AG_QUIET, "all_gather", 4, 8, 0.17),
