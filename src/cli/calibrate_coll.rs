@@ -326,7 +326,9 @@ fn report_text(r: &Report, out: &str) -> String {
     if nvlink.is_empty() && coll.is_empty() {
         s.push_str(": none fitted, no row runs inside one NVLink domain\n");
     } else {
-        s.push_str(", as topology settings (or pass the -o file to `skewsim topo --collectives`):\n");
+        s.push_str(
+            ", as topology settings (or pass the -o file to `skewsim topo --collectives`):\n",
+        );
         for (table, lines) in [("[nvlink]", &nvlink), ("[collectives]", &coll)] {
             if !lines.is_empty() {
                 s.push_str(&format!("{table}\n{}\n", lines.join("\n")));
