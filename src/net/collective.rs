@@ -100,7 +100,9 @@
 //! GPUs, other 8-GPU sources) by the `published_nccl_tests_figures` test. The fitted link
 //! rate, 0.833 × 450 = 374.9 GB/s, is 1 % above NCCL's own figure for an H100's NVLink (18
 //! links × 20.6 GB/s, `SM90_NVLINK_BW`, src/graph/topo.h); the latency scale comes out 0.64
-//! (the held-out 4-GPU rows at 8 MiB land within 6 % with it). Without a topology
+//! (the held-out 4-GPU rows at 8 MiB land within 6 % with it). The GB200 NVL72 file's NVLS
+//! efficiency and chunk copy are fitted the same way to one 72-GPU rack's all-reduce
+//! (`traces/nccl_tests_gb200.csv`). Without a topology
 //! ([`CollectiveModel::default`], a stub network) every collective is a Simple ring with
 //! no latency of its own.
 //!
@@ -1202,6 +1204,54 @@ mod tests {
             (f.nvls_copy_us.unwrap(), c.nvls_copy_us.unwrap(), 5e-3),
         ] {
             assert!((fitted - shipped).abs() <= within, "{f:?}");
+        }
+    }
+
+    /// The GB200 NVL72 file's NVLS efficiency and chunk-copy cost are the model's own
+    /// parameters fitted to the `fit` rows of `traces/nccl_tests_gb200.csv` (one 72-GPU rack,
+    /// 512 MiB, 2 GiB, 8 GiB), and its `check` rows (1 GiB, 4 GiB) come within 5 %.
+    #[test]
+    fn gb200_nvls_is_the_fit_of_its_fit_rows() {
+        use crate::net::collective_fit::{fit_params, price, rows_from_csv};
+        let text = include_str!("../../traces/nccl_tests_gb200.csv");
+        let rows_of = |role: &str| {
+            let t: String = text
+                .lines()
+                .filter(|l| !l.starts_with('#'))
+                .enumerate()
+                .filter(|(i, l)| *i == 0 || l.ends_with(role))
+                .map(|(_, l)| format!("{l}\n"))
+                .collect();
+            rows_from_csv(&t, "nccl_tests_gb200.csv").unwrap()
+        };
+        let gb200 = include_str!("../../topologies/gb200-nvl72.toml");
+        let spec = TopologySpec::parse(gb200, "gb200-nvl72.toml").unwrap();
+        let f = fit_params(&spec, &rows_of(",fit"), true).unwrap();
+        assert_eq!((f.ring_rows, f.nvls_rows), (0, 3));
+        let (e, c) = (f.sharp_efficiency.unwrap(), f.nvls_copy_us.unwrap());
+        assert!(
+            (e - spec.nvlink.sharp_efficiency.unwrap()).abs() <= 5e-4,
+            "{f:?}"
+        );
+        assert!(
+            (c - spec.collectives.nvls_copy_us.unwrap()).abs() <= 5e-4,
+            "{f:?}"
+        );
+        let t = Arc::new(spec.build(None).unwrap());
+        let coll = CollectiveModel::of(&t, true);
+        let check = rows_of(",check");
+        assert_eq!(check.len(), 2);
+        for r in &check {
+            let p = price(r, &t, &coll).unwrap();
+            let err = r.time_us / p.model_us - 1.0;
+            eprintln!(
+                "{} GPUs {} B {}: {:+.1} %",
+                r.gpus,
+                r.bytes,
+                p.algo,
+                100.0 * err
+            );
+            assert!(p.algo == "NVLS" && err.abs() < 0.05, "{r:?}: {err}");
         }
     }
 
