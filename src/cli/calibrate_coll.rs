@@ -70,7 +70,7 @@ pub fn run(args: &Args, out: Output) -> Result<()> {
         .with_context(|| format!("reading topology {tname} (--topology)"))?;
     let mut spec = TopologySpec::parse(&text, &tname)?;
     let most = rows.iter().map(|r| r.gpus).max().unwrap_or(2);
-    let nodes = most.div_ceil(spec.gpus_per_node.max(1));
+    let nodes = collective_fit::nodes_for(&spec, most);
     if args.score_only {
         return score(args, out, &rows, single, tname, &spec, nodes);
     }

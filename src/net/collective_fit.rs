@@ -473,6 +473,18 @@ impl ParamFit {
     }
 }
 
+/// The fewest nodes of `spec` that hold `gpus` GPUs, in whole multi-node NVLink domains
+/// where it has them.
+pub fn nodes_for(spec: &TopologySpec, gpus: u32) -> u32 {
+    let nodes = gpus.div_ceil(spec.gpus_per_node.max(1)).max(1);
+    match &spec.super_node {
+        Some(s) => nodes
+            .div_ceil(s.nodes.max(1))
+            .saturating_mul(s.nodes.max(1)),
+        None => nodes,
+    }
+}
+
 /// Most rounds of choosing and fitting in [`fit_params`].
 pub const MAX_ROUNDS: usize = 8;
 /// The smallest latency scale a fit gives (a topology's must be > 0).
@@ -501,7 +513,7 @@ pub fn fit_params(spec: &TopologySpec, rows: &[CollRow], nvls: bool) -> Result<P
     let mut spec = spec.clone();
     spec.collectives.fit.clear();
     let most = rows.iter().map(|r| r.gpus).max().unwrap_or(2);
-    let nodes = most.div_ceil(spec.gpus_per_node.max(1));
+    let nodes = nodes_for(&spec, most);
     let build = |s: &TopologySpec| -> Result<(Arc<Topology>, CollectiveModel)> {
         let t = Arc::new(s.build(Some(nodes))?);
         let c = CollectiveModel::of(&t, nvls);
@@ -728,8 +740,41 @@ mod tests {
     fn node(gpus: u32) -> Arc<Topology> {
         let text = include_str!("../../topologies/dgx-h200-roce.toml");
         let spec = TopologySpec::parse(text, "dgx-h200-roce.toml").unwrap();
-        let nodes = gpus.div_ceil(spec.gpus_per_node);
-        Arc::new(spec.build(Some(nodes)).unwrap())
+        Arc::new(spec.build(Some(nodes_for(&spec, gpus))).unwrap())
+    }
+
+    #[test]
+    fn rows_get_whole_nodes_and_whole_nvlink_domains() {
+        let dgx = include_str!("../../topologies/dgx-h200-roce.toml");
+        let dgx = TopologySpec::parse(dgx, "dgx-h200-roce.toml").unwrap();
+        let gb = include_str!("../../topologies/gb200-nvl72.toml");
+        let gb = TopologySpec::parse(gb, "gb200-nvl72.toml").unwrap();
+        let got: Vec<u32> = [
+            (&dgx, 1),
+            (&dgx, 8),
+            (&dgx, 9),
+            (&gb, 8),
+            (&gb, 72),
+            (&gb, 73),
+        ]
+        .iter()
+        .map(|&(s, g)| nodes_for(s, g))
+        .collect();
+        assert_eq!(got, [1, 1, 2, 18, 18, 36]);
+        // an 8-GPU row on an NVL72 topology is priced, inside one rack
+        let t = Arc::new(gb.build(Some(nodes_for(&gb, 8))).unwrap());
+        let row = CollRow {
+            op: CollMeasureOp::AllGather,
+            gpus: 8,
+            bytes: 1 << 30,
+            time_us: 1.0,
+        };
+        assert_eq!(
+            price(&row, &t, &CollectiveModel::of(&t, false))
+                .unwrap()
+                .algo,
+            "ring"
+        );
     }
 
     #[test]
