@@ -128,7 +128,7 @@ pub fn run(args: &Args, out: Output) -> Result<()> {
         })?;
         Ok(f.predict_us(priced[i].port_bytes))
     };
-    // per group: (fitted, measured) and (model, measured) pairs
+    // per group: (lines, measured), (parameters, measured) and (model, measured) pairs
     type Pairs = Vec<(f64, f64)>;
     let mut groups: BTreeMap<String, [Pairs; 3]> = BTreeMap::new();
     let mut held_n = 0;

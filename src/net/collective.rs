@@ -807,15 +807,15 @@ impl CollectiveModel {
         if let Some(a) = only {
             cands.retain(|c| c.algo == a);
         }
+        if cands.is_empty() {
+            return None;
+        }
         let estimate = |l: &Lowered| l.latency as f64 * 1e-12 + link_secs(l);
         let mut best = 0;
         for (k, c) in cands.iter().enumerate().skip(1) {
             if estimate(c) < estimate(&cands[best]) {
                 best = k;
             }
-        }
-        if cands.is_empty() {
-            return None;
         }
         let mut chosen = cands.swap_remove(best);
         // NVLS's loops price it once chosen: NCCL's tuner chooses by its latency and

@@ -496,6 +496,8 @@ const SCALE_STEP: f64 = 0.1;
 const INV_EFF_STEP: f64 = 1.01;
 /// A chunk-copy probe, µs.
 const COPY_STEP_US: f64 = 0.1;
+/// The largest chunk-copy cost a fit gives, µs (a topology's `nvls_copy_us` limit).
+const MAX_COPY_US: f64 = 1e6;
 
 /// Fit the collective model's own parameters to `rows` on `spec` (NVLS allowed when
 /// `nvls`): the form that prices every size, rather than one line per algorithm
@@ -560,7 +562,7 @@ pub fn fit_params(spec: &TopologySpec, rows: &[CollRow], nvls: bool) -> Result<P
                     .lower_as(a, p, op, &group(r), r.bytes, t.gpus_per_node)
                     .ok_or_else(|| {
                         invalid(
-                            format!("{} on {} GPUs, {} bytes", op_name(op), r.gpus, r.bytes),
+                            format!("{} on {} GPUs, {} bytes", r.op.name(), r.gpus, r.bytes),
                             format!("{} {}", a.name(), p.name()),
                             "an algorithm and protocol the group can run",
                         )
@@ -634,14 +636,6 @@ pub fn fit_params(spec: &TopologySpec, rows: &[CollRow], nvls: bool) -> Result<P
         }
     }
     Ok(fit)
-}
-
-/// The largest chunk-copy cost a fit gives, µs (a topology's `nvls_copy_us` limit).
-const MAX_COPY_US: f64 = 1e6;
-
-/// nccl-tests' name of `op`.
-fn op_name(op: CollOp) -> &'static str {
-    op.collective().name()
 }
 
 /// An error naming `algo` unless its rows have at least two distinct `sizes`.
