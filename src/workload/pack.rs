@@ -146,7 +146,7 @@ impl<I: Iterator<Item = u32>> Packer<I> {
         let mut samples = Vec::new();
         let mut used = 0u32;
         while let Some(s) = self.carry.take().or_else(|| self.next_piece()) {
-            if used + s.len > self.seq_len {
+            if s.len > self.seq_len - used {
                 self.carry = Some(s);
                 break;
             }
@@ -248,6 +248,15 @@ mod tests {
         assert_eq!(out[3].samples[0].doc, out[2].samples[0].doc);
         assert!(!out[3].samples[1].cut);
         assert_eq!(out[0].padding(), 1);
+    }
+
+    /// At L = u32::MAX a sequence's tokens plus the next document's pass u32::MAX: the
+    /// document goes to the next sequence.
+    #[test]
+    fn sequential_at_the_largest_length() {
+        let m = u32::MAX;
+        let p = Packer::new([m - 1, 2, 5].into_iter(), m, Packing::Sequential).unwrap();
+        assert_eq!(lens(&p.collect::<Vec<_>>()), vec![vec![m - 1], vec![2, 5]]);
     }
 
     #[test]
