@@ -206,6 +206,14 @@ pub fn run(args: Args, out: Output) -> Result<()> {
         pipeline: args.pipeline.is_some(),
     };
     let o = plan::plan(&req, &budget)?;
+    let ignored = req.ignored_knobs(&o.scheme.scheme);
+    if !ignored.is_empty() {
+        eprintln!(
+            "skewsim: {} not read by scheme {}: planned without",
+            ignored.join(", "),
+            o.scheme.scheme
+        );
+    }
     if let (Some(path), Some(pipes)) = (&args.pipeline, &o.pipeline) {
         std::fs::write(path, serde_json::to_string(pipes)? + "\n")
             .with_context(|| format!("writing {}", path.display()))?;

@@ -595,6 +595,36 @@ pub struct PlanRequest<'a> {
     pub pipeline: bool,
 }
 
+impl PlanRequest<'_> {
+    /// The caller's knobs that `scheme` does not read (another scheme's), as flags:
+    /// planned without them, so a caller can say so.
+    pub fn ignored_knobs(&self, scheme: &str) -> Vec<&'static str> {
+        let (s, w) = (&self.scheme, &self.workload);
+        [
+            ("--s-max", "wlbllm", s.s_max.is_some()),
+            ("--sharding", "wlbllm", s.sharding.is_some()),
+            (
+                "--outlier-thresholds",
+                "wlbllm",
+                s.outlier_thresholds.is_some(),
+            ),
+            ("--epsilon", "distca", s.epsilon.is_some()),
+            ("--no-ping-pong", "distca", s.ping_pong.is_some()),
+            ("--tight", "distca", s.tight.is_some()),
+            ("--pool-size", "libra", self.pool_size.is_some()),
+            ("--head-shards", "libra", self.head_shards.is_some()),
+            ("--tile-tokens", "libra", self.tile_tokens.is_some()),
+            ("--tau", "libra", w.tau.is_some()),
+            ("--chunks", "libra", w.chunks.is_some()),
+            ("--grouping", "libra", w.grouping.is_some()),
+        ]
+        .into_iter()
+        .filter(|&(_, owner, given)| given && owner != scheme)
+        .map(|(flag, _, _)| flag)
+        .collect()
+    }
+}
+
 /// A checked plan and what a person reads about it.
 #[derive(Clone, Debug)]
 pub struct PlanOutcome {

@@ -92,6 +92,40 @@ fn every_scheme_plans_and_checks() {
     assert_ne!(delayed, flops[0]);
 }
 
+/// Another scheme's knobs are named as not read; the plan is the one made without them.
+#[test]
+fn another_schemes_knobs_are_named() {
+    let d = dir();
+    let with = d.join("knobs-with.json").to_string_lossy().into_owned();
+    let without = d.join("knobs-without.json").to_string_lossy().into_owned();
+    let mut args = vec!["plan", "--scheme", "wlbllm", "-o", &with];
+    args.extend(WORKLOAD);
+    args.extend([
+        "--epsilon",
+        "0.3",
+        "--tile-tokens",
+        "512",
+        "--sharding",
+        "per-document",
+    ]);
+    let out = skewsim(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("--epsilon, --tile-tokens not read by scheme wlbllm"),
+        "{stderr}"
+    );
+    let mut args = vec!["plan", "--scheme", "wlbllm", "-o", &without];
+    args.extend(WORKLOAD);
+    args.extend(["--sharding", "per-document"]);
+    let out = skewsim(&args);
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("not read"));
+    assert_eq!(
+        std::fs::read(&with).unwrap(),
+        std::fs::read(&without).unwrap()
+    );
+}
+
 #[test]
 fn a_tampered_plan_fails_check_plan() {
     let d = dir();
