@@ -22,11 +22,12 @@ use skewsim::cost::fit::{
 };
 
 use skewsim::cost::blocks::{
-    BlockModel, BlockTimes, BwdBlockModel, Placement, TileOrder, BWD_BLOCKS_PER_SM, BWD_BLOCK_M,
-    BWD_BLOCK_N, FWD_BLOCKS_PER_SM, FWD_BLOCK_M, FWD_BLOCK_N, FWD_HEAD_DIM, H200_SMS,
+    BlockModel, BlockTimes, BwdBlockModel, Placement, TileOrder, BLOCK_ROWS, BWD_BLOCKS_PER_SM,
+    BWD_BLOCK_M, BWD_BLOCK_N, FWD_BLOCKS_PER_SM, FWD_BLOCK_M, FWD_BLOCK_N, FWD_HEAD_DIM, H200_SMS,
+    MAX_BLOCKS_PER_SM, MAX_SMS,
 };
 
-use super::Output;
+use super::{limits, Output};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -75,25 +76,28 @@ pub struct Args {
     #[arg(long, value_enum, default_value_t = KernelModel::Blocks)]
     pub kernel_model: KernelModel,
     /// SMs of the block model (132 on an H200).
-    #[arg(long, default_value_t = H200_SMS)]
+    #[arg(long, default_value_t = H200_SMS,
+          value_parser = limits::count::<u32>(1, MAX_SMS.into()))]
     pub sms: u32,
     /// Resident blocks per SM of the forward kernel (2 for v3-w4).
-    #[arg(long, default_value_t = FWD_BLOCKS_PER_SM)]
+    #[arg(long, default_value_t = FWD_BLOCKS_PER_SM,
+          value_parser = limits::count::<u32>(1, MAX_BLOCKS_PER_SM.into()))]
     pub blocks_per_sm: u32,
     /// Query rows per block of the forward kernel.
-    #[arg(long, default_value_t = FWD_BLOCK_M)]
+    #[arg(long, default_value_t = FWD_BLOCK_M, value_parser = block_rows)]
     pub block_m: u32,
     /// Keys per step of the forward kernel's key loop.
-    #[arg(long, default_value_t = FWD_BLOCK_N)]
+    #[arg(long, default_value_t = FWD_BLOCK_N, value_parser = block_rows)]
     pub block_n: u32,
     /// Resident blocks per SM of the backward kernels (2 at head_dim 128).
-    #[arg(long, default_value_t = BWD_BLOCKS_PER_SM)]
+    #[arg(long, default_value_t = BWD_BLOCKS_PER_SM,
+          value_parser = limits::count::<u32>(1, MAX_BLOCKS_PER_SM.into()))]
     pub bwd_blocks_per_sm: u32,
     /// Rows per tile of the backward kernels (query rows of dQ, keys of dK/dV).
-    #[arg(long, default_value_t = BWD_BLOCK_M)]
+    #[arg(long, default_value_t = BWD_BLOCK_M, value_parser = block_rows)]
     pub bwd_block_m: u32,
     /// Rows per step of the backward kernels' loops (keys of dQ, query rows of dK/dV).
-    #[arg(long, default_value_t = BWD_BLOCK_N)]
+    #[arg(long, default_value_t = BWD_BLOCK_N, value_parser = block_rows)]
     pub bwd_block_n: u32,
     /// Whose blocks the model lays out: `skewsim` (`validate/kernels`: tiles longest
     /// first, dQ a launch of its own) or `flash2` (FlashAttention-2's varlen grid, as
@@ -519,23 +523,14 @@ fn run_score(args: &Args, rows: Vec<Measurement>, start: &Pricing, out: Output) 
     })
 }
 
-/// What to fit: the block models' geometry (each degree at least 1), lengths and the
-/// prior's weight.
-fn fit_options(args: &Args) -> Result<FitOptions> {
-    for (flag, v) in [
-        ("--sms", args.sms),
-        ("--blocks-per-sm", args.blocks_per_sm),
-        ("--block-m", args.block_m),
-        ("--block-n", args.block_n),
-        ("--bwd-blocks-per-sm", args.bwd_blocks_per_sm),
-        ("--bwd-block-m", args.bwd_block_m),
-        ("--bwd-block-n", args.bwd_block_n),
-    ] {
-        if v == 0 {
-            bail!("{flag} 0: the block model needs at least 1");
-        }
-    }
-    Ok(FitOptions {
+/// A block's rows or a step's keys, within [`BLOCK_ROWS`].
+fn block_rows(s: &str) -> std::result::Result<u32, String> {
+    limits::count::<u32>(u64::from(*BLOCK_ROWS.start()), u64::from(*BLOCK_ROWS.end()))(s)
+}
+
+/// What to fit: the block models' geometry, lengths and the prior's weight.
+fn fit_options(args: &Args) -> FitOptions {
+    FitOptions {
         lens: args.lens.clone().unwrap_or_default(),
         prior_weight: args.prior_weight,
         blocks: (args.kernel_model == KernelModel::Blocks).then_some(BlockModel {
@@ -570,7 +565,7 @@ fn fit_options(args: &Args) -> Result<FitOptions> {
             }
         }),
         ..FitOptions::default()
-    })
+    }
 }
 
 /// Fit a calibration to the rows not held out (and `trace`), write it to `--out` and score
@@ -614,7 +609,7 @@ fn run_fit(
             "no forward attention rows left to fit after holding out seeds {holdout_seeds:?}, schemes {schemes:?}, plan names containing {names:?}"
         );
     }
-    let f = fit::fit(&train, start, &fit_options(args)?)?;
+    let f = fit::fit(&train, start, &fit_options(args))?;
     let fitted = Pricing::from_calibration(&f.calibration, "fit")?;
     let json = serde_json::to_string_pretty(&f.calibration)?;
     std::fs::write(&args.out, json + "\n")

@@ -4,7 +4,7 @@
 use anyhow::Result;
 
 use skewsim::experiment::inputs::load_corpus;
-use skewsim::experiment::study::corpus_report;
+use skewsim::experiment::study::{corpus_report, mean_doc_len};
 use skewsim::workload::corpus::Corpus;
 use skewsim::workload::pack::Packing;
 
@@ -44,16 +44,9 @@ pub fn check_batch_memory(
     seed: u64,
     flag: &str,
 ) -> Result<()> {
-    const PROBE: usize = 4096;
-    let mean = corpus
-        .documents(seed, 0)
-        .take(PROBE)
-        .map(|l| f64::from(l.min(seq_len.max(1))))
-        .sum::<f64>()
-        / PROBE as f64;
     limits::check_memory(
         &format!("{flag} {n} at L = {seq_len}"),
-        limits::packed_bytes(n as u64, seq_len, mean),
+        limits::packed_bytes(n as u64, seq_len, mean_doc_len(corpus, seq_len, seed)),
     )
 }
 

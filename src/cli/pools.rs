@@ -15,12 +15,13 @@ use serde::Serialize;
 
 use skewsim::balance::{group, Policy};
 use skewsim::experiment::study::{
-    chart, check_pool_sizes, parse_policies, study, table, trial_loads, Source,
+    chart, check_pool_sizes, check_study_size, mean_doc_len, parse_policies, study, table,
+    trial_loads, Source, MAX_GBS, MAX_TRIALS,
 };
 use skewsim::rng::stream;
 use skewsim::theory::mc::purpose;
 
-use super::Output;
+use super::{limits, Output};
 
 /// Where the global batches come from (shared by `pools` and `theory`).
 #[derive(clap::Args, Clone, Debug)]
@@ -44,7 +45,8 @@ pub struct Args {
     #[arg(long)]
     pub seq_len: Option<u32>,
     /// Global batch size D (packed sequences per optimizer step).
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = 128,
+          value_parser = limits::count::<usize>(1, MAX_GBS as u64))]
     pub gbs: usize,
     /// Pool sizes P, comma-separated; each must divide D.
     #[arg(long, value_delimiter = ',', default_value = "2,4,8,16,32,64")]
@@ -53,7 +55,7 @@ pub struct Args {
     #[arg(long, value_delimiter = ',', default_value = "random,vrsp")]
     pub policies: Vec<String>,
     /// Monte-Carlo trials (one global batch each).
-    #[arg(long, default_value_t = 200)]
+    #[arg(long, default_value_t = 200, value_parser = limits::count::<u64>(1, MAX_TRIALS))]
     pub trials: u64,
     /// Seed of every random stream.
     #[arg(long, default_value_t = 0)]
@@ -83,6 +85,26 @@ pub fn resolve_source(
         packing,
         gbs,
     )?)
+}
+
+/// Refuse a study past its size limits ([`check_study_size`]) or whose memory exceeds
+/// `--max-memory`: every trial's loads, and one batch being packed per thread.
+pub fn check_study(src: &Source, gbs: usize, trials: u64, seed: u64) -> Result<()> {
+    check_study_size(src, gbs, trials, seed, ("--trials", "--gbs"))?;
+    let loads = trials as f64 * (8.0 * gbs as f64 + 24.0);
+    let packing = match src {
+        Source::Corpus {
+            corpus, seq_len, ..
+        } => {
+            rayon::current_num_threads() as f64
+                * limits::packed_bytes(gbs as u64, *seq_len, mean_doc_len(corpus, *seq_len, seed))
+        }
+        Source::Packed { .. } => 0.0,
+    };
+    limits::check_memory(
+        &format!("--trials {trials} of --gbs {gbs}"),
+        loads + packing,
+    )
 }
 
 #[derive(Serialize)]
@@ -131,6 +153,7 @@ pub fn run(args: Args, out: Output) -> Result<()> {
     let policies = parse_policies(&args.policies)?;
     check_pool_sizes(&args.pool_sizes, args.gbs)?;
     let src = resolve_source(&args.source, args.seq_len, &args.packing, args.gbs)?;
+    check_study(&src, args.gbs, args.trials, args.seed)?;
     eprintln!(
         "skewsim: sampling {} global batches of {} sequences from {} (L = {})…",
         args.trials,

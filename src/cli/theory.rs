@@ -11,13 +11,14 @@ use anyhow::Result;
 
 use skewsim::cost::Mask;
 use skewsim::experiment::study::{
-    check_pool_sizes, check_target, theory_report, trial_loads_under, TheoryReport,
+    check_pool_sizes, check_target, theory_report, trial_loads_under, TheoryReport, MAX_GBS,
+    MAX_TRIALS,
 };
 use skewsim::report::table::{sig, Table};
 use skewsim::theory;
 
-use super::pools::{progress, resolve_source, SourceArgs};
-use super::Output;
+use super::pools::{check_study, progress, resolve_source, SourceArgs};
+use super::{limits, Output};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -27,7 +28,8 @@ pub struct Args {
     #[arg(long)]
     pub seq_len: Option<u32>,
     /// Global batch size D.
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = 128,
+          value_parser = limits::count::<usize>(1, MAX_GBS as u64))]
     pub gbs: usize,
     /// Pool sizes P to evaluate, comma-separated; each must divide D.
     #[arg(long, value_delimiter = ',', default_value = "2,4,8,16,32,64")]
@@ -36,7 +38,7 @@ pub struct Args {
     #[arg(long, default_value_t = 0.1, allow_negative_numbers = true)]
     pub target: f64,
     /// Monte-Carlo trials.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = 1000, value_parser = limits::count::<u64>(1, MAX_TRIALS))]
     pub trials: u64,
     /// Seed of every random stream.
     #[arg(long, default_value_t = 0)]
@@ -57,6 +59,7 @@ pub fn run(args: Args, out: Output) -> Result<()> {
     let mask = Mask::parse(&args.mask, "--mask")?;
     let src = resolve_source(&args.source, args.seq_len, &args.packing, args.gbs)?;
     mask.check_len(src.seq_len(), "--mask")?;
+    check_study(&src, args.gbs, args.trials, args.seed)?;
     eprintln!(
         "skewsim: sampling {} global batches of {} sequences from {}…",
         args.trials,

@@ -73,6 +73,12 @@ pub const FWD_BLOCK_N: u32 = 64;
 pub const FWD_BLOCKS_PER_SM: u32 = 2;
 /// The head dimension the forward kernel is usually measured at.
 pub const FWD_HEAD_DIM: u32 = 128;
+/// Most SMs a block model may have.
+pub const MAX_SMS: u32 = 1024;
+/// Most resident blocks per SM (CUDA's limit on Hopper and Blackwell is 32).
+pub const MAX_BLOCKS_PER_SM: u32 = 32;
+/// A block's rows and a step's keys: at least 16 (one MMA tile), at most 1024.
+pub const BLOCK_ROWS: std::ops::RangeInclusive<u32> = 16..=1024;
 
 fn default_sms() -> u32 {
     H200_SMS
@@ -379,9 +385,12 @@ impl SmSlots {
                 "a finite factor >= 1",
             ));
         }
-        for (name, v) in [("sms", self.sms), ("blocks_per_sm", self.blocks_per_sm)] {
-            if v == 0 {
-                return Err(invalid(f(name), 0, "at least 1"));
+        for (name, v, max) in [
+            ("sms", self.sms, MAX_SMS),
+            ("blocks_per_sm", self.blocks_per_sm, MAX_BLOCKS_PER_SM),
+        ] {
+            if !(1..=max).contains(&v) {
+                return Err(invalid(f(name), v, format!("1..={max}")));
             }
         }
         Ok(())
@@ -394,13 +403,16 @@ fn check_geometry(
     block_m: u32,
     block_n: u32,
 ) -> Result<()> {
-    for (name, v) in [
-        ("head_dim", head_dim),
-        ("block_m", block_m),
-        ("block_n", block_n),
-    ] {
-        if v == 0 {
-            return Err(invalid(f(name), 0, "at least 1"));
+    if head_dim == 0 {
+        return Err(invalid(f("head_dim"), 0, "at least 1"));
+    }
+    for (name, v) in [("block_m", block_m), ("block_n", block_n)] {
+        if !BLOCK_ROWS.contains(&v) {
+            return Err(invalid(
+                f(name),
+                v,
+                format!("{}..={}", BLOCK_ROWS.start(), BLOCK_ROWS.end()),
+            ));
         }
     }
     Ok(())
@@ -1510,7 +1522,7 @@ mod tests {
     fn bad_fields_are_named() {
         let ok = BlockModel::h200(1.0, 2.0, 0.1, 0.5, 1.4);
         assert!(ok.validate("cal.json").is_ok());
-        let cases: [(&str, BlockModel); 6] = [
+        let cases: [(&str, BlockModel); 10] = [
             ("iter_ns", BlockModel { iter_ns: 0.0, ..ok }),
             (
                 "block_ns",
@@ -1541,6 +1553,22 @@ mod tests {
                 },
             ),
             ("sms", BlockModel { sms: 0, ..ok }),
+            ("sms", BlockModel { sms: 1025, ..ok }),
+            (
+                "blocks_per_sm",
+                BlockModel {
+                    blocks_per_sm: 33,
+                    ..ok
+                },
+            ),
+            ("block_m", BlockModel { block_m: 8, ..ok }),
+            (
+                "block_n",
+                BlockModel {
+                    block_n: 2048,
+                    ..ok
+                },
+            ),
         ];
         for (field, m) in cases {
             let e = m.validate("cal.json").unwrap_err().to_string();

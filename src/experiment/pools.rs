@@ -42,7 +42,8 @@ use crate::report::table::{sig, Table};
 
 use super::inputs::load_corpus;
 use super::study::{
-    chart, check_pool_sizes, parse_policies, study, trial_loads, Source, Study, DEFAULT_SEQ_LEN,
+    chart, check_pool_sizes, check_study_counts, check_study_size, parse_policies, study,
+    trial_loads, Source, Study, DEFAULT_SEQ_LEN,
 };
 use super::{Observer, Outcome};
 
@@ -134,6 +135,7 @@ pub fn parse(name: &str, text: &str) -> Result<Spec> {
         return Err(invalid("gbs", "[]", "at least one global batch size")).context(name);
     }
     for &g in &spec.gbs {
+        check_study_counts(g, spec.trials, ("trials", "gbs")).context(name.to_string())?;
         check_pool_sizes(&spec.pool_sizes, g).with_context(|| format!("{name}: gbs = {g}"))?;
     }
     parse_policies(&spec.policies).with_context(|| name.to_string())?;
@@ -234,6 +236,13 @@ impl Sweep {
             seq_len,
             packing: self.packing,
         };
+        check_study_size(
+            &src,
+            gbs,
+            self.spec.trials,
+            self.spec.seed,
+            ("trials", "gbs"),
+        )?;
         let loads = trial_loads(&src, gbs, self.spec.trials, self.spec.seed)?;
         study(
             &src,

@@ -24,6 +24,84 @@ use super::inputs::load_corpus;
 /// The default sequence length of a corpus that does not name its own.
 pub const DEFAULT_SEQ_LEN: u32 = 131_072;
 
+/// Most Monte-Carlo trials (global batches) of one study.
+pub const MAX_TRIALS: u64 = 1 << 20;
+/// Most packed sequences in one global batch of a study.
+pub const MAX_GBS: usize = 1 << 16;
+/// Most documents one study may draw (trials × D × documents per packed sequence): about
+/// three minutes of packing on two cores.
+pub const MAX_STUDY_DOCUMENTS: f64 = (1u64 << 33) as f64;
+
+/// The mean document length, tokens (each cut to `seq_len`), of the first documents of
+/// `corpus`'s stream under `seed`: what a batch's size is estimated from before packing.
+pub fn mean_doc_len(corpus: &Corpus, seq_len: u32, seed: u64) -> f64 {
+    const PROBE: usize = 4096;
+    corpus
+        .documents(seed, 0)
+        .take(PROBE)
+        .map(|l| f64::from(l.min(seq_len.max(1))))
+        .sum::<f64>()
+        / PROBE as f64
+}
+
+/// Refuse trials or a global batch size past their limits; `names` are the two knobs'
+/// names in messages (trials first).
+pub fn check_study_counts(
+    gbs: usize,
+    trials: u64,
+    (trials_name, gbs_name): (&str, &str),
+) -> Result<()> {
+    if !(1..=MAX_TRIALS).contains(&trials) {
+        return Err(invalid(
+            trials_name,
+            trials,
+            format!("a whole number of trials in 1..={MAX_TRIALS}"),
+        ));
+    }
+    if !(1..=MAX_GBS).contains(&gbs) {
+        return Err(invalid(
+            gbs_name,
+            gbs,
+            format!("a global batch of 1..={MAX_GBS} packed sequences"),
+        ));
+    }
+    Ok(())
+}
+
+/// Refuse a study past [`check_study_counts`]'s limits, or whose packing would draw more
+/// than [`MAX_STUDY_DOCUMENTS`] documents (estimated from the corpus's mean document
+/// length); `names` are the trials' and the global batch's knobs in messages.
+pub fn check_study_size(
+    src: &Source,
+    gbs: usize,
+    trials: u64,
+    seed: u64,
+    names: (&str, &str),
+) -> Result<()> {
+    check_study_counts(gbs, trials, names)?;
+    let (trials_name, gbs_name) = names;
+    if let Source::Corpus {
+        corpus, seq_len, ..
+    } = src
+    {
+        let per_seq = f64::from(*seq_len) / mean_doc_len(corpus, *seq_len, seed).max(1.0) + 1.0;
+        let docs = trials as f64 * gbs as f64 * per_seq;
+        if docs > MAX_STUDY_DOCUMENTS {
+            return Err(invalid(
+                trials_name,
+                trials,
+                format!(
+                    "{trials} trials of {gbs} sequences of L = {seq_len} tokens from {} \
+                     would draw ~{docs:.2e} documents; at most {MAX_STUDY_DOCUMENTS:.2e}: \
+                     fewer trials, a smaller {gbs_name} or a shorter L",
+                    corpus.name()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// A corpus's document lengths and its packed sequences (`skewsim corpus`).
 #[derive(Serialize, Debug, Clone)]
 pub struct CorpusReport {
@@ -300,9 +378,7 @@ pub fn trial_loads_under(
     seed: u64,
     mask: &Mask,
 ) -> Result<Vec<Vec<u64>>> {
-    if trials == 0 {
-        return Err(invalid("--trials", 0, "at least 1 trial"));
-    }
+    check_study_size(src, gbs, trials, seed, ("--trials", "--gbs"))?;
     match src {
         Source::Packed { seqs, .. } => {
             let loads: Vec<u64> = seqs.iter().map(|s| s.load_under(mask)).collect();

@@ -152,6 +152,44 @@ fn size_knobs_past_their_maximum_are_refused_with_the_range() {
         &["plan", "--gbs", "100000000", "-o", o],
         "is not a whole number in 1..=65536",
     );
+    // Libra's tiles: 32 sequences of 256K tokens at B = 1 and H = 4
+    fails(
+        &["plan", "--tile-tokens", "1", "-o", o],
+        "invalid B (tile tokens) = 1: a tile size that cuts a step into at most 4194304 \
+         tiles: 32 sequences at B = 1 and H = 4 make 33554432",
+    );
+    fails(
+        &["libra-config", "--tile-tokens", "2"],
+        "a tile size that cuts a step into at most 4194304 tiles",
+    );
+    for (flag, v, want) in [
+        (
+            "--sms",
+            "4294967295",
+            "4294967295 is not a whole number in 1..=1024",
+        ),
+        (
+            "--blocks-per-sm",
+            "100000",
+            "100000 is not a whole number in 1..=32",
+        ),
+        (
+            "--bwd-blocks-per-sm",
+            "0",
+            "0 is not a whole number in 1..=32",
+        ),
+        ("--block-m", "8", "8 is not a whole number in 16..=1024"),
+        (
+            "--bwd-block-n",
+            "100000",
+            "100000 is not a whole number in 16..=1024",
+        ),
+    ] {
+        fails(
+            &["calibrate", flag, v, "--measurements", MEASUREMENTS],
+            want,
+        );
+    }
     fails(
         &["topo", "topologies/dgx-h200-roce.toml", "--nodes", "100000"],
         "1..=65536",
@@ -187,7 +225,20 @@ fn experiments_past_their_budget_are_refused() {
     let rv =
         |name: &str, from: &str, to: &str| experiment("runtime-variance.toml", &d, name, from, to);
     let fw = |name: &str, from: &str, to: &str| experiment("four-way.toml", &d, name, from, to);
+    let f8 = |name: &str, from: &str, to: &str| experiment("libra-fig8.toml", &d, name, from, to);
     for (f, want) in [
+        (
+            f8("f8-trials.toml", "trials = 200", "trials = 2000000"),
+            "invalid trials = 2000000: a whole number of trials in 1..=1048576",
+        ),
+        (
+            f8("f8-trials0.toml", "trials = 200", "trials = 0"),
+            "invalid trials = 0",
+        ),
+        (
+            f8("f8-gbs.toml", "gbs = [128]", "gbs = [131072]"),
+            "invalid gbs = 131072: a global batch of 1..=65536 packed sequences",
+        ),
         (
             rv("rv-steps.toml", "steps = 500", "steps = 1000000"),
             "kernel times: at most 67108864",

@@ -16,7 +16,7 @@
 use rayon::prelude::*;
 use serde::Serialize;
 
-use super::{check_pools, exchange, pool_workers, step_shape, tap, LibraParams};
+use super::{check_pools, check_tiles, exchange, pool_workers, step_shape, tap, LibraParams};
 use crate::error::Result;
 use crate::workload::PackedSeq;
 
@@ -84,6 +84,7 @@ pub fn simulate(
         p.validate()?;
         for s in steps {
             step_shape(s.len(), dp, p)?;
+            check_tiles(s, p)?;
         }
     }
     params

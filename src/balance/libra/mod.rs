@@ -42,6 +42,10 @@ pub const MAX_POOL_WORKERS: u64 = 1 << 16;
 /// The most workers a step may use (DP·CP): worker ids stay far inside u32.
 pub const MAX_WORKERS: u64 = 1 << 24;
 
+/// The most SH-tiles one step may be cut into (Σ over its sequences of ⌈L/B⌉ · H): the
+/// plan's units, transfers and pipeliner lists grow with them.
+pub const MAX_STEP_TILES: u64 = 1 << 22;
+
 /// Libra's knobs.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LibraParams {
@@ -211,6 +215,31 @@ pub fn step_shape(gbs: usize, dp: u32, p: &LibraParams) -> Result<StepShape> {
     })
 }
 
+/// Refuse a step whose sequences would be cut into more than [`MAX_STEP_TILES`] tiles
+/// (each sequence counted at its capacity L).
+pub fn check_tiles(batch: &[PackedSeq], p: &LibraParams) -> Result<()> {
+    let b = u64::from(p.tile_tokens.max(1));
+    let per_shard: u64 = batch
+        .iter()
+        .map(|s| u64::from(s.capacity).div_ceil(b))
+        .sum();
+    let tiles = per_shard.saturating_mul(u64::from(p.head_shards));
+    if tiles > MAX_STEP_TILES {
+        return Err(invalid(
+            "B (tile tokens)",
+            p.tile_tokens,
+            format!(
+                "a tile size that cuts a step into at most {MAX_STEP_TILES} tiles: {} \
+                 sequences at B = {} and H = {} make {tiles}",
+                batch.len(),
+                p.tile_tokens,
+                p.head_shards
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Check a grouping: GBS/P pools of exactly P batch indices, every index once.
 pub fn check_pools(pools: &[Vec<usize>], gbs: usize, pool_size: u32) -> Result<()> {
     let want = gbs / pool_size.max(1) as usize;
@@ -262,6 +291,7 @@ pub fn plan_step(
     p: &LibraParams,
 ) -> Result<Plan> {
     let sh = step_shape(batch.len(), dp, p)?;
+    check_tiles(batch, p)?;
     check_pools(pools, batch.len(), p.pool_size)?;
     for (i, s) in batch.iter().enumerate() {
         if s.tokens() > u64::from(s.capacity) {
