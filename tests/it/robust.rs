@@ -414,3 +414,167 @@ fn bad_attention_patterns_in_a_model_file_are_named() {
         fails(&["run", &f, "--out", d.join("out").to_str().unwrap()], want);
     }
 }
+
+/// Every flag that takes a value, of every command (read from its `--help`), given values
+/// far outside any range: each run ends within a minute with exit 0, 1 or 2 (clap's),
+/// without a panic or an allocation abort.
+#[test]
+fn every_flag_takes_extreme_values_without_a_panic_or_a_hang() {
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+
+    const VALUES: [&str; 6] = [
+        "0",
+        "-1",
+        "nan",
+        "1e308",
+        "4294967296",
+        "18446744073709551616",
+    ];
+    const LIMIT: Duration = Duration::from_secs(60);
+    let d = scratch("robust-flags");
+    let r = |p: &str| root().join(p).to_string_lossy().into_owned();
+    let bin = env!("CARGO_BIN_EXE_skewsim");
+    // a plan for `validate` and `check-plan`
+    let plan = d.join("plan.json").to_string_lossy().into_owned();
+    let out = std::process::Command::new(bin)
+        .args([
+            "plan",
+            "--corpus",
+            "wlbllm",
+            "--seq-len",
+            "16384",
+            "--gbs",
+            "8",
+        ])
+        .args(["--dp", "4", "--cp", "2", "--pool-size", "4", "-o", &plan])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let bases: Vec<Vec<String>> = [
+        vec!["corpus", "wlbllm"],
+        vec!["pools", "--corpus", "wlbllm"],
+        vec!["theory", "--corpus", "wlbllm"],
+        vec!["libra-config"],
+        vec!["plan"],
+        vec!["check-plan", &plan],
+        vec!["validate", "--plan", &plan],
+        vec!["topo", &r("topologies/dgx-h200-roce.toml")],
+        vec![
+            "calibrate",
+            "--measurements",
+            &r("validate/results/run18/x1.csv"),
+        ],
+        vec![
+            "calibrate",
+            "--collectives",
+            &r("traces/nccl_tests_published.csv"),
+        ],
+        vec![
+            "calibrate",
+            "--topology",
+            &r("topologies/dgx-h200-roce.toml"),
+        ],
+        vec![
+            "recommend",
+            "--corpus",
+            "wlbllm",
+            "--gpus",
+            "8",
+            "--seq-len",
+            "65536",
+        ],
+        vec!["sweep", &r("experiments/libra-fig4.toml"), "--jobs", "1"],
+    ]
+    .iter()
+    .map(|v| v.iter().map(|s| s.to_string()).collect())
+    .collect();
+    let mut cases: Vec<Vec<String>> = Vec::new();
+    for base in &bases {
+        let help = Command::new(bin)
+            .args([&base[0], "--help"])
+            .output()
+            .unwrap();
+        let help = String::from_utf8_lossy(&help.stdout);
+        for line in help.lines() {
+            let t = line.trim_start();
+            let t = t.strip_prefix("-o, ").unwrap_or(t);
+            let Some(rest) = t.strip_prefix("--") else {
+                continue;
+            };
+            let Some((flag, value)) = rest.split_once(' ') else {
+                continue;
+            };
+            if !value.starts_with('<') || base.iter().any(|b| b == &format!("--{flag}")) {
+                continue;
+            }
+            for v in VALUES {
+                let mut c = base.clone();
+                c.extend([format!("--{flag}"), v.to_string()]);
+                cases.push(c);
+            }
+        }
+    }
+    assert!(
+        cases.len() > 500,
+        "{} cases: the --help parse broke",
+        cases.len()
+    );
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let bad = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for w in 0..2 {
+            let (next, bad, cases, d) = (&next, &bad, &cases, &d);
+            s.spawn(move || loop {
+                let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(args) = cases.get(k) else { break };
+                let cwd = d.join(format!("w{w}"));
+                std::fs::create_dir_all(&cwd).unwrap();
+                let err = cwd.join("stderr");
+                let mut child = Command::new(bin)
+                    .args(args)
+                    .current_dir(&cwd)
+                    .env("RAYON_NUM_THREADS", "1")
+                    .stdout(Stdio::null())
+                    .stderr(std::fs::File::create(&err).unwrap())
+                    .spawn()
+                    .unwrap();
+                let t0 = Instant::now();
+                let status = loop {
+                    if let Some(st) = child.try_wait().unwrap() {
+                        break Some(st);
+                    }
+                    if t0.elapsed() > LIMIT {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        break None;
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                };
+                let stderr = std::fs::read_to_string(&err).unwrap_or_default();
+                let why = match status.and_then(|s| s.code()) {
+                    None => Some("no exit within the limit, or killed"),
+                    Some(0..=2)
+                        if !stderr.contains("panicked")
+                            && !stderr.contains("memory allocation") =>
+                    {
+                        None
+                    }
+                    Some(_) => Some("a panic or an abort"),
+                };
+                if let Some(why) = why {
+                    let first = stderr.lines().next().unwrap_or("").to_string();
+                    bad.lock()
+                        .unwrap()
+                        .push(format!("{args:?}: {why}: {first}"));
+                }
+            });
+        }
+    });
+    let bad = bad.into_inner().unwrap();
+    assert!(bad.is_empty(), "{bad:#?}");
+}
