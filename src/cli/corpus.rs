@@ -16,7 +16,7 @@ pub struct Args {
     /// (e.g. `lognormal:median=600,p99=33000`) or a trace file (.json, .csv, .txt, .gz).
     pub corpus: String,
     /// Sequence length L to pack to (default: the corpus's own, else 131072).
-    #[arg(long)]
+    #[arg(long, value_parser = limits::count::<u32>(1, limits::MAX_SEQ_LEN))]
     pub seq_len: Option<u32>,
     /// Packed sequences to measure the load spread over.
     #[arg(long, default_value_t = 1024,

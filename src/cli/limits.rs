@@ -13,6 +13,8 @@ use anyhow::{bail, Result};
 
 /// Packed sequences per batch or statistic (`--sequences`, `--gbs`).
 pub const MAX_SEQUENCES: u64 = 1 << 16;
+/// The longest packed sequence (`--seq-len`).
+pub const MAX_SEQ_LEN: u64 = skewsim::workload::pack::MAX_SEQ_LEN as u64;
 /// Documents drawn for length statistics (`corpus --samples`).
 pub const MAX_SAMPLES: u64 = 1 << 26;
 /// Global batches a command walks through (`plan --step`, `libra-config --steps`).

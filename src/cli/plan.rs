@@ -37,7 +37,7 @@ pub struct Workload {
     #[arg(long)]
     pub corpus: Option<String>,
     /// Sequence length L [default: the corpus's own, else 262144].
-    #[arg(long, value_parser = limits::count::<u32>(1, u64::from(u32::MAX)))]
+    #[arg(long, value_parser = limits::count::<u32>(1, limits::MAX_SEQ_LEN))]
     pub seq_len: Option<u32>,
     /// Global batch size, packed sequences per step (at most 65536) [default: 32].
     #[arg(long, value_parser = limits::count::<usize>(1, limits::MAX_SEQUENCES))]

@@ -42,7 +42,7 @@ pub struct Args {
     pub source: SourceArgs,
     /// Sequence length L (default: the corpus's own, else 131072; for --packed, the
     /// longest sequence in the file, and every sequence must fit in L).
-    #[arg(long)]
+    #[arg(long, value_parser = limits::count::<u32>(1, limits::MAX_SEQ_LEN))]
     pub seq_len: Option<u32>,
     /// Global batch size D (packed sequences per optimizer step).
     #[arg(long, default_value_t = 128,

@@ -25,7 +25,7 @@ pub struct Args {
     #[command(flatten)]
     pub source: SourceArgs,
     /// Sequence length L (default: the corpus's own, else 131072).
-    #[arg(long)]
+    #[arg(long, value_parser = limits::count::<u32>(1, limits::MAX_SEQ_LEN))]
     pub seq_len: Option<u32>,
     /// Global batch size D.
     #[arg(long, default_value_t = 128,

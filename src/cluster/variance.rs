@@ -256,11 +256,11 @@ pub fn spread_study(
     kernels: u32,
     trim: u32,
 ) -> Result<SpreadStudy> {
-    if gpus < 2 * trim + 2 {
+    if u64::from(gpus) < 2 * u64::from(trim) + 2 {
         return Err(invalid(
             "gpus",
             gpus,
-            format!("at least 2·trim + 2 = {}", 2 * trim + 2),
+            format!("at least 2·trim + 2 = {}", 2 * u64::from(trim) + 2),
         ));
     }
     if steps == 0 || kernels == 0 {
@@ -349,6 +349,8 @@ mod tests {
             assert!((x - want).abs() < 1e-12);
         }
         assert!(spread_study(&m, 3, 5, 1, 1).is_err());
+        // 2·trim + 2 past u32::MAX
+        assert!(spread_study(&m, 256, 5, 1, u32::MAX).is_err());
     }
 
     #[test]

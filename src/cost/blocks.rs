@@ -1156,19 +1156,28 @@ pub fn launch_bwd_ps_f(
 /// where the kernel sorts them, else in the caller's.
 type LaunchKey = (String, (u32, u32), u32, Vec<(u64, u64, u32)>);
 
-/// Entries kept before the memo starts afresh (bounds its memory on long runs).
+/// Entries, and segments over all keys, kept before the memo starts afresh (bounds its
+/// memory on long runs and on launches of many segments: ~100 MB of keys).
 const MEMO_CAP: usize = 1 << 18;
+const MEMO_SEGS: usize = 1 << 22;
+
+/// The memo's entries and the segments their keys hold.
+#[derive(Default)]
+struct Memo {
+    prices: HashMap<LaunchKey, f64>,
+    segs: usize,
+}
 
 /// Block prices of launches already priced, shared by the clones of a cost model (a
 /// simulation prices the same launch on every rank of a CP group and every head chunk). A
 /// pure cache: the key holds everything the price depends on, model included, so a hit
 /// returns the bits [`launch_fwd_ps_f`] / [`launch_bwd_ps_f`] would compute.
 #[derive(Clone, Default)]
-pub struct LaunchMemo(Arc<Mutex<HashMap<LaunchKey, f64>>>);
+pub struct LaunchMemo(Arc<Mutex<Memo>>);
 
 impl std::fmt::Debug for LaunchMemo {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let n = self.0.lock().map_or(0, |m| m.len());
+        let n = self.0.lock().map_or(0, |m| m.prices.len());
         write!(f, "LaunchMemo({n} launches)")
     }
 }
@@ -1188,16 +1197,17 @@ impl LaunchMemo {
             segs.sort_unstable();
         }
         let key = (model, heads, head_dim, segs);
-        if let Some(&t) = self.0.lock().ok().as_ref().and_then(|c| c.get(&key)) {
+        if let Some(&t) = self.0.lock().ok().as_ref().and_then(|c| c.prices.get(&key)) {
             return t;
         }
         // Priced outside the lock: other threads price other launches meanwhile.
         let t = price(&key.3);
         if let Ok(mut c) = self.0.lock() {
-            if c.len() >= MEMO_CAP {
-                c.clear();
+            if c.prices.len() >= MEMO_CAP || c.segs + key.3.len() > MEMO_SEGS {
+                *c = Memo::default();
             }
-            c.insert(key, t);
+            c.segs += key.3.len();
+            c.prices.insert(key, t);
         }
         t
     }
@@ -1579,6 +1589,23 @@ mod tests {
         )
         .unwrap();
         assert_eq!(j, ok);
+    }
+
+    /// Keys of many segments start the memo afresh before their segments pass
+    /// `MEMO_SEGS`; a hit still returns the price.
+    #[test]
+    fn the_memo_is_bounded_by_the_segments_its_keys_hold() {
+        let memo = LaunchMemo::default();
+        let segs = |k: u64| (0..(MEMO_SEGS as u64 / 3)).map(move |i| (i, i + 1 + k, 1));
+        let model = || (String::from("m"), TileOrder::Grid);
+        for k in 0..4 {
+            let t = memo.get_or(model(), (1, 1), 128, segs(k), |_| k as f64);
+            assert_eq!(t, k as f64);
+            let m = memo.0.lock().unwrap();
+            assert!(m.segs <= MEMO_SEGS, "{} segments after key {k}", m.segs);
+            assert_eq!(m.segs, m.prices.keys().map(|k| k.3.len()).sum::<usize>());
+        }
+        assert_eq!(memo.get_or(model(), (1, 1), 128, segs(3), |_| -1.0), 3.0);
     }
 
     fn bwd_model() -> BwdBlockModel {

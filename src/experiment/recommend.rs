@@ -72,7 +72,7 @@ pub const MAX_TOP: u32 = 32;
 /// Most sequences in the global batch.
 pub const MAX_GLOBAL_BATCH: u32 = 1 << 16;
 /// Longest packed sequence.
-pub const MAX_SEQ_LEN: u32 = 1 << 24;
+pub const MAX_SEQ_LEN: u32 = crate::workload::pack::MAX_SEQ_LEN;
 /// Candidates simulated side by side between two `bound` checks.
 pub const WAVE: usize = 8;
 

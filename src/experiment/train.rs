@@ -106,6 +106,15 @@ impl ClusterSpec {
     /// Refuse a layout that does not cover the cluster (or, with `allow_subset`, exceeds it),
     /// saying which DP would.
     fn check_covers(&self, par: &Parallelism, file: &str) -> Result<()> {
+        for (name, v) in [("gpus_per_node", self.gpus_per_node), ("nodes", self.nodes)] {
+            if v == 0 {
+                return Err(invalid(
+                    format!("{file}: [cluster] {name}"),
+                    0,
+                    "at least 1",
+                ));
+            }
+        }
         let have = u64::from(self.gpus_per_node) * u64::from(self.nodes);
         let gpus = par.gpus();
         if gpus == have || (self.allow_subset && gpus < have) {
@@ -462,8 +471,9 @@ fn parse(text: &str, file: &str) -> Result<TrainFile> {
         _ => vec![f.parallel.dp],
     };
     for dp in dps {
-        f.cluster
-            .check_covers(&Parallelism { dp, ..f.parallel }, file)?;
+        let par = Parallelism { dp, ..f.parallel };
+        par.validate(&format!("{file}: [parallel]"))?;
+        f.cluster.check_covers(&par, file)?;
     }
     Ok(f)
 }

@@ -96,6 +96,9 @@ pub struct Parallelism {
     pub dp_buckets: u32,
 }
 
+/// Most gradient all-reduce buckets (`dp_buckets`): past the model's layers they add none.
+pub const MAX_DP_BUCKETS: u32 = 1 << 10;
+
 fn default_pipeline() -> PipelineKind {
     PipelineKind::OneFOneB
 }
@@ -148,6 +151,13 @@ impl Parallelism {
             if v == 0 {
                 return Err(invalid(format!("{ctx}: {f}"), v, "a positive integer"));
             }
+        }
+        if self.dp_buckets > MAX_DP_BUCKETS {
+            return Err(invalid(
+                format!("{ctx}: dp_buckets"),
+                self.dp_buckets,
+                format!("at most {MAX_DP_BUCKETS} (a bucket holds one layer or more)"),
+            ));
         }
         if self.ga > u32::from(u16::MAX) - 1 {
             return Err(invalid(format!("{ctx}: ga"), self.ga, "at most 65534"));

@@ -25,6 +25,9 @@ use crate::error::{invalid, Error, Result};
 /// window's ordered map, so the cost per sequence grows as log W).
 pub const MAX_WINDOW: usize = 1 << 20;
 
+/// The longest packed sequence L, tokens.
+pub const MAX_SEQ_LEN: u32 = 1 << 24;
+
 /// How documents are packed into sequences.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Packing {
@@ -83,8 +86,12 @@ pub struct Packer<I> {
 impl<I: Iterator<Item = u32>> Packer<I> {
     /// A packer of sequences of `seq_len` tokens.
     pub fn new(docs: I, seq_len: u32, packing: Packing) -> Result<Self> {
-        if seq_len < 1 {
-            return Err(invalid("seq-len", seq_len, "a sequence length L ≥ 1 token"));
+        if !(1..=MAX_SEQ_LEN).contains(&seq_len) {
+            return Err(invalid(
+                "seq-len",
+                seq_len,
+                format!("a sequence length L of 1..={MAX_SEQ_LEN} tokens"),
+            ));
         }
         if let Packing::BestFit { window: 0 } = packing {
             return Err(invalid("packing window", 0, "a window W ≥ 1 document"));
@@ -250,13 +257,15 @@ mod tests {
         assert_eq!(out[0].padding(), 1);
     }
 
-    /// At L = u32::MAX a sequence's tokens plus the next document's pass u32::MAX: the
-    /// document goes to the next sequence.
     #[test]
-    fn sequential_at_the_largest_length() {
-        let m = u32::MAX;
+    fn sequences_past_the_longest_are_refused() {
+        let m = MAX_SEQ_LEN;
         let p = Packer::new([m - 1, 2, 5].into_iter(), m, Packing::Sequential).unwrap();
         assert_eq!(lens(&p.collect::<Vec<_>>()), vec![vec![m - 1], vec![2, 5]]);
+        let e = Packer::new([1].into_iter(), m + 1, Packing::Sequential)
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("1..=16777216 tokens"), "{e}");
     }
 
     #[test]

@@ -35,7 +35,7 @@ fn bad_input_is_named() {
         // one-token documents packed into 1M-token sequences: 200 × 128 × 1M documents
         (vec!["pools".into(), "--corpus".into(), "fixed:1".into(), "--seq-len".into(), "1048576".into(), "--out".into(), o.into()], "invalid --trials = 200: 200 trials of 128 sequences of L = 1048576 tokens from fixed:1 would draw ~2.68e10 documents; at most 8.59e9"),
         (vec!["--max-memory".into(), "64M".into(), "theory".into(), "--corpus".into(), "fixed:1".into(), "--seq-len".into(), "65536".into(), "--trials".into(), "10".into()], "--trials 10 of --gbs 128 needs ~"),
-        (base(&["--seq-len", "0"]), "--seq-len = 0"),
+        (base(&["--seq-len", "0"]), "0 is not a whole number in 1..=16777216"),
         (base(&["--packing", "tight"]), "invalid packing = tight"),
         (vec!["pools".into(), "--corpus".into(), "no-such-corpus".into(), "--out".into(), o.into()], "no-such-corpus"),
         (vec!["pools".into(), "--corpus".into(), "wlbllm".into(), "--packed".into(), "x.json".into()], "cannot be used with"),

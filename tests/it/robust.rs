@@ -226,7 +226,31 @@ fn experiments_past_their_budget_are_refused() {
         |name: &str, from: &str, to: &str| experiment("runtime-variance.toml", &d, name, from, to);
     let fw = |name: &str, from: &str, to: &str| experiment("four-way.toml", &d, name, from, to);
     let f8 = |name: &str, from: &str, to: &str| experiment("libra-fig8.toml", &d, name, from, to);
+    // the tile grid's topology named by absolute path, so its mutants run past loading it
+    let tg = |name: &str, from: &str, to: &str| {
+        let f = experiment("libra-tile-grid.toml", &d, name, from, to);
+        let text = std::fs::read_to_string(&f).unwrap();
+        let topo = root().join("topologies/dgx-h200-roce.toml");
+        let text = text.replace("../topologies/dgx-h200-roce.toml", topo.to_str().unwrap());
+        write(&d, name, &text)
+    };
     for (f, want) in [
+        (
+            rv("rv-trim.toml", "trim = 1", "trim = 4294967295"),
+            "invalid gpus = 256: at least 2·trim + 2 = 8589934592",
+        ),
+        (
+            tg("tg-cp0.toml", "cp = 16", "cp = 0"),
+            "[parallel]: cp = 0: a positive integer",
+        ),
+        (
+            tg("tg-nodes0.toml", "gpus_per_node = 8", "gpus_per_node = 0"),
+            "[cluster] gpus_per_node = 0: at least 1",
+        ),
+        (
+            tg("tg-buckets.toml", "dp_buckets = 8", "dp_buckets = 100000"),
+            "dp_buckets = 100000: at most 1024",
+        ),
         (
             f8("f8-trials.toml", "trials = 200", "trials = 2000000"),
             "invalid trials = 2000000: a whole number of trials in 1..=1048576",
