@@ -625,6 +625,7 @@ fn points(
                     });
                     let before = points.len();
                     for y in at {
+                        super::sweep::check_points(points.len() + 1, file)?;
                         points.push(Point {
                             model: label.clone(),
                             base_model: m.clone(),

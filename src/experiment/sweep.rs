@@ -20,7 +20,7 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::cluster::variance::SpreadStudy;
-use crate::error::{invalid, Result};
+use crate::error::{invalid, Context, Result};
 
 use super::study::Study;
 use super::{calfile, pools, schemes, train, variance, Observer, Outcome, Progress};
@@ -183,6 +183,24 @@ impl Sweep {
             })
             .collect()
     }
+}
+
+/// Most points one experiment may lay out (a `sweep --slurm` array runs them spread over
+/// a cluster; a grid past this is refused before it is built).
+pub const MAX_POINTS: usize = 1 << 16;
+
+/// Refuse a grid of more than [`MAX_POINTS`] points; called as points are laid out, so an
+/// oversized product of sweep lists is refused before it fills memory.
+pub(crate) fn check_points(n: usize, file: &str) -> Result<()> {
+    if n > MAX_POINTS {
+        return Err(invalid(
+            "[sweep]",
+            format!("more than {MAX_POINTS} points"),
+            format!("at most {MAX_POINTS} points (the product of the sweep's lists)"),
+        ))
+        .context(file);
+    }
+    Ok(())
 }
 
 /// Run points `0..len` in parallel (each counted and checked for a cancel through

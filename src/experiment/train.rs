@@ -878,6 +878,7 @@ fn grid(f: &TrainFile, file: &str) -> Result<Vec<GridPoint>> {
                                 ))
                                 .context(file);
                             }
+                            super::sweep::check_points(points.len() + 1, file)?;
                             points.push((d, g / d, l, c.clone()));
                         }
                     }

@@ -234,7 +234,19 @@ fn experiments_past_their_budget_are_refused() {
         let text = text.replace("../topologies/dgx-h200-roce.toml", topo.to_str().unwrap());
         write(&d, name, &text)
     };
+    let many = format!("[{}]", vec!["16"; 300].join(", "));
+    let grid = tg("tg-grid.toml", "dp = [16]", &format!("dp = {many}"));
+    let grid = std::fs::read_to_string(&grid).unwrap();
+    let grid = write(
+        &d,
+        "tg-grid.toml",
+        &grid.replacen("gbs = [16]", &format!("gbs = {many}"), 1),
+    );
     for (f, want) in [
+        (
+            grid,
+            "at most 65536 points (the product of the sweep's lists)",
+        ),
         (
             rv("rv-trim.toml", "trim = 1", "trim = 4294967295"),
             "invalid gpus = 256: at least 2·trim + 2 = 8589934592",
