@@ -22,9 +22,10 @@ pub mod tap;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
+use crate::cost::fit::MAX_KEY_TILES;
 use crate::cost::AttnShape;
 use crate::error::{invalid, Result};
-use crate::plan::{Plan, WorkerId, PLAN_VERSION};
+use crate::plan::{Group, Plan, WorkerId, PLAN_VERSION};
 use crate::workload::PackedSeq;
 
 /// The attention shape of qwen3-30b-a3b: 32 query heads, 4 KV heads, head dim 128, bf16.
@@ -321,7 +322,8 @@ pub fn plan_step(
             };
             exchange::build_group(&site, &seqs, &tiling, &placement, &p.shape)
         })
-        .collect();
+        .collect::<Vec<Group>>();
+    check_launches(&groups, p)?;
     Ok(Plan {
         version: PLAN_VERSION,
         scheme: "libra".into(),
@@ -330,6 +332,36 @@ pub fn plan_step(
         head_shards: p.head_shards,
         groups,
     })
+}
+
+/// Refuse a plan one worker of which would launch more than [`MAX_KEY_TILES`] key tiles
+/// of 64 tokens in one group (Σ ⌈end/64⌉ over its tiles' segments: the blocks of its
+/// backward dK/dV launch, which the block models enumerate), as tiles far shorter than
+/// their documents make.
+fn check_launches(groups: &[Group], p: &LibraParams) -> Result<()> {
+    for g in groups {
+        let mut tiles: std::collections::BTreeMap<WorkerId, u64> = Default::default();
+        for u in &g.units {
+            let t: u64 = u
+                .segments
+                .iter()
+                .map(|s| u64::from(s.end.div_ceil(64)))
+                .sum();
+            *tiles.entry(u.worker).or_default() += t;
+        }
+        if let Some((w, n)) = tiles.into_iter().find(|&(_, n)| n > MAX_KEY_TILES) {
+            return Err(invalid(
+                "B (tile tokens)",
+                p.tile_tokens,
+                format!(
+                    "tiles whose attention launches stay within {MAX_KEY_TILES} key tiles of \
+                     64 tokens per worker: worker {w} at GA {} would launch {n}",
+                    g.ga
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Pools of P consecutive batch indices (the loader's own order, no rebalancing): the

@@ -900,3 +900,27 @@ fn empty_sequences_and_tiny_capacities_plan_and_check() {
         );
     }
 }
+
+/// Tiles far shorter than their document give one worker a backward launch of more key
+/// tiles than the block models enumerate: refused, naming B. Longer tiles of the same
+/// document pass.
+#[test]
+fn tiles_far_shorter_than_their_document_are_refused() {
+    let batch = vec![seq(&[32_768], 32_768)];
+    let one = |b: u32| {
+        plan_step(
+            0,
+            &batch,
+            &consecutive_pools(1, 1),
+            1,
+            &params(1, 1, 1, b, 0.0, TINY),
+        )
+    };
+    // B = 1: Σ ⌈end/64⌉ over 32,768 one-query tiles = 64 · Σ_{k=1}^{512} k = 8,404,992
+    let e = one(1).unwrap_err().to_string();
+    assert!(
+        e.contains("invalid B (tile tokens) = 1") && e.contains("would launch 8404992"),
+        "{e}"
+    );
+    assert!(check(&one(64).unwrap()).is_ok());
+}
