@@ -137,9 +137,9 @@ pub fn parse(name: &str, text: &str) -> Result<Spec> {
     }
     for &g in &spec.gbs {
         check_study_counts(g, spec.trials, ("trials", "gbs")).context(name.to_string())?;
-        check_pool_sizes(&spec.pool_sizes, g).with_context(|| format!("{name}: gbs = {g}"))?;
+        check_pool_sizes(&spec.pool_sizes, g, ("pool_sizes", "gbs")).context(name)?;
     }
-    let policies = parse_policies(&spec.policies).with_context(|| name.to_string())?;
+    let policies = parse_policies(&spec.policies, "policies").context(name)?;
     for (i, p) in spec.paper.iter_mut().enumerate() {
         check_paper_point(p, &spec.corpus, &spec.gbs, &spec.pool_sizes, &policies)
             .with_context(|| format!("{name}: [[paper]] row {}", i + 1))?;
@@ -245,7 +245,7 @@ impl Sweep {
     /// Check the experiment's policies and packing; nothing is simulated.
     pub fn new(spec: Spec) -> Result<Self> {
         Ok(Sweep {
-            policies: parse_policies(&spec.policies)?,
+            policies: parse_policies(&spec.policies, "policies")?,
             packing: spec.packing.parse()?,
             spec,
         })
@@ -704,5 +704,28 @@ source = "x"
         ] {
             assert_eq!(refused(from, to), field, "{to}");
         }
+    }
+
+    /// The file's own keys are named, never the `skewsim pools` flags.
+    #[test]
+    fn refusals_name_the_files_keys() {
+        for (from, to, field) in [
+            ("pool_sizes = [2, 8]", "pool_sizes = [0]", "pool_sizes"),
+            ("pool_sizes = [2, 8]", "pool_sizes = [3]", "pool_sizes"),
+            ("pool_sizes = [2, 8]", "pool_sizes = []", "pool_sizes"),
+            (
+                "policies = [\"random\", \"vrsp\"]",
+                "policies = []",
+                "policies",
+            ),
+        ] {
+            assert_eq!(refused(from, to), field, "{to}");
+        }
+        let text = BASE.replacen("\"random\", \"vrsp\"]", "\"zzz\"]", 1);
+        let e = parse("e.toml", &text).err().unwrap().to_string();
+        assert!(e.contains("e.toml: policies: invalid policy"), "{e}");
+        let text = BASE.replacen("pool_sizes = [2, 8]", "pool_sizes = [3]", 1);
+        let e = parse("e.toml", &text).err().unwrap().to_string();
+        assert!(e.contains("divide gbs = 32") && !e.contains("--"), "{e}");
     }
 }
