@@ -186,13 +186,22 @@ impl<'a> SchemePlanner<'a> {
         gbs: usize,
         seq_len: u32,
     ) -> Result<SchemePlanner<'a>> {
-        let (sdp, _) = set.layout(scheme, dp);
+        let (sdp, scp) = set.layout(scheme, dp);
         if sdp == 0 || gbs == 0 || gbs % sdp as usize != 0 {
             return Err(invalid(
                 format!("GBS for {}", scheme.name()),
                 gbs,
                 format!("a positive multiple of its DP = {sdp}"),
             ));
+        }
+        if scheme == Scheme::Libra {
+            // the knobs as given, before `plan` caps P at DP
+            LibraParams {
+                cp: scp,
+                shape: cost.attn(),
+                ..set.libra
+            }
+            .validate()?;
         }
         let wlb = match scheme {
             Scheme::WlbLlm => {
@@ -267,7 +276,7 @@ impl<'a> SchemePlanner<'a> {
                 let p = LibraParams {
                     cp,
                     shape,
-                    pool_size: s.libra.pool_size.min(dp).max(1),
+                    pool_size: s.libra.pool_size.min(dp),
                     ..s.libra
                 };
                 p.validate()?;
@@ -412,5 +421,60 @@ mod tests {
             .unwrap()
             .to_string()
             .contains("multiple of its DP = 4"));
+    }
+
+    /// Libra's knobs are refused as given, before a step caps P at DP.
+    #[test]
+    fn libra_knobs_out_of_range_are_refused_by_name() {
+        let cost = CostModel::h200(ModelConfig::builtin("llama3-8b").unwrap()).unwrap();
+        let ok = SchemeSettings {
+            cp: 2,
+            libra: LibraParams {
+                pool_size: 2,
+                ..LibraParams::default()
+            },
+            ..SchemeSettings::default()
+        };
+        for (libra, field) in [
+            (
+                LibraParams {
+                    pool_size: 0,
+                    ..ok.libra
+                },
+                "P (pool size)",
+            ),
+            (
+                LibraParams {
+                    pool_size: u32::MAX,
+                    ..ok.libra
+                },
+                "P × CP (workers per pool)",
+            ),
+            (
+                LibraParams {
+                    tile_tokens: u32::MAX,
+                    ..ok.libra
+                },
+                "B (tile tokens)",
+            ),
+            (
+                LibraParams {
+                    tau: f64::NAN,
+                    ..ok.libra
+                },
+                "tau",
+            ),
+        ] {
+            let set = SchemeSettings {
+                libra,
+                ..ok.clone()
+            };
+            let e = SchemePlanner::new(Scheme::Libra, set, &cost, 4, 16, 32_768).err();
+            assert!(
+                matches!(e, Some(crate::Error::Invalid { field: ref f, .. }) if f == field),
+                "{field}: {e:?}"
+            );
+        }
+        assert!(SchemePlanner::new(Scheme::Libra, ok, &cost, 4, 16, 32_768).is_ok());
     }
 }

@@ -55,7 +55,14 @@ pub fn non_negative(s: &str) -> std::result::Result<f64, String> {
 
 static MAX_MEMORY: OnceLock<u64> = OnceLock::new();
 
-/// Parse a byte size: a number with an optional K, M, G or T suffix (powers of 1024).
+/// The smallest `--max-memory`, 1 MiB: a smaller limit refuses even small runs, and a
+/// fraction of a byte would round to none.
+pub const MIN_MEMORY_LIMIT: u64 = 1 << 20;
+/// The largest `--max-memory`: 1 PiB, past any one machine's memory.
+pub const MAX_MEMORY_LIMIT: u64 = 1 << 50;
+
+/// Parse a byte size in [`MIN_MEMORY_LIMIT`]..=[`MAX_MEMORY_LIMIT`]: a number with an
+/// optional K, M, G or T suffix (powers of 1024).
 pub fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
     let t = s.trim();
     let (num, mult) = match t.char_indices().last() {
@@ -71,11 +78,13 @@ pub fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
         }
         _ => (t, 1),
     };
-    match num.parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 0.0 && v * (mult as f64) < u64::MAX as f64 => {
-            Ok((v * mult as f64) as u64)
-        }
-        _ => Err(format!("{s}: a byte count > 0 such as 512M, 16G or 1T")),
+    match num.parse::<f64>().map(|v| v * mult as f64) {
+        Ok(b) if (MIN_MEMORY_LIMIT as f64..=MAX_MEMORY_LIMIT as f64).contains(&b) => Ok(b as u64),
+        _ => Err(format!(
+            "{s}: a byte count in {}M..={}T such as 512M, 16G or 1T",
+            MIN_MEMORY_LIMIT >> 20,
+            MAX_MEMORY_LIMIT >> 40
+        )),
     }
 }
 
@@ -147,8 +156,11 @@ mod tests {
     fn byte_sizes_parse_and_bad_ones_are_named() {
         assert_eq!(parse_bytes("512M"), Ok(512 << 20));
         assert_eq!(parse_bytes("16g"), Ok(16 << 30));
-        assert_eq!(parse_bytes("1000"), Ok(1000));
-        for bad in ["", "0", "-1G", "nanG", "12Q", "1e30T"] {
+        assert_eq!(parse_bytes("1048576"), Ok(1 << 20));
+        assert_eq!(parse_bytes("1024T"), Ok(1 << 50));
+        for bad in [
+            "", "0", "0.5", "1", "1000", "1023K", "-1G", "nanG", "12Q", "1025T", "1e19", "1e30T",
+        ] {
             assert!(parse_bytes(bad).is_err(), "{bad}");
         }
         assert!(non_negative("nan").is_err());

@@ -150,8 +150,8 @@ pub fn progress(what: &str, since: Instant) {
 
 pub fn run(args: Args, out: Output) -> Result<()> {
     let t0 = Instant::now();
-    let policies = parse_policies(&args.policies)?;
-    check_pool_sizes(&args.pool_sizes, args.gbs)?;
+    let policies = parse_policies(&args.policies, "--policies")?;
+    check_pool_sizes(&args.pool_sizes, args.gbs, ("--pool-sizes", "--gbs"))?;
     let src = resolve_source(&args.source, args.seq_len, &args.packing, args.gbs)?;
     check_study(&src, args.gbs, args.trials, args.seed)?;
     eprintln!(

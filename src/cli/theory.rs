@@ -55,7 +55,7 @@ pub struct Args {
 pub fn run(args: Args, out: Output) -> Result<()> {
     let t0 = Instant::now();
     check_target(args.target)?;
-    check_pool_sizes(&args.pool_sizes, args.gbs)?;
+    check_pool_sizes(&args.pool_sizes, args.gbs, ("--pool-sizes", "--gbs"))?;
     let mask = Mask::parse(&args.mask, "--mask")?;
     let src = resolve_source(&args.source, args.seq_len, &args.packing, args.gbs)?;
     mask.check_len(src.seq_len(), "--mask")?;

@@ -24,6 +24,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::fit::MAX_HEADS;
+use super::model::{MAX_HEAD_DIM, MAX_WIDTH};
 use crate::error::{invalid, parse_error, Result};
 
 /// An elementwise kernel kind of a dense layer.
@@ -232,7 +234,14 @@ const COLUMNS: [&str; 10] = [
     "median_ms",
 ];
 
+/// Tokens of one measured call, at most: 16 Mi, past any sequence a kernel is timed on.
+pub const MAX_CALL_TOKENS: u64 = 1 << 24;
+/// One call's median time, at most: a minute (the timed kernels take µs to ms).
+pub const MAX_CALL_MS: f64 = 60_000.0;
+
 /// Parse elementwise measurement CSV text (bf16); `context` names the file in errors.
+/// Sizes are whole numbers from 1 to [`MAX_CALL_TOKENS`] and a model's limits
+/// ([`MAX_WIDTH`], [`MAX_HEADS`], [`MAX_HEAD_DIM`]); times are in (0, [`MAX_CALL_MS`]].
 pub fn rows_from_csv(text: &str, context: &str) -> Result<Vec<ElemRow>> {
     let mut lines = text.lines().filter(|l| !l.trim().is_empty());
     let header: Vec<&str> = lines
@@ -261,13 +270,20 @@ pub fn rows_from_csv(text: &str, context: &str) -> Result<Vec<ElemRow>> {
                 .copied()
                 .ok_or_else(|| invalid(&at, line, format!("{} columns", header.len())))
         };
-        let num = |i: usize| -> Result<f64> {
+        let whole = |i: usize, max: u64| -> Result<u64> {
             let s = cell(i)?;
-            s.parse::<f64>()
+            s.parse::<u64>()
                 .ok()
-                .filter(|v| v.is_finite() && *v > 0.0)
-                .ok_or_else(|| invalid(format!("{at}: {}", COLUMNS[i]), s, "a number > 0"))
+                .filter(|v| (1..=max).contains(v))
+                .ok_or_else(|| {
+                    invalid(
+                        format!("{at}: {}", COLUMNS[i]),
+                        s,
+                        format!("a whole number in 1..={max}"),
+                    )
+                })
         };
+        let width = |i: usize, max: u64| whole(i, max).map(|v| v as f64);
         let bwd = match cell(1)? {
             "fwd" => false,
             "bwd" => true,
@@ -281,20 +297,32 @@ pub fn rows_from_csv(text: &str, context: &str) -> Result<Vec<ElemRow>> {
                 "fwd for add (it has no backward kernel)",
             ));
         }
-        let d = num(7)?;
+        let heads = u64::from(MAX_HEADS);
+        let d = width(7, MAX_HEAD_DIM.into())?;
+        let ms = cell(9)?;
         rows.push(ElemRow {
             kind,
             bwd,
             model: cell(2)?.to_string(),
-            tokens: num(3)? as u64,
+            tokens: whole(3, MAX_CALL_TOKENS)?,
             dims: Dims {
-                hidden: num(4)?,
-                q: num(5)? * d,
-                k: num(6)? * d,
-                mlp: num(8)?,
+                hidden: width(4, MAX_WIDTH.into())?,
+                q: width(5, heads)? * d,
+                k: width(6, heads)? * d,
+                mlp: width(8, MAX_WIDTH.into())?,
                 dtype_bytes: 2.0,
             },
-            ms: num(9)?,
+            ms: ms
+                .parse::<f64>()
+                .ok()
+                .filter(|v| *v > 0.0 && *v <= MAX_CALL_MS)
+                .ok_or_else(|| {
+                    invalid(
+                        format!("{at}: median_ms"),
+                        ms,
+                        format!("a time in (0, {MAX_CALL_MS}] ms"),
+                    )
+                })?,
         });
     }
     Ok(rows)
@@ -460,6 +488,28 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("median_ms") && e.contains("-3"), "{e}");
+        // sizes are whole numbers within their limits, times finite and at most a minute
+        for (col, v) in [
+            (3, "0.5"),
+            (3, "1e300"),
+            (3, "16777217"),
+            (4, "1048577"),
+            (4, "18446744073709551615"),
+            (5, "1025"),
+            (6, "4294967296"),
+            (7, "1025"),
+            (8, "1e300"),
+            (9, "1e300"),
+            (9, "inf"),
+        ] {
+            let mut cells = vec!["add", "fwd", "m", "1", "1", "1", "1", "1", "1", "1"];
+            cells[col] = v;
+            let e = rows_from_csv(&format!("{head}{}\n", cells.join(",")), "f.csv")
+                .unwrap_err()
+                .to_string();
+            let name = head.trim().split(',').nth(col).unwrap();
+            assert!(e.contains(&format!("row 1: {name} = {v}")), "{e}");
+        }
         let rows = rows_from_csv(&format!("{head}add,fwd,m,1,1,1,1,1,1,1\n"), "f").unwrap();
         let e = fit(&rows).unwrap_err().to_string();
         assert!(e.contains("rmsnorm fwd") && e.contains("two rows"), "{e}");

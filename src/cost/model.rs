@@ -10,9 +10,23 @@ use serde::{Deserialize, Serialize};
 use super::{AttentionPattern, AttnShape, Mask};
 use crate::error::{invalid, parse_error, Result};
 
+/// The most decoder layers of a model (published models have up to ~130).
+pub const MAX_LAYERS: u32 = 1 << 12;
+/// The widest hidden or intermediate size: 1 Mi, twenty times the widest published
+/// (Llama 3.1 405B's 53248 intermediate).
+pub const MAX_WIDTH: u32 = 1 << 20;
+/// The largest head dimension.
+pub const MAX_HEAD_DIM: u32 = 1024;
+/// The largest vocabulary: 16 Mi entries (published models have up to ~256 Ki).
+pub const MAX_VOCAB: u32 = 1 << 24;
+/// The most bytes per element (8: f64).
+pub const MAX_DTYPE_BYTES: u32 = 8;
+/// The most experts (routed, or shared) of one MoE layer (published models have up to ~400).
+pub const MAX_EXPERTS: u32 = 1 << 16;
+
 /// The feed-forward block of every layer.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+#[serde(tag = "kind", rename_all = "lowercase", try_from = "FfnFile")]
 pub enum Ffn {
     /// A dense SwiGLU MLP (gate, up, down projections).
     Dense {
@@ -36,6 +50,65 @@ pub enum Ffn {
         #[serde(default)]
         shared_expert_intermediate: u32,
     },
+}
+
+/// `[ffn]` as written: every key a plain field, so a bad value is reported at its key
+/// (an internally tagged enum would report it at the table).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FfnFile {
+    kind: String,
+    intermediate: Option<u32>,
+    experts: Option<u32>,
+    top_k: Option<u32>,
+    expert_intermediate: Option<u32>,
+    #[serde(default)]
+    shared_experts: u32,
+    #[serde(default)]
+    shared_expert_intermediate: u32,
+}
+
+impl TryFrom<FfnFile> for Ffn {
+    type Error = String;
+
+    fn try_from(f: FfnFile) -> std::result::Result<Self, String> {
+        let need =
+            |key: &str, v: Option<u32>| v.ok_or(format!("ffn.{key} missing ({} ffn)", f.kind));
+        let dense_only = [("intermediate", f.intermediate.is_some())];
+        let moe_only = [
+            ("experts", f.experts.is_some()),
+            ("top_k", f.top_k.is_some()),
+            ("expert_intermediate", f.expert_intermediate.is_some()),
+            ("shared_experts", f.shared_experts != 0),
+            (
+                "shared_expert_intermediate",
+                f.shared_expert_intermediate != 0,
+            ),
+        ];
+        let stray = |keys: &[(&str, bool)]| match keys.iter().find(|(_, set)| *set) {
+            Some((k, _)) => Err(format!("ffn.{k} does not apply to a {} ffn", f.kind)),
+            None => Ok(()),
+        };
+        match f.kind.as_str() {
+            "dense" => {
+                stray(&moe_only)?;
+                Ok(Ffn::Dense {
+                    intermediate: need("intermediate", f.intermediate)?,
+                })
+            }
+            "moe" => {
+                stray(&dense_only)?;
+                Ok(Ffn::Moe {
+                    experts: need("experts", f.experts)?,
+                    top_k: need("top_k", f.top_k)?,
+                    expert_intermediate: need("expert_intermediate", f.expert_intermediate)?,
+                    shared_experts: f.shared_experts,
+                    shared_expert_intermediate: f.shared_expert_intermediate,
+                })
+            }
+            k => Err(format!("invalid ffn.kind = {k:?}: dense or moe")),
+        }
+    }
 }
 
 /// A decoder-only transformer, as far as pricing its work needs it.
@@ -109,18 +182,47 @@ impl ModelConfig {
     }
 
     fn validate(&self, ctx: &str) -> Result<()> {
-        let positive = [
-            ("layers", self.layers),
-            ("hidden", self.hidden),
-            ("heads_q", self.heads_q),
-            ("heads_kv", self.heads_kv),
-            ("head_dim", self.head_dim),
-            ("vocab", self.vocab),
-            ("dtype_bytes", self.dtype_bytes),
+        let heads = super::fit::MAX_HEADS;
+        // (field, value, least, most); shared experts may be absent (0)
+        let mut sizes = vec![
+            ("layers", self.layers, 1, MAX_LAYERS),
+            ("hidden", self.hidden, 1, MAX_WIDTH),
+            ("heads_q", self.heads_q, 1, heads),
+            ("heads_kv", self.heads_kv, 1, heads),
+            ("head_dim", self.head_dim, 1, MAX_HEAD_DIM),
+            ("vocab", self.vocab, 1, MAX_VOCAB),
+            ("dtype_bytes", self.dtype_bytes, 1, MAX_DTYPE_BYTES),
         ];
-        for (f, v) in positive {
-            if v == 0 {
-                return Err(invalid(format!("{ctx}: {f}"), v, "a positive integer"));
+        match self.ffn {
+            Ffn::Dense { intermediate } => {
+                sizes.push(("ffn.intermediate", intermediate, 1, MAX_WIDTH));
+            }
+            Ffn::Moe {
+                experts,
+                top_k,
+                expert_intermediate,
+                shared_experts,
+                shared_expert_intermediate,
+            } => sizes.extend([
+                ("ffn.experts", experts, 1, MAX_EXPERTS),
+                ("ffn.top_k", top_k, 1, experts),
+                ("ffn.expert_intermediate", expert_intermediate, 1, MAX_WIDTH),
+                ("ffn.shared_experts", shared_experts, 0, MAX_EXPERTS),
+                (
+                    "ffn.shared_expert_intermediate",
+                    shared_expert_intermediate,
+                    0,
+                    MAX_WIDTH,
+                ),
+            ]),
+        }
+        for (f, v, least, most) in sizes {
+            if !(least..=most).contains(&v) {
+                return Err(invalid(
+                    format!("{ctx}: {f}"),
+                    v,
+                    format!("a whole number in {least}..={most}"),
+                ));
             }
         }
         self.attention
@@ -133,23 +235,6 @@ impl ModelConfig {
             ));
         }
         match self.ffn {
-            Ffn::Dense { intermediate: 0 } => Err(invalid(
-                format!("{ctx}: ffn.intermediate"),
-                0,
-                "a positive integer",
-            )),
-            Ffn::Moe {
-                experts,
-                top_k,
-                expert_intermediate,
-                ..
-            } if experts == 0 || top_k == 0 || top_k > experts || expert_intermediate == 0 => {
-                Err(invalid(
-                    format!("{ctx}: ffn"),
-                    format!("experts {experts}, top_k {top_k}, expert_intermediate {expert_intermediate}"),
-                    "experts > 0, 0 < top_k <= experts, expert_intermediate > 0",
-                ))
-            }
             Ffn::Moe {
                 shared_experts: n,
                 shared_expert_intermediate: i,
@@ -157,9 +242,7 @@ impl ModelConfig {
             } if (n == 0) != (i == 0) => Err(invalid(
                 format!("{ctx}: ffn.shared_expert_intermediate"),
                 i,
-                format!(
-                    "> 0 with shared_experts = {n} > 0, and 0 (or absent) with none"
-                ),
+                format!("> 0 with shared_experts = {n} > 0, and 0 (or absent) with none"),
             )),
             _ => Ok(()),
         }
@@ -553,5 +636,52 @@ mod tests {
         assert!(e.to_string().contains("heads_kv"), "{e}");
         let e = ModelConfig::from_toml_str("name = 1", "x.toml").unwrap_err();
         assert!(matches!(e, crate::Error::Parse { .. }));
+    }
+
+    /// A bad `[ffn]` value is reported at its key, and every dimension has a ceiling.
+    #[test]
+    fn ffn_keys_and_dimension_limits_are_named() {
+        let dense = include_str!("../../models/llama3-8b.toml");
+        let moe = include_str!("../../models/qwen3-30b-a3b.toml");
+        for (base, from, to, key) in [
+            (
+                dense,
+                "intermediate = 14336",
+                "intermediate = -1",
+                "intermediate = -1",
+            ),
+            (moe, "top_k = 8", "top_k = 0.5", "top_k = 0.5"),
+            (moe, "experts = 128", "experts = \"x\"", "experts = \"x\""),
+            (dense, "kind = \"dense\"", "kind = \"sparse\"", "ffn.kind"),
+            (dense, "intermediate = 14336", "experts = 8", "ffn.experts"),
+        ] {
+            assert!(base.contains(from), "{from}");
+            let e = ModelConfig::from_toml_str(&base.replace(from, to), "x.toml")
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(key), "{to}: {e}");
+        }
+        for (base, from, to, field) in [
+            (dense, "hidden = 4096", "hidden = 4294967295", "hidden"),
+            (dense, "head_dim = 128", "head_dim = 4096", "head_dim"),
+            (dense, "vocab = 128256", "vocab = 4294967295", "vocab"),
+            (dense, "layers = 32", "layers = 100000", "layers"),
+            (dense, "dtype_bytes = 2", "dtype_bytes = 16", "dtype_bytes"),
+            (
+                dense,
+                "intermediate = 14336",
+                "intermediate = 4294967295",
+                "ffn.intermediate",
+            ),
+            (moe, "experts = 128", "experts = 4294967295", "ffn.experts"),
+            (moe, "top_k = 8", "top_k = 129", "ffn.top_k"),
+            (moe, "top_k = 8", "top_k = 0", "ffn.top_k"),
+        ] {
+            let e = ModelConfig::from_toml_str(&base.replace(from, to), "x.toml").unwrap_err();
+            assert!(
+                matches!(&e, crate::Error::Invalid { field: f, .. } if *f == format!("x.toml: {field}")),
+                "{to}: {e:?}"
+            );
+        }
     }
 }

@@ -26,7 +26,8 @@
 //!
 //! A corpus's rows depend only on (corpus, seq_len, gbs, pool sizes, policies, trials,
 //! seed), never on which other corpora the file lists, so a file reduced to one corpus
-//! reproduces that corpus's rows exactly (the reproduction test relies on this).
+//! (and its `[[paper]]` rows) reproduces that corpus's rows exactly (the reproduction test
+//! relies on this).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -136,10 +137,71 @@ pub fn parse(name: &str, text: &str) -> Result<Spec> {
     }
     for &g in &spec.gbs {
         check_study_counts(g, spec.trials, ("trials", "gbs")).context(name.to_string())?;
-        check_pool_sizes(&spec.pool_sizes, g).with_context(|| format!("{name}: gbs = {g}"))?;
+        check_pool_sizes(&spec.pool_sizes, g, ("pool_sizes", "gbs")).context(name)?;
     }
-    parse_policies(&spec.policies).with_context(|| name.to_string())?;
+    let policies = parse_policies(&spec.policies, "policies").context(name)?;
+    for (i, p) in spec.paper.iter_mut().enumerate() {
+        check_paper_point(p, &spec.corpus, &spec.gbs, &spec.pool_sizes, &policies)
+            .with_context(|| format!("{name}: [[paper]] row {}", i + 1))?;
+    }
     Ok(spec)
+}
+
+/// Refuse a `[[paper]]` row that is no cell of the experiment (a corpus, D, P or policy it
+/// does not run) or whose R − 1 is no imbalance of that cell: R = max_k L_k/(P·μ) ≤ K with
+/// K = D/P pools, so R − 1 lies in 0..=K − 1. The row's policy is set to its canonical name,
+/// which the summary matches on.
+fn check_paper_point(
+    p: &mut PaperPoint,
+    corpora: &[CorpusSpec],
+    gbs: &[usize],
+    pool_sizes: &[usize],
+    policies: &[Policy],
+) -> Result<()> {
+    if !corpora.iter().any(|c| c.name == p.corpus) {
+        let names: Vec<String> = corpora.iter().map(|c| format!("{:?}", c.name)).collect();
+        return Err(invalid(
+            "corpus",
+            format!("{:?}", p.corpus),
+            format!("a [[corpus]] name of this file: {}", names.join(", ")),
+        ));
+    }
+    if !gbs.contains(&p.gbs) {
+        return Err(invalid(
+            "gbs",
+            p.gbs,
+            format!("one of the file's gbs {gbs:?}"),
+        ));
+    }
+    if !pool_sizes.contains(&p.pool_size) {
+        return Err(invalid(
+            "pool_size",
+            p.pool_size,
+            format!("one of the file's pool_sizes {pool_sizes:?}"),
+        ));
+    }
+    let policy: Policy = p.policy.parse()?;
+    if !policies.contains(&policy) {
+        let names: Vec<&str> = policies.iter().map(|q| q.name()).collect();
+        return Err(invalid(
+            "policy",
+            format!("{:?}", p.policy),
+            format!("one of the file's policies: {}", names.join(", ")),
+        ));
+    }
+    p.policy = policy.name().to_string();
+    let k_minus_1 = (p.gbs / p.pool_size - 1) as f64;
+    if !(0.0..=k_minus_1).contains(&p.r_minus_1) {
+        return Err(invalid(
+            "r_minus_1",
+            p.r_minus_1,
+            format!(
+                "an imbalance R − 1 in 0..={k_minus_1} (K − 1 for K = D/P = {}/{} pools)",
+                p.gbs, p.pool_size
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Everything one run produces, in memory: file name → contents.
@@ -183,7 +245,7 @@ impl Sweep {
     /// Check the experiment's policies and packing; nothing is simulated.
     pub fn new(spec: Spec) -> Result<Self> {
         Ok(Sweep {
-            policies: parse_policies(&spec.policies)?,
+            policies: parse_policies(&spec.policies, "policies")?,
             packing: spec.packing.parse()?,
             spec,
         })
@@ -576,4 +638,94 @@ pub fn outcome(spec: &Spec, o: Outputs) -> Result<Outcome> {
         summary,
         json: Some(serde_json::to_string_pretty(&json)?),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = r#"
+kind = "pools"
+title = "t"
+seed = 1
+trials = 4
+gbs = [32]
+pool_sizes = [2, 8]
+policies = ["random", "vrsp"]
+[[corpus]]
+name = "wlbllm"
+[[paper]]
+corpus = "wlbllm"
+gbs = 32
+pool_size = 8
+policy = "random"
+r_minus_1 = 1.077
+source = "x"
+"#;
+
+    /// The field named by the error of `BASE` with `from` replaced by `to`.
+    fn refused(from: &str, to: &str) -> String {
+        assert!(BASE.contains(from), "{from:?}");
+        let text = BASE.replacen(from, to, 1);
+        let e = parse("e.toml", &text).expect_err(to);
+        match e.root() {
+            crate::Error::Invalid { field, .. } => field.clone(),
+            other => panic!("{to}: {other}"),
+        }
+    }
+
+    #[test]
+    fn paper_rows_must_be_a_cell_of_the_experiment_with_an_imbalance_in_range() {
+        let spec = parse("e.toml", BASE).unwrap();
+        assert_eq!(spec.paper[0].policy, "random");
+        let canonical = parse(
+            "e.toml",
+            &BASE.replace("policy = \"random\"", "policy = \"VRSP\""),
+        );
+        assert_eq!(canonical.unwrap().paper[0].policy, "vrsp");
+        for (from, to, field) in [
+            (
+                "corpus = \"wlbllm\"\ngbs",
+                "corpus = \"zzz\"\ngbs",
+                "corpus",
+            ),
+            ("gbs = 32\npool", "gbs = 0\npool", "gbs"),
+            ("gbs = 32\npool", "gbs = 64\npool", "gbs"),
+            ("pool_size = 8", "pool_size = 0", "pool_size"),
+            ("pool_size = 8", "pool_size = 4", "pool_size"),
+            ("policy = \"random\"", "policy = \"lpt\"", "policy"),
+            ("policy = \"random\"", "policy = \"zzz\"", "policy"),
+            ("r_minus_1 = 1.077", "r_minus_1 = nan", "r_minus_1"),
+            ("r_minus_1 = 1.077", "r_minus_1 = inf", "r_minus_1"),
+            ("r_minus_1 = 1.077", "r_minus_1 = -1", "r_minus_1"),
+            ("r_minus_1 = 1.077", "r_minus_1 = 1e300", "r_minus_1"),
+            // K = 32/8 = 4 pools: R − 1 is at most 3.
+            ("r_minus_1 = 1.077", "r_minus_1 = 3.5", "r_minus_1"),
+        ] {
+            assert_eq!(refused(from, to), field, "{to}");
+        }
+    }
+
+    /// The file's own keys are named, never the `skewsim pools` flags.
+    #[test]
+    fn refusals_name_the_files_keys() {
+        for (from, to, field) in [
+            ("pool_sizes = [2, 8]", "pool_sizes = [0]", "pool_sizes"),
+            ("pool_sizes = [2, 8]", "pool_sizes = [3]", "pool_sizes"),
+            ("pool_sizes = [2, 8]", "pool_sizes = []", "pool_sizes"),
+            (
+                "policies = [\"random\", \"vrsp\"]",
+                "policies = []",
+                "policies",
+            ),
+        ] {
+            assert_eq!(refused(from, to), field, "{to}");
+        }
+        let text = BASE.replacen("\"random\", \"vrsp\"]", "\"zzz\"]", 1);
+        let e = parse("e.toml", &text).err().unwrap().to_string();
+        assert!(e.contains("e.toml: policies: invalid policy"), "{e}");
+        let text = BASE.replacen("pool_sizes = [2, 8]", "pool_sizes = [3]", 1);
+        let e = parse("e.toml", &text).err().unwrap().to_string();
+        assert!(e.contains("divide gbs = 32") && !e.contains("--"), "{e}");
+    }
 }

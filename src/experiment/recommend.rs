@@ -164,9 +164,24 @@ impl Spec {
         if let Some(b) = self.global_batch {
             range("global_batch", b.into(), 1, MAX_GLOBAL_BATCH.into())?;
         }
+        // the search tries powers of two whose product divides the GPUs: a fixed degree
+        // outside them would leave no candidate
+        let mut fixed = 1u64;
         for (f, v) in [("tp", self.tp), ("cp", self.cp), ("pp", self.pp)] {
             if let Some(v) = v {
                 range(f, v.into(), 1, self.gpus.into())?;
+                fixed *= u64::from(v);
+                if !v.is_power_of_two() || u64::from(self.gpus) % fixed != 0 {
+                    return Err(invalid(
+                        f,
+                        v,
+                        format!(
+                            "a power of two that, times the other fixed degrees, divides \
+                             gpus = {}",
+                            self.gpus
+                        ),
+                    ));
+                }
             }
         }
         if self.pp.is_some_and(|p| p > 1) && !self.pipeline {
@@ -1505,6 +1520,46 @@ mod tests {
     /// tokens a step it runs at most 60 / (k + 1) tokens/s; the gate removes candidate 2.
     fn twenty() -> Vec<(f64, usize)> {
         (0..20).map(|k| ((k + 1) as f64 * 1e12, k)).collect()
+    }
+
+    /// A fixed degree no candidate can have is refused by name before the search.
+    #[test]
+    fn fixed_degrees_must_divide_the_gpus_as_powers_of_two() {
+        let base = Spec::new("llama3-8b", "wlbllm", "dgx-h200-roce", 8, 65_536);
+        let fixed = |tp, cp, pp| Spec {
+            tp,
+            cp,
+            pp,
+            pipeline: true,
+            ..base.clone()
+        };
+        for (spec, field, value) in [
+            (fixed(None, Some(3), None), "cp", "3"),
+            (fixed(Some(4), Some(4), None), "cp", "4"),
+            (fixed(Some(2), Some(2), Some(4)), "pp", "4"),
+            (
+                Spec {
+                    gpus: 12,
+                    ..fixed(None, Some(8), None)
+                },
+                "cp",
+                "8",
+            ),
+        ] {
+            let e = spec.check().unwrap_err();
+            assert!(
+                matches!(&e, Error::Invalid { field: f, value: v, allowed }
+                    if f == field && v == value && allowed.contains("divides gpus")),
+                "{e:?}"
+            );
+        }
+        assert!(fixed(Some(2), Some(2), Some(2)).check().is_ok());
+        assert!(Spec {
+            gpus: 12,
+            ..fixed(None, Some(4), None)
+        }
+        .check()
+        .is_ok());
     }
 
     #[test]

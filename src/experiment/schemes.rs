@@ -34,6 +34,9 @@
 //! [workload] corpus = "libra-256k", seq_len = 262144, seed = 1
 //! [settings] epsilon, ping_pong, s_max, sharding, pool_size, head_shards, tile_tokens,
 //!            tau, chunks, max_seqlen_per_dp_cp_rank (default ⌈L / CP⌉), min_dynamic_cp
+//!            (Libra's knobs are checked as the train kind checks them, pool_size before
+//!            it is capped at DP; tau and epsilon take any finite value ≥ 0: past W − 1
+//!            and 1 they lift the load cap and the move threshold altogether)
 //! [sweep]    dp = [...], corpus = [...], seq_len = [...], topology = [...], model = [...]
 //! [sweep.attention]  sliding_share = [...], window = [...], period = N   # the model's
 //!            attention pattern as an axis (`mix.rs`): x of the plot, skew per mix

@@ -409,44 +409,51 @@ pub fn trial_loads_under(
     }
 }
 
-/// Parses and validates `--policies`.
-pub fn parse_policies(names: &[String]) -> Result<Vec<Policy>> {
+/// Parses and validates the grouping policies; `field` names them in messages
+/// (`--policies`, `policies`).
+pub fn parse_policies(names: &[String], field: &str) -> Result<Vec<Policy>> {
     if names.is_empty() {
         return Err(invalid(
-            "--policies",
+            field,
             "\"\"",
             format!("one or more of: {}", Policy::allowed()),
         ));
     }
     names
         .iter()
-        .map(|n| n.parse::<Policy>().context("--policies"))
+        .map(|n| n.parse::<Policy>().context(field))
         .collect()
 }
 
-/// Checks `--pool-sizes` against D up front, so the error names the flag.
-pub fn check_pool_sizes(pool_sizes: &[usize], gbs: usize) -> Result<()> {
+/// Checks the pool sizes against D up front, so the error names the knob; `names` are the
+/// pool sizes' and the global batch's knobs in messages (`--pool-sizes` and `--gbs`, or a
+/// file's `pool_sizes` and `gbs`).
+pub fn check_pool_sizes(
+    pool_sizes: &[usize],
+    gbs: usize,
+    (sizes_name, gbs_name): (&str, &str),
+) -> Result<()> {
     if pool_sizes.is_empty() {
         return Err(invalid(
-            "--pool-sizes",
+            sizes_name,
             "\"\"",
-            format!("one or more pool sizes P ≥ 1 that divide --gbs = {gbs}"),
+            format!("one or more pool sizes P ≥ 1 that divide {gbs_name} = {gbs}"),
         ));
     }
     for &p in pool_sizes {
         if p == 0 {
             return Err(invalid(
-                "--pool-sizes",
+                sizes_name,
                 0,
-                format!("P = 0 is no pool size: each must be ≥ 1 and divide --gbs = {gbs}"),
+                format!("P = 0 is no pool size: each must be ≥ 1 and divide {gbs_name} = {gbs}"),
             ));
         }
         if gbs % p != 0 {
             return Err(invalid(
-                "--pool-sizes",
+                sizes_name,
                 p,
                 format!(
-                    "P = {p} does not divide --gbs = {gbs} (K = D/P pools of exactly P); \
+                    "P = {p} does not divide {gbs_name} = {gbs} (K = D/P pools of exactly P); \
                      allowed: divisors of {gbs}"
                 ),
             ));

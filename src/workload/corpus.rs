@@ -109,13 +109,16 @@ impl Corpus {
             let mut parts = Vec::new();
             let mut total = 0.0;
             for term in spec.split('+') {
-                let (w, comp) = term.split_once('*').ok_or_else(|| {
-                    invalid(
-                        "corpus mixture term",
-                        term.trim(),
-                        "WEIGHT*COMPONENT, e.g. 0.3*fixed:4096",
-                    )
-                })?;
+                let (w, comp) = term
+                    .split_once('*')
+                    .filter(|(_, comp)| !comp.contains('*'))
+                    .ok_or_else(|| {
+                        invalid(
+                            "corpus mixture term",
+                            term.trim(),
+                            "WEIGHT*COMPONENT with one weight, e.g. 0.3*fixed:4096",
+                        )
+                    })?;
                 let w: f64 = w
                     .trim()
                     .parse()
@@ -633,6 +636,15 @@ mod tests {
         let tens = d.iter().filter(|&&x| x == 10).count() as f64 / d.len() as f64;
         assert!((tens - 0.75).abs() < 0.01, "{tens}");
         assert!(d.iter().all(|&x| x == 10 || x == 20));
+        // a second weight on one component is refused as the term it is
+        for spec in ["1*1*fixed:10", "0.5*fixed:10+0.5*2*fixed:20"] {
+            let e = Corpus::from_spec(spec).err().unwrap();
+            assert!(
+                matches!(&e, crate::Error::Invalid { field, allowed, .. }
+                    if field == "corpus mixture term" && allowed.contains("one weight")),
+                "{spec}: {e}"
+            );
+        }
     }
 
     #[test]

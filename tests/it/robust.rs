@@ -370,6 +370,18 @@ fn zero_and_negative_values_are_named() {
         &["validate", "--dry-run", "--reps", "0", "--plan", o],
         "'0' for '--reps <REPS>'",
     );
+    // a fraction of a byte would round to a limit of 0
+    fails(
+        &[
+            "--max-memory",
+            "0.5",
+            "corpus",
+            "wlbllm",
+            "--sequences",
+            "64",
+        ],
+        "0.5: a byte count in 1M..=1024T",
+    );
 }
 
 #[test]

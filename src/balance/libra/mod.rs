@@ -47,6 +47,10 @@ pub const MAX_WORKERS: u64 = 1 << 24;
 /// plan's units, transfers and pipeliner lists grow with them.
 pub const MAX_STEP_TILES: u64 = 1 << 22;
 
+/// The most tokens in one tile (B): 16 Mi, sixteen times the longest corpus sequence
+/// (libra-1m's 1 Mi tokens); a B past a sequence's length leaves it one tile.
+pub const MAX_TILE_TOKENS: u32 = 1 << 24;
+
 /// Libra's knobs.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LibraParams {
@@ -116,11 +120,11 @@ impl LibraParams {
                 format!("at most {MAX_POOL_WORKERS}"),
             ));
         }
-        if self.tile_tokens == 0 {
+        if !(1..=MAX_TILE_TOKENS).contains(&self.tile_tokens) {
             return Err(invalid(
                 "B (tile tokens)",
                 self.tile_tokens,
-                "at least 1 token",
+                format!("1..={MAX_TILE_TOKENS} tokens"),
             ));
         }
         if self.head_shards == 0 || s.heads_q % self.head_shards != 0 {
