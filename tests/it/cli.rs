@@ -53,7 +53,7 @@ fn corpus_command() {
         ),
         (
             vec!["corpus", "wlbllm", "--seq-len", "0"],
-            Err("invalid seq-len = 0"),
+            Err("0 is not a whole number in 1..=16777216"),
         ),
         (
             vec!["corpus", "wlbllm", "--packing", "greedy"],
