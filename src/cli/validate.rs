@@ -34,6 +34,7 @@ use skewsim::cluster::TopologySpec;
 use skewsim::cost::blocks::FWD_HEAD_DIM;
 use skewsim::cost::fit::{self, MeasureKind, Measurement, Pass, SegCount};
 use skewsim::cost::profile::Kernel;
+use skewsim::experiment::inputs::{read_input_text, MAX_SPEC_BYTES};
 use skewsim::net::analytical::AnalyticalModel;
 use skewsim::net::collective::{analytical_phases, Transfer};
 use skewsim::net::GpuId;
@@ -126,7 +127,7 @@ struct ExchangeModel {
 impl ExchangeModel {
     fn load(file: &std::path::Path, gpus: usize) -> Result<ExchangeModel> {
         let name = file.display().to_string();
-        let text = std::fs::read_to_string(file)
+        let text = read_input_text(file, MAX_SPEC_BYTES)
             .with_context(|| format!("reading topology {name} (--topology)"))?;
         let topo = TopologySpec::parse(&text, &name)?.build(Some(1))?;
         if (topo.gpus_per_node as usize) < gpus {

@@ -45,6 +45,10 @@ const MIXTURE_SUM_TOLERANCE: f64 = 1e-6;
 /// Names of the built-in corpora.
 pub const BUILTIN: &[&str] = &["wlbllm", "libra-256k", "libra-1m"];
 
+/// Bytes of a trace, read and once decompressed: 128 MiB holds tens of millions of
+/// document lengths (the built-in `wlbllm` trace is 582 KB), and bounds a gzip bomb.
+pub const MAX_TRACE_BYTES: u64 = 128 << 20;
+
 const WLBLLM_JSON: &str = include_str!("../../traces/wlbllm.json");
 
 /// A parametric distribution of document lengths.

@@ -578,3 +578,69 @@ fn every_flag_takes_extreme_values_without_a_panic_or_a_hang() {
     let bad = bad.into_inner().unwrap();
     assert!(bad.is_empty(), "{bad:#?}");
 }
+
+#[test]
+fn input_files_that_are_not_regular_or_past_their_limit_are_refused() {
+    let d = scratch("robust-input-files");
+    let dir = d.to_str().unwrap();
+    fails(
+        &["topo", "/dev/zero", "--out", dir],
+        "reading topology /dev/zero: invalid file /dev/zero = a character device, not a regular file: a regular file of at most 16.0 MiB",
+    );
+    fails(&["check-plan", "/dev/zero"], "a character device");
+    fails(&["run", "/dev/zero"], "a character device");
+    fails(&["run", dir], "a directory, not a regular file");
+    let fifo = d.join("fifo.toml");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    fails(
+        &["run", fifo.to_str().unwrap()],
+        "a FIFO, not a regular file",
+    );
+    let sweep = experiment(
+        "four-way.toml",
+        &d,
+        "zero-topology.toml",
+        r#"topology = ["dgx-h200-roce", "../topologies/gb200-nvl72.toml"]"#,
+        r#"topology = ["/dev/zero"]"#,
+    );
+    fails(
+        &["run", &sweep, "--out", dir],
+        "reading topology /dev/zero: invalid file /dev/zero = a character device",
+    );
+    // sparse files one byte past the limits of a topology and of a plan
+    let sparse = |name: &str, len: u64| {
+        let p = d.join(name);
+        std::fs::File::create(&p).unwrap().set_len(len).unwrap();
+        p.to_string_lossy().into_owned()
+    };
+    let topo = sparse("big.toml", (16 << 20) + 1);
+    fails(
+        &["topo", &topo, "--out", dir],
+        "(16777217 bytes): a regular file of at most 16.0 MiB",
+    );
+    let plan = sparse("big.json", (1 << 30) + 1);
+    fails(
+        &["check-plan", &plan],
+        "(1073741825 bytes): a regular file of at most 1.0 GiB",
+    );
+}
+
+#[test]
+fn corpus_files_that_exist_are_refused_for_what_is_wrong() {
+    let d = scratch("robust-corpus-file");
+    let trace = write(&d, "one.txt", "1\n");
+    let mixture = format!("0.5*{trace}+0.5*fixed:10");
+    fails(&["corpus", &mixture], "invalid corpus mixture component = ");
+    fails(
+        &["corpus", &mixture],
+        "a trace file is a corpus of its own, never part of a mixture",
+    );
+    fails(
+        &["corpus", "/dev/zero"],
+        "reading trace /dev/zero: invalid file /dev/zero = a character device, not a regular file",
+    );
+}
