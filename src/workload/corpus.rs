@@ -437,8 +437,18 @@ pub fn parse_trace(name: &str, bytes: &[u8]) -> Result<Vec<u32>> {
     let bytes = if bytes.starts_with(&[0x1f, 0x8b]) {
         let mut out = Vec::new();
         flate2::read::MultiGzDecoder::new(bytes)
+            .take(MAX_TRACE_BYTES + 1)
             .read_to_end(&mut out)
             .map_err(|e| parse_error(name, format!("not a valid gzip stream: {e}")))?;
+        if out.len() as u64 > MAX_TRACE_BYTES {
+            return Err(parse_error(
+                name,
+                format!(
+                    "decompresses to more than {} MiB; a trace holds at most that much text",
+                    MAX_TRACE_BYTES >> 20
+                ),
+            ));
+        }
         decompressed = out;
         &decompressed[..]
     } else {

@@ -630,6 +630,42 @@ fn input_files_that_are_not_regular_or_past_their_limit_are_refused() {
 }
 
 #[test]
+fn traces_past_their_limit_or_the_memory_budget_are_refused() {
+    use std::io::Write as _;
+    let d = scratch("robust-trace-size");
+    // 128 MiB + 2 bytes of one-token documents in a few hundred KB of gzip
+    let bomb = d.join("bomb.gz");
+    let mut gz = flate2::write::GzEncoder::new(
+        std::fs::File::create(&bomb).unwrap(),
+        flate2::Compression::fast(),
+    );
+    let chunk = "1\n".repeat(1 << 19);
+    for _ in 0..128 {
+        gz.write_all(chunk.as_bytes()).unwrap();
+    }
+    gz.write_all(b"1\n").unwrap();
+    gz.finish().unwrap();
+    fails(
+        &["corpus", bomb.to_str().unwrap(), "--sequences", "1"],
+        "bomb.gz: decompresses to more than 128 MiB",
+    );
+    let trace = write(&d, "ones.txt", &"1\n".repeat(100_000));
+    fails(
+        &[
+            "--max-memory",
+            "1M",
+            "corpus",
+            &trace,
+            "--seq-len",
+            "16",
+            "--sequences",
+            "1",
+        ],
+        "of 100000 documents needs ~1.1 MiB of memory; at most 1.0 MiB",
+    );
+}
+
+#[test]
 fn corpus_files_that_exist_are_refused_for_what_is_wrong() {
     let d = scratch("robust-corpus-file");
     let trace = write(&d, "one.txt", "1\n");
