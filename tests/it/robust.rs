@@ -680,3 +680,57 @@ fn corpus_files_that_exist_are_refused_for_what_is_wrong() {
         "reading trace /dev/zero: invalid file /dev/zero = a character device, not a regular file",
     );
 }
+
+#[test]
+fn plans_with_too_many_workers_are_refused_before_they_are_expanded() {
+    let d = scratch("robust-plan-workers");
+    let o = plan_out(&d);
+    let o = o.to_str().unwrap();
+    let small = [
+        "plan",
+        "--corpus",
+        "lognormal:median=600,p99=30000",
+        "--seq-len",
+        "32768",
+        "--gbs",
+        "2",
+        "--dp",
+        "2",
+        "--cp",
+        "2",
+        "--pool-size",
+        "2",
+        "-o",
+        o,
+    ];
+    let out = crate::common::skewsim(&small);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let plan: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(o).unwrap()).unwrap();
+    let with_workers = |name: &str, n: u32| {
+        let mut p = plan.clone();
+        p["groups"][0]["workers"] = (0..n).collect::<Vec<u32>>().into();
+        write(&d, name, &p.to_string())
+    };
+    let over = with_workers("over.json", 65_537);
+    fails(
+        &["check-plan", &over],
+        "workers: 65537 in one group; at most 65536 per group",
+    );
+    let many = with_workers("many.json", 60_000);
+    fails(
+        &[
+            "--max-memory",
+            "100M",
+            "validate",
+            "--dry-run",
+            "--plan",
+            &many,
+        ],
+        "plan many: 240000 launches (60000 workers × 4 head chunks) needs ~",
+    );
+}
