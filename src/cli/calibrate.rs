@@ -16,6 +16,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use skewsim::cost::{gemm, Calibration};
+use skewsim::experiment::inputs::{read_input_text, MAX_TABLE_BYTES};
 
 use skewsim::cost::fit::{
     self, FitOptions, MeasureKind, Measurement, Pass, Pricing, SegCount, Summary,
@@ -305,7 +306,8 @@ fn gemm_rows(files: &[PathBuf]) -> Result<Vec<gemm::GemmRow>> {
     let mut rows = Vec::new();
     for f in files {
         let name = f.display().to_string();
-        let text = std::fs::read_to_string(f).with_context(|| format!("reading {name}"))?;
+        let text =
+            read_input_text(f, MAX_TABLE_BYTES).with_context(|| format!("reading {name}"))?;
         rows.extend(gemm::gemm_rows_from_csv(&text, &name)?);
     }
     Ok(rows)
@@ -481,14 +483,15 @@ fn read_rows(args: &Args) -> Result<(Vec<Measurement>, Vec<Measurement>)> {
     let mut rows = Vec::new();
     for f in &args.measurements {
         let name = f.display().to_string();
-        let text =
-            std::fs::read_to_string(f).with_context(|| format!("reading measurements {name}"))?;
+        let text = read_input_text(f, MAX_TABLE_BYTES)
+            .with_context(|| format!("reading measurements {name}"))?;
         rows.extend(fit::measurements_from_csv(&text, &name)?);
     }
     let mut trace = Vec::new();
     for f in &args.trace {
         let name = f.display().to_string();
-        let text = std::fs::read_to_string(f).with_context(|| format!("reading trace {name}"))?;
+        let text =
+            read_input_text(f, MAX_TABLE_BYTES).with_context(|| format!("reading trace {name}"))?;
         let t = trace_rows(&text, &name)?;
         if t.is_empty() {
             bail!("{name}: no causal FlashAttention forward kernels with shapes (profile with record_shapes=True)");

@@ -15,6 +15,7 @@ use serde::Serialize;
 
 use skewsim::cluster::TopologySpec;
 use skewsim::cost::fit::ErrStats;
+use skewsim::experiment::inputs::{read_input_text, MAX_SPEC_BYTES, MAX_TABLE_BYTES};
 use skewsim::net::collective::CollectiveModel;
 use skewsim::net::collective_fit::{self, AlgoFit, CollRow, ParamFit, Priced};
 
@@ -55,8 +56,8 @@ pub fn run(args: &Args, out: Output) -> Result<()> {
     let mut rows: Vec<CollRow> = Vec::new();
     for f in &args.collectives {
         let name = f.display().to_string();
-        let text =
-            std::fs::read_to_string(f).with_context(|| format!("reading collectives {name}"))?;
+        let text = read_input_text(f, MAX_TABLE_BYTES)
+            .with_context(|| format!("reading collectives {name}"))?;
         rows.extend(collective_fit::rows_from_csv(&text, &name)?);
     }
     let total = rows.len();
@@ -66,7 +67,7 @@ pub fn run(args: &Args, out: Output) -> Result<()> {
         bail!("--collectives: all {total} rows are on one GPU: a collective crosses no link there, nothing to fit or score (measure on 2 or more GPUs)");
     }
     let tname = args.topology.display().to_string();
-    let text = std::fs::read_to_string(&args.topology)
+    let text = read_input_text(&args.topology, MAX_SPEC_BYTES)
         .with_context(|| format!("reading topology {tname} (--topology)"))?;
     let mut spec = TopologySpec::parse(&text, &tname)?;
     let most = rows.iter().map(|r| r.gpus).max().unwrap_or(2);

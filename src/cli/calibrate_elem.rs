@@ -8,6 +8,7 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 
 use skewsim::cost::elementwise::{self as ew, ElemRow, ElementwiseModel, KindRate};
+use skewsim::experiment::inputs::{read_input_text, MAX_TABLE_BYTES};
 
 use super::calibrate::Args;
 use super::Output;
@@ -16,7 +17,8 @@ fn rows(files: &[PathBuf]) -> Result<Vec<ElemRow>> {
     let mut rows = Vec::new();
     for f in files {
         let name = f.display().to_string();
-        let text = std::fs::read_to_string(f).with_context(|| format!("reading {name}"))?;
+        let text =
+            read_input_text(f, MAX_TABLE_BYTES).with_context(|| format!("reading {name}"))?;
         rows.extend(ew::rows_from_csv(&text, &name)?);
     }
     Ok(rows)

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 
+use skewsim::experiment::inputs::{read_input_text, MAX_PLAN_BYTES};
 use skewsim::experiment::plan;
 use skewsim::plan::{check, CheckSummary, Plan};
 
@@ -20,7 +21,8 @@ pub struct Args {
 /// violation.
 pub fn check_file(file: &Path) -> Result<(Plan, CheckSummary)> {
     let name = file.display().to_string();
-    let text = std::fs::read_to_string(file).with_context(|| format!("reading plan {name}"))?;
+    let text =
+        read_input_text(file, MAX_PLAN_BYTES).with_context(|| format!("reading plan {name}"))?;
     let plan = Plan::from_json(&text, &name)?;
     if !plan::SCHEMES.contains(&plan.scheme.as_str()) {
         bail!(

@@ -54,13 +54,18 @@ pub fn run(args: Args, out: Output) -> Result<()> {
     let corpus = load_corpus(&args.corpus)?;
     let packing: Packing = args.packing.parse()?;
     let seq_len = args.seq_len.or(corpus.default_seq_len()).unwrap_or(131_072);
-    if corpus.trace().is_none() {
-        // the lengths and their sorted copy
-        limits::check_memory(
-            &format!("--samples {}", args.samples),
+    // the statistics' lengths and their sorted copy, beside a trace's own lengths
+    let (what, bytes) = match corpus.trace() {
+        Some(t) => (
+            format!("trace {} of {} documents", args.corpus, t.len()),
+            12.0 * t.len() as f64,
+        ),
+        None => (
+            format!("--samples {}", args.samples),
             8.0 * args.samples as f64,
-        )?;
-    }
+        ),
+    };
+    limits::check_memory(&what, bytes)?;
     check_batch_memory(&corpus, seq_len, args.sequences, args.seed, "--sequences")?;
     let report = corpus_report(
         &corpus,

@@ -11,6 +11,8 @@ use std::sync::OnceLock;
 
 use anyhow::{bail, Result};
 
+use skewsim::experiment::inputs::human;
+
 /// Packed sequences per batch or statistic (`--sequences`, `--gbs`).
 pub const MAX_SEQUENCES: u64 = 1 << 16;
 /// The longest packed sequence (`--seq-len`).
@@ -110,18 +112,6 @@ fn default_max_memory() -> u64 {
 /// The memory limit in bytes.
 pub fn max_memory() -> u64 {
     *MAX_MEMORY.get_or_init(default_max_memory)
-}
-
-/// Bytes as a person reads them (GiB, MiB, KiB).
-pub fn human(bytes: f64) -> String {
-    let gib = (1u64 << 30) as f64;
-    if bytes >= gib {
-        format!("{:.1} GiB", bytes / gib)
-    } else if bytes >= (1 << 20) as f64 {
-        format!("{:.1} MiB", bytes / (1 << 20) as f64)
-    } else {
-        format!("{:.0} KiB", bytes / 1024.0)
-    }
 }
 
 /// Refuse `what` when its estimated memory `bytes` exceeds the limit, naming both.

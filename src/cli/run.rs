@@ -7,6 +7,7 @@ use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use skewsim::experiment::inputs::{read_input_text, MAX_SPEC_BYTES};
 use skewsim::experiment::{self, calfile, schemes, Outcome, KINDS};
 
 use super::{Output, Stderr};
@@ -35,7 +36,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args, out: Output) -> Result<()> {
-    let text = std::fs::read_to_string(&args.file)
+    let text = read_input_text(&args.file, MAX_SPEC_BYTES)
         .with_context(|| format!("reading experiment file {}", args.file.display()))?;
     let doc: toml::Table = toml::from_str(&text)
         .with_context(|| format!("{} is not valid TOML", args.file.display()))?;

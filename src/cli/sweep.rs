@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
+use skewsim::experiment::inputs::{read_input_text, MAX_SPEC_BYTES, MAX_TABLE_BYTES};
 use skewsim::experiment::sweep::{PointResult, Sweep};
 use skewsim::experiment::{self, calfile};
 
@@ -159,7 +160,7 @@ pub fn run(args: Args, out: Output) -> Result<()> {
 /// experiment's copy and the `points/` and `logs/` folders. A folder that already holds
 /// this sweep keeps its results (a resumed sweep); one holding another is refused.
 fn write_folder(args: &Args, dir: &Path) -> Result<(Manifest, Sweep)> {
-    let text = std::fs::read_to_string(&args.file)
+    let text = read_input_text(&args.file, MAX_SPEC_BYTES)
         .with_context(|| format!("reading experiment file {}", args.file.display()))?;
     let kernel = calfile::kernel_flag(args.kernel.as_deref(), args.calibration.is_some())?;
     let sweep = experiment::sweep(&args.file, &text, (args.calibration.as_deref(), kernel))?;
@@ -227,7 +228,7 @@ fn write(path: &Path, body: &str) -> Result<()> {
 
 fn read_manifest(dir: &Path) -> Result<Manifest> {
     let p = dir.join("sweep.json");
-    let text = std::fs::read_to_string(&p).with_context(|| {
+    let text = read_input_text(&p, MAX_SPEC_BYTES).with_context(|| {
         format!(
             "reading {}: not a sweep folder (`skewsim sweep FILE --slurm {}` writes one)",
             p.display(),
@@ -252,8 +253,8 @@ fn open(dir: &Path) -> Result<(PathBuf, Manifest, Sweep)> {
     let dir = std::path::absolute(dir).with_context(|| format!("{}", dir.display()))?;
     let m = read_manifest(&dir)?;
     let copy = dir.join("experiment.toml");
-    let text =
-        std::fs::read_to_string(&copy).with_context(|| format!("reading {}", copy.display()))?;
+    let text = read_input_text(&copy, MAX_SPEC_BYTES)
+        .with_context(|| format!("reading {}", copy.display()))?;
     ensure!(
         fingerprint(&m, &text) == m.fingerprint,
         "{}: changed since the sweep was written (its fingerprint is not sweep.json's {}); \
@@ -398,14 +399,12 @@ fn merge_at(dir: &Path, t0: Instant, out: Output) -> Result<()> {
     let mut missing = Vec::new();
     for i in 0..m.points {
         let p = point_path(&dir, i, "toml");
-        let text = match std::fs::read_to_string(&p) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                missing.push(i);
-                continue;
-            }
-            Err(e) => return Err(e).with_context(|| format!("reading {}", p.display())),
-        };
+        if !p.exists() {
+            missing.push(i);
+            continue;
+        }
+        let text = read_input_text(&p, MAX_TABLE_BYTES)
+            .with_context(|| format!("reading {}", p.display()))?;
         let name = p.display().to_string();
         let f: PointFile = toml::from_str(&text)
             .map_err(|e| anyhow::anyhow!("{name}: corrupt sweep point file: {e}"))?;
@@ -438,7 +437,7 @@ fn missing_report(dir: &Path, m: &Manifest, missing: &[usize]) -> String {
         list(missing, ", ")
     );
     for &i in missing {
-        let why = std::fs::read_to_string(point_path(dir, i, "err"))
+        let why = read_input_text(&point_path(dir, i, "err"), MAX_TABLE_BYTES)
             .map(|e| format!("failed: {}", e.lines().next().unwrap_or_default()))
             .unwrap_or_else(|_| "no result (not run, still running, or killed)".into());
         let _ = writeln!(s, "  point {i} (task {}): {why}", i / m.chunk);

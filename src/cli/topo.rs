@@ -10,6 +10,7 @@ use serde::Serialize;
 
 use skewsim::cluster::analysis::{bisection_bandwidth, diameter};
 use skewsim::cluster::{LinkKind, Topology, TopologySpec};
+use skewsim::experiment::inputs::{read_input_text, MAX_SPEC_BYTES};
 use skewsim::net::collective::{
     analytical_phases, bus_bandwidth, lower, lowered_time, BusBw, CollOp, Collective,
     CollectiveModel, Transfer,
@@ -89,15 +90,15 @@ pub fn run(args: Args, out: Output) -> Result<()> {
         );
     }
     let name = args.file.display().to_string();
-    let text =
-        std::fs::read_to_string(&args.file).with_context(|| format!("reading topology {name}"))?;
+    let text = read_input_text(&args.file, MAX_SPEC_BYTES)
+        .with_context(|| format!("reading topology {name}"))?;
     let mut spec = TopologySpec::parse(&text, &name)?;
     if args.no_nvls {
         spec.collectives.nvls = false;
     }
     if let Some(f) = &args.collectives {
         let fname = f.display().to_string();
-        let text = std::fs::read_to_string(f)
+        let text = read_input_text(f, MAX_SPEC_BYTES)
             .with_context(|| format!("reading collective fit {fname} (--collectives)"))?;
         collective_fit::apply_report(&text, &fname, &mut spec)?;
         spec.validate()

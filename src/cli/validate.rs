@@ -34,6 +34,7 @@ use skewsim::cluster::TopologySpec;
 use skewsim::cost::blocks::FWD_HEAD_DIM;
 use skewsim::cost::fit::{self, MeasureKind, Measurement, Pass, SegCount};
 use skewsim::cost::profile::Kernel;
+use skewsim::experiment::inputs::{read_input_text, MAX_SPEC_BYTES};
 use skewsim::net::analytical::AnalyticalModel;
 use skewsim::net::collective::{analytical_phases, Transfer};
 use skewsim::net::GpuId;
@@ -126,7 +127,7 @@ struct ExchangeModel {
 impl ExchangeModel {
     fn load(file: &std::path::Path, gpus: usize) -> Result<ExchangeModel> {
         let name = file.display().to_string();
-        let text = std::fs::read_to_string(file)
+        let text = read_input_text(file, MAX_SPEC_BYTES)
             .with_context(|| format!("reading topology {name} (--topology)"))?;
         let topo = TopologySpec::parse(&text, &name)?.build(Some(1))?;
         if (topo.gpus_per_node as usize) < gpus {
@@ -165,6 +166,10 @@ impl ExchangeModel {
     }
 }
 
+/// Bytes of one launch while a plan is cut into launches and priced (1.6 KB measured on a
+/// plan of idle workers; a launch's units and moves add to it).
+const LAUNCH_BYTES: f64 = 2048.0;
+
 /// One (worker, chunk) of a plan group: what the GPU runs and moves.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LaunchSpec {
@@ -200,8 +205,15 @@ pub fn default_chunks(plan: &Plan) -> u32 {
     [4, 2, 1].into_iter().find(|m| w % m == 0).unwrap_or(1)
 }
 
-/// Cut a plan into launches: per group, per worker, per head chunk (pipeliner order).
+/// Cut a plan into launches: per group, per worker, per head chunk (pipeliner order); their
+/// memory is checked against the limit first.
 pub fn launches(plan: &Plan, m: u32) -> Result<Vec<LaunchSpec>> {
+    let workers: u64 = plan.groups.iter().map(|g| g.workers.len() as u64).sum();
+    let n = workers * u64::from(m);
+    super::limits::check_memory(
+        &format!("{n} launches ({workers} workers × {m} head chunks)"),
+        n as f64 * LAUNCH_BYTES,
+    )?;
     let group_q_per_kv = plan
         .shape
         .heads_q
@@ -426,7 +438,7 @@ fn measure_torch(args: &Args, plans: &[(String, Plan)]) -> Result<(Vec<Measureme
     for (name, plan) in plans {
         let t0 = std::time::Instant::now();
         let m = args.chunks.unwrap_or_else(|| default_chunks(plan));
-        let specs = launches(plan, m)?;
+        let specs = launches(plan, m).with_context(|| format!("plan {name}"))?;
         let req = Request {
             protocol: PROTOCOL,
             kernel: args.kernel.clone(),
@@ -468,7 +480,7 @@ fn measure_plan(
     plan_name: &str,
 ) -> Result<Vec<Measurement>> {
     let m = args.chunks.unwrap_or_else(|| default_chunks(plan));
-    let specs = launches(plan, m)?;
+    let specs = launches(plan, m).with_context(|| format!("plan {plan_name}"))?;
     let var = FwdVariant::parse(&args.variant, plan.shape.head_dim)?;
     // The backward kernels take 64-row query tiles; this forward writes their O and LSE.
     let var64 = FwdVariant::v1(plan.shape.head_dim, 4);
@@ -637,7 +649,7 @@ pub fn run(args: Args, out: Output) -> Result<()> {
         );
         for (name, plan) in &plans {
             let m = args.chunks.unwrap_or_else(|| default_chunks(plan));
-            let specs = launches(plan, m)?;
+            let specs = launches(plan, m).with_context(|| format!("plan {name}"))?;
             let mut rows = Vec::new();
             for s in &specs {
                 let tiles = s.batch.units.len();

@@ -4,6 +4,7 @@
 
 use std::path::Path;
 
+use super::inputs::{read_input_text, MAX_SPEC_BYTES};
 use crate::cost::elementwise::ElementwiseModel;
 use crate::cost::fit::Pricing;
 use crate::cost::gemm::GemmModel;
@@ -19,8 +20,8 @@ pub type Prices<'a> = (Option<&'a Path>, Option<Kernel>);
 /// The calibration in `path`, checked; errors name the file.
 pub fn read(path: &Path) -> Result<Calibration> {
     let name = path.display().to_string();
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading calibration {name}"))?;
+    let text = read_input_text(path, MAX_SPEC_BYTES)
+        .with_context(|| format!("reading calibration {name}"))?;
     Calibration::from_json_str(&text, &name)
 }
 

@@ -28,7 +28,7 @@ use crate::workload::corpus::Corpus;
 use crate::workload::pack::{batches, Packing};
 use crate::workload::PackedSeq;
 
-use super::inputs::load_corpus;
+use super::inputs::{load_corpus, read_input_text, MAX_SPEC_BYTES};
 
 /// The schemes that write plans, as `scheme = "..."` names them.
 pub const SCHEMES: &[&str] = &["libra", "ulysses", "wlbllm", "distca", "megatron-dcp"];
@@ -131,7 +131,7 @@ struct SettingsFile {
 /// `run` knows is checked against that kind's schema (as `run` does), a file without a
 /// `kind` against the settings schema; unknown and mistyped fields are refused by both.
 pub fn experiment_table(file: &Path) -> Result<toml::Table> {
-    let text = std::fs::read_to_string(file)
+    let text = read_input_text(file, MAX_SPEC_BYTES)
         .with_context(|| format!("reading experiment file {}", file.display()))?;
     let doc: toml::Table =
         toml::from_str(&text).with_context(|| format!("{} is not valid TOML", file.display()))?;

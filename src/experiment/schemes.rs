@@ -48,6 +48,7 @@
 //! ```
 
 use super::calfile::Prices;
+use super::inputs::{read_input_text, MAX_SPEC_BYTES};
 use crate::cost::profile::Kernel;
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
@@ -382,7 +383,7 @@ pub(crate) fn load_topology(name: &str, base: &Path, file: &str) -> Result<Topol
         Some((n, body)) => (format!("topologies/{n}.toml"), (*body).to_string()),
         None => {
             let src = p.display().to_string();
-            let text = std::fs::read_to_string(&p)
+            let text = read_input_text(&p, MAX_SPEC_BYTES)
                 .with_context(|| format!("{file}: reading topology {src}"))?;
             (src, text)
         }
@@ -398,7 +399,7 @@ pub(crate) fn load_model(
 ) -> Result<ModelConfig> {
     let mut m = if name.ends_with(".toml") {
         let p = base.join(name);
-        let t = std::fs::read_to_string(&p)
+        let t = read_input_text(&p, MAX_SPEC_BYTES)
             .with_context(|| format!("{file}: reading model {}", p.display()))?;
         ModelConfig::from_toml_str(&t, &p.display().to_string())?
     } else {

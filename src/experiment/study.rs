@@ -19,7 +19,7 @@ use crate::workload::pack::{global_batch, Packing};
 use crate::workload::stats::{length_stats, pack_stats, LengthStats, PackStats};
 use crate::workload::PackedSeq;
 
-use super::inputs::load_corpus;
+use super::inputs::{load_corpus, read_input_text, MAX_TABLE_BYTES};
 
 /// The default sequence length of a corpus that does not name its own.
 pub const DEFAULT_SEQ_LEN: u32 = 131_072;
@@ -280,7 +280,7 @@ pub fn resolve_source(
             })
         }
         (None, Some(path)) => {
-            let text = std::fs::read_to_string(path)
+            let text = read_input_text(path, MAX_TABLE_BYTES)
                 .with_context(|| format!("reading --packed {}", path.display()))?;
             let (seqs, seq_len) = parse_packed(&path.display().to_string(), &text, seq_len, gbs)?;
             Ok(Source::Packed {

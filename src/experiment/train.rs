@@ -29,6 +29,7 @@
 //! ```
 
 use super::calfile::Prices;
+use super::inputs::{read_input_text, MAX_SPEC_BYTES};
 use crate::cost::profile::Kernel;
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
@@ -710,7 +711,7 @@ struct Setup {
 fn setup(f: &TrainFile, file: &str, path: &Path, calibration: Prices) -> Result<Setup> {
     let model = if f.model.ends_with(".toml") {
         let p = path.join(&f.model);
-        let t = std::fs::read_to_string(&p)
+        let t = read_input_text(&p, MAX_SPEC_BYTES)
             .with_context(|| format!("{file}: reading model {}", p.display()))?;
         ModelConfig::from_toml_str(&t, &p.display().to_string())?
     } else {
@@ -765,7 +766,7 @@ fn setup(f: &TrainFile, file: &str, path: &Path, calibration: Prices) -> Result<
                 Some((n, body)) => (format!("topologies/{n}.toml"), (*body).to_string()),
                 None => {
                     let name = p.display().to_string();
-                    let text = std::fs::read_to_string(&p)
+                    let text = read_input_text(&p, MAX_SPEC_BYTES)
                         .with_context(|| format!("{file}: reading topology {name}"))?;
                     (name, text)
                 }

@@ -39,6 +39,11 @@ use super::{
     kv_group_bytes, KvGroup, KvSpans, Payload, Plan, PlanSeq, SampleIndex, WorkUnit, WorkerId,
 };
 
+/// Workers of one group: the largest CP degree or pool `skewsim plan` builds (65,536, its
+/// largest parallel degree). A validator launches each worker's head chunks, so the count
+/// bounds the launches a group expands to.
+pub const MAX_GROUP_WORKERS: usize = 1 << 16;
+
 /// The first thing found wrong with a plan, and where.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 #[error("GA {ga}, pool {pool}: {kind}")]
@@ -63,6 +68,15 @@ pub enum ViolationKind {
         value: u64,
         /// What is allowed.
         allowed: &'static str,
+    },
+    /// A group lists more than [`MAX_GROUP_WORKERS`] workers.
+    #[error(
+        "workers: {workers} in one group; at most {} per group",
+        MAX_GROUP_WORKERS
+    )]
+    TooManyWorkers {
+        /// The group's worker count.
+        workers: usize,
     },
     /// A sequence id appears twice in the plan.
     #[error("sequence {seq} appears more than once in the plan")]
@@ -466,6 +480,11 @@ fn check_group(
     g: &super::Group,
     seen_seqs: &mut HashSet<u32>,
 ) -> Result<(u128, u128), Kind> {
+    if g.workers.len() > MAX_GROUP_WORKERS {
+        return Err(Kind::TooManyWorkers {
+            workers: g.workers.len(),
+        });
+    }
     let workers: HashSet<WorkerId> = g.workers.iter().copied().collect();
     let (seqs, expected) = check_sequences(plan, g, &workers, seen_seqs)?;
     let (units, got) = check_units(plan, g, &workers, &seqs)?;

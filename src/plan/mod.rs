@@ -21,7 +21,7 @@
 pub mod build;
 pub mod check;
 
-pub use check::{check, check_resident, CheckSummary, Violation, ViolationKind};
+pub use check::{check, check_resident, CheckSummary, Violation, ViolationKind, MAX_GROUP_WORKERS};
 
 use std::collections::HashMap;
 

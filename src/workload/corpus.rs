@@ -45,6 +45,10 @@ const MIXTURE_SUM_TOLERANCE: f64 = 1e-6;
 /// Names of the built-in corpora.
 pub const BUILTIN: &[&str] = &["wlbllm", "libra-256k", "libra-1m"];
 
+/// Bytes of a trace, read and once decompressed: 128 MiB holds tens of millions of
+/// document lengths (the built-in `wlbllm` trace is 582 KB), and bounds a gzip bomb.
+pub const MAX_TRACE_BYTES: u64 = 128 << 20;
+
 const WLBLLM_JSON: &str = include_str!("../../traces/wlbllm.json");
 
 /// A parametric distribution of document lengths.
@@ -436,8 +440,18 @@ pub fn parse_trace(name: &str, bytes: &[u8]) -> Result<Vec<u32>> {
     let bytes = if bytes.starts_with(&[0x1f, 0x8b]) {
         let mut out = Vec::new();
         flate2::read::MultiGzDecoder::new(bytes)
+            .take(MAX_TRACE_BYTES + 1)
             .read_to_end(&mut out)
             .map_err(|e| parse_error(name, format!("not a valid gzip stream: {e}")))?;
+        if out.len() as u64 > MAX_TRACE_BYTES {
+            return Err(parse_error(
+                name,
+                format!(
+                    "decompresses to more than {} MiB; a trace holds at most that much text",
+                    MAX_TRACE_BYTES >> 20
+                ),
+            ));
+        }
         decompressed = out;
         &decompressed[..]
     } else {

@@ -626,3 +626,159 @@ fn every_flag_takes_extreme_values_without_a_panic_or_a_hang() {
     let bad = bad.into_inner().unwrap();
     assert!(bad.is_empty(), "{bad:#?}");
 }
+
+#[test]
+fn input_files_that_are_not_regular_or_past_their_limit_are_refused() {
+    let d = scratch("robust-input-files");
+    let dir = d.to_str().unwrap();
+    fails(
+        &["topo", "/dev/zero", "--out", dir],
+        "reading topology /dev/zero: invalid file /dev/zero = a character device, not a regular file: a regular file of at most 16.0 MiB",
+    );
+    fails(&["check-plan", "/dev/zero"], "a character device");
+    fails(&["run", "/dev/zero"], "a character device");
+    fails(&["run", dir], "a directory, not a regular file");
+    let fifo = d.join("fifo.toml");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    fails(
+        &["run", fifo.to_str().unwrap()],
+        "a FIFO, not a regular file",
+    );
+    let sweep = experiment(
+        "four-way.toml",
+        &d,
+        "zero-topology.toml",
+        r#"topology = ["dgx-h200-roce", "../topologies/gb200-nvl72.toml"]"#,
+        r#"topology = ["/dev/zero"]"#,
+    );
+    fails(
+        &["run", &sweep, "--out", dir],
+        "reading topology /dev/zero: invalid file /dev/zero = a character device",
+    );
+    // sparse files one byte past the limits of a topology and of a plan
+    let sparse = |name: &str, len: u64| {
+        let p = d.join(name);
+        std::fs::File::create(&p).unwrap().set_len(len).unwrap();
+        p.to_string_lossy().into_owned()
+    };
+    let topo = sparse("big.toml", (16 << 20) + 1);
+    fails(
+        &["topo", &topo, "--out", dir],
+        "(16777217 bytes): a regular file of at most 16.0 MiB",
+    );
+    let plan = sparse("big.json", (1 << 30) + 1);
+    fails(
+        &["check-plan", &plan],
+        "(1073741825 bytes): a regular file of at most 1.0 GiB",
+    );
+}
+
+#[test]
+fn traces_past_their_limit_or_the_memory_budget_are_refused() {
+    use std::io::Write as _;
+    let d = scratch("robust-trace-size");
+    // 128 MiB + 2 bytes of one-token documents in a few hundred KB of gzip
+    let bomb = d.join("bomb.gz");
+    let mut gz = flate2::write::GzEncoder::new(
+        std::fs::File::create(&bomb).unwrap(),
+        flate2::Compression::fast(),
+    );
+    let chunk = "1\n".repeat(1 << 19);
+    for _ in 0..128 {
+        gz.write_all(chunk.as_bytes()).unwrap();
+    }
+    gz.write_all(b"1\n").unwrap();
+    gz.finish().unwrap();
+    fails(
+        &["corpus", bomb.to_str().unwrap(), "--sequences", "1"],
+        "bomb.gz: decompresses to more than 128 MiB",
+    );
+    let trace = write(&d, "ones.txt", &"1\n".repeat(100_000));
+    fails(
+        &[
+            "--max-memory",
+            "1M",
+            "corpus",
+            &trace,
+            "--seq-len",
+            "16",
+            "--sequences",
+            "1",
+        ],
+        "of 100000 documents needs ~1.1 MiB of memory; at most 1.0 MiB",
+    );
+}
+
+#[test]
+fn corpus_files_that_exist_are_refused_for_what_is_wrong() {
+    let d = scratch("robust-corpus-file");
+    let trace = write(&d, "one.txt", "1\n");
+    let mixture = format!("0.5*{trace}+0.5*fixed:10");
+    fails(&["corpus", &mixture], "invalid corpus mixture component = ");
+    fails(
+        &["corpus", &mixture],
+        "a trace file is a corpus of its own, never part of a mixture",
+    );
+    fails(
+        &["corpus", "/dev/zero"],
+        "reading trace /dev/zero: invalid file /dev/zero = a character device, not a regular file",
+    );
+}
+
+#[test]
+fn plans_with_too_many_workers_are_refused_before_they_are_expanded() {
+    let d = scratch("robust-plan-workers");
+    let o = plan_out(&d);
+    let o = o.to_str().unwrap();
+    let small = [
+        "plan",
+        "--corpus",
+        "lognormal:median=600,p99=30000",
+        "--seq-len",
+        "32768",
+        "--gbs",
+        "2",
+        "--dp",
+        "2",
+        "--cp",
+        "2",
+        "--pool-size",
+        "2",
+        "-o",
+        o,
+    ];
+    let out = crate::common::skewsim(&small);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let plan: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(o).unwrap()).unwrap();
+    let with_workers = |name: &str, n: u32| {
+        let mut p = plan.clone();
+        p["groups"][0]["workers"] = (0..n).collect::<Vec<u32>>().into();
+        write(&d, name, &p.to_string())
+    };
+    let over = with_workers("over.json", 65_537);
+    fails(
+        &["check-plan", &over],
+        "workers: 65537 in one group; at most 65536 per group",
+    );
+    let many = with_workers("many.json", 60_000);
+    fails(
+        &[
+            "--max-memory",
+            "100M",
+            "validate",
+            "--dry-run",
+            "--plan",
+            &many,
+        ],
+        "plan many: 240000 launches (60000 workers × 4 head chunks) needs ~",
+    );
+}
