@@ -176,8 +176,8 @@ fn pools(
     packing: String,
 ) -> PyResult<String> {
     interruptible(py, |_| {
-        let policies = parse_policies(&policies)?;
-        check_pool_sizes(&pool_sizes, gbs)?;
+        let policies = parse_policies(&policies, "policies")?;
+        check_pool_sizes(&pool_sizes, gbs, ("pool_sizes", "gbs"))?;
         let src = resolve_source(corpus.as_deref(), packed.as_deref(), seq_len, &packing, gbs)?;
         let loads = trial_loads(&src, gbs, trials, seed)?;
         let st = study(&src, &loads, gbs, &pool_sizes, &policies, seed)?;
@@ -204,7 +204,7 @@ fn theory(
 ) -> PyResult<String> {
     interruptible(py, |_| {
         check_target(target)?;
-        check_pool_sizes(&pool_sizes, gbs)?;
+        check_pool_sizes(&pool_sizes, gbs, ("pool_sizes", "gbs"))?;
         let mask = Mask::parse(&mask, "mask")?;
         let src = resolve_source(corpus.as_deref(), packed.as_deref(), seq_len, &packing, gbs)?;
         mask.check_len(src.seq_len(), "mask")?;
