@@ -79,9 +79,9 @@ def test_errors_name_the_field_and_the_allowed_values():
         skewsim.corpus("lognormal:median=-1,p99=5")
     assert (e.value.field, e.value.value) == ("median", "-1")
     assert "≥ 1" in e.value.allowed
-    with pytest.raises(skewsim.SkewsimError, match=r"P = 3 does not divide --gbs = 32") as e:
+    with pytest.raises(skewsim.SkewsimError, match=r"P = 3 does not divide gbs = 32") as e:
         skewsim.pools("wlbllm", gbs=32, pool_sizes=[3])
-    assert (e.value.field, e.value.value) == ("--pool-sizes", "3")
+    assert (e.value.field, e.value.value) == ("pool_sizes", "3")
     with pytest.raises(skewsim.SkewsimError) as e:
         skewsim.theory("wlbllm", gbs=32, target=-1.0)
     assert (e.value.field, e.value.value) == ("--target", "-1")
