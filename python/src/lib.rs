@@ -179,7 +179,7 @@ fn pools(
         let policies = parse_policies(&policies, "policies")?;
         check_pool_sizes(&pool_sizes, gbs, ("pool_sizes", "gbs"))?;
         let src = resolve_source(corpus.as_deref(), packed.as_deref(), seq_len, &packing, gbs)?;
-        let loads = trial_loads(&src, gbs, trials, seed)?;
+        let loads = trial_loads(&src, gbs, trials, seed, ("trials", "gbs"))?;
         let st = study(&src, &loads, gbs, &pool_sizes, &policies, seed)?;
         Ok(serde_json::to_string(&st)?)
     })
@@ -208,7 +208,7 @@ fn theory(
         let mask = Mask::parse(&mask, "mask")?;
         let src = resolve_source(corpus.as_deref(), packed.as_deref(), seq_len, &packing, gbs)?;
         mask.check_len(src.seq_len(), "mask")?;
-        let loads = trial_loads_under(&src, gbs, trials, seed, &mask)?;
+        let loads = trial_loads_under(&src, gbs, trials, seed, &mask, ("trials", "gbs"))?;
         let r = theory_report(&src, &mask, &loads, gbs, &pool_sizes, seed, target)?;
         Ok(serde_json::to_string(&r)?)
     })

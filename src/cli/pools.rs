@@ -23,6 +23,9 @@ use skewsim::theory::mc::purpose;
 
 use super::{limits, Output};
 
+/// The study's trials and global batch, as flags in messages.
+pub const FLAGS: (&str, &str) = ("--trials", "--gbs");
+
 /// Where the global batches come from (shared by `pools` and `theory`).
 #[derive(clap::Args, Clone, Debug)]
 #[group(required = true, multiple = false)]
@@ -87,10 +90,11 @@ pub fn resolve_source(
     )?)
 }
 
-/// Refuse a study past its size limits ([`check_study_size`]) or whose memory exceeds
-/// `--max-memory`: every trial's loads, and one batch being packed per thread.
-pub fn check_study(src: &Source, gbs: usize, trials: u64, seed: u64) -> Result<()> {
-    check_study_size(src, gbs, trials, seed, ("--trials", "--gbs"))?;
+/// Refuse a study past its size limits ([`check_study_size`], which [`trial_loads`] checks
+/// again, cheaply) before one whose memory exceeds `--max-memory`: every trial's loads, and
+/// one batch being packed per thread.
+pub fn check_study_memory(src: &Source, gbs: usize, trials: u64, seed: u64) -> Result<()> {
+    check_study_size(src, gbs, trials, seed, FLAGS)?;
     let loads = trials as f64 * (8.0 * gbs as f64 + 24.0);
     let packing = match src {
         Source::Corpus {
@@ -153,7 +157,7 @@ pub fn run(args: Args, out: Output) -> Result<()> {
     let policies = parse_policies(&args.policies, "--policies")?;
     check_pool_sizes(&args.pool_sizes, args.gbs, ("--pool-sizes", "--gbs"))?;
     let src = resolve_source(&args.source, args.seq_len, &args.packing, args.gbs)?;
-    check_study(&src, args.gbs, args.trials, args.seed)?;
+    check_study_memory(&src, args.gbs, args.trials, args.seed)?;
     eprintln!(
         "skewsim: sampling {} global batches of {} sequences from {} (L = {})…",
         args.trials,
@@ -161,7 +165,7 @@ pub fn run(args: Args, out: Output) -> Result<()> {
         src.name(),
         src.seq_len()
     );
-    let loads = trial_loads(&src, args.gbs, args.trials, args.seed)?;
+    let loads = trial_loads(&src, args.gbs, args.trials, args.seed, FLAGS)?;
     progress("batches ready; grouping", t0);
     let st = study(
         &src,

@@ -17,7 +17,7 @@ use skewsim::experiment::study::{
 use skewsim::report::table::{sig, Table};
 use skewsim::theory;
 
-use super::pools::{check_study, progress, resolve_source, SourceArgs};
+use super::pools::{check_study_memory, progress, resolve_source, SourceArgs, FLAGS};
 use super::{limits, Output};
 
 #[derive(clap::Args)]
@@ -59,14 +59,14 @@ pub fn run(args: Args, out: Output) -> Result<()> {
     let mask = Mask::parse(&args.mask, "--mask")?;
     let src = resolve_source(&args.source, args.seq_len, &args.packing, args.gbs)?;
     mask.check_len(src.seq_len(), "--mask")?;
-    check_study(&src, args.gbs, args.trials, args.seed)?;
+    check_study_memory(&src, args.gbs, args.trials, args.seed)?;
     eprintln!(
         "skewsim: sampling {} global batches of {} sequences from {}…",
         args.trials,
         args.gbs,
         src.name()
     );
-    let loads = trial_loads_under(&src, args.gbs, args.trials, args.seed, &mask)?;
+    let loads = trial_loads_under(&src, args.gbs, args.trials, args.seed, &mask, FLAGS)?;
     progress("batches ready; Monte Carlo", t0);
     let report = theory_report(
         &src,

@@ -43,8 +43,8 @@ use crate::report::table::{sig, Table};
 
 use super::inputs::load_corpus;
 use super::study::{
-    chart, check_pool_sizes, check_study_counts, check_study_size, parse_policies, study,
-    trial_loads, Source, Study, DEFAULT_SEQ_LEN,
+    chart, check_pool_sizes, check_study_counts, parse_policies, study, trial_loads, Source, Study,
+    DEFAULT_SEQ_LEN,
 };
 use super::{Observer, Outcome};
 
@@ -298,14 +298,13 @@ impl Sweep {
             seq_len,
             packing: self.packing,
         };
-        check_study_size(
+        let loads = trial_loads(
             &src,
             gbs,
             self.spec.trials,
             self.spec.seed,
             ("trials", "gbs"),
         )?;
-        let loads = trial_loads(&src, gbs, self.spec.trials, self.spec.seed)?;
         study(
             &src,
             &loads,

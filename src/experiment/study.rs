@@ -365,9 +365,16 @@ pub fn parse_packed(
     Ok((seqs, seq_len))
 }
 
-/// The per-sequence loads Σℓ² of each trial's global batch, trials in parallel and in order.
-pub fn trial_loads(src: &Source, gbs: usize, trials: u64, seed: u64) -> Result<Vec<Vec<u64>>> {
-    trial_loads_under(src, gbs, trials, seed, &Mask::Causal)
+/// The per-sequence loads Σℓ² of each trial's global batch, trials in parallel and in order,
+/// after [`check_study_size`] (`names`: the trials' and the global batch's knobs).
+pub fn trial_loads(
+    src: &Source,
+    gbs: usize,
+    trials: u64,
+    seed: u64,
+    names: (&str, &str),
+) -> Result<Vec<Vec<u64>>> {
+    trial_loads_under(src, gbs, trials, seed, &Mask::Causal, names)
 }
 
 /// [`trial_loads`] with each sequence's load under `mask` (`PackedSeq::load_under`).
@@ -377,8 +384,9 @@ pub fn trial_loads_under(
     trials: u64,
     seed: u64,
     mask: &Mask,
+    names: (&str, &str),
 ) -> Result<Vec<Vec<u64>>> {
-    check_study_size(src, gbs, trials, seed, ("--trials", "--gbs"))?;
+    check_study_size(src, gbs, trials, seed, names)?;
     match src {
         Source::Packed { seqs, .. } => {
             let loads: Vec<u64> = seqs.iter().map(|s| s.load_under(mask)).collect();
@@ -727,7 +735,7 @@ mod tests {
             ("block-sparse:2:local=1:global=1", [28, 18, 12]),
         ] {
             let m = Mask::parse(mask, "mask").unwrap();
-            let l = trial_loads_under(&src, 3, 1, 0, &m).unwrap();
+            let l = trial_loads_under(&src, 3, 1, 0, &m, ("trials", "gbs")).unwrap();
             assert_eq!(l, [loads.to_vec()], "{mask}");
             let r = theory_report(&src, &m, &l, 3, &[1], 0, 0.1).unwrap();
             let want = cv(loads.map(|x| x as f64));

@@ -264,7 +264,9 @@ fn skews(sw: &Sweep, rows: &[Row]) -> Result<BTreeMap<(Cell, u32, u32), Skew>> {
                     seq_len: r.seq_len,
                     packing: Packing::Sequential,
                 };
-                let l = trial_loads_under(&src, gbs, SKEW_TRIALS, seed, &mask).with_context(ctx)?;
+                let l =
+                    trial_loads_under(&src, gbs, SKEW_TRIALS, seed, &mask, ("skew trials", "gbs"))
+                        .with_context(ctx)?;
                 loads.insert(k.clone(), l);
             }
             let per = &loads[&k];
