@@ -177,3 +177,63 @@ pub fn parse_error(context: impl Into<String>, message: impl Into<String>) -> Er
         message: message.into(),
     }
 }
+
+/// A message as it is shown to a user: every number whose plain decimal form runs past 24
+/// characters (a value of `1e300` echoes as 301 digits, from this crate's messages and from
+/// the TOML and JSON parsers' alike) in the shortest scientific form of the same `f64`;
+/// everything else as it is.
+pub fn compact_numbers(message: &str) -> String {
+    const LONGEST: usize = 24;
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(start) = rest.find(|c: char| c.is_ascii_digit()) {
+        let run = rest[start..]
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .map_or(&rest[start..], |end| &rest[start..start + end]);
+        // a sentence's closing full stop is not the number's
+        let number = run.trim_end_matches('.');
+        let len = number.len();
+        out.push_str(&rest[..start]);
+        match number.parse::<f64>() {
+            Ok(v) if len > LONGEST && v.is_finite() => out.push_str(&format!("{v:e}")),
+            _ => out.push_str(number),
+        }
+        rest = &rest[start + len..];
+    }
+    out.push_str(rest);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_numbers_are_shown_in_scientific_form_and_the_rest_as_given() {
+        let shown =
+            |v: f64| compact_numbers(&invalid("sigma", v, "a number in [0, 1]").to_string());
+        assert_eq!(shown(1e300), "invalid sigma = 1e300: a number in [0, 1]");
+        assert_eq!(
+            shown(-2.5e-300),
+            "invalid sigma = -2.5e-300: a number in [0, 1]"
+        );
+        assert_eq!(
+            compact_numbers(&format!("{} is past 1e6.", 1e30)),
+            "1e30 is past 1e6."
+        );
+        assert_eq!(
+            compact_numbers(&format!(
+                "invalid type: floating point `{}`, expected u32",
+                1e300
+            )),
+            "invalid type: floating point `1e300`, expected u32"
+        );
+        for given in [
+            "invalid gbs = 18446744073709551615: a whole number in 1..=65536",
+            "line 3, column 8: 1.5.2 and NaN or inf, -1 ... 12.",
+            "a-very-long-corpus-name-with-digits-0123",
+        ] {
+            assert_eq!(compact_numbers(given), given);
+        }
+    }
+}

@@ -10,7 +10,10 @@ fn main() -> ExitCode {
     match cli::main() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("skewsim: error: {e:#}");
+            eprintln!(
+                "skewsim: error: {}",
+                skewsim::error::compact_numbers(&format!("{e:#}"))
+            );
             ExitCode::FAILURE
         }
     }

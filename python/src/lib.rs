@@ -46,7 +46,7 @@ fn to_py(py: Python<'_>, e: Error) -> PyErr {
     if matches!(e, Error::Cancelled) {
         return pyo3::exceptions::PyKeyboardInterrupt::new_err("cancelled");
     }
-    let err = SkewsimError::new_err(e.to_string());
+    let err = SkewsimError::new_err(skewsim::error::compact_numbers(&e.to_string()));
     let value = err.value(py);
     let (field, val, allowed) = match e.root() {
         Error::Invalid {

@@ -384,6 +384,33 @@ fn zero_and_negative_values_are_named() {
     );
 }
 
+/// A huge value echoes in the shortest scientific form, from this crate's checks and from
+/// the TOML parser's type errors alike, not as hundreds of digits.
+#[test]
+fn huge_values_are_echoed_in_scientific_form() {
+    let d = scratch("robust-huge");
+    let variance = experiment(
+        "runtime-variance.toml",
+        &d,
+        "sigma.toml",
+        "seeds = 8",
+        "seeds = 1\n[variance]\npersistent = { dist = \"lognormal\", sigma = 1e300 }\n\
+         jitter = { dist = \"none\" }\nspike = { prob = 0, mean = 0 }",
+    );
+    fails(
+        &["run", &variance],
+        "variance.persistent.sigma = 1e300: a number in [0, 1]",
+    );
+    let gpus = experiment(
+        "runtime-variance.toml",
+        &d,
+        "gpus.toml",
+        "gpus = 256",
+        "gpus = 1e300",
+    );
+    fails(&["run", &gpus], "invalid type: floating point `1e300`");
+}
+
 #[test]
 fn check_plan_refuses_empty_plans_and_unknown_schemes() {
     let d = scratch("robust-check-plan");
