@@ -36,7 +36,8 @@
 //!            tau, chunks, max_seqlen_per_dp_cp_rank (default ⌈L / CP⌉), min_dynamic_cp
 //!            (Libra's knobs are checked as the train kind checks them, pool_size before
 //!            it is capped at DP; tau and epsilon take any finite value ≥ 0: past W − 1
-//!            and 1 they lift the load cap and the move threshold altogether)
+//!            and 1 they lift the load cap and the move threshold altogether; every arm's
+//!            settings are checked on every point's layout before the first point runs)
 //! [sweep]    dp = [...], corpus = [...], seq_len = [...], topology = [...], model = [...]
 //! [sweep.attention]  sliding_share = [...], window = [...], period = N   # the model's
 //!            attention pattern as an axis (`mix.rs`): x of the plot, skew per mix
@@ -814,7 +815,7 @@ impl Sweep {
             .context(file);
         }
         let points = points(&f, file, base, cal.as_deref(), kernel, &layouts)?;
-        Ok(Sweep {
+        let sweep = Sweep {
             f,
             file: file.to_string(),
             title: title.to_string(),
@@ -823,7 +824,9 @@ impl Sweep {
             arms,
             points,
             net_model,
-        })
+        };
+        sweep.check_arms()?;
+        Ok(sweep)
     }
 
     /// How many sweep points: the grid's points × arms.
@@ -855,6 +858,47 @@ impl Sweep {
         (&self.points[i / a], &self.arms[i % a])
     }
 
+    /// Point `p`'s parallel layout, before an arm picks its CP.
+    fn parallelism(&self, p: &Point) -> Parallelism {
+        let f = &self.f;
+        Parallelism {
+            dp: p.dp,
+            pp: f.parallel.pp,
+            cp: p.cp,
+            ga: p.ga,
+            pipeline: f.parallel.pipeline.unwrap_or(PipelineKind::OneFOneB),
+            recompute: f.parallel.recompute,
+            zero_stage: f.parallel.zero_stage,
+            dp_buckets: f.parallel.dp_buckets,
+            tp: f.parallel.tp,
+            sp: f.parallel.sp,
+            tp_overlap: f.parallel.tp_overlap,
+            ep: f.parallel.ep,
+            moe_hot_share: f.parallel.moe_hot_share,
+        }
+    }
+
+    /// Every point's arms planned on their layouts before any runs: a setting that one
+    /// point refuses (Libra's P = 0, an H that does not divide a model's heads) fails the
+    /// experiment at once, naming the point, not after the points before it have run.
+    fn check_arms(&self) -> Result<()> {
+        for i in 0..self.len() {
+            let (p, arm) = self.job(i);
+            let par = self.parallelism(p);
+            for c in arm_cps(arm, p.dp, p.cp, p.ga) {
+                let (dp, cp, ga) = arm_layout(&arm.label, c, p.dp, p.cp, p.ga)?;
+                let at = Parallelism { dp, cp, ga, ..par };
+                p.cost
+                    .tp_shard(par.tp, par.ep)
+                    .and_then(|s| arm_planner(arm, &s, at, p.seq_len).map(|_| ()))
+                    .with_context(|| {
+                        format!("{}: point {} (CP {cp})", self.file, self.describe(i))
+                    })?;
+            }
+        }
+        Ok(())
+    }
+
     /// Simulate sweep point `i` (in `0..len()`).
     pub fn run_point(&self, i: usize) -> Result<PointResult> {
         if i >= self.len() {
@@ -870,21 +914,7 @@ impl Sweep {
         }
         let (p, arm) = self.job(i);
         let (f, net_model) = (&self.f, &self.net_model);
-        let par = Parallelism {
-            dp: p.dp,
-            pp: f.parallel.pp,
-            cp: p.cp,
-            ga: p.ga,
-            pipeline: f.parallel.pipeline.unwrap_or(PipelineKind::OneFOneB),
-            recompute: f.parallel.recompute,
-            zero_stage: f.parallel.zero_stage,
-            dp_buckets: f.parallel.dp_buckets,
-            tp: f.parallel.tp,
-            sp: f.parallel.sp,
-            tp_overlap: f.parallel.tp_overlap,
-            ep: f.parallel.ep,
-            moe_hot_share: f.parallel.moe_hot_share,
-        };
+        let par = self.parallelism(p);
         let ctx = format!("{}: point {}", self.file, self.describe(i));
         let opts = RunOpts {
             steps: f.steps,
@@ -1071,6 +1101,22 @@ pub(crate) struct RunOpts {
     pub(crate) nvls: bool,
 }
 
+/// The settings `arm` runs with on `par` and its planner over the TP shard `shard`, for
+/// global batches of DP × GA sequences of `seq_len` tokens: errors name the setting the
+/// layout refuses.
+fn arm_planner<'a>(
+    arm: &Arm,
+    shard: &'a CostModel,
+    par: Parallelism,
+    seq_len: u32,
+) -> Result<(SchemeSettings, SchemePlanner<'a>)> {
+    let mut set = arm.set.clone();
+    (set.cp, set.libra.cp) = (par.cp, par.cp);
+    let gbs = (par.dp * par.ga) as usize;
+    let planner = SchemePlanner::new(arm.scheme, set.clone(), shard, par.dp, gbs, seq_len)?;
+    Ok((set, planner))
+}
+
 /// Simulate `arm` at one point: `steps` global batches of `corpus` packed to `seq_len` on
 /// `par`, on the topology `topo` (label, spec) under the network model `net_model`.
 #[allow(clippy::too_many_arguments)]
@@ -1132,13 +1178,10 @@ pub(crate) fn run_arm(
         seed: f.seed,
     };
     wl.validate("[workload]")?;
-    let gbs = (par.dp * par.ga) as usize;
     // Every scheme plans one TP rank's head shard.
     let shard = cost.tp_shard(par.tp, par.ep)?;
-    let mut set = arm.set.clone();
-    (set.cp, set.libra.cp) = (par.cp, par.cp);
-    let mut planner = SchemePlanner::new(arm.scheme, set.clone(), &shard, par.dp, gbs, seq_len)?;
-    let mut batches = wl.batches(gbs)?;
+    let (set, mut planner) = arm_planner(arm, &shard, par, seq_len)?;
+    let mut batches = wl.batches((par.dp * par.ga) as usize)?;
     let (mut it, mut tps, mut mfu, mut attn, mut bytes, mut mem) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), 0u64, 0u64);
     let mut infeasible = 0;
@@ -1998,6 +2041,11 @@ mod tests {
                 "arms \"wlbllm:cp=3\" cp",
                 "3",
             ),
+            // settings an arm refuses on a point's layout: found before any point runs
+            ("pool_size = 2", "pool_size = 0", "P (pool size)", "0"),
+            ("head_shards = 4", "head_shards = 5", "H (head shards)", "5"),
+            // TP 8 leaves 4 heads a rank: H = 4 shards of one head, not M = 2 chunks
+            ("cp = 4\n", "cp = 4\ntp = 8\n", "M (pipeliner chunks)", "2"),
         ];
         for (i, (from, to, field, value)) in cases.into_iter().enumerate() {
             assert!(DEFAULT_FOUR_WAY.contains(from), "{from}");
