@@ -26,6 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use super::fit::MAX_HEADS;
 use super::model::{MAX_HEAD_DIM, MAX_WIDTH};
+use super::MAX_CALL_MS;
 use crate::error::{invalid, parse_error, Result};
 
 /// An elementwise kernel kind of a dense layer.
@@ -236,8 +237,6 @@ const COLUMNS: [&str; 10] = [
 
 /// Tokens of one measured call, at most: 16 Mi, past any sequence a kernel is timed on.
 pub const MAX_CALL_TOKENS: u64 = 1 << 24;
-/// One call's median time, at most: a minute (the timed kernels take µs to ms).
-pub const MAX_CALL_MS: f64 = 60_000.0;
 
 /// Parse elementwise measurement CSV text (bf16); `context` names the file in errors.
 /// Sizes are whole numbers from 1 to [`MAX_CALL_TOKENS`] and a model's limits

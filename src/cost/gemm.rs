@@ -23,6 +23,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::MAX_CALL_MS;
 use crate::error::{invalid, parse_error, Result};
 
 /// The GEMM model's figures (a calibration's `gemm`).
@@ -203,8 +204,14 @@ pub fn gemm_rows_from_csv(text: &str, context: &str) -> Result<Vec<GemmRow>> {
         let ms: f64 = f(8)
             .parse()
             .ok()
-            .filter(|v: &f64| v.is_finite() && *v > 0.0)
-            .ok_or_else(|| invalid(format!("{ctx}: median_ms"), f(8), "a finite time > 0 ms"))?;
+            .filter(|v: &f64| *v > 0.0 && *v <= MAX_CALL_MS)
+            .ok_or_else(|| {
+                invalid(
+                    format!("{ctx}: median_ms"),
+                    f(8),
+                    format!("a time in (0, {MAX_CALL_MS}] ms"),
+                )
+            })?;
         out.push(GemmRow {
             label: format!("{} {} tp{} {} {}", f(0), f(1), f(2), f(3), f(4)),
             m: dim(5)?,
@@ -443,10 +450,12 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("g.csv: line 2: n"), "{e}");
-        let e = gemm_rows_from_csv(&ok.replace(",0.1", ",nan"), "g.csv")
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("median_ms"), "{e}");
+        for bad in ["nan", "0", "60001", "1e300"] {
+            let e = gemm_rows_from_csv(&ok.replace(",0.1", &format!(",{bad}")), "g.csv")
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("median_ms") && e.contains("60000] ms"), "{e}");
+        }
         let e = gemm_rows_from_csv("m,n\n1,2\n", "g.csv")
             .unwrap_err()
             .to_string();

@@ -50,6 +50,10 @@ pub use kernel::{EffPoint, EffTable};
 pub use mask::{AttentionPattern, Mask};
 pub use model::{Ffn, ModelConfig};
 
+/// One measured call's time, at most, in every measurement file (attention, copies, GEMMs,
+/// elementwise): a minute; the timed kernels take µs to s.
+pub const MAX_CALL_MS: f64 = 60_000.0;
+
 /// The shape of one attention layer, as far as counting FLOPs and bytes needs it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AttnShape {

@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::cost::Mask;
+use crate::cost::{Mask, MAX_CALL_MS};
 use crate::error::{invalid, parse_error, Result};
 
 /// `n` segments of `q` queries ending at sample-local position `kv` (keys [0, kv)).
@@ -304,11 +304,11 @@ pub fn measurements_from_csv(text: &str, context: &str) -> Result<Vec<Measuremen
         };
         let time = |k: usize, name: &str| -> Result<f64> {
             let v: f64 = num(f(k), &ctx, name)?;
-            if !(v.is_finite() && v >= 0.0) {
+            if !(0.0..=MAX_CALL_MS).contains(&v) {
                 return Err(invalid(
                     format!("{ctx}: {name}"),
                     v,
-                    "a finite time >= 0 ms",
+                    format!("a time in [0, {MAX_CALL_MS}] ms"),
                 ));
             }
             Ok(v)
@@ -404,11 +404,11 @@ pub(super) fn check_row(m: &Measurement, ctx: &str) -> Result<()> {
             "a finite number >= 0",
         ));
     }
-    if let Some(p) = m.predicted_ms.filter(|p| !(p.is_finite() && *p >= 0.0)) {
+    if let Some(p) = m.predicted_ms.filter(|p| !(0.0..=MAX_CALL_MS).contains(p)) {
         return Err(invalid(
             format!("{ctx}: predicted_ms"),
             p,
-            "a finite time >= 0 ms or empty",
+            format!("a time in [0, {MAX_CALL_MS}] ms or empty"),
         ));
     }
     if let Some(s) = m.segs.iter().find(|s| s.kv > MAX_KV) {

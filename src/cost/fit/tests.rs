@@ -141,6 +141,27 @@ fn csv_round_trips_and_names_bad_fields() {
         e.contains("m.csv: line 3: kv_heads") && e.contains('3'),
         "{e}"
     );
+    // times in [0, a minute], each refused by its column
+    type Set = fn(&mut Measurement, f64);
+    let sets: [(&str, Set); 4] = [
+        ("measured_ms", |m, v| m.measured_ms = v),
+        ("p10_ms", |m, v| m.p10_ms = v),
+        ("p90_ms", |m, v| m.p90_ms = v),
+        ("predicted_ms", |m, v| m.predicted_ms = Some(v)),
+    ];
+    for (name, set) in sets {
+        for v in [-1.0, 60_001.0, 1e300] {
+            let mut r = rows[0].clone();
+            set(&mut r, v);
+            let e = measurements_from_csv(&measurements_to_csv(&[r]).unwrap(), "m.csv")
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains(&format!("m.csv: line 3: {name}")) && e.contains("60000] ms"),
+                "{name} = {v}: {e}"
+            );
+        }
+    }
     let bad = text.replace("dispatch", "teleport");
     let e = measurements_from_csv(&bad, "m.csv")
         .unwrap_err()
