@@ -19,7 +19,9 @@
 //!             # zero_stage, dp_buckets (GPUs = TP·CP·DP·PP, TP innermost)
 //! [workload]  # seq_len, seed, and one of: corpus = "libra-1m" (+ packing = "sequential"),
 //!             # sequences = [[doc lengths], ...]; a distribution is a corpus spec:
-//!             # corpus = "lognormal:median=800,p99=30000"
+//!             # corpus = "lognormal:median=800,p99=30000". seq_len is every point's L
+//!             # (every swept corpus's too) unless [sweep] seq_len lists them; without it,
+//!             # each corpus runs at its own L (libra-256k: 262144, libra-1m: 1048576)
 //! [output]    # trace_step (default 0), trace_gpus (default 64; 0 = all)
 //! [sweep]     # dp = [...], gbs = [...], seq_len = [...]  (ga = gbs / dp), corpus = [...],
 //!             # scheme = [...], pool_size = [...], tile = [[B, H], ...]
@@ -244,7 +246,9 @@ impl NetChoice {
 #[derive(Deserialize, Clone)]
 #[serde(deny_unknown_fields)]
 struct WorkloadSpec {
-    seq_len: u32,
+    /// Every point's L unless `[sweep] seq_len` lists them; absent: each corpus's own.
+    #[serde(default)]
+    seq_len: Option<u32>,
     #[serde(default)]
     seed: u64,
     #[serde(default)]
@@ -834,21 +838,48 @@ fn setup(f: &TrainFile, file: &str, path: &Path, calibration: Prices) -> Result<
 /// A point of the grid: (dp, ga, seq_len, corpus).
 type GridPoint = (u32, u32, u32, Option<String>);
 
+/// The L of a point of `corpus` (the workload's when `None`) without `[sweep] seq_len`:
+/// `[workload] seq_len` when given, else the corpus's own.
+fn corpus_len(f: &TrainFile, corpus: Option<&str>, file: &str) -> Result<u32> {
+    if let Some(l) = f.workload.seq_len {
+        return Ok(l);
+    }
+    let Some(c) = corpus.or(f.workload.corpus.as_deref()) else {
+        return Err(invalid(
+            "[workload] seq_len",
+            "none",
+            "a sequence length L for the sequences",
+        ))
+        .context(file);
+    };
+    let corpus = super::inputs::load_corpus(c).with_context(|| format!("{file}: corpus {c}"))?;
+    corpus
+        .default_seq_len()
+        .ok_or_else(|| {
+            invalid(
+                "[workload] seq_len",
+                "none",
+                format!("a sequence length L: corpus {c} has no L of its own"),
+            )
+        })
+        .context(file)
+}
+
 /// The grid of points.
 fn grid(f: &TrainFile, file: &str) -> Result<Vec<GridPoint>> {
     let mut points: Vec<GridPoint> = Vec::new();
     match &f.sweep {
-        None => points.push((f.parallel.dp, f.parallel.ga, f.workload.seq_len, None)),
+        None => points.push((
+            f.parallel.dp,
+            f.parallel.ga,
+            corpus_len(f, None, file)?,
+            None,
+        )),
         Some(s) => {
             let dps = if s.dp.is_empty() {
                 vec![f.parallel.dp]
             } else {
                 s.dp.clone()
-            };
-            let lens = if s.seq_len.is_empty() {
-                vec![f.workload.seq_len]
-            } else {
-                s.seq_len.clone()
             };
             let gbss = if s.gbs.is_empty() {
                 vec![f.parallel.dp * f.parallel.ga]
@@ -861,12 +892,10 @@ fn grid(f: &TrainFile, file: &str) -> Result<Vec<GridPoint>> {
                 s.corpus.iter().cloned().map(Some).collect()
             };
             for c in &corpora {
-                let lens = match c {
-                    Some(name) if s.seq_len.is_empty() => vec![super::inputs::load_corpus(name)
-                        .with_context(|| format!("{file}: [sweep] corpus"))?
-                        .default_seq_len()
-                        .unwrap_or(f.workload.seq_len)],
-                    _ => lens.clone(),
+                let lens = if s.seq_len.is_empty() {
+                    vec![corpus_len(f, c.as_deref(), file)?]
+                } else {
+                    s.seq_len.clone()
                 };
                 for &l in &lens {
                     for &g in &gbss {
@@ -1522,4 +1551,58 @@ fn microbatch_chart(
         );
     }
     Some(ch.render())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DP_SCALING: &str = include_str!("../../experiments/libra-dp-scaling.toml");
+
+    /// The lengths of the grid's points, by corpus.
+    fn lens(text: &str) -> Result<Vec<(Option<String>, u32)>> {
+        let f = parse(text, "f.toml")?;
+        let mut v: Vec<_> = grid(&f, "f.toml")?
+            .into_iter()
+            .map(|(_, _, l, c)| (c, l))
+            .collect();
+        v.dedup();
+        Ok(v)
+    }
+
+    /// `[workload] seq_len` is every swept corpus's L; without it each corpus runs at its
+    /// own; `[sweep] seq_len` lists them for every corpus.
+    #[test]
+    fn a_workload_length_holds_for_every_swept_corpus() {
+        let corpora = |l: u32, m: u32| {
+            vec![
+                (Some("libra-256k".to_string()), l),
+                (Some("libra-1m".to_string()), m),
+            ]
+        };
+        assert_eq!(lens(DP_SCALING).unwrap(), corpora(262_144, 1_048_576));
+        let given = DP_SCALING.replacen("seed = 1\n", "seed = 1\nseq_len = 131072\n", 1);
+        assert_eq!(lens(&given).unwrap(), corpora(131_072, 131_072));
+        let swept = DP_SCALING.replacen("[sweep]\n", "[sweep]\nseq_len = [65536]\n", 1);
+        assert_eq!(lens(&swept).unwrap(), corpora(65_536, 65_536));
+        // without a sweep: the workload corpus's own L
+        let alone = DP_SCALING[..DP_SCALING.find("[sweep]").unwrap()].to_string();
+        assert_eq!(lens(&alone).unwrap(), vec![(None, 262_144)]);
+        // sequences have no L of their own
+        let seqs = alone.replacen(
+            "corpus = \"libra-256k\"\npacking = \"sequential\"\n",
+            "sequences = [[100, 200]]\n",
+            1,
+        );
+        assert_ne!(seqs, alone);
+        let e = lens(&seqs).unwrap_err();
+        assert_eq!(
+            e.root(),
+            &invalid(
+                "[workload] seq_len",
+                "none",
+                "a sequence length L for the sequences"
+            )
+        );
+    }
 }
