@@ -178,6 +178,18 @@ pub fn parse_error(context: impl Into<String>, message: impl Into<String>) -> Er
     }
 }
 
+/// Bytes as a person reads them (GiB, MiB, KiB).
+pub fn human_bytes(bytes: f64) -> String {
+    let gib = (1u64 << 30) as f64;
+    if bytes >= gib {
+        format!("{:.1} GiB", bytes / gib)
+    } else if bytes >= (1 << 20) as f64 {
+        format!("{:.1} MiB", bytes / (1 << 20) as f64)
+    } else {
+        format!("{:.0} KiB", bytes / 1024.0)
+    }
+}
+
 /// A message as it is shown to a user: every number whose plain decimal form runs past 24
 /// characters (a value of `1e300` echoes as 301 digits, from this crate's messages and from
 /// the TOML and JSON parsers' alike) in the shortest scientific form of the same `f64`;

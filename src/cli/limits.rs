@@ -11,7 +11,7 @@ use std::sync::OnceLock;
 
 use anyhow::{bail, Result};
 
-use skewsim::experiment::inputs::human;
+use skewsim::error::human_bytes;
 
 /// Packed sequences per batch or statistic (`--sequences`, `--gbs`).
 pub const MAX_SEQUENCES: u64 = 1 << 16;
@@ -121,8 +121,8 @@ pub fn check_memory(what: &str, bytes: f64) -> Result<()> {
         bail!(
             "{what} needs ~{} of memory; at most {} here (half of this machine's memory \
              unless --max-memory says otherwise); --max-memory raises the limit",
-            human(bytes),
-            human(limit as f64)
+            human_bytes(bytes),
+            human_bytes(limit as f64)
         );
     }
     Ok(())

@@ -5,7 +5,7 @@
 use std::io::Read;
 use std::path::Path;
 
-use crate::error::{invalid, parse_error, Context, Result};
+use crate::error::{human_bytes, invalid, parse_error, Context, Result};
 use crate::workload::corpus::{Corpus, MAX_TRACE_BYTES};
 
 /// Bytes of a specification file: an experiment, topology or model TOML, a calibration
@@ -16,21 +16,9 @@ pub const MAX_SPEC_BYTES: u64 = 16 << 20;
 /// JSON, a `--packed` batch, a sweep point's result. The largest committed one is 1.8 MB
 /// (`validate/results/plans_run19/measurements.csv`).
 pub const MAX_TABLE_BYTES: u64 = 256 << 20;
-/// Bytes of a plan file: `skewsim plan`'s default plan is 14 MB, one of 1,024 sequences on
-/// 64 × 16 GPUs 450 MB.
-pub const MAX_PLAN_BYTES: u64 = 1 << 30;
-
-/// Bytes as a person reads them (GiB, MiB, KiB).
-pub fn human(bytes: f64) -> String {
-    let gib = (1u64 << 30) as f64;
-    if bytes >= gib {
-        format!("{:.1} GiB", bytes / gib)
-    } else if bytes >= (1 << 20) as f64 {
-        format!("{:.1} MiB", bytes / (1 << 20) as f64)
-    } else {
-        format!("{:.0} KiB", bytes / 1024.0)
-    }
-}
+/// Bytes of a plan file, as many as a plan may be written with
+/// ([`crate::plan::MAX_JSON_BYTES`]).
+pub const MAX_PLAN_BYTES: u64 = crate::plan::MAX_JSON_BYTES;
 
 /// The bytes of the user-named input file `path`: a regular file of at most `max_bytes`
 /// (one of the `MAX_*_BYTES` limits). A device, directory or FIFO is refused before it is
@@ -38,7 +26,12 @@ pub fn human(bytes: f64) -> String {
 /// and the limit.
 pub fn read_input(path: &Path, max_bytes: u64) -> Result<Vec<u8>> {
     let field = || format!("file {}", path.display());
-    let allowed = || format!("a regular file of at most {}", human(max_bytes as f64));
+    let allowed = || {
+        format!(
+            "a regular file of at most {}",
+            human_bytes(max_bytes as f64)
+        )
+    };
     let meta = std::fs::metadata(path)?;
     if !meta.is_file() {
         return Err(invalid(field(), file_kind(&meta.file_type()), allowed()));
@@ -46,7 +39,7 @@ pub fn read_input(path: &Path, max_bytes: u64) -> Result<Vec<u8>> {
     let too_big = |len: u64| {
         invalid(
             field(),
-            format!("{} ({len} bytes)", human(len as f64)),
+            format!("{} ({len} bytes)", human_bytes(len as f64)),
             allowed(),
         )
     };

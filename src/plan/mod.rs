@@ -28,7 +28,7 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 
 use crate::cost::{AttnShape, Mask};
-use crate::error::{invalid, parse_error, Result};
+use crate::error::{human_bytes, invalid, parse_error, Result};
 
 /// The Plan format version this build writes and reads.
 ///
@@ -38,6 +38,10 @@ use crate::error::{invalid, parse_error, Result};
 /// required a KV payload to be one contiguous range held entirely by its sender, inside
 /// one sample; they are rejected (re-create them with this build).
 pub const PLAN_VERSION: u32 = 2;
+
+/// Bytes of a plan's JSON, at most, written or read: `skewsim plan`'s default plan is
+/// 14 MB, one of 1,024 sequences on 64 × 16 GPUs 450 MB.
+pub const MAX_JSON_BYTES: u64 = 1 << 30;
 
 /// A GPU's global index (`dp_replica * CP + cp_rank` for the planners here).
 pub type WorkerId = u32;
@@ -232,10 +236,49 @@ pub enum Payload {
 }
 
 impl Plan {
-    /// The Plan as pretty JSON (deterministic: fields in declaration order).
+    /// The Plan as pretty JSON (deterministic: fields in declaration order), refused past
+    /// [`MAX_JSON_BYTES`], the most a plan file may hold to be read back, as soon as the
+    /// text passes it.
     pub fn to_json(&self) -> Result<String> {
-        serde_json::to_string_pretty(self)
-            .map_err(|e| parse_error("plan", format!("cannot serialise: {e}")))
+        self.json_within(MAX_JSON_BYTES)
+    }
+
+    /// [`Self::to_json`] under a limit of `limit` bytes.
+    fn json_within(&self, limit: u64) -> Result<String> {
+        /// A buffer that refuses to grow past its limit.
+        struct Capped(Vec<u8>, u64);
+        impl std::io::Write for Capped {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                if (self.0.len() + b.len()) as u64 > self.1 {
+                    return Err(std::io::Error::other("past the limit"));
+                }
+                self.0.extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let mut out = Capped(Vec::new(), limit);
+        match serde_json::to_writer_pretty(&mut out, self) {
+            Ok(()) => String::from_utf8(out.0)
+                .map_err(|e| parse_error("plan", format!("cannot serialise: {e}"))),
+            Err(e) if e.is_io() => Err(invalid(
+                "plan JSON",
+                format!(
+                    "past {} at {} units and {} transfers",
+                    human_bytes(limit as f64),
+                    self.groups.iter().map(|g| g.units.len()).sum::<usize>(),
+                    self.groups.iter().map(|g| g.transfers.len()).sum::<usize>()
+                ),
+                format!(
+                    "at most {}, the most check-plan and validate read: larger tiles or \
+                     fewer sequences make fewer units",
+                    human_bytes(limit as f64)
+                ),
+            )),
+            Err(e) => Err(parse_error("plan", format!("cannot serialise: {e}"))),
+        }
     }
 
     /// Read a Plan from JSON. `context` names the source (a file name) in errors. A plan of
@@ -534,6 +577,36 @@ mod tests {
         assert_eq!(kv_heads_of(&shape, 4, 8), (0, 1));
         // H = 2: 16 query heads → 2 KV heads; 10 tokens × 2 (K,V) × 2 heads × 128 × 2 B.
         assert_eq!(kv_group_bytes(&shape, 2, 1, 10), 2 * 10 * 2 * 128 * 2);
+    }
+
+    /// A plan's JSON stops at the limit, naming its size, instead of writing a file that
+    /// `check-plan` and `validate` would refuse to read.
+    #[test]
+    fn json_past_the_limit_is_refused() {
+        let plan = Plan {
+            version: PLAN_VERSION,
+            scheme: "libra".into(),
+            step: 0,
+            shape: AttnShape {
+                heads_q: 32,
+                heads_kv: 8,
+                head_dim: 128,
+                dtype_bytes: 2,
+                mask: crate::cost::Mask::Causal,
+            },
+            head_shards: 4,
+            groups: Vec::new(),
+        };
+        let json = plan.to_json().unwrap();
+        assert_eq!(Plan::from_json(&json, "p.json").unwrap(), plan);
+        let n = json.len() as u64;
+        assert_eq!(plan.json_within(n).unwrap(), json);
+        let e = plan.json_within(n - 1).unwrap_err();
+        assert!(
+            matches!(&e, crate::Error::Invalid { field, value, .. }
+                if field == "plan JSON" && value.ends_with("0 units and 0 transfers")),
+            "{e:?}"
+        );
     }
 
     #[test]
