@@ -587,13 +587,7 @@ mod tests {
             version: PLAN_VERSION,
             scheme: "libra".into(),
             step: 0,
-            shape: AttnShape {
-                heads_q: 32,
-                heads_kv: 8,
-                head_dim: 128,
-                dtype_bytes: 2,
-                mask: crate::cost::Mask::Causal,
-            },
+            shape: crate::balance::libra::LibraParams::default().shape,
             head_shards: 4,
             groups: Vec::new(),
         };
