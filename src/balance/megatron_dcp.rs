@@ -92,6 +92,33 @@ pub struct DcpConfig {
     pub max_seqlen_per_rank: u32,
     /// `min_dynamic_context_parallel_size`: the smallest CP group (a power of two ≤ N).
     pub min_cp: u32,
+    /// How far a round's groups may grow.
+    pub rounds: DcpRounds,
+}
+
+/// How far a round's CP groups may grow.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub enum DcpRounds {
+    /// Until the loads agree (the balance test above): a group may take several
+    /// micro-batches in a round while another takes one.
+    #[default]
+    Open,
+    /// Megatron-Core's current scheduler (`next_hdp_group`): a group takes a sample only
+    /// while its tokens per rank stay within S, so every group runs one micro-batch a round;
+    /// a round ends at the first sample that no group of its size has room for and no free
+    /// ranks can take.
+    Capped,
+}
+
+impl std::str::FromStr for DcpRounds {
+    type Err = crate::error::Error;
+    fn from_str(s: &str) -> Result<DcpRounds> {
+        match s {
+            "open" => Ok(DcpRounds::Open),
+            "capped" => Ok(DcpRounds::Capped),
+            _ => Err(invalid("megatron-dcp rounds", s, "open or capped")),
+        }
+    }
 }
 
 impl DcpConfig {
@@ -127,7 +154,13 @@ impl DcpConfig {
             ranks,
             max_seqlen_per_rank,
             min_cp,
+            rounds: DcpRounds::Open,
         })
+    }
+
+    /// The same settings with rounds grown as `rounds` says.
+    pub fn with_rounds(self, rounds: DcpRounds) -> DcpConfig {
+        DcpConfig { rounds, ..self }
     }
 
     /// The CP size of a sample of `len` tokens: max(m, 2^⌈log₂⌈len/S⌉⌉). Errors when it
@@ -200,6 +233,8 @@ struct OpenGroup {
     size: u32,
     /// Per-rank load scaled by N: Σ pairs · N / size.
     load: u128,
+    /// Tokens its first rank holds of its samples (what [`pack`] holds within S).
+    held: u64,
     samples: Vec<usize>,
 }
 
@@ -252,12 +287,22 @@ pub fn schedule(
         .map(|s| cfg.cp_size(s.len))
         .collect::<Result<Vec<u32>>>()?;
     let pairs: Vec<u128> = samples.iter().map(|s| work(s.len)).collect();
+    // tokens the first rank of a sample's CP group holds of it
+    let shares: Vec<u64> = samples
+        .iter()
+        .zip(&cps)
+        .map(|(s, &c)| rank_share(u64::from(s.len), c, 0))
+        .collect();
     let mut order: Vec<usize> = (0..samples.len()).collect();
     order.sort_by_key(|&i| (Reverse(samples[i].len), i));
     let mut micro_batches = Vec::new();
     let (mut rounds, mut slots) = (0u32, 0u32);
     while !order.is_empty() {
-        let (mut groups, deferred) = round(&order, &cps, &pairs, cfg.ranks);
+        let room = match cfg.rounds {
+            DcpRounds::Open => None,
+            DcpRounds::Capped => Some((shares.as_slice(), u64::from(cfg.max_seqlen_per_rank))),
+        };
+        let (mut groups, deferred) = round(&order, &cps, &pairs, cfg.ranks, room);
         fill_free_ranks(&mut groups, &pairs, cfg.ranks);
         // aligned blocks in decreasing size (ties: opening order)
         let mut by_size: Vec<usize> = (0..groups.len()).collect();
@@ -272,6 +317,7 @@ pub fn schedule(
                 OpenGroup {
                     size: 0,
                     load: 0,
+                    held: 0,
                     samples: Vec::new(),
                 },
             );
@@ -302,8 +348,16 @@ pub fn schedule(
 }
 
 /// One round over the samples `order` (longest first): its open groups and the samples
-/// deferred to the next round, in order.
-fn round(order: &[usize], cps: &[u32], pairs: &[u128], n: u32) -> (Vec<OpenGroup>, Vec<usize>) {
+/// deferred to the next round, in order. With `room` = (each sample's tokens on its group's
+/// first rank, S), a group takes a sample only while it holds at most S tokens a rank
+/// ([`DcpRounds::Capped`]).
+fn round(
+    order: &[usize],
+    cps: &[u32],
+    pairs: &[u128],
+    n: u32,
+    room: Option<(&[u64], u64)>,
+) -> (Vec<OpenGroup>, Vec<usize>) {
     let sizes = n.trailing_zeros() as usize + 1;
     // per size exponent: (load, group) of its groups, least-loaded on top (stale entries
     // are skipped: a group's load only grows, its newest entry is the live one)
@@ -339,9 +393,27 @@ fn round(order: &[usize], cps: &[u32], pairs: &[u128], n: u32) -> (Vec<OpenGroup
             groups.push(OpenGroup {
                 size: c,
                 load: 0,
+                held: 0,
                 samples: Vec::new(),
             });
             groups.len() - 1
+        } else if let Some((shares, s)) = room {
+            // the least-loaded group of its size with room (ties: the first opened)
+            let fits = (0..groups.len())
+                .filter(|&g| groups[g].size == c && groups[g].held + shares[i] <= s)
+                .min_by_key(|&g| (groups[g].load, g));
+            match fits {
+                Some(g) => g,
+                // no room in its size's groups: the round ends here
+                None if groups.iter().any(|g| g.size == c) => {
+                    deferred.extend_from_slice(&order[k..]);
+                    break;
+                }
+                None => {
+                    deferred.push(i);
+                    continue;
+                }
+            }
         } else if let Some((_, g)) = live_min(&mut heaps[e], &groups) {
             g
         } else {
@@ -349,6 +421,7 @@ fn round(order: &[usize], cps: &[u32], pairs: &[u128], n: u32) -> (Vec<OpenGroup
             continue;
         };
         let grp = &mut groups[g];
+        grp.held += room.map_or(0, |(shares, _)| shares[i]);
         grp.load += pairs[i] * u128::from(n / c);
         grp.samples.push(i);
         heaps[e].push(Reverse((grp.load, g)));

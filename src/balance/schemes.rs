@@ -22,7 +22,7 @@ use super::distca::pingpong::NanoTable;
 use super::distca::{self, DistcaConfig, DistcaScheduler};
 use super::grouping::{group, Policy};
 use super::libra::{self, LibraParams};
-use super::megatron_dcp::{self, DcpConfig, DcpLoad};
+use super::megatron_dcp::{self, DcpConfig, DcpLoad, DcpRounds};
 use super::pricing::CostLatency;
 use super::ulysses::{self, UlyssesParams};
 use super::wlbllm::lower::{to_plan, ShardingMode, WlbPlanParams};
@@ -113,6 +113,8 @@ pub struct SchemeSettings {
     pub min_dynamic_cp: u32,
     /// Megatron dynamic CP's workload estimate.
     pub dcp_load: DcpLoad,
+    /// How far Megatron dynamic CP's rounds grow.
+    pub dcp_rounds: DcpRounds,
 }
 
 impl Default for SchemeSettings {
@@ -130,6 +132,7 @@ impl Default for SchemeSettings {
             max_seqlen_per_rank: None,
             min_dynamic_cp: 1,
             dcp_load: DcpLoad::Pairs,
+            dcp_rounds: DcpRounds::Open,
         }
     }
 }
@@ -148,7 +151,10 @@ impl SchemeSettings {
         let s = self
             .max_seqlen_per_rank
             .unwrap_or(seq_len.div_ceil(self.cp.max(1)));
-        DcpConfig::new(dp.saturating_mul(self.cp), s, self.min_dynamic_cp)
+        Ok(
+            DcpConfig::new(dp.saturating_mul(self.cp), s, self.min_dynamic_cp)?
+                .with_rounds(self.dcp_rounds),
+        )
     }
 }
 

@@ -24,8 +24,9 @@
 //!     # launch waits on its longest block),
 //!     # megatron-dcp (Megatron-Core's
 //!     # dynamic CP):s=TOKENS (max_seqlen_per_dp_cp_rank), :min-cp=N, :load=pairs (ℓ², the
-//!     # code's) | latency (attention + linear time, the blog's); the first arm is the
-//!     # baseline
+//!     # code's) | latency (attention + linear time, the blog's), :rounds=open (a round's
+//!     # groups grow until balanced) | capped (Megatron-Core's current scheduler: within S
+//!     # tokens a rank, one micro-batch per group a round); the first arm is the baseline
 //! [network]  topology = "dgx-h200-roce", model = "analytical" | "flow"
 //!            (nodes = TP·CP·DP·PP / the topology's GPUs per node, per point),
 //!            nvls = true | false (NVLS collectives where the topology has them)
@@ -303,6 +304,9 @@ pub(crate) fn parse_arm(s: &str, base: &SchemeSettings, file: &str) -> Result<Ar
             (Scheme::MegatronDcp, x) if x.starts_with("load=") => {
                 set.dcp_load = x[5..].parse()?;
             }
+            (Scheme::MegatronDcp, x) if x.starts_with("rounds=") => {
+                set.dcp_rounds = x[7..].parse()?;
+            }
             (Scheme::MegatronDcp, x) if x.starts_with("min-cp=") => {
                 set.min_dynamic_cp = x[7..]
                     .parse()
@@ -317,7 +321,8 @@ pub(crate) fn parse_arm(s: &str, base: &SchemeSettings, file: &str) -> Result<Ar
                         "a tweak {name} takes (any scheme: table; distca: tight, no-ping-pong, \
                          signal, eps=X; wlbllm: adaptive, per-document, per-sequence, cp=N, \
                          best-cp, signal, s-max=TOKENS; libra: m=N, p=N, h=N, b=TOKENS, signal; \
-                         megatron-dcp: s=TOKENS, min-cp=N, load=pairs|latency)"
+                         megatron-dcp: s=TOKENS, min-cp=N, load=pairs|latency, \
+                         rounds=open|capped)"
                     ),
                 ))
                 .context(file)
@@ -479,6 +484,7 @@ fn settings(f: &CompareFile, file: &str) -> Result<SchemeSettings> {
         max_seqlen_per_rank: s.max_seqlen_per_dp_cp_rank,
         min_dynamic_cp: s.min_dynamic_cp.unwrap_or(d.min_dynamic_cp),
         dcp_load: d.dcp_load,
+        dcp_rounds: d.dcp_rounds,
     };
     if !(set.epsilon.is_finite() && set.epsilon >= 0.0) {
         return Err(invalid(

@@ -206,20 +206,60 @@ fn a_round_closes_once_balanced_below_its_first_cp_size() {
     assert!(load2 * 20 >= long * 19, "{load2} vs {long}");
 }
 
+#[test]
+fn capped_rounds_run_one_micro_batch_per_group() {
+    // The batch above under Megatron-Core's current rule: ranks 2 and 3 take 100-token
+    // samples only while they hold at most S = 1000 tokens, so round 0 is one micro-batch
+    // on every rank (the CP-2 group's one sample, ten short ones on ranks 2 and 3), and so
+    // is every later round.
+    let cfg = DcpConfig::new(4, 1000, 1)
+        .unwrap()
+        .with_rounds(DcpRounds::Capped);
+    let mut lens = vec![2000];
+    lens.extend(std::iter::repeat_n(100, 400));
+    let s = schedule(&seqs(&[&lens], 50_000), &cfg, pairs_work).unwrap();
+    let round0: Vec<(u32, u32, usize)> = s
+        .micro_batches
+        .iter()
+        .filter(|m| m.round == 0)
+        .map(|m| (m.slot, m.first_rank, m.samples.len()))
+        .collect();
+    assert_eq!(round0, vec![(0, 0, 1), (0, 2, 10), (0, 3, 10)]);
+    // 380 short samples left, 40 a round on the four ranks
+    assert_eq!((s.rounds, s.slots), (11, 11));
+    assert!(s.counts(4).iter().all(|&c| c == 11), "{:?}", s.counts(4));
+    let plan = to_plan(0, &s, &cfg, &TINY);
+    check(&plan).unwrap();
+    check_resident(&plan, 1000).unwrap();
+    // the same batch in open rounds: ranks 2 and 3 run many micro-batches in round 0
+    let open = schedule(
+        &seqs(&[&lens], 50_000),
+        &cfg.with_rounds(DcpRounds::Open),
+        pairs_work,
+    )
+    .unwrap();
+    assert!(open.slots > open.rounds, "{} {}", open.slots, open.rounds);
+    assert_eq!("capped".parse::<DcpRounds>().unwrap(), DcpRounds::Capped);
+    assert!("closed".parse::<DcpRounds>().is_err());
+}
+
 proptest! {
-    /// Random batches: every sample trained exactly once, at a CP size at least its rule's,
-    /// in a power-of-two aligned group; each plan checks (every query once per head, FLOPs
-    /// the exact causal total) and no rank holds more than S tokens of a micro-batch.
+    /// Random batches, open or capped rounds: every sample trained exactly once, at a CP
+    /// size at least its rule's, in a power-of-two aligned group; each plan checks (every
+    /// query once per head, FLOPs the exact causal total) and no rank holds more than S
+    /// tokens of a micro-batch; capped rounds are one micro-batch each.
     #[test]
     fn every_schedule_is_a_checked_plan_within_s(
         lens in proptest::collection::vec(1u32..3000, 1..40),
         exp in 0u32..4,
         s in 300u32..1500,
         min_exp in 0u32..2,
+        capped in any::<bool>(),
     ) {
         let n = 1u32 << exp;
         let min_cp = (1u32 << min_exp).min(n);
-        let cfg = DcpConfig::new(n, s, min_cp).unwrap();
+        let rounds = if capped { DcpRounds::Capped } else { DcpRounds::Open };
+        let cfg = DcpConfig::new(n, s, min_cp).unwrap().with_rounds(rounds);
         let b = vec![PackedSeq::from_lengths(&lens, lens.iter().sum(), 0)];
         let Ok(sched) = schedule(&b, &cfg, pairs_work) else {
             // only a sample longer than N · S is refused
@@ -250,5 +290,7 @@ proptest! {
         let want = TINY.fwd_flops(exact, 4);
         prop_assert!((sum.unwrap().flops - want).abs() <= 1e-9 * want);
         prop_assert!(check_resident(&plan, u64::from(s)).is_ok());
+        // capped rounds: one micro-batch per group a round
+        prop_assert!(!capped || sched.slots == sched.rounds);
     }
 }
