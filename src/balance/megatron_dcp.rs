@@ -58,14 +58,16 @@
 //!   all-reduce waits for the slowest rank.
 //! - S defaults to ⌈L / CP⌉ (the per-rank tokens of static CP on the same layout), m to 1.
 //!
-//! # Not modelled
-//! A round here grows until its growable groups' loads agree, so a group may take several
-//! micro-batches while others take one (`four-way`, libra-256k at DP 4: two CP-4 groups take
-//! five each, at 2.3–2.4× the load of the CP-8 groups). Megatron-Core bounds such a round:
-//! its older `BalancedCPScheduler` trims the most-loaded group while that narrows the spread
-//! (`trim_overload`), and its current `next_hdp_group` lets a group take a sample only while
-//! its packed tokens per rank stay within S (one micro-batch per group per round, every rank
-//! running every round). Neither bound is modelled.
+//! # Open and capped rounds
+//! Open rounds ([`DcpRounds::Open`], the default) grow until the growable groups' loads
+//! agree, so a group may take several micro-batches while others take one: in `four-way`,
+//! libra-256k at DP 4, two CP-4 groups take five each, at 2.3–2.4× the load of the CP-8
+//! groups. Megatron-Core bounds a round. Its current `next_hdp_group` lets a group take a
+//! sample only while its packed tokens per rank stay within S, and ends the round at the
+//! first sample that no group of its size has room for ([`DcpRounds::Capped`]: one
+//! micro-batch per group a round, the arm tweak `rounds=capped`). Its older
+//! `BalancedCPScheduler` trims the most-loaded group while that narrows the spread
+//! (`trim_overload`), which is not modelled.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;

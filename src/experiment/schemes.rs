@@ -1894,6 +1894,7 @@ pub fn run_default(observer: &dyn Observer) -> Result<CompareOutput> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::balance::megatron_dcp::{DcpLoad, DcpRounds};
     use crate::error::Error;
 
     /// A point result read back from its JSON has every float's bits, awkward ones
@@ -2097,6 +2098,17 @@ mod tests {
         );
         let w = parse_arm("wlbllm:s-max=98304", &base, "f.toml").unwrap();
         assert_eq!(w.set.s_max, Some(98304));
+        let d = parse_arm("megatron-dcp:rounds=capped:load=latency", &base, "f.toml").unwrap();
+        assert_eq!(
+            (d.set.dcp_rounds, d.set.dcp_load),
+            (DcpRounds::Capped, DcpLoad::Latency)
+        );
+        assert_eq!(base.dcp_rounds, DcpRounds::Open);
+        let e = parse_arm("megatron-dcp:rounds=closed", &base, "f.toml").unwrap_err();
+        assert_eq!(
+            e.root(),
+            &invalid("megatron-dcp rounds", "closed", "open or capped")
+        );
         for (bad, knob, v) in [
             ("libra:p=0", "p", "0"),
             ("libra:h=x", "h", "x"),
