@@ -891,15 +891,13 @@ impl Sweep {
         for i in 0..self.len() {
             let (p, arm) = self.job(i);
             let par = self.parallelism(p);
+            let at_point = || format!("{}: point {}", self.file, self.describe(i));
+            let shard = p.cost.tp_shard(par.tp, par.ep).with_context(at_point)?;
             for c in arm_cps(arm, p.dp, p.cp, p.ga) {
                 let (dp, cp, ga) = arm_layout(&arm.label, c, p.dp, p.cp, p.ga)?;
                 let at = Parallelism { dp, cp, ga, ..par };
-                p.cost
-                    .tp_shard(par.tp, par.ep)
-                    .and_then(|s| arm_planner(arm, &s, at, p.seq_len).map(|_| ()))
-                    .with_context(|| {
-                        format!("{}: point {} (CP {cp})", self.file, self.describe(i))
-                    })?;
+                arm_planner(arm, &shard, at, p.seq_len)
+                    .with_context(|| format!("{} (CP {cp})", at_point()))?;
             }
         }
         Ok(())

@@ -4,13 +4,19 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::common::{fails, root, scratch};
+use crate::common::{check, fails, root, scratch, Expect};
 
 /// A file under the scratch folder `dir` with `body`.
 fn write(dir: &Path, name: &str, body: &str) -> String {
     let p = dir.join(name);
     std::fs::write(&p, body).unwrap();
     p.to_string_lossy().into_owned()
+}
+
+/// The plan `skewsim args` writes to `o`, as JSON (the run must succeed).
+fn written_plan(args: &[&str], o: &str) -> serde_json::Value {
+    check(args, Expect::Ok(""));
+    serde_json::from_str(&std::fs::read_to_string(o).unwrap()).unwrap()
 }
 
 /// A committed file with its `line` (1-based) rewritten by `f`.
@@ -437,14 +443,7 @@ fn check_plan_refuses_empty_plans_and_unknown_schemes() {
         "-o",
         o,
     ];
-    let out = crate::common::skewsim(&small);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let plan: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(o).unwrap()).unwrap();
+    let plan = written_plan(&small, o);
     let mut empty = plan.clone();
     empty["groups"] = serde_json::json!([]);
     let mut bogus = plan.clone();
@@ -783,14 +782,7 @@ fn plans_with_too_many_workers_are_refused_before_they_are_expanded() {
         "-o",
         o,
     ];
-    let out = crate::common::skewsim(&small);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let plan: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(o).unwrap()).unwrap();
+    let plan = written_plan(&small, o);
     let with_workers = |name: &str, n: u32| {
         let mut p = plan.clone();
         p["groups"][0]["workers"] = (0..n).collect::<Vec<u32>>().into();

@@ -12,25 +12,23 @@ fn temp(name: &str) -> std::path::PathBuf {
 /// A small Libra plan (GBS 2, DP 2, CP 2, P 2, L 8K) written to scratch file `name`.
 fn small_plan(name: &str) -> std::path::PathBuf {
     let plan = temp(name);
-    let out = skewsim(&[
-        "plan",
-        "--gbs",
-        "2",
-        "--dp",
-        "2",
-        "--cp",
-        "2",
-        "--pool-size",
-        "2",
-        "--seq-len",
-        "8192",
-        "-o",
-        plan.to_str().unwrap(),
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    check(
+        &[
+            "plan",
+            "--gbs",
+            "2",
+            "--dp",
+            "2",
+            "--cp",
+            "2",
+            "--pool-size",
+            "2",
+            "--seq-len",
+            "8192",
+            "-o",
+            plan.to_str().unwrap(),
+        ],
+        Expect::Ok(""),
     );
     plan
 }
