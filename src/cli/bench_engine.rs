@@ -96,7 +96,7 @@ fn qwen_step_input(
         cp,
         ga,
         pipeline: PipelineKind::OneFOneB,
-        recompute,
+        recompute: recompute.into(),
         zero_stage: 3,
         dp_buckets: 8,
         tp,
@@ -104,6 +104,7 @@ fn qwen_step_input(
         tp_overlap: false,
         ep: 1,
         moe_hot_share: 0.0,
+        ..Parallelism::default()
     };
     let nodes = (par.gpus() as u32).div_ceil(8);
     let map = RankMap::new(par, Placement::new(8, nodes), "bench")?;
@@ -423,7 +424,7 @@ fn schemes(gpus: u32) -> Result<Timed> {
     let dp = gpus / cp;
     let cost = CostModel::h200(ModelConfig::builtin("llama3-8b")?)?;
     let base = Parallelism {
-        recompute: true,
+        recompute: true.into(),
         zero_stage: 3,
         dp_buckets: 4,
         ..Parallelism::plain(dp, 1, cp, ga)

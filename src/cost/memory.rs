@@ -24,9 +24,79 @@
 //! (`seq_shard`; Korthikanti et al. §4.2.2). Under expert parallelism a rank holds
 //! experts / EP of each MoE layer's experts (`expert_shard`).
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::{Ffn, ModelConfig};
+
+/// Activation recomputation, as Megatron-Core's `--recompute-granularity`: `none` keeps every
+/// saved tensor; `selective` recomputes the core attention in backward (Megatron-Core's
+/// default `--recompute-modules core_attn`: its output and log-sum-exp are not kept); `full`
+/// keeps only each layer's input and recomputes the whole layer. In files: `false`,
+/// `"selective"` or `true` (also `"none"` and `"full"`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Recompute {
+    /// Every saved tensor kept.
+    #[default]
+    None,
+    /// Core attention recomputed.
+    Selective,
+    /// Whole layers recomputed from their input.
+    Full,
+}
+
+impl Recompute {
+    /// The whole layer's forward runs again in backward.
+    pub fn full(self) -> bool {
+        self == Recompute::Full
+    }
+
+    /// Core attention's forward runs again in backward (full or selective).
+    pub fn attention(self) -> bool {
+        self != Recompute::None
+    }
+}
+
+impl From<bool> for Recompute {
+    fn from(full: bool) -> Self {
+        if full {
+            Recompute::Full
+        } else {
+            Recompute::None
+        }
+    }
+}
+
+impl Serialize for Recompute {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        match self {
+            Recompute::None => s.serialize_bool(false),
+            Recompute::Full => s.serialize_bool(true),
+            Recompute::Selective => s.serialize_str("selective"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Recompute {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Flag(bool),
+            Name(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Flag(b) => Ok(b.into()),
+            Raw::Name(n) => match n.as_str() {
+                "none" => Ok(Recompute::None),
+                "selective" => Ok(Recompute::Selective),
+                "full" => Ok(Recompute::Full),
+                _ => Err(serde::de::Error::custom(format!(
+                    "recompute = {n:?}: allowed are false, true, \"none\", \"selective\" or \"full\""
+                ))),
+            },
+        }
+    }
+}
 
 /// What the memory of one rank depends on.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -49,10 +119,12 @@ pub struct MemoryInputs {
     pub attn_heads_q: u32,
     /// KV heads this rank holds for attention (replicated when CP exceeds h_kv).
     pub attn_heads_kv: u32,
-    /// Micro-batches whose activations are alive at once (1F1B: stages after this one + 1).
-    pub in_flight: u32,
-    /// Full activation recomputation.
-    pub recompute: bool,
+    /// Decoder layers' activations alive at once, summed over the micro-batches in flight
+    /// (1F1B: the stage's layers × (stages after this one + 1); interleaved: the layers of
+    /// each model chunk's micro-batches in flight, `schedule::pipeline::held_layers`).
+    pub held_layers: u64,
+    /// Activation recomputation.
+    pub recompute: Recompute,
     /// Gradient-reduction bucket in bytes (a full-size buffer only when ZeRO ≥ 2).
     pub bucket_bytes: u64,
     /// Divisor of the hidden-sized saved tensors (TP under sequence parallelism, else 1).
@@ -119,6 +191,13 @@ pub fn activation_bytes_sharded(m: &ModelConfig, seq_shard: u32) -> u64 {
         }
     };
     attn + ffn
+}
+
+/// Bytes per token of one layer that selective recomputation does not keep: core
+/// attention's output (h_q·d) and its fp32 log-sum-exp, recomputed from the kept Q, K, V.
+pub fn core_attention_bytes_per_token(m: &ModelConfig) -> u64 {
+    u64::from(m.dtype_bytes) * u64::from(m.heads_q) * u64::from(m.head_dim)
+        + 4 * u64::from(m.heads_q)
 }
 
 /// Gradient bytes per parameter (fp32 main gradients), held and reduced across DP.
@@ -192,13 +271,15 @@ pub fn rank_memory(m: &ModelConfig, x: &MemoryInputs) -> MemoryBreakdown {
         }
     };
     let per_tok = activation_bytes_sharded(m, x.seq_shard);
-    let layers = u64::from(x.layers);
-    let inflight = u64::from(x.in_flight.max(1));
+    let held = x.held_layers.max(1);
     let hidden = u64::from(m.hidden).div_ceil(u64::from(x.seq_shard.max(1)));
-    let activations = if x.recompute {
-        inflight * x.tokens_per_rank * layers * dt * hidden + x.tokens_per_rank * per_tok
-    } else {
-        inflight * x.tokens_per_rank * layers * per_tok
+    let activations = match x.recompute {
+        Recompute::Full => held * x.tokens_per_rank * dt * hidden + x.tokens_per_rank * per_tok,
+        Recompute::Selective => {
+            let attn = core_attention_bytes_per_token(m);
+            held * x.tokens_per_rank * (per_tok - attn) + x.tokens_per_rank * attn
+        }
+        Recompute::None => held * x.tokens_per_rank * per_tok,
     };
     let a = m.attn_shape();
     let qkv = a.q_bytes(x.attn_tokens, x.attn_heads_q) + a.kv_bytes(x.attn_tokens, x.attn_heads_kv);
@@ -238,8 +319,8 @@ mod tests {
             attn_tokens: 1000,
             attn_heads_q: 32,
             attn_heads_kv: 8,
-            in_flight: 1,
-            recompute: false,
+            held_layers: 32,
+            recompute: Recompute::None,
             bucket_bytes: 0,
             seq_shard: 1,
             expert_shard: 1,
@@ -345,7 +426,7 @@ mod tests {
         let r = rank_memory(
             &m,
             &MemoryInputs {
-                recompute: true,
+                recompute: Recompute::Full,
                 ..inputs()
             },
         );

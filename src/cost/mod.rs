@@ -54,6 +54,25 @@ pub use model::{Ffn, ModelConfig};
 /// elementwise): a minute; the timed kernels take µs to s.
 pub const MAX_CALL_MS: f64 = 60_000.0;
 
+/// The number format of the linear layers' GEMMs: `bf16`, or `fp8` as TransformerEngine runs
+/// it (FP8 inputs, higher-precision accumulation and outputs); core attention stays BF16.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    /// BF16 GEMMs.
+    #[default]
+    Bf16,
+    /// FP8 GEMMs.
+    Fp8,
+}
+
+impl Precision {
+    /// Whether this is the default (BF16), for `skip_serializing_if`.
+    pub fn is_bf16(&self) -> bool {
+        *self == Precision::Bf16
+    }
+}
+
 /// The shape of one attention layer, as far as counting FLOPs and bytes needs it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AttnShape {

@@ -422,7 +422,7 @@ mod tests {
                 cp,
                 ga,
                 pipeline: PipelineKind::OneFOneB,
-                recompute: rng.random_range(0..2) == 1,
+                recompute: (rng.random_range(0..2) == 1).into(),
                 zero_stage: 0,
                 dp_buckets: rng.random_range(1..4),
                 tp,
@@ -430,6 +430,7 @@ mod tests {
                 tp_overlap: false,
                 ep,
                 moe_hot_share: if ep > 1 { 0.5 } else { 0.0 },
+                ..Parallelism::default()
             };
             let batch: Vec<Vec<PackedSeq>> = (0..dp)
                 .map(|r| {

@@ -54,7 +54,8 @@ use crate::cost::profile::Kernel;
 use crate::cost::{CostModel, Ffn, LinearPart};
 use crate::error::{bail, invalid, Context, Error, Result};
 use crate::report::svg::{palette, Chart, Scale, Series};
-use crate::schedule::step::{attn_split, stage_layers, stage_rank_memory};
+use crate::schedule::pipeline::chunk_layers;
+use crate::schedule::step::{attn_split, stage_rank_memory};
 use crate::schedule::train::Workload;
 use crate::schedule::{Parallelism, PipelineKind};
 use crate::workload::pack::Packing;
@@ -527,7 +528,7 @@ fn parallelism(spec: &Spec, tp: u32, cp: u32, dp: u32, pp: u32, ep: u32, ga: u32
         cp,
         ga,
         pipeline: PipelineKind::OneFOneB,
-        recompute: spec.recompute,
+        recompute: spec.recompute.into(),
         zero_stage: spec.zero_stage,
         dp_buckets: DP_BUCKETS,
         tp,
@@ -535,6 +536,7 @@ fn parallelism(spec: &Spec, tp: u32, cp: u32, dp: u32, pp: u32, ep: u32, ga: u32
         tp_overlap: false,
         ep,
         moe_hot_share: 0.0,
+        ..Parallelism::default()
     }
 }
 
@@ -603,10 +605,9 @@ fn memory_bytes(spec: &Spec, s: &Setup, c: &Candidate) -> Result<u64> {
         spec.seq_len
     };
     let par = par_of(spec, c);
-    Ok(stage_layers(shard.model.layers, c.pp)
-        .into_iter()
-        .enumerate()
-        .map(|(k, st)| stage_rank_memory(&shard, par, st, k as u32, split, cap.into()).total())
+    let chunks = chunk_layers(&par, shard.model.layers);
+    Ok((0..c.pp)
+        .map(|k| stage_rank_memory(&shard, par, &chunks, k, split, cap.into()).total())
         .max()
         .unwrap_or(0))
 }

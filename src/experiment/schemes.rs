@@ -873,7 +873,7 @@ impl Sweep {
             cp: p.cp,
             ga: p.ga,
             pipeline: f.parallel.pipeline.unwrap_or(PipelineKind::OneFOneB),
-            recompute: f.parallel.recompute,
+            recompute: f.parallel.recompute.into(),
             zero_stage: f.parallel.zero_stage,
             dp_buckets: f.parallel.dp_buckets,
             tp: f.parallel.tp,
@@ -881,6 +881,7 @@ impl Sweep {
             tp_overlap: f.parallel.tp_overlap,
             ep: f.parallel.ep,
             moe_hot_share: f.parallel.moe_hot_share,
+            ..Parallelism::default()
         }
     }
 
@@ -1333,8 +1334,8 @@ fn s_max_rows(
             attn_tokens: 0,
             attn_heads_q: 0,
             attn_heads_kv: 0,
-            in_flight: in_flight(kind, pp, 0, par.ga),
-            recompute: par.recompute,
+            held_layers: u64::from(in_flight(kind, pp, 0, par.ga)) * u64::from(ll - lf),
+            recompute: par.recompute.into(),
             bucket_bytes: grad.div_ceil(u64::from(par.dp_buckets.max(1))),
             seq_shard: if par.sp { par.tp } else { 1 },
             expert_shard: par.ep,

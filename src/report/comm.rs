@@ -59,7 +59,7 @@ mod tests {
             cp: 2,
             ga: 1,
             pipeline: PipelineKind::OneFOneB,
-            recompute: false,
+            recompute: false.into(),
             zero_stage: 0,
             dp_buckets: 1,
             tp: 1,
@@ -67,6 +67,7 @@ mod tests {
             tp_overlap: false,
             ep: 1,
             moe_hot_share: 0.0,
+            ..Parallelism::default()
         };
         let map = RankMap::new(par, Placement::new(8, 1), "t").unwrap();
         let seq = PackedSeq {

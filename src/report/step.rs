@@ -523,7 +523,7 @@ mod tests {
             cp: 8,
             ga: 2,
             pipeline: PipelineKind::OneFOneB,
-            recompute: false,
+            recompute: false.into(),
             zero_stage: 3,
             dp_buckets: 8,
             tp: 1,
@@ -531,6 +531,7 @@ mod tests {
             tp_overlap: false,
             ep: 1,
             moe_hot_share: 0.0,
+            ..Parallelism::default()
         };
         let map = RankMap::new(par, Placement::new(8, 2), "t").unwrap();
         let light = seq(&[1024; 32], 32_768);
@@ -594,7 +595,7 @@ mod tests {
             cp: 4,
             ga: 3,
             pipeline: PipelineKind::OneFOneB,
-            recompute: false,
+            recompute: false.into(),
             zero_stage: 1,
             dp_buckets: 4,
             tp: 1,
@@ -602,6 +603,7 @@ mod tests {
             tp_overlap: false,
             ep: 1,
             moe_hot_share: 0.0,
+            ..Parallelism::default()
         };
         let map = RankMap::new(par, Placement::new(8, 2), "t").unwrap();
         let wl = Workload::Corpus {
@@ -647,7 +649,7 @@ mod tests {
                 cp: 1,
                 ga: 8,
                 pipeline,
-                recompute: false,
+                recompute: false.into(),
                 zero_stage: 0,
                 dp_buckets: 1,
                 tp: 1,
@@ -655,6 +657,7 @@ mod tests {
                 tp_overlap: false,
                 ep: 1,
                 moe_hot_share: 0.0,
+                ..Parallelism::default()
             };
             let map = RankMap::new(par, Placement::new(1, 4), "t").unwrap();
             let sg = build_step(&cost, map, &[vec![s.clone(); 8]], 0, &NoVariance).unwrap();
@@ -683,5 +686,39 @@ mod tests {
             "GPipe holds 8 micro-batches on stage 0, 1F1B holds 4"
         );
         assert_eq!(g.wait_fraction, 0.0);
+    }
+
+    #[test]
+    fn interleaving_shrinks_the_bubble_to_the_textbook_fraction() {
+        // llama-34b's 48 layers on PP 4, GA 8: vp chunks of 12 / vp layers per stage. The
+        // bubble is (PP − 1) / (vp · GA + PP − 1) of the step (Narayanan et al., SC'21,
+        // §2.2.2), and stage 0 holds (PP − 1) · 2 + (vp − 1) · PP + 1 chunks' activations.
+        let cost = CostModel::h200(ModelConfig::builtin("llama-34b").unwrap()).unwrap();
+        let s = seq(&[4096, 4096], 8192);
+        let run_vp = |vp| {
+            let par = Parallelism {
+                vp,
+                ..Parallelism::plain(1, 4, 1, 8)
+            };
+            let map = RankMap::new(par, Placement::new(1, 4), "t").unwrap();
+            let sg = build_step(&cost, map, &[vec![s.clone(); 8]], 0, &NoVariance).unwrap();
+            let t = run(&sg.graph, &mut StubNet::new(1, 0, 1e30, 1e30)).unwrap();
+            (step_report(&sg, &t, &cost, 0), sg.memory[0].activations)
+        };
+        let (one, one_act) = run_vp(1);
+        for vp in [2u32, 3, 4] {
+            let (r, act) = run_vp(vp);
+            let textbook = 3.0 / f64::from(vp * 8 + 3);
+            assert!(
+                (r.bubble_fraction - textbook).abs() < 0.03,
+                "vp {vp}: {} vs {textbook}",
+                r.bubble_fraction
+            );
+            assert!(r.iteration < one.iteration, "vp {vp}");
+            // 1F1B holds 4 micro-batches of 12 layers; interleaved 6 + 4(vp − 1) + 1
+            // chunks of 12 / vp layers.
+            let chunks = u64::from(6 + 4 * (vp - 1) + 1);
+            assert_eq!(act * 48, one_act * chunks * u64::from(12 / vp), "vp {vp}");
+        }
     }
 }

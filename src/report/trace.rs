@@ -134,7 +134,7 @@ mod tests {
             cp: 2,
             ga: 2,
             pipeline: PipelineKind::OneFOneB,
-            recompute: false,
+            recompute: false.into(),
             zero_stage: 0,
             dp_buckets: 1,
             tp: 1,
@@ -142,6 +142,7 @@ mod tests {
             tp_overlap: false,
             ep: 1,
             moe_hot_share: 0.0,
+            ..Parallelism::default()
         };
         let map = RankMap::new(par, Placement::new(2, 2), "t").unwrap();
         let s = PackedSeq {

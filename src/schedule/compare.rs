@@ -429,7 +429,7 @@ mod tests {
             cp,
             ga,
             pipeline: PipelineKind::OneFOneB,
-            recompute: false,
+            recompute: false.into(),
             zero_stage: 0,
             dp_buckets: 1,
             tp: 1,
@@ -437,6 +437,7 @@ mod tests {
             tp_overlap: false,
             ep: 1,
             moe_hot_share: 0.0,
+            ..Parallelism::default()
         }
     }
 

@@ -18,6 +18,7 @@
 //! ranks are alike, because per-rank skew is the point.
 
 pub mod compare;
+pub mod pipeline;
 pub mod plan_attn;
 pub mod plan_step;
 pub mod stage;
@@ -28,6 +29,8 @@ pub mod ulysses;
 use serde::{Deserialize, Serialize};
 
 use crate::cluster::VarianceModel;
+pub use crate::cost::memory::Recompute;
+pub use crate::cost::Precision;
 use crate::engine::OpClass;
 use crate::error::{invalid, Result};
 use crate::net::collective::CollectiveModel;
@@ -84,9 +87,24 @@ pub struct Parallelism {
     /// Pipeline schedule.
     #[serde(default = "default_pipeline")]
     pub pipeline: PipelineKind,
-    /// Full activation recomputation in backward.
+    /// Virtual pipeline stages per stage (Megatron's interleaved 1F1B with `vp` model
+    /// chunks per GPU, [`pipeline`]); 1 = one contiguous chunk per stage.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub vp: u32,
+    /// The input embedding takes one layer's place in the first virtual stage (Megatron's
+    /// `--account-for-embedding-in-pipeline-split`).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub account_for_embedding: bool,
+    /// The LM head and loss take one layer's place in the last virtual stage (Megatron's
+    /// `--account-for-loss-in-pipeline-split`).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub account_for_loss: bool,
+    /// Activation recomputation in backward: none, selective (core attention) or full.
     #[serde(default)]
-    pub recompute: bool,
+    pub recompute: Recompute,
+    /// The linear layers' number format (attention stays BF16).
+    #[serde(default, skip_serializing_if = "Precision::is_bf16")]
+    pub precision: Precision,
     /// ZeRO stage 0..=3 over the DP × CP group.
     #[serde(default)]
     pub zero_stage: u8,
@@ -94,6 +112,24 @@ pub struct Parallelism {
     /// buckets, each reduced as soon as the last micro-batch's backward has produced it.
     #[serde(default = "one")]
     pub dp_buckets: u32,
+    /// Megatron's distributed optimizer: optimizer states sharded over DP × CP (as ZeRO 1,
+    /// which it implies), gradients reduce-scattered and the updated BF16 parameters
+    /// all-gathered, bucket by bucket, instead of one all-reduce.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub distributed_optimizer: bool,
+    /// With the distributed optimizer: each bucket's parameter all-gather runs at the start
+    /// of the step, and the first forward through the bucket's layers waits for it
+    /// (Megatron's `--overlap-param-gather`); without it the gathers follow the
+    /// reduce-scatters at the end of the step.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub overlap_param_gather: bool,
+}
+
+impl Default for Parallelism {
+    /// One GPU, one micro-batch: every degree 1, every option off.
+    fn default() -> Self {
+        Parallelism::plain(1, 1, 1, 1)
+    }
 }
 
 /// Most gradient all-reduce buckets (`dp_buckets`): past the model's layers they add none.
@@ -109,6 +145,14 @@ fn one() -> u32 {
 
 fn yes() -> bool {
     true
+}
+
+fn is_one(v: &u32) -> bool {
+    *v == 1
+}
+
+fn is_false(v: &bool) -> bool {
+    !*v
 }
 
 impl Parallelism {
@@ -131,9 +175,15 @@ impl Parallelism {
             moe_hot_share: 0.0,
             ga,
             pipeline: PipelineKind::OneFOneB,
-            recompute: false,
+            vp: 1,
+            account_for_embedding: false,
+            account_for_loss: false,
+            recompute: Recompute::None,
+            precision: Precision::Bf16,
             zero_stage: 0,
             dp_buckets: 1,
+            distributed_optimizer: false,
+            overlap_param_gather: false,
         }
     }
 

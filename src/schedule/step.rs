@@ -24,6 +24,7 @@
 //!
 //! Recomputation adds each layer's forward compute to its backward compute. Embedding lookup and the optimizer step are not priced.
 
+use super::pipeline;
 use super::stage::{AttentionStage, AttnCall, StepEnv};
 use super::ulysses::UlyssesAttention;
 use super::{Coords, Parallelism, PipelineKind, Placement, RankMap, RuntimeVariance};
@@ -42,6 +43,7 @@ use crate::net::{GpuId, Ps};
 use crate::workload::PackedSeq;
 use rayon::prelude::*;
 
+pub use super::pipeline::{in_flight, stage_layers, stage_order};
 pub use crate::cost::{head_split, HeadSplit};
 
 /// One step's graph with what the report needs to read it.
@@ -60,66 +62,6 @@ pub struct StepGraph {
     pub memory: Vec<MemoryBreakdown>,
     /// Stream ids of each GPU: `[compute, cp, pp, dp]` at `4·gpu + k`.
     pub streams_per_gpu: u32,
-}
-
-/// The first and last layer (inclusive start, exclusive end) of each stage: layers split
-/// as evenly as possible, earlier stages taking the remainder.
-pub fn stage_layers(layers: u32, pp: u32) -> Vec<(u32, u32)> {
-    let (base, rem) = (layers / pp, layers % pp);
-    let mut out = Vec::with_capacity(pp as usize);
-    let mut a = 0;
-    for s in 0..pp {
-        let n = base + u32::from(s < rem);
-        out.push((a, a + n));
-        a += n;
-    }
-    out
-}
-
-/// The order of forward (true) and backward (false) micro-batch slots on `stage`.
-pub fn stage_order(kind: PipelineKind, pp: u32, stage: u32, ga: u32) -> Vec<(bool, u32)> {
-    let mut v = Vec::with_capacity(2 * ga as usize);
-    match kind {
-        PipelineKind::Gpipe => {
-            v.extend((0..ga).map(|m| (true, m)));
-            v.extend((0..ga).map(|m| (false, m)));
-        }
-        PipelineKind::OneFOneB => {
-            let w = (pp - stage - 1).min(ga);
-            v.extend((0..w).map(|m| (true, m)));
-            for i in 0..ga - w {
-                v.push((true, w + i));
-                v.push((false, i));
-            }
-            v.extend((ga - w..ga).map(|m| (false, m)));
-        }
-        PipelineKind::Ticks => {
-            use crate::balance::distca::pingpong::{pp_ticks, Phase};
-            for t in pp_ticks(pp, ga).unwrap_or_default() {
-                if let Some(Some(mb)) = t.stages.get(stage as usize) {
-                    v.push((t.phase == Phase::Forward, *mb));
-                }
-            }
-        }
-    }
-    v
-}
-
-/// Micro-batches whose activations a stage holds at its peak.
-pub fn in_flight(kind: PipelineKind, pp: u32, stage: u32, ga: u32) -> u32 {
-    match kind {
-        PipelineKind::Gpipe => ga,
-        PipelineKind::OneFOneB => (pp - stage).min(ga),
-        // The most forwards not yet matched by their backward along the stage's order.
-        PipelineKind::Ticks => stage_order(kind, pp, stage, ga)
-            .iter()
-            .scan(0i64, |n, &(fwd, _)| {
-                *n += if fwd { 1 } else { -1 };
-                Some(*n)
-            })
-            .max()
-            .unwrap_or(0) as u32,
-    }
 }
 
 /// Tokens of chunk `c` when `tokens` are cut into `n` contiguous chunks (sizes differ by
@@ -449,6 +391,7 @@ fn checked(
             format!("at most the model's {} layers", m.layers),
         ));
     }
+    pipeline::check(&par, m.layers, "[parallel]")?;
     if par.pipeline == PipelineKind::Ticks && m.layers % par.pp != 0 {
         return Err(invalid(
             "pp",
@@ -471,7 +414,7 @@ fn step_facts(
     split: HeadSplit,
     graph: Graph,
 ) -> StepGraph {
-    let stages = stage_layers(cost.model.layers, map.par.pp);
+    let chunks = pipeline::chunk_layers(&map.par, cost.model.layers);
     let tokens = batch.iter().flatten().map(PackedSeq::tokens).sum();
     let class_pairs = cost.class_pairs(
         &batch
@@ -482,7 +425,7 @@ fn step_facts(
     );
     let memory = (0..map.gpus())
         .into_par_iter()
-        .map(|g| rank_memory_of(cost, &map, &stages, split, batch, map.coords(g)))
+        .map(|g| rank_memory_of(cost, &map, &chunks, split, batch, map.coords(g)))
         .collect();
     StepGraph {
         graph,
@@ -729,6 +672,10 @@ struct Emitter<'a> {
     nanos: usize,
     /// Ranks per stage (DP · CP · TP).
     wn: usize,
+    /// Pipeline stages (PP) and virtual stages (PP · vp): `stages`, `last` and the slot
+    /// arrays are by virtual stage q = chunk · PP + stage, whose GPUs are stage q mod PP's.
+    pp: u32,
+    nq: u32,
     /// TP group size.
     tp: usize,
     /// Linear work as chains of pieces and TP/EP collectives (TP or EP > 1); else one op
@@ -836,19 +783,25 @@ impl<'a> Emitter<'a> {
         }
         let epu = par.ep as usize;
         let mut route_buf: Vec<A2aRoute> = Vec::with_capacity(epu);
-        let stages = stage_layers(m.layers, pp)
+        let chunks = pipeline::chunk_layers(&par, m.layers);
+        let nq = chunks.len() as u32;
+        let orders: Vec<Vec<pipeline::Slot>> = match par.pipeline {
+            PipelineKind::Ticks => Vec::new(),
+            _ => (0..pp).map(|p| pipeline::slots(&par, p)).collect(),
+        };
+        let stages = chunks
             .into_iter()
             .enumerate()
-            .map(|(p, (lf, ll))| {
-                let p = p as u32;
+            .map(|(q, (lf, ll))| {
+                let (p, c) = (q as u32 % pp, q as u32 / pp);
                 let nb = par.dp_buckets.min((ll - lf).max(1));
-                let order = match par.pipeline {
-                    PipelineKind::Ticks => Vec::new(),
-                    k => stage_order(k, pp, p, ga),
-                };
                 let last_bwd_mb = match par.pipeline {
                     PipelineKind::Ticks => ga.checked_sub(1),
-                    _ => order.iter().rev().find(|s| !s.0).map(|s| s.1),
+                    _ => orders[p as usize]
+                        .iter()
+                        .rev()
+                        .find(|s| !s.fwd && s.chunk == c)
+                        .map(|s| s.mb),
                 };
                 let base = map.gpu(p, r0 as u32, 0, 0);
                 let groups: Vec<GpuId> = (0..wn as u32).map(|i| base + i).collect();
@@ -872,18 +825,20 @@ impl<'a> Emitter<'a> {
                 }
             })
             .collect();
-        let nslots = pp as usize * wn * ga as usize;
+        let nslots = nq as usize * wn * ga as usize;
         Emitter {
             cx,
             cost,
             batch,
             nanos,
             wn,
+            pp,
+            nq,
             tp: tpu,
             chain,
             shared_chain,
             stages,
-            last: vec![NONE; pp as usize * nanos * wn],
+            last: vec![NONE; nq as usize * nanos * wn],
             f_first: vec![NONE; nslots],
             f_send: vec![NONE; nslots],
             b_first: vec![NONE; nslots],
@@ -923,10 +878,13 @@ impl<'a> Emitter<'a> {
         match par.pipeline {
             PipelineKind::Gpipe | PipelineKind::OneFOneB => {
                 for p in 0..par.pp {
-                    for (fwd, mb) in stage_order(par.pipeline, par.pp, p, par.ga) {
-                        self.slot(p, fwd, mb, attn, env)?;
+                    for s in pipeline::slots(&par, p) {
+                        self.slot(s.chunk * par.pp + p, s.fwd, s.mb, attn, env)?;
                     }
-                    self.reduce(p);
+                    // A stage's chunks finish their backwards last chunk first.
+                    for c in (0..par.vp).rev() {
+                        self.reduce(c * par.pp + p);
+                    }
                 }
             }
             PipelineKind::Ticks => {
@@ -973,7 +931,7 @@ impl<'a> Emitter<'a> {
     fn begin(&mut self, p: u32, mb: u32) {
         let par = self.cx.map.par;
         let (cp, cpu, tp) = (par.cp, par.cp as usize, self.tp);
-        let last_stage = p + 1 == par.pp;
+        let last_stage = p + 1 == self.nq;
         let (cost, nanos, wn, chain, shared_chain) = (
             self.cost,
             self.nanos,
@@ -1126,7 +1084,7 @@ impl<'a> Emitter<'a> {
     fn chain(&mut self, p: u32, mb: u32, l: u32, r: usize, links: &[Link], fwd: bool) -> Vec<OpId> {
         self.cx.mb = mb;
         let par = self.cx.map.par;
-        let (tp, rec) = (self.tp, par.recompute);
+        let (tp, rec) = (self.tp, par.recompute.full());
         let rw = self.rw();
         let base = r * rw;
         let ep = par.ep as usize;
@@ -1315,8 +1273,7 @@ impl<'a> Emitter<'a> {
 
     fn fwd_end(&mut self, p: u32, mb: u32) {
         self.cx.mb = mb;
-        let par = self.cx.map.par;
-        let last_stage = p + 1 == par.pp;
+        let last_stage = p + 1 == self.nq;
         let ll = self.stages[p as usize].ll;
         let lab = |class| OpLabel {
             class,
@@ -1364,7 +1321,7 @@ impl<'a> Emitter<'a> {
         let (cpu, tp) = (par.cp as usize, self.tp);
         let (r, c) = (i / (cpu * tp), (i / tp) % cpu);
         let src = self.stages[p as usize].groups[i];
-        let dst = self.cx.map.gpu(to, self.r0 as u32, 0, 0) + i as GpuId;
+        let dst = self.cx.map.gpu(to % self.pp, self.r0 as u32, 0, 0) + i as GpuId;
         let tokens = self.stages[p as usize].tokens[r];
         let bytes = self
             .cost
@@ -1378,9 +1335,9 @@ impl<'a> Emitter<'a> {
     fn bwd_begin(&mut self, p: u32, mb: u32) {
         self.cx.mb = mb;
         let par = self.cx.map.par;
-        let rec = par.recompute;
+        let rec = par.recompute.full();
         let rw = self.rw();
-        let last_stage = p + 1 == par.pp;
+        let last_stage = p + 1 == self.nq;
         let ll = self.stages[p as usize].ll;
         let lab = |class| OpLabel {
             class,
@@ -1438,7 +1395,7 @@ impl<'a> Emitter<'a> {
     fn bwd_linear(&mut self, p: u32, mb: u32, l: u32, r: usize, done: u32) {
         self.cx.mb = mb;
         let par = self.cx.map.par;
-        let rec = par.recompute;
+        let rec = par.recompute.full();
         let rw = self.rw();
         let (lf, ll, nb) = {
             let st = &self.stages[p as usize];
@@ -1513,12 +1470,12 @@ impl<'a> Emitter<'a> {
         r: Option<usize>,
     ) -> Result<()> {
         let call = AttnCall {
-            stage: p,
+            stage: p % self.pp,
             layer: l,
             mb,
             replica: r.map(|r| (self.r0 + r) as u32),
             fwd,
-            recompute: self.cx.map.par.recompute,
+            recompute: self.cx.map.par.recompute.attention(),
         };
         let n = self.nanos * self.wn;
         let last = &mut self.last[p as usize * n..(p as usize + 1) * n];
@@ -1653,7 +1610,7 @@ impl<'a> Emitter<'a> {
             mb: ti,
             replica: None,
             fwd,
-            recompute: self.cx.map.par.recompute,
+            recompute: self.cx.map.par.recompute.attention(),
         };
         a.emit(&mut self.cx.b, env, call, &mut self.last)
     }
@@ -1664,13 +1621,13 @@ impl<'a> Emitter<'a> {
     fn dp_allreduce(&mut self, p: u32) {
         let map = self.cx.map;
         let par = map.par;
-        let (pp, ep) = (par.pp, par.ep as usize);
+        let ep = par.ep as usize;
         let (lf, ll, nb) = {
             let st = &self.stages[p as usize];
             (st.lf, st.ll, st.nb)
         };
         let m = &self.cost.model;
-        let all = stage_grad_bytes(m, ll - lf, p == 0, p + 1 == pp);
+        let all = stage_grad_bytes(m, ll - lf, p == 0, p + 1 == self.nq);
         let experts = if ep > 1 {
             stage_expert_params(m, ll - lf) * GRAD_BYTES_PER_PARAM
         } else {
@@ -1722,11 +1679,10 @@ impl<'a> Emitter<'a> {
         }
     }
 
-    /// Pipeline edges: a stage's forward waits for the previous stage's activations, its
-    /// backward for the next stage's gradients.
+    /// Pipeline edges: a virtual stage's forward waits for the previous one's activations,
+    /// its backward for the next one's gradients.
     fn pp_edges(&mut self) {
-        let map = self.cx.map;
-        let (pp, ga) = (map.par.pp, map.par.ga);
+        let (pp, ga) = (self.nq, self.cx.map.par.ga);
         for p in 0..pp {
             for i in 0..self.wn {
                 for mb in 0..ga {
@@ -1770,7 +1726,7 @@ pub fn attn_split(m: &ModelConfig, cp: u32, plugged: bool) -> Result<HeadSplit> 
 fn rank_memory_of(
     cost: &CostModel,
     map: &RankMap,
-    stages: &[(u32, u32)],
+    chunks: &[(u32, u32)],
     split: HeadSplit,
     batch: &[Vec<PackedSeq>],
     at: Coords,
@@ -1780,20 +1736,21 @@ fn rank_memory_of(
         .map(|s| u64::from(s.capacity))
         .max()
         .unwrap_or(0);
-    stage_rank_memory(cost, map.par, stages[at.pp as usize], at.pp, split, cap)
+    stage_rank_memory(cost, map.par, chunks, at.pp, split, cap)
 }
 
-/// Peak memory of a rank of pipeline stage `pp_stage` (layers `lf..ll`) under `par`, its
-/// micro-batches holding sequences of up to `cap` tokens; `cost` prices one TP rank.
+/// Peak memory of a rank of pipeline stage `pp_stage` under `par` (`chunks`: every virtual
+/// stage's layers, [`pipeline::chunk_layers`]), its micro-batches holding sequences of up
+/// to `cap` tokens; `cost` prices one TP rank.
 pub fn stage_rank_memory(
     cost: &CostModel,
     par: Parallelism,
-    (lf, ll): (u32, u32),
+    chunks: &[(u32, u32)],
     pp_stage: u32,
     split: HeadSplit,
     cap: u64,
 ) -> MemoryBreakdown {
-    let n_layers = ll - lf;
+    let n_layers = pipeline::stage_layer_count(chunks, par.pp, pp_stage);
     let grad_bytes = stage_rank_params(
         &cost.model,
         n_layers,
@@ -1813,7 +1770,7 @@ pub fn stage_rank_memory(
             attn_tokens: cap,
             attn_heads_q: split.q,
             attn_heads_kv: split.kv,
-            in_flight: in_flight(par.pipeline, par.pp, pp_stage, par.ga),
+            held_layers: pipeline::held_layers(&par, chunks, pp_stage),
             recompute: par.recompute,
             bucket_bytes: if par.dp * par.cp > 1 {
                 grad_bytes.div_ceil(u64::from(par.dp_buckets))

@@ -16,7 +16,7 @@ fn map(cp: u32, gpus_per_node: u32) -> RankMap {
         cp,
         ga: 1,
         pipeline: PipelineKind::OneFOneB,
-        recompute: false,
+        recompute: false.into(),
         zero_stage: 0,
         dp_buckets: 1,
         tp: 1,
@@ -24,6 +24,7 @@ fn map(cp: u32, gpus_per_node: u32) -> RankMap {
         tp_overlap: false,
         ep: 1,
         moe_hot_share: 0.0,
+        ..Parallelism::default()
     };
     RankMap::new(
         par,

@@ -34,7 +34,7 @@ fn rank_map(dp: u32, pp: u32, cp: u32, ga: u32) -> RankMap {
             cp,
             ga,
             pipeline: PipelineKind::OneFOneB,
-            recompute: true,
+            recompute: true.into(),
             zero_stage: 1,
             dp_buckets: 2,
             tp: 1,
@@ -42,6 +42,7 @@ fn rank_map(dp: u32, pp: u32, cp: u32, ga: u32) -> RankMap {
             tp_overlap: false,
             ep: 1,
             moe_hot_share: 0.0,
+            ..Parallelism::default()
         },
         Placement::new(8, 8),
         "test",
@@ -210,7 +211,7 @@ fn distca_ping_pong_runs_each_nano_batch_under_the_others_linear_block() {
             cp: 1,
             ga: 1,
             pipeline: PipelineKind::OneFOneB,
-            recompute: false,
+            recompute: false.into(),
             zero_stage: 1,
             dp_buckets: 1,
             tp: 1,
@@ -218,6 +219,7 @@ fn distca_ping_pong_runs_each_nano_batch_under_the_others_linear_block() {
             tp_overlap: false,
             ep: 1,
             moe_hot_share: 0.0,
+            ..Parallelism::default()
         },
         Placement::new(1, 4),
         "test",

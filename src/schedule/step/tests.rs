@@ -15,7 +15,7 @@ fn par(dp: u32, pp: u32, cp: u32, ga: u32) -> Parallelism {
         cp,
         ga,
         pipeline: PipelineKind::OneFOneB,
-        recompute: false,
+        recompute: false.into(),
         zero_stage: 0,
         dp_buckets: 1,
         tp: 1,
@@ -23,6 +23,7 @@ fn par(dp: u32, pp: u32, cp: u32, ga: u32) -> Parallelism {
         tp_overlap: false,
         ep: 1,
         moe_hot_share: 0.0,
+        ..Parallelism::default()
     }
 }
 
@@ -864,7 +865,7 @@ fn parts_build_the_graph_of_one_emitter() {
     ] {
         layouts.push(Parallelism {
             pipeline: kind,
-            recompute: true,
+            recompute: true.into(),
             dp_buckets: 3,
             ..par(5, 2, 2, 4)
         });
@@ -958,7 +959,7 @@ fn parts_timed_apart_give_the_whole_steps_report_and_trace() {
         let ga = rng.random_range(1..5);
         let p = Parallelism {
             pipeline: kinds[rng.random_range(0..3)],
-            recompute: rng.random_range(0..2) == 1,
+            recompute: (rng.random_range(0..2) == 1).into(),
             dp_buckets: rng.random_range(1..5),
             tp,
             ep,
