@@ -561,6 +561,33 @@ mod tests {
     }
 
     #[test]
+    fn model_files_match_published_sizes() {
+        // Published sizes: Llama 3.1 70B and 405B (the names; arXiv:2407.21783 Table 3),
+        // GPT-3 175.0B (arXiv:2005.14165 Table 2.1). By hand, L·(attn + ffn + 2h) + emb:
+        // 70B: 80·(2·8192·8192 + 2·8192·1024 + 3·8192·28672 + 2·8192) + 2·128256·8192 + 8192;
+        // 405B: 126·(2·16384·16384 + 2·16384·1024 + 3·16384·53248 + 2·16384)
+        //   + 2·128256·16384 + 16384;
+        // GPT-3: 96·(4·12288² + 3·12288·32768 + 2·12288) + 51200·12288 + 12288 (tied).
+        let file = |text: &str| ModelConfig::from_toml_str(text, "m.toml").unwrap();
+        let l70 = file(include_str!("../../models/llama3.1-70b.toml"));
+        assert_eq!(l70.total_params(), 70_553_706_496);
+        assert!(near(l70.total_params() as f64, 70e9, 0.01));
+        let l405 = file(include_str!("../../models/llama3.1-405b.toml"));
+        assert_eq!(l405.total_params(), 405_853_388_800);
+        assert!(near(l405.total_params() as f64, 405e9, 0.005));
+        let g = file(include_str!("../../models/gpt3-175b.toml"));
+        assert_eq!(g.total_params(), 174_577_692_672);
+        assert!(near(g.total_params() as f64, 175.0e9, 0.005));
+        // the SwiGLU stand-in for GPT-3's two-matrix GELU MLP (h → 4h → h): same weights,
+        // hence the same linear FLOPs per token
+        assert_eq!(g.ffn_params(), 2 * 12288 * 49152);
+        assert_eq!(
+            g.layer_linear_fwd_flops_per_token(),
+            2.0 * (4.0 * 12288.0 * 12288.0 + 2.0 * 12288.0 * 49152.0)
+        );
+    }
+
+    #[test]
     fn hand_count_of_qwen_layer_projections() {
         let q = ModelConfig::builtin("qwen3-30b-a3b").unwrap();
         // 2048*4096 (Q) + 2*2048*512 (K,V) + 4096*2048 (O)
