@@ -187,6 +187,12 @@ impl Parallelism {
         }
     }
 
+    /// The distributed optimizer gathers parameters at the start of the step, overlapped
+    /// with the forward.
+    pub fn gathers_params_early(&self) -> bool {
+        self.distributed_optimizer && self.overlap_param_gather
+    }
+
     /// Check the figures; `ctx` names the file or section.
     pub fn validate(&self, ctx: &str) -> Result<()> {
         for (f, v) in [
@@ -224,6 +230,13 @@ impl Parallelism {
                     ),
                 ));
             }
+        }
+        if self.overlap_param_gather && !self.distributed_optimizer {
+            return Err(invalid(
+                format!("{ctx}: overlap_param_gather"),
+                true,
+                "false unless distributed_optimizer = true (the gathers are the distributed optimizer's)",
+            ));
         }
         if self.zero_stage > 3 {
             return Err(invalid(

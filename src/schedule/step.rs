@@ -449,6 +449,7 @@ fn emit_whole(
     let mut e = Emitter::new(cost, env, batch, nanos, Span::Whole);
     e.drive(attn, env)?;
     e.pp_edges();
+    e.gather_edges();
     e.cx.b.build()
 }
 
@@ -472,6 +473,7 @@ fn emit_parts(
         .map(|q| emit_part(cost, env, batch, split, q * cs, cs.min(dp - q * cs)))
         .collect::<Result<_>>()?;
     let (red, marks) = emit_reduce(cost, env, batch, cs, &emitted[0], |q| &emitted[q].ready);
+    let waits: Vec<Vec<Vec<OpId>>> = emitted.iter().map(|x| x.waits.clone()).collect();
     let mut all: Vec<Part> = emitted.into_iter().map(|x| x.part).collect();
     let infos = red.cx.b.streams().to_vec();
     all.push(Part {
@@ -479,9 +481,28 @@ fn emit_parts(
         marks,
         streams: red.stream_map,
     });
+    let gathered: Vec<Vec<OpId>> = red
+        .stages
+        .iter()
+        .map(|s| s.bucket_gathered.clone())
+        .collect();
+    let nbs: Vec<usize> = red.stages.iter().map(|s| s.nb as usize).collect();
     let (mut b, placed) = assemble(infos, all)?;
     for (q, dep, op) in red.ext {
         b.add_dep(placed.op(q as usize, dep), placed.op(nq, op));
+    }
+    // Each part's first forward ops through a bucket wait for its parameter gather: part
+    // q's rank j is rank q · cs · CP · TP + j of the whole step.
+    let rw = (env.map.par.cp * env.map.par.tp) as usize;
+    for (q, waits) in waits.iter().enumerate() {
+        for ((w, g), &nb) in waits.iter().zip(&gathered).zip(&nbs) {
+            let off = q * cs * rw * nb;
+            for (j, &op) in w.iter().enumerate() {
+                if op != NONE && g[off + j] != NONE {
+                    b.add_dep(placed.op(nq, g[off + j]), placed.op(q, op));
+                }
+            }
+        }
     }
     b.build()
 }
@@ -521,6 +542,11 @@ fn emit_reduce<'a, 'r>(
     let mut at = first.reduce_at.iter().peekable();
     let mut marks = Vec::with_capacity(first.part.marks.len());
     for k in 0..first.part.marks.len() {
+        if first.gather_at == Some(k) {
+            for q in 0..red.nq {
+                red.param_gather(q);
+            }
+        }
         if let Some(&(_, p)) = at.next_if(|x| x.0 == k) {
             red.dp_allreduce(p);
         }
@@ -537,6 +563,11 @@ struct Emitted {
     ready: Vec<Vec<OpId>>,
     /// The phases (index, stage) left for the stages' gradient all-reduces.
     reduce_at: Vec<(usize, u32)>,
+    /// Per stage, per rank of the part and bucket: the first forward op through the
+    /// bucket's layers (overlapped parameter gathers; else empty).
+    waits: Vec<Vec<OpId>>,
+    /// The phase left for the parameter gathers at the start of the step.
+    gather_at: Option<usize>,
 }
 
 /// Which replicas an [`Emitter`] emits.
@@ -661,6 +692,10 @@ struct StageState {
     tokens: Vec<u64>,
     /// Per (rank, bucket): the op after which the bucket's gradients are ready.
     bucket_ready: Vec<OpId>,
+    /// Per (rank, bucket), with the distributed optimizer's overlapped parameter gathers:
+    /// the first forward op through the bucket's layers, and the gather it waits for.
+    bucket_wait: Vec<OpId>,
+    bucket_gathered: Vec<OpId>,
 }
 
 /// Emits a step's ops slot by slot and layer by layer, for a [`Span`] of replicas;
@@ -703,6 +738,7 @@ struct Emitter<'a> {
     /// for the gradient all-reduces.
     marks: Vec<Mark>,
     reduce_at: Vec<(usize, u32)>,
+    gather_at: Option<usize>,
     /// Under [`Span::Reduce`]: each all-reduce part's dependency, in the part of replicas
     /// that holds it: (part, its op, the all-reduce part).
     ext: Vec<(u32, OpId, OpId)>,
@@ -783,6 +819,7 @@ impl<'a> Emitter<'a> {
         }
         let epu = par.ep as usize;
         let mut route_buf: Vec<A2aRoute> = Vec::with_capacity(epu);
+        let gathers = par.gathers_params_early();
         let chunks = pipeline::chunk_layers(&par, m.layers);
         let nq = chunks.len() as u32;
         let orders: Vec<Vec<pipeline::Slot>> = match par.pipeline {
@@ -822,6 +859,16 @@ impl<'a> Emitter<'a> {
                     durs: vec![RankDur::default(); nanos * wn],
                     tokens: vec![0; nr],
                     bucket_ready: vec![NONE; wn * nb as usize],
+                    bucket_wait: if gathers {
+                        vec![NONE; wn * nb as usize]
+                    } else {
+                        Vec::new()
+                    },
+                    bucket_gathered: if gathers {
+                        vec![NONE; wn * nb as usize]
+                    } else {
+                        Vec::new()
+                    },
                 }
             })
             .collect();
@@ -849,6 +896,7 @@ impl<'a> Emitter<'a> {
             stream_map,
             marks: Vec::new(),
             reduce_at: Vec::new(),
+            gather_at: None,
             ext: Vec::new(),
         }
     }
@@ -875,6 +923,17 @@ impl<'a> Emitter<'a> {
     /// Every slot (or tick) of every stage, and the gradient all-reduces.
     fn drive(&mut self, attn: &mut dyn AttentionStage, env: &StepEnv<'_>) -> Result<()> {
         let par = self.cx.map.par;
+        if par.gathers_params_early() {
+            if let Span::Replicas { .. } = self.span {
+                self.mark();
+                self.gather_at = Some(self.marks.len());
+                self.mark();
+            } else {
+                for q in 0..self.nq {
+                    self.param_gather(q);
+                }
+            }
+        }
         match par.pipeline {
             PipelineKind::Gpipe | PipelineKind::OneFOneB => {
                 for p in 0..par.pp {
@@ -903,7 +962,9 @@ impl<'a> Emitter<'a> {
     /// The part a [`Span::Replicas`] emitter made.
     fn into_part(self) -> Emitted {
         Emitted {
+            waits: self.stages.iter().map(|s| s.bucket_wait.clone()).collect(),
             ready: self.stages.into_iter().map(|s| s.bucket_ready).collect(),
+            gather_at: self.gather_at,
             part: Part {
                 b: self.cx.b,
                 marks: self.marks,
@@ -1237,13 +1298,18 @@ impl<'a> Emitter<'a> {
     fn fwd_linear(&mut self, p: u32, mb: u32, l: u32, r: usize) {
         let lf = self.stages[p as usize].lf;
         let rw = self.rw();
+        let wait_bucket = self.bucket_starting_at(p, mb, l);
         if self.chain {
             let links = self.layer_links(l > lf);
             let first = self.chain(p, mb, l, r, &links, true);
-            if l == lf {
-                for (j, op) in first.into_iter().enumerate() {
+            for (j, &op) in first.iter().enumerate() {
+                if l == lf {
                     let i = self.idx(p, r * rw + j, mb);
                     self.f_first[i] = op;
+                }
+                if let Some(bk) = wait_bucket {
+                    let nb = self.stages[p as usize].nb as usize;
+                    self.stages[p as usize].bucket_wait[(r * rw + j) * nb + bk] = op;
                 }
             }
             return;
@@ -1265,6 +1331,10 @@ impl<'a> Emitter<'a> {
                 if l == lf && k == 0 {
                     let s = self.idx(p, i, mb);
                     self.f_first[s] = op;
+                }
+                if let (Some(bk), 0) = (wait_bucket, k) {
+                    let nb = self.stages[p as usize].nb as usize;
+                    self.stages[p as usize].bucket_wait[i * nb + bk] = op;
                 }
                 self.last[li] = op;
             }
@@ -1615,25 +1685,33 @@ impl<'a> Emitter<'a> {
         a.emit(&mut self.cx.b, env, call, &mut self.last)
     }
 
-    /// Stage p's gradient all-reduce, bucket by bucket: per TP lane over its DP × CP ranks
-    /// (dense parameters; every parameter when EP = 1) and, under EP, the experts over
-    /// each expert-data-parallel group (the ranks holding the same experts).
-    fn dp_allreduce(&mut self, p: u32) {
-        let map = self.cx.map;
-        let par = map.par;
-        let ep = par.ep as usize;
-        let (lf, ll, nb) = {
-            let st = &self.stages[p as usize];
-            (st.lf, st.ll, st.nb)
-        };
+    /// With overlapped parameter gathers, the bucket whose first forward layer is layer l
+    /// of virtual stage p in its first forward slot (micro-batch 0): buckets count from
+    /// the stage's last layer, as its backward makes them ready.
+    fn bucket_starting_at(&self, p: u32, mb: u32, l: u32) -> Option<usize> {
+        let st = &self.stages[p as usize];
+        if st.bucket_wait.is_empty() || mb != 0 {
+            return None;
+        }
+        let n = st.ll - st.lf;
+        (0..st.nb)
+            .find_map(|bk| (st.lf + n - ((bk + 1) * n).div_ceil(st.nb) == l).then_some(bk as usize))
+    }
+
+    /// Stage p's data-parallel groups (by offset) and the gradient bytes each reduces:
+    /// dense parameters per TP lane over its DP × CP ranks (every parameter when EP = 1)
+    /// and, under EP, the experts over each expert-data-parallel group (the ranks holding
+    /// the same experts).
+    fn dp_groups(&self, p: u32) -> Vec<(Vec<usize>, u64)> {
+        let ep = self.cx.map.par.ep as usize;
+        let st = &self.stages[p as usize];
         let m = &self.cost.model;
-        let all = stage_grad_bytes(m, ll - lf, p == 0, p + 1 == self.nq);
+        let all = stage_grad_bytes(m, st.ll - st.lf, p == 0, p + 1 == self.nq);
         let experts = if ep > 1 {
-            stage_expert_params(m, ll - lf) * GRAD_BYTES_PER_PARAM
+            stage_expert_params(m, st.ll - st.lf) * GRAD_BYTES_PER_PARAM
         } else {
             0
         };
-        // (group by offset, bytes): dense groups per TP lane, expert groups per EP rank.
         let mut groups: Vec<(Vec<usize>, u64)> = (0..self.tp)
             .map(|t| ((t..self.wn).step_by(self.tp).collect(), all - experts))
             .collect();
@@ -1645,6 +1723,24 @@ impl<'a> Emitter<'a> {
                 )
             }));
         }
+        groups.retain(|(ranks, _)| ranks.len() > 1);
+        groups
+    }
+
+    /// The parameter bytes (the model's dtype) of `grad_bytes` of gradients.
+    fn param_bytes(&self, grad_bytes: u64) -> u64 {
+        grad_bytes / GRAD_BYTES_PER_PARAM * u64::from(self.cost.model.dtype_bytes)
+    }
+
+    /// Stage p's gradient reduction, bucket by bucket, each bucket once the last
+    /// micro-batch's backward has made it: one all-reduce per group, or with the
+    /// distributed optimizer a reduce-scatter of the gradients followed (unless the
+    /// gathers are overlapped with the next step's forward: [`Emitter::param_gather`]) by
+    /// an all-gather of the updated parameters.
+    fn dp_allreduce(&mut self, p: u32) {
+        let par = self.cx.map.par;
+        let nb = self.stages[p as usize].nb;
+        let groups = self.dp_groups(p);
         let lab = |bk: u32| OpLabel {
             class: OpClass::DpAllReduce,
             mb: u16::MAX,
@@ -1652,28 +1748,76 @@ impl<'a> Emitter<'a> {
         };
         for bk in 0..nb {
             for (ranks, bytes) in &groups {
-                if ranks.len() <= 1 {
-                    continue;
-                }
                 let gpus: Vec<GpuId> = ranks
                     .iter()
                     .map(|&i| self.stages[p as usize].groups[i])
                     .collect();
-                let coll = self.cx.all_reduce(&gpus, chunk(*bytes, nb, bk));
+                let grads = chunk(*bytes, nb, bk);
+                let mut colls = Vec::with_capacity(2);
+                if par.distributed_optimizer {
+                    colls.push(self.cx.collective(CollOp::ReduceScatter, &gpus, grads));
+                    if !par.gathers_params_early() {
+                        let params = self.param_bytes(grads);
+                        colls.push(self.cx.collective(CollOp::AllGather, &gpus, params));
+                    }
+                } else {
+                    colls.push(self.cx.all_reduce(&gpus, grads));
+                }
                 for (&i, &g) in ranks.iter().zip(&gpus) {
                     let ready = self.stages[p as usize].bucket_ready[i * nb as usize + bk as usize];
                     let s = self.cx.stream(g, StreamKind::DpComm);
-                    if let Span::Reduce { cs } = self.span {
-                        let op = self.cx.b.add_op(s, OpKind::Coll(coll), lab(bk), &[]);
-                        if ready != NONE {
-                            let part = i / (self.rw() * cs);
-                            self.ext.push((part as u32, ready, op));
+                    for (c, &coll) in colls.iter().enumerate() {
+                        let dep = if c == 0 { ready } else { NONE };
+                        if let Span::Reduce { cs } = self.span {
+                            let op = self.cx.b.add_op(s, OpKind::Coll(coll), lab(bk), &[]);
+                            if dep != NONE {
+                                let part = i / (self.rw() * cs);
+                                self.ext.push((part as u32, dep, op));
+                            }
+                        } else {
+                            self.cx.b.add_op(s, OpKind::Coll(coll), lab(bk), deps(&dep));
                         }
-                    } else {
-                        self.cx
-                            .b
-                            .add_op(s, OpKind::Coll(coll), lab(bk), deps(&ready));
                     }
+                }
+            }
+        }
+    }
+
+    /// Stage p's parameter all-gathers at the start of the step (the distributed
+    /// optimizer's `overlap_param_gather`), in the order the forward needs the buckets;
+    /// each bucket's first forward op waits for its gather ([`Emitter::gather_edges`]).
+    fn param_gather(&mut self, p: u32) {
+        let nb = self.stages[p as usize].nb;
+        let groups = self.dp_groups(p);
+        let lab = |bk: u32| OpLabel {
+            class: OpClass::DpAllReduce,
+            mb: u16::MAX,
+            layer: bk as u16,
+        };
+        for bk in (0..nb).rev() {
+            for (ranks, bytes) in &groups {
+                let gpus: Vec<GpuId> = ranks
+                    .iter()
+                    .map(|&i| self.stages[p as usize].groups[i])
+                    .collect();
+                let params = self.param_bytes(chunk(*bytes, nb, bk));
+                let coll = self.cx.collective(CollOp::AllGather, &gpus, params);
+                for (&i, &g) in ranks.iter().zip(&gpus) {
+                    let s = self.cx.stream(g, StreamKind::DpComm);
+                    let op = self.cx.b.add_op(s, OpKind::Coll(coll), lab(bk), &[]);
+                    self.stages[p as usize].bucket_gathered[i * nb as usize + bk as usize] = op;
+                }
+            }
+        }
+    }
+
+    /// Every bucket's first forward op after its parameter gather (one emitter over the
+    /// whole step; parts of replicas leave their waits to [`emit_parts`]).
+    fn gather_edges(&mut self) {
+        for st in &self.stages {
+            for (&g, &w) in st.bucket_gathered.iter().zip(&st.bucket_wait) {
+                if g != NONE && w != NONE {
+                    self.cx.b.add_dep(g, w);
                 }
             }
         }
@@ -1764,7 +1908,7 @@ pub fn stage_rank_memory(
             layers: n_layers,
             first_stage: pp_stage == 0,
             last_stage: pp_stage + 1 == par.pp,
-            zero_stage: par.zero_stage,
+            zero_stage: par.zero_stage.max(u8::from(par.distributed_optimizer)),
             shard_degree: par.dp * par.cp,
             tokens_per_rank: cap.div_ceil(u64::from(par.cp)),
             attn_tokens: cap,

@@ -277,6 +277,50 @@ fn bucketed_allreduce_overlaps_backward() {
 }
 
 #[test]
+fn distributed_optimizer_reduce_scatters_and_gathers_each_bucket() {
+    // Two replicas, 4 buckets. The DP stream (stream 3 of GPU 0) holds one all-reduce per
+    // bucket, or a reduce-scatter and an all-gather; with the gathers overlapped they lead
+    // the stream and the first forward op waits for the first bucket's gather.
+    let c = qwen();
+    let s = seq(&[8192], 8192);
+    let batch = vec![vec![s.clone(), s.clone()], vec![s.clone(), s.clone()]];
+    let base = Parallelism {
+        dp_buckets: 4,
+        ..par(2, 1, 1, 2)
+    };
+    let dist = Parallelism {
+        distributed_optimizer: true,
+        ..base
+    };
+    let early = Parallelism {
+        overlap_param_gather: true,
+        ..dist
+    };
+    let (ga, ta) = go(&c, base, &batch);
+    let (gd, td) = go(&c, dist, &batch);
+    let (ge, te) = go(&c, early, &batch);
+    assert_eq!(ga.graph.stream_ops(3).len(), 4);
+    assert_eq!(gd.graph.stream_ops(3).len(), 8);
+    assert_eq!(ge.graph.stream_ops(3).len(), 8);
+    // Bucket 0 (the stage's last layers) is reduced first: a reduce-scatter of its 4-byte
+    // gradients moves half an all-reduce's bytes, then its 2-byte parameters gather.
+    let dur = |g: &StepGraph, t: &Timeline, k: usize| {
+        let o = g.graph.stream_ops(3)[k] as usize;
+        t.end[o] - t.start[o]
+    };
+    assert!(dur(&gd, &td, 0) < dur(&ga, &ta, 0));
+    assert!(dur(&gd, &td, 1) < dur(&gd, &td, 0));
+    // Overlapped: the first forward op (GPU 0's compute stream) starts when the gather of
+    // bucket 3 (the first layers, the stream's first op) ends.
+    let first = ge.graph.stream_ops(0)[0] as usize;
+    let gather = ge.graph.stream_ops(3)[0] as usize;
+    assert_eq!(te.start[first], te.end[gather]);
+    assert!(te.start[first] > 0);
+    // Memory: the distributed optimizer shards the optimizer states over DP (ZeRO 1).
+    assert_eq!(gd.memory[0].optimizer, ga.memory[0].optimizer.div_ceil(2));
+}
+
+#[test]
 fn wrong_batch_shapes_are_rejected() {
     let c = qwen();
     let map = RankMap::new(par(2, 1, 1, 1), Placement::new(8, 1), "t").unwrap();
@@ -882,6 +926,19 @@ fn parts_build_the_graph_of_one_emitter() {
         sp: false,
         ..par(5, 1, 1, 4)
     });
+    // Interleaved chunks, the distributed optimizer with its gathers after the
+    // reduce-scatters or overlapped with the forward, selective recomputation, TP chains.
+    for (vp, overlap, tp) in [(2, false, 1), (2, true, 1), (1, true, 2), (2, true, 2)] {
+        layouts.push(Parallelism {
+            vp,
+            tp,
+            distributed_optimizer: true,
+            overlap_param_gather: overlap,
+            recompute: crate::schedule::Recompute::Selective,
+            dp_buckets: 3,
+            ..par(5, 2, 2, 4)
+        });
+    }
     for p in layouts {
         let map = RankMap::new(p, Placement::new(8, 8), "t").unwrap();
         let var =
@@ -967,6 +1024,16 @@ fn parts_timed_apart_give_the_whole_steps_report_and_trace() {
             tp_overlap: tp > 1 && rng.random_range(0..2) == 1,
             moe_hot_share: if ep > 1 { 0.5 } else { 0.0 },
             ..par(dp, pp, cp, ga)
+        };
+        let interleave = pp == 2 && ga % 2 == 0 && p.pipeline == PipelineKind::OneFOneB;
+        let p = Parallelism {
+            vp: if interleave && rng.random_range(0..2) == 1 {
+                2
+            } else {
+                1
+            },
+            distributed_optimizer: rng.random_range(0..2) == 1,
+            ..p
         };
         let batch: Vec<Vec<PackedSeq>> = (0..dp)
             .map(|r| {

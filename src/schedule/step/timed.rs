@@ -110,6 +110,13 @@ pub(super) fn in_parts(
     max_parts: usize,
 ) -> Result<StepRun> {
     let map = env.map;
+    if map.par.gathers_params_early() {
+        return Err(invalid(
+            "overlap_param_gather",
+            true,
+            "false to time a step in parts (the parameter gathers couple the replicas' forwards)",
+        ));
+    }
     let (shard, split) = checked(cost, map.par, batch, false)?;
     let cost1 = &shard;
     let dp = map.par.dp as usize;
