@@ -217,6 +217,7 @@ mod tests {
             attn_heads_kv: 0,
             held_layers: 32,
             recompute: crate::cost::memory::Recompute::Full,
+            grad_fp32: true,
             bucket_bytes: 0,
             seq_shard: 1,
             expert_shard: 1,

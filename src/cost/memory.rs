@@ -125,6 +125,8 @@ pub struct MemoryInputs {
     pub held_layers: u64,
     /// Activation recomputation.
     pub recompute: Recompute,
+    /// Gradients in fp32 (else BF16, with the optimizer's fp32 copy of its shard).
+    pub grad_fp32: bool,
     /// Gradient-reduction bucket in bytes (a full-size buffer only when ZeRO ≥ 2).
     pub bucket_bytes: u64,
     /// Divisor of the hidden-sized saved tensors (TP under sequence parallelism, else 1).
@@ -202,6 +204,16 @@ pub fn core_attention_bytes_per_token(m: &ModelConfig) -> u64 {
 
 /// Gradient bytes per parameter (fp32 main gradients), held and reduced across DP.
 pub const GRAD_BYTES_PER_PARAM: u64 = 4;
+
+/// Gradient bytes per parameter: fp32 main gradients, or BF16 ones (Megatron's
+/// `grad_reduce_in_fp32 = false`).
+pub fn grad_bytes_per_param(fp32: bool) -> u64 {
+    if fp32 {
+        GRAD_BYTES_PER_PARAM
+    } else {
+        2
+    }
+}
 
 /// Parameters held by a pipeline stage of `layers` decoder layers: the input embedding on
 /// the first stage, the LM head and final norm on the last (a tied head shares the
@@ -286,8 +298,11 @@ pub fn rank_memory(m: &ModelConfig, x: &MemoryInputs) -> MemoryBreakdown {
     let out = a.q_bytes(x.attn_tokens, x.attn_heads_q);
     MemoryBreakdown {
         weights: by(3, dt * params),
-        grads: by(2, GRAD_BYTES_PER_PARAM * params),
-        optimizer: by(1, 12 * params),
+        grads: by(2, grad_bytes_per_param(x.grad_fp32) * params),
+        // fp32 master weights and two moments; with BF16 gradients also an fp32 copy of
+        // the gradients the step updates (Megatron's distributed optimizer: 4 + 16/d bytes
+        // per parameter with BF16 gradients, 6 + 12/d with fp32 ones).
+        optimizer: by(1, if x.grad_fp32 { 12 } else { 16 } * params),
         activations,
         // forward inputs and output, and in backward their gradients
         attn_buffers: 2 * (qkv + out),
@@ -321,6 +336,7 @@ mod tests {
             attn_heads_kv: 8,
             held_layers: 32,
             recompute: Recompute::None,
+            grad_fp32: true,
             bucket_bytes: 0,
             seq_shard: 1,
             expert_shard: 1,

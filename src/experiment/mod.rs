@@ -28,6 +28,7 @@ pub mod recommend;
 pub mod schemes;
 pub mod study;
 pub mod sweep;
+pub mod throughput;
 pub mod train;
 pub mod variance;
 
@@ -36,6 +37,7 @@ pub const KINDS: &[&str] = &[
     "pools",
     "runtime-variance",
     "train",
+    "throughput",
     "four-way",
     "attention-microbench",
     "distca-ablation",
@@ -43,7 +45,7 @@ pub const KINDS: &[&str] = &[
 
 /// Kinds that price GPU work (take a calibration and a corpus override).
 pub fn prices_work(kind: &str) -> bool {
-    kind == "train" || schemes::KINDS.contains(&kind)
+    kind == "train" || kind == "throughput" || schemes::KINDS.contains(&kind)
 }
 
 /// What a running experiment reports, and how its caller stops it.
@@ -186,6 +188,7 @@ pub fn check(file: &str, text: &str, doc: &toml::Table) -> Result<()> {
             .map(|_| ())
             .map_err(|e| crate::error::parse_error(file, e.to_string())),
         "train" => train::check(text, file),
+        "throughput" => throughput::check(text, file),
         _ => schemes::check(text, file),
     }
 }
@@ -206,6 +209,7 @@ pub fn run_text(
         "pools" => pools::run(path, text, observer),
         "runtime-variance" => variance::run(path, text),
         "train" => train::run_text(text, &file, &title, base, calibration, observer),
+        "throughput" => throughput::run_text(text, &file, &title, base, calibration, observer),
         _ => Ok(schemes::run_text(text, &file, &title, base, calibration, observer)?.outcome(kind)),
     }
 }

@@ -1336,6 +1336,7 @@ fn s_max_rows(
             attn_heads_kv: 0,
             held_layers: u64::from(in_flight(kind, pp, 0, par.ga)) * u64::from(ll - lf),
             recompute: par.recompute.into(),
+            grad_fp32: true,
             bucket_bytes: grad.div_ceil(u64::from(par.dp_buckets.max(1))),
             seq_shard: if par.sp { par.tp } else { 1 },
             expert_shard: par.ep,

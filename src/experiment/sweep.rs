@@ -23,7 +23,7 @@ use crate::cluster::variance::SpreadStudy;
 use crate::error::{invalid, Context, Result};
 
 use super::study::Study;
-use super::{calfile, pools, schemes, train, variance, Observer, Outcome, Progress};
+use super::{calfile, pools, schemes, throughput, train, variance, Observer, Outcome, Progress};
 
 /// An experiment of any kind, split into its points.
 pub enum Sweep {
@@ -31,6 +31,8 @@ pub enum Sweep {
     Comparison(Box<schemes::Sweep>),
     /// `train`.
     Train(Box<train::Sweep>),
+    /// `throughput`.
+    Throughput(Box<throughput::Sweep>),
     /// `pools`.
     Pools(pools::Sweep),
     /// `runtime-variance`.
@@ -45,6 +47,8 @@ pub enum PointResult {
     Comparison(schemes::PointResult),
     /// A `train` point.
     Train(train::PointResult),
+    /// A `throughput` row.
+    Throughput(throughput::PointResult),
     /// A `pools` point.
     Pools(Study),
     /// A `runtime-variance` seed.
@@ -57,6 +61,7 @@ impl PointResult {
         match self {
             PointResult::Comparison(_) => "scheme comparison",
             PointResult::Train(_) => "train",
+            PointResult::Throughput(_) => "throughput",
             PointResult::Pools(_) => "pools",
             PointResult::Variance(_) => "runtime-variance",
         }
@@ -79,6 +84,9 @@ impl Sweep {
             "train" => Sweep::Train(Box::new(train::Sweep::new(
                 text, file, title, base, prices,
             )?)),
+            "throughput" => Sweep::Throughput(Box::new(throughput::Sweep::new(
+                text, file, title, base, prices,
+            )?)),
             "pools" => Sweep::Pools(pools::Sweep::new(pools::parse(file, text)?)?),
             "runtime-variance" => Sweep::Variance(variance::Sweep::new(text, file)?),
             _ => Sweep::Comparison(Box::new(schemes::Sweep::new(
@@ -92,6 +100,7 @@ impl Sweep {
         match self {
             Sweep::Comparison(s) => s.len(),
             Sweep::Train(s) => s.len(),
+            Sweep::Throughput(s) => s.len(),
             Sweep::Pools(s) => s.len(),
             Sweep::Variance(s) => s.len(),
         }
@@ -107,6 +116,7 @@ impl Sweep {
         match self {
             Sweep::Comparison(s) => s.kind(),
             Sweep::Train(_) => "train",
+            Sweep::Throughput(_) => "throughput",
             Sweep::Pools(s) => &s.spec().kind,
             Sweep::Variance(_) => "runtime-variance",
         }
@@ -117,6 +127,7 @@ impl Sweep {
         match self {
             Sweep::Comparison(s) => s.describe(i),
             Sweep::Train(s) => s.describe(i),
+            Sweep::Throughput(s) => s.describe(i),
             Sweep::Pools(s) => s.describe(i),
             Sweep::Variance(s) => s.describe(i),
         }
@@ -127,6 +138,7 @@ impl Sweep {
         Ok(match self {
             Sweep::Comparison(s) => PointResult::Comparison(s.run_point(i)?),
             Sweep::Train(s) => PointResult::Train(s.run_point(i)?),
+            Sweep::Throughput(s) => PointResult::Throughput(s.run_point(i)?),
             Sweep::Pools(s) => PointResult::Pools(s.run_point(i)?),
             Sweep::Variance(s) => PointResult::Variance(s.run_point(i)?),
         })
@@ -145,6 +157,10 @@ impl Sweep {
             }
             Sweep::Train(s) => s.finish(&self.own_kind(results, |r| match r {
                 PointResult::Train(r) => Some(r),
+                _ => None,
+            })?),
+            Sweep::Throughput(s) => s.finish(&self.own_kind(results, |r| match r {
+                PointResult::Throughput(r) => Some(r),
                 _ => None,
             })?),
             Sweep::Pools(s) => {

@@ -123,6 +123,10 @@ pub struct Parallelism {
     /// reduce-scatters at the end of the step.
     #[serde(default, skip_serializing_if = "is_false")]
     pub overlap_param_gather: bool,
+    /// Gradients accumulated and reduced in fp32 (Megatron's `grad_reduce_in_fp32`); false:
+    /// in the parameters' BF16, as NeMo's and Megatron-Bridge's performance recipes run.
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub grad_reduce_in_fp32: bool,
 }
 
 impl Default for Parallelism {
@@ -155,6 +159,10 @@ fn is_false(v: &bool) -> bool {
     !*v
 }
 
+fn is_true(v: &bool) -> bool {
+    *v
+}
+
 impl Parallelism {
     /// GPUs the layout uses.
     pub fn gpus(&self) -> u64 {
@@ -184,6 +192,7 @@ impl Parallelism {
             dp_buckets: 1,
             distributed_optimizer: false,
             overlap_param_gather: false,
+            grad_reduce_in_fp32: true,
         }
     }
 
@@ -191,6 +200,11 @@ impl Parallelism {
     /// with the forward.
     pub fn gathers_params_early(&self) -> bool {
         self.distributed_optimizer && self.overlap_param_gather
+    }
+
+    /// Bytes per parameter of the gradients a rank holds and reduces.
+    pub fn grad_bytes_per_param(&self) -> u64 {
+        crate::cost::memory::grad_bytes_per_param(self.grad_reduce_in_fp32)
     }
 
     /// Check the figures; `ctx` names the file or section.

@@ -29,8 +29,8 @@ use super::stage::{AttentionStage, AttnCall, StepEnv};
 use super::ulysses::UlyssesAttention;
 use super::{Coords, Parallelism, PipelineKind, Placement, RankMap, RuntimeVariance};
 use crate::cost::memory::{
-    rank_memory, stage_expert_params, stage_grad_bytes, stage_rank_params, MemoryBreakdown,
-    MemoryInputs, GRAD_BYTES_PER_PARAM,
+    rank_memory, stage_expert_params, stage_params, stage_rank_params, MemoryBreakdown,
+    MemoryInputs,
 };
 use crate::cost::{CostModel, LinearPart, LinearPiece, ModelConfig};
 use crate::engine::parts::{assemble, Mark, Part};
@@ -1706,9 +1706,10 @@ impl<'a> Emitter<'a> {
         let ep = self.cx.map.par.ep as usize;
         let st = &self.stages[p as usize];
         let m = &self.cost.model;
-        let all = stage_grad_bytes(m, st.ll - st.lf, p == 0, p + 1 == self.nq);
+        let g = self.cx.map.par.grad_bytes_per_param();
+        let all = stage_params(m, st.ll - st.lf, p == 0, p + 1 == self.nq) * g;
         let experts = if ep > 1 {
-            stage_expert_params(m, st.ll - st.lf) * GRAD_BYTES_PER_PARAM
+            stage_expert_params(m, st.ll - st.lf) * g
         } else {
             0
         };
@@ -1729,7 +1730,7 @@ impl<'a> Emitter<'a> {
 
     /// The parameter bytes (the model's dtype) of `grad_bytes` of gradients.
     fn param_bytes(&self, grad_bytes: u64) -> u64 {
-        grad_bytes / GRAD_BYTES_PER_PARAM * u64::from(self.cost.model.dtype_bytes)
+        grad_bytes / self.cx.map.par.grad_bytes_per_param() * u64::from(self.cost.model.dtype_bytes)
     }
 
     /// Stage p's gradient reduction, bucket by bucket, each bucket once the last
@@ -1901,7 +1902,7 @@ pub fn stage_rank_memory(
         pp_stage == 0,
         pp_stage + 1 == par.pp,
         par.ep,
-    ) * GRAD_BYTES_PER_PARAM;
+    ) * par.grad_bytes_per_param();
     rank_memory(
         &cost.model,
         &MemoryInputs {
@@ -1916,6 +1917,7 @@ pub fn stage_rank_memory(
             attn_heads_kv: split.kv,
             held_layers: pipeline::held_layers(&par, chunks, pp_stage),
             recompute: par.recompute,
+            grad_fp32: par.grad_reduce_in_fp32,
             bucket_bytes: if par.dp * par.cp > 1 {
                 grad_bytes.div_ceil(u64::from(par.dp_buckets))
             } else {
