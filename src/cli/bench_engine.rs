@@ -21,7 +21,7 @@ use skewsim::net::{AnalyticalModel, FlowModel};
 use skewsim::report::step::step_report;
 use skewsim::schedule::step::{build_step, run_step, StepRun};
 use skewsim::schedule::train::split_replicas;
-use skewsim::schedule::{NoVariance, Parallelism, PipelineKind, Placement, RankMap};
+use skewsim::schedule::{NoVariance, Parallelism, PipelineKind, Placement, Precision, RankMap};
 use skewsim::workload::corpus::Corpus;
 use skewsim::workload::pack::{global_batch, Packing};
 use skewsim::workload::PackedSeq;
@@ -104,6 +104,7 @@ fn qwen_step_input(
         tp_overlap: false,
         ep: 1,
         moe_hot_share: 0.0,
+        precision: Precision::Bf16,
     };
     let nodes = (par.gpus() as u32).div_ceil(8);
     let map = RankMap::new(par, Placement::new(8, nodes), "bench")?;

@@ -430,6 +430,7 @@ mod tests {
                 tp_overlap: false,
                 ep,
                 moe_hot_share: if ep > 1 { 0.5 } else { 0.0 },
+                precision: crate::schedule::Precision::Bf16,
             };
             let batch: Vec<Vec<PackedSeq>> = (0..dp)
                 .map(|r| {

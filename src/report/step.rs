@@ -495,7 +495,7 @@ mod tests {
     use crate::engine::run;
     use crate::engine::stub_net::StubNet;
     use crate::schedule::step::build_step;
-    use crate::schedule::{NoVariance, Parallelism, PipelineKind, Placement, RankMap};
+    use crate::schedule::{NoVariance, Parallelism, PipelineKind, Placement, Precision, RankMap};
     use crate::workload::PackedSeq;
 
     #[test]
@@ -531,6 +531,7 @@ mod tests {
             tp_overlap: false,
             ep: 1,
             moe_hot_share: 0.0,
+            precision: Precision::Bf16,
         };
         let map = RankMap::new(par, Placement::new(8, 2), "t").unwrap();
         let light = seq(&[1024; 32], 32_768);
@@ -602,6 +603,7 @@ mod tests {
             tp_overlap: false,
             ep: 1,
             moe_hot_share: 0.0,
+            precision: Precision::Bf16,
         };
         let map = RankMap::new(par, Placement::new(8, 2), "t").unwrap();
         let wl = Workload::Corpus {
@@ -655,6 +657,7 @@ mod tests {
                 tp_overlap: false,
                 ep: 1,
                 moe_hot_share: 0.0,
+                precision: Precision::Bf16,
             };
             let map = RankMap::new(par, Placement::new(1, 4), "t").unwrap();
             let sg = build_step(&cost, map, &[vec![s.clone(); 8]], 0, &NoVariance).unwrap();

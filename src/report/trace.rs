@@ -122,7 +122,7 @@ mod tests {
     use crate::engine::run;
     use crate::engine::stub_net::StubNet;
     use crate::schedule::step::build_step;
-    use crate::schedule::{NoVariance, Parallelism, PipelineKind, Placement, RankMap};
+    use crate::schedule::{NoVariance, Parallelism, PipelineKind, Placement, Precision, RankMap};
     use crate::workload::{PackedSeq, Sample};
 
     #[test]
@@ -142,6 +142,7 @@ mod tests {
             tp_overlap: false,
             ep: 1,
             moe_hot_share: 0.0,
+            precision: Precision::Bf16,
         };
         let map = RankMap::new(par, Placement::new(2, 2), "t").unwrap();
         let s = PackedSeq {

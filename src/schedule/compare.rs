@@ -418,7 +418,7 @@ mod tests {
     use crate::cost::ModelConfig;
     use crate::engine::stub_net::StubNet;
     use crate::engine::{GraphBuilder, OpKind, OpLabel, StreamKind};
-    use crate::schedule::{NoVariance, PipelineKind};
+    use crate::schedule::{NoVariance, PipelineKind, Precision};
     use crate::workload::corpus::Corpus;
     use crate::workload::pack::{global_batch, Packing};
 
@@ -437,6 +437,7 @@ mod tests {
             tp_overlap: false,
             ep: 1,
             moe_hot_share: 0.0,
+            precision: Precision::Bf16,
         }
     }
 

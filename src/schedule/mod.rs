@@ -28,6 +28,7 @@ pub mod ulysses;
 use serde::{Deserialize, Serialize};
 
 use crate::cluster::VarianceModel;
+pub use crate::cost::gpu::Precision;
 use crate::engine::OpClass;
 use crate::error::{invalid, Result};
 use crate::net::collective::CollectiveModel;
@@ -94,6 +95,9 @@ pub struct Parallelism {
     /// buckets, each reduced as soon as the last micro-batch's backward has produced it.
     #[serde(default = "one")]
     pub dp_buckets: u32,
+    /// The linear layers' GEMM precision: `bf16`, or `fp8` as TransformerEngine runs it.
+    #[serde(default, skip_serializing_if = "Precision::is_bf16")]
+    pub precision: Precision,
 }
 
 /// Most gradient all-reduce buckets (`dp_buckets`): past the model's layers they add none.
@@ -134,6 +138,7 @@ impl Parallelism {
             recompute: false,
             zero_stage: 0,
             dp_buckets: 1,
+            precision: Precision::Bf16,
         }
     }
 

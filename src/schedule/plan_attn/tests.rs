@@ -3,7 +3,7 @@ use crate::cost::ModelConfig;
 use crate::engine::run;
 use crate::engine::stub_net::StubNet;
 use crate::plan::{KvGroup, Payload, PlanSeq, Resident, Segment, Transfer, PLAN_VERSION};
-use crate::schedule::{NoVariance, Parallelism, PipelineKind, Placement};
+use crate::schedule::{NoVariance, Parallelism, PipelineKind, Placement, Precision};
 
 fn qwen() -> CostModel {
     CostModel::h200(ModelConfig::builtin("qwen3-30b-a3b").unwrap()).unwrap()
@@ -24,6 +24,7 @@ fn map(cp: u32, gpus_per_node: u32) -> RankMap {
         tp_overlap: false,
         ep: 1,
         moe_hot_share: 0.0,
+        precision: Precision::Bf16,
     };
     RankMap::new(
         par,

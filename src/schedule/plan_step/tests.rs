@@ -3,7 +3,7 @@ use crate::balance::ulysses::{plan_step as ulysses_plan, UlyssesParams};
 use crate::cost::ModelConfig;
 use crate::engine::stub_net::StubNet;
 use crate::schedule::step::build_step;
-use crate::schedule::{NoVariance, Parallelism, PipelineKind, Placement};
+use crate::schedule::{NoVariance, Parallelism, PipelineKind, Placement, Precision};
 use crate::workload::Sample;
 
 fn seq(lens: &[u32], cap: u32) -> PackedSeq {
@@ -42,6 +42,7 @@ fn rank_map(dp: u32, pp: u32, cp: u32, ga: u32) -> RankMap {
             tp_overlap: false,
             ep: 1,
             moe_hot_share: 0.0,
+            precision: Precision::Bf16,
         },
         Placement::new(8, 8),
         "test",
@@ -218,6 +219,7 @@ fn distca_ping_pong_runs_each_nano_batch_under_the_others_linear_block() {
             tp_overlap: false,
             ep: 1,
             moe_hot_share: 0.0,
+            precision: Precision::Bf16,
         },
         Placement::new(1, 4),
         "test",

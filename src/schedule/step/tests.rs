@@ -2,7 +2,7 @@ use super::*;
 use crate::cost::ModelConfig;
 use crate::engine::stub_net::StubNet;
 use crate::engine::{run, Timeline};
-use crate::schedule::{NoVariance, Parallelism, Placement};
+use crate::schedule::{NoVariance, Parallelism, Placement, Precision};
 
 pub(crate) fn seq(lens: &[u32], cap: u32) -> PackedSeq {
     PackedSeq::from_lengths(lens, cap, 0)
@@ -23,6 +23,7 @@ fn par(dp: u32, pp: u32, cp: u32, ga: u32) -> Parallelism {
         tp_overlap: false,
         ep: 1,
         moe_hot_share: 0.0,
+        precision: Precision::Bf16,
     }
 }
 
