@@ -54,7 +54,8 @@ pub struct TopologySpec {
     /// GPUs per node.
     pub gpus_per_node: u32,
     /// The GPU every node holds: a built-in name (`gpus/NAME.toml`: `h200`, `b200`, ...) or
-    /// a GPU file's path, resolved by the caller; absent: `h200`
+    /// a GPU file's path (`*.toml`, relative to the experiment that reads the topology),
+    /// resolved by the caller (`experiment::calfile::run_gpu`); absent: `h200`
     /// ([`TopologySpec::gpu_name`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu: Option<String>,

@@ -30,8 +30,10 @@
 //! [network]  topology = "dgx-h200-roce", model = "analytical" | "flow"
 //!            (nodes = TP·CP·DP·PP / the topology's GPUs per node, per point),
 //!            nvls = true | false (NVLS collectives where the topology has them)
-//! [parallel] cp, ga, pp, tp, sp, tp_overlap, ep, moe_hot_share, pipeline, recompute, zero_stage, dp_buckets
+//! [parallel] cp, ga, pp, tp, sp, tp_overlap, ep, moe_hot_share, pipeline, recompute, zero_stage, dp_buckets,
+//!            precision = "bf16" | "fp8"
 //!            (dp from [sweep]; GPUs = TP·CP·DP·PP, TP innermost inside one node)
+//! [cluster]  gpu = "b200" (or a GPU file): every point's GPU (absent: each topology's, else h200)
 //! [workload] corpus = "libra-256k", seq_len = 262144, seed = 1
 //! [settings] epsilon, ping_pong, s_max, sharding, pool_size, head_shards, tile_tokens,
 //!            tau, chunks, max_seqlen_per_dp_cp_rank (default ⌈L / CP⌉), min_dynamic_cp

@@ -17,7 +17,8 @@
 //!             # nvls = true | false (NVLS collectives where the topology has them)
 //! [variance]  # the cluster's VarianceSpec (persistent, jitter, spike); absent: none
 //! [parallel]  # dp, pp, cp, tp, sp, tp_overlap, ep, ga, pipeline = "1f1b" | "gpipe", recompute,
-//!             # zero_stage, dp_buckets (GPUs = TP·CP·DP·PP, TP innermost)
+//!             # zero_stage, dp_buckets (GPUs = TP·CP·DP·PP, TP innermost), precision =
+//!             # "bf16" | "fp8" (the linear GEMMs; fp8 as TransformerEngine, cost::gpu)
 //! [workload]  # seq_len, seed, and one of: corpus = "libra-1m" (+ packing = "sequential"),
 //!             # sequences = [[doc lengths], ...]; a distribution is a corpus spec:
 //!             # corpus = "lognormal:median=800,p99=30000". seq_len is every point's L
