@@ -221,6 +221,7 @@ mod tests {
             bucket_bytes: 0,
             seq_shard: 1,
             expert_shard: 1,
+            fp8: false,
         }
     }
 

@@ -31,6 +31,10 @@ pub struct Args {
     /// Memory per GPU in GiB [default: the GPU's, 141 GB for the H200].
     #[arg(long)]
     pub memory_gib: Option<f64>,
+    /// The GPU: a built-in (h200, h100, b200, gb200, gb300, a100) or a GPU TOML
+    /// [default: the topology's].
+    #[arg(long)]
+    pub gpu: Option<String>,
     /// Sequences per step [default: 64K tokens per GPU].
     #[arg(long, value_parser = limits::count::<u32>(1, rec::MAX_GLOBAL_BATCH as u64))]
     pub global_batch: Option<u32>,
@@ -110,6 +114,7 @@ pub fn spec(a: &Args) -> Result<rec::Spec> {
         top: a.top,
         recompute: !a.no_recompute,
         zero_stage: a.zero_stage,
+        gpu: a.gpu.clone(),
         ..rec::Spec::new(&a.model, &a.corpus, &a.topology, a.gpus, a.seq_len)
     })
 }

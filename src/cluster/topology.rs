@@ -53,6 +53,12 @@ pub struct TopologySpec {
     pub nodes: u32,
     /// GPUs per node.
     pub gpus_per_node: u32,
+    /// The GPU every node holds: a built-in name (`gpus/NAME.toml`: `h200`, `b200`, ...) or
+    /// a GPU file's path (`*.toml`, relative to the experiment that reads the topology),
+    /// resolved by the caller (`experiment::calfile::run_gpu`); absent: `h200`
+    /// ([`TopologySpec::gpu_name`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<String>,
     /// The intra-node (or intra-super-node) NVLink fabric.
     pub nvlink: NvlinkSpec,
     /// The NICs of one node (absent: no scale-out network).
@@ -358,6 +364,11 @@ impl TopologySpec {
         Ok(spec)
     }
 
+    /// The GPU the file names, `h200` when it names none.
+    pub fn gpu_name(&self) -> &str {
+        self.gpu.as_deref().unwrap_or(crate::cost::gpu::REFERENCE)
+    }
+
     /// Check every field's range and the shape's consistency at the file's default node
     /// count (a `--nodes` override is checked again by [`TopologySpec::build`]).
     pub fn validate(&self) -> Result<()> {
@@ -368,6 +379,18 @@ impl TopologySpec {
                 "gpus_per_node",
                 self.gpus_per_node,
                 &format!("an integer in [1, {MAX_GPUS_PER_NODE}]"),
+            ));
+        }
+        if let Some(g) = self
+            .gpu
+            .as_deref()
+            .filter(|g| g.is_empty() || g.len() > 4096)
+        {
+            return Err(field_err(
+                s,
+                "gpu",
+                format!("{} characters", g.len()),
+                "a GPU's name or a GPU file's path (1 to 4096 characters)",
             ));
         }
         check_pos(s, "nvlink.bandwidth_gbyte_s", self.nvlink.bandwidth_gbyte_s)?;

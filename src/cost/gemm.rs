@@ -54,10 +54,22 @@ pub struct GemmModel {
     /// rate), ≥ 1.
     #[serde(default = "one")]
     pub sustained_slowdown: f64,
+    /// Bytes per element of the operands A and B (2: bf16; 1: fp8, `cost::gpu::precision`);
+    /// the output is bf16 either way.
+    #[serde(default = "two", skip_serializing_if = "is_two")]
+    pub operand_bytes: u32,
 }
 
 fn one() -> f64 {
     1.0
+}
+
+fn two() -> u32 {
+    2
+}
+
+fn is_two(v: &u32) -> bool {
+    *v == 2
 }
 
 impl GemmModel {
@@ -93,6 +105,13 @@ impl GemmModel {
             if v == 0 {
                 return Err(invalid(f(n), 0, "at least 1"));
             }
+        }
+        if !(1..=2).contains(&self.operand_bytes) {
+            return Err(invalid(
+                f("operand_bytes"),
+                self.operand_bytes,
+                "1 (fp8) or 2 (bf16)",
+            ));
         }
         if self.tiles.is_empty() || self.tiles.iter().any(|t| t.0 == 0 || t.1 == 0) {
             return Err(invalid(
@@ -130,7 +149,7 @@ impl GemmModel {
             return 0.0;
         }
         let ps_per_byte = 1e12 / self.bytes_per_s;
-        let operands = ((m * k + k * n) * 2) as f64 * ps_per_byte;
+        let operands = ((m * k + k * n) * u64::from(self.operand_bytes)) as f64 * ps_per_byte;
         let out = (m * n * 2) as f64 * ps_per_byte;
         let t = self.call_us * 1e6 + self.main_ps(m, n, k).max(operands) + out;
         let boost = self.sustain_us * 1e6;
@@ -267,6 +286,7 @@ pub fn h200(tflops: f64, bytes_per_s: f64, call_us: f64, floor_us: f64) -> GemmM
         min_split_k: 512,
         sustain_us: 0.0,
         sustained_slowdown: 1.0,
+        operand_bytes: 2,
     }
 }
 

@@ -147,6 +147,14 @@ impl EffTable {
         let b = v(h1, l0) * (1.0 - tl) + v(h1, l1) * tl;
         a * (1.0 - th) + b * th
     }
+
+    /// The same grid with every rate multiplied by `factor` (`cost::gpu::derive`).
+    pub fn scaled(&self, factor: f64) -> Self {
+        Self {
+            tflops: self.tflops.iter().map(|t| t * factor).collect(),
+            ..self.clone()
+        }
+    }
 }
 
 /// Indices bracketing `x` in sorted `xs` and the weight of the upper one, clamped.

@@ -133,6 +133,9 @@ pub struct MemoryInputs {
     pub seq_shard: u32,
     /// Divisor of the expert parameters (EP; 1 for a dense model).
     pub expert_shard: u32,
+    /// FP8 linear layers as TransformerEngine keeps them (`cost::gpu::precision`): the FP8
+    /// weight caches beside the BF16 weights, the linear inputs saved in FP8.
+    pub fp8: bool,
 }
 
 /// One rank's peak memory, by kind, in bytes.
@@ -200,6 +203,42 @@ pub fn activation_bytes_sharded(m: &ModelConfig, seq_shard: u32) -> u64 {
 pub fn core_attention_bytes_per_token(m: &ModelConfig) -> u64 {
     u64::from(m.dtype_bytes) * u64::from(m.heads_q) * u64::from(m.head_dim)
         + 4 * u64::from(m.heads_q)
+}
+
+/// [`activation_bytes_sharded`] with FP8 linear layers (TransformerEngine): the inputs the
+/// linear layers save for their weight gradients in FP8, one byte an element — the QKV and
+/// MLP inputs (the two normed hidden states) and the down-projection's input (a dense MLP's
+/// activation, each routed copy's hidden state and activation, each shared expert's
+/// activation) in place of their BF16 copies, and an FP8 copy of the attention output (the
+/// O projection's input) beside the BF16 one attention's backward keeps.
+pub fn fp8_activation_bytes_sharded(m: &ModelConfig, seq_shard: u32) -> u64 {
+    let dt = u64::from(m.dtype_bytes);
+    let saved = dt.saturating_sub(1);
+    let h = u64::from(m.hidden).div_ceil(u64::from(seq_shard.max(1)));
+    let o = u64::from(m.heads_q) * u64::from(m.head_dim);
+    let down = match m.ffn {
+        Ffn::Dense { intermediate } => u64::from(intermediate),
+        Ffn::Moe {
+            top_k,
+            expert_intermediate,
+            shared_experts,
+            shared_expert_intermediate,
+            ..
+        } => {
+            u64::from(top_k) * (h + u64::from(expert_intermediate))
+                + u64::from(shared_experts) * u64::from(shared_expert_intermediate)
+        }
+    };
+    activation_bytes_sharded(m, seq_shard) + o - saved * (2 * h + down)
+}
+
+/// Decoder-layer linear (GEMM weight) parameters one rank of a stage holds: the attention
+/// projections and the MLP or experts (the routed ones over `ep`); not the norms, the
+/// embedding or the LM head (which FP8 recipes keep in BF16).
+pub fn stage_rank_linear_params(m: &ModelConfig, layers: u32, ep: u32) -> u64 {
+    let layer = m.attn_proj_params() + m.ffn_params();
+    let e = stage_expert_params(m, layers);
+    u64::from(layers) * layer - e + e.div_ceil(u64::from(ep.max(1)))
 }
 
 /// Gradient bytes per parameter (fp32 main gradients), held and reduced across DP.
@@ -282,7 +321,11 @@ pub fn rank_memory(m: &ModelConfig, x: &MemoryInputs) -> MemoryBreakdown {
             bytes
         }
     };
-    let per_tok = activation_bytes_sharded(m, x.seq_shard);
+    let per_tok = if x.fp8 {
+        fp8_activation_bytes_sharded(m, x.seq_shard)
+    } else {
+        activation_bytes_sharded(m, x.seq_shard)
+    };
     let held = x.held_layers.max(1);
     let hidden = u64::from(m.hidden).div_ceil(u64::from(x.seq_shard.max(1)));
     let activations = match x.recompute {
@@ -296,8 +339,15 @@ pub fn rank_memory(m: &ModelConfig, x: &MemoryInputs) -> MemoryBreakdown {
     let a = m.attn_shape();
     let qkv = a.q_bytes(x.attn_tokens, x.attn_heads_q) + a.kv_bytes(x.attn_tokens, x.attn_heads_kv);
     let out = a.q_bytes(x.attn_tokens, x.attn_heads_q);
+    // TransformerEngine's FP8 weight caches: each linear weight row- and column-wise, one
+    // byte each, whole on every rank (ZeRO shards the BF16 weights, not the caches).
+    let fp8_cache = if x.fp8 {
+        2 * stage_rank_linear_params(m, x.layers, x.expert_shard)
+    } else {
+        0
+    };
     MemoryBreakdown {
-        weights: by(3, dt * params),
+        weights: by(3, dt * params) + fp8_cache,
         grads: by(2, grad_bytes_per_param(x.grad_fp32) * params),
         // fp32 master weights and two moments; with BF16 gradients also an fp32 copy of
         // the gradients the step updates (Megatron's distributed optimizer: 4 + 16/d bytes
@@ -340,6 +390,7 @@ mod tests {
             bucket_bytes: 0,
             seq_shard: 1,
             expert_shard: 1,
+            fp8: false,
         }
     }
 
@@ -451,5 +502,32 @@ mod tests {
         // Q (32 heads) + K,V (8 heads) + O for 1000 tokens, fwd and bwd.
         let qkv = 1000 * 32 * 128 * 2 + 2 * 1000 * 8 * 128 * 2;
         assert_eq!(b.attn_buffers, 2 * (qkv + 1000 * 32 * 128 * 2));
+    }
+
+    #[test]
+    fn fp8_keeps_weight_caches_and_saves_linear_inputs_in_fp8() {
+        let m = ModelConfig::builtin("llama3-8b").unwrap();
+        // The normed inputs (2 · 4096) and the down-projection's input (14336) a byte less,
+        // an FP8 copy of the attention output (32 · 128) more.
+        let bf16 = activation_bytes_per_token_layer(&m);
+        assert_eq!(
+            fp8_activation_bytes_sharded(&m, 1),
+            bf16 + 4096 - (2 * 4096 + 14336)
+        );
+        let x = MemoryInputs {
+            fp8: true,
+            ..inputs()
+        };
+        let (b, f) = (rank_memory(&m, &inputs()), rank_memory(&m, &x));
+        // Two FP8 copies of every decoder linear weight: 32 · (Q,K,V,O 4096 · 6144 + 4096 ·
+        // 4096 and the MLP 3 · 4096 · 14336).
+        let linear = 32 * (4096 * 6144 + 4096 * 4096 + 3 * 4096 * 14336);
+        assert_eq!(stage_rank_linear_params(&m, 32, 1), linear);
+        assert_eq!(f.weights, b.weights + 2 * linear);
+        assert_eq!(
+            f.activations,
+            1000 * 32 * fp8_activation_bytes_sharded(&m, 1)
+        );
+        assert_eq!((f.grads, f.optimizer), (b.grads, b.optimizer));
     }
 }

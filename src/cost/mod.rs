@@ -34,6 +34,7 @@ pub mod elementwise;
 pub mod fit;
 pub mod fit_window;
 pub mod gemm;
+pub mod gpu;
 pub mod kernel;
 pub mod layer;
 pub mod mask;
@@ -50,28 +51,27 @@ pub use kernel::{EffPoint, EffTable};
 pub use mask::{AttentionPattern, Mask};
 pub use model::{Ffn, ModelConfig};
 
+/// The text of the built-in `name` among `table` (name, text); unknown: an error naming
+/// `field`, the value and the built-ins, then `or_else` (what else is allowed).
+pub(crate) fn builtin_text(
+    table: &[(&'static str, &'static str)],
+    field: &str,
+    name: &str,
+    or_else: &str,
+) -> Result<&'static str> {
+    table
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, t)| *t)
+        .ok_or_else(|| {
+            let names: Vec<&str> = table.iter().map(|(n, _)| *n).collect();
+            invalid(field, name, format!("one of {}{or_else}", names.join(", ")))
+        })
+}
+
 /// One measured call's time, at most, in every measurement file (attention, copies, GEMMs,
 /// elementwise): a minute; the timed kernels take µs to s.
 pub const MAX_CALL_MS: f64 = 60_000.0;
-
-/// The number format of the linear layers' GEMMs: `bf16`, or `fp8` as TransformerEngine runs
-/// it (FP8 inputs, higher-precision accumulation and outputs); core attention stays BF16.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Precision {
-    /// BF16 GEMMs.
-    #[default]
-    Bf16,
-    /// FP8 GEMMs.
-    Fp8,
-}
-
-impl Precision {
-    /// Whether this is the default (BF16), for `skip_serializing_if`.
-    pub fn is_bf16(&self) -> bool {
-        *self == Precision::Bf16
-    }
-}
 
 /// The shape of one attention layer, as far as counting FLOPs and bytes needs it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -453,6 +453,14 @@ pub struct CostModel {
     /// The elementwise model ([`elementwise`]) pricing a layer's elementwise kernels by
     /// kind ([`CostModel::layer_time`]), else `None`: their counted bytes at `hw`'s HBM rate.
     pub elementwise: Option<elementwise::ElementwiseModel>,
+    /// The linear layers' GEMM precision ([`gpu::precision`]; BF16 unless
+    /// [`CostModel::with_precision`] set FP8).
+    pub precision: gpu::Precision,
+    /// How much faster an FP8 GEMM runs than a BF16 one on this GPU (1 under BF16).
+    pub fp8_gemm_speedup: f64,
+    /// The ratios this model's measured figures were carried to another GPU by
+    /// ([`CostModel::for_gpu`]), else `None`: measured on the GPU it prices.
+    pub derived: Option<gpu::Scaling>,
 }
 
 impl CostModel {
@@ -469,6 +477,9 @@ impl CostModel {
             launch_memo: blocks::LaunchMemo::default(),
             gemm: None,
             elementwise: None,
+            precision: gpu::Precision::Bf16,
+            fp8_gemm_speedup: 1.0,
+            derived: None,
         })
     }
 
@@ -479,8 +490,12 @@ impl CostModel {
     /// every launch runs at the measured rate of its shape, so none waits on its longest
     /// thread block (as a split-KV kernel would not).
     pub fn by_measured_table(&self) -> Result<Self> {
+        let table = EffTable::h200_default()?;
         Ok(Self {
-            attn_eff: EffTable::h200_default()?,
+            attn_eff: match &self.derived {
+                Some(s) => s.table(&table),
+                None => table,
+            },
             attn_bwd_eff: None,
             attn_blocks: None,
             attn_bwd_blocks: None,
@@ -512,6 +527,9 @@ impl CostModel {
             launch_memo: blocks::LaunchMemo::default(),
             gemm: None,
             elementwise: None,
+            precision: gpu::Precision::Bf16,
+            fp8_gemm_speedup: 1.0,
+            derived: None,
         })
     }
 
@@ -578,19 +596,33 @@ impl CostModel {
     fn gemms_ps_f(&self, gemms: &[(u64, u64, u64, bool)], bwd: bool) -> f64 {
         gemms
             .iter()
-            .map(|&(m, n, k, dense)| match &self.gemm {
-                Some(g) if bwd => g.time_ps(m, k, n) + g.time_ps(k, n, m),
-                Some(g) => g.time_ps(m, n, k),
-                None => {
-                    let f = 2.0 * (m * n * k) as f64 * if bwd { 2.0 } else { 1.0 };
-                    if dense {
-                        self.gemm_ps_f(f, 0.0)
-                    } else {
-                        self.gemm_ps_f(0.0, f)
+            .map(|&(m, n, k, dense)| {
+                let t = match &self.gemm {
+                    Some(g) if bwd => g.time_ps(m, k, n) + g.time_ps(k, n, m),
+                    Some(g) => g.time_ps(m, n, k),
+                    None => {
+                        let f = 2.0 * (m * n * k) as f64 * if bwd { 2.0 } else { 1.0 };
+                        if dense {
+                            self.gemm_ps_f(f, 0.0)
+                        } else {
+                            self.gemm_ps_f(0.0, f)
+                        }
                     }
-                }
+                };
+                t + self.cast_ps(m, n, k, bwd)
             })
             .sum()
+    }
+
+    /// The FP8 quantization of one GEMM's activation (forward) or output gradient
+    /// (backward) at the HBM rate, ps; 0 under BF16 ([`gpu::precision::cast_bytes`]).
+    fn cast_ps(&self, m: u64, n: u64, k: u64, bwd: bool) -> f64 {
+        match self.precision {
+            gpu::Precision::Bf16 => 0.0,
+            gpu::Precision::Fp8 => {
+                gpu::precision::cast_bytes(m, n, k, bwd) / self.hw.hbm_bytes_per_s * 1e12
+            }
+        }
     }
 
     /// The attention shape a step's plan is made for ([`ModelConfig::attn_shape`]).
@@ -727,8 +759,8 @@ impl CostModel {
     /// ps of dense and expert GEMM FLOPs at their efficiencies.
     fn gemm_ps_f(&self, dense: f64, moe: f64) -> f64 {
         // ps = FLOPs / (TFLOP/s): 1e12 FLOP/s per TFLOP/s and 1e12 ps per s cancel.
-        dense / (self.hw.peak_tflops * self.hw.gemm_efficiency)
-            + moe / (self.hw.peak_tflops * self.hw.moe_gemm_efficiency)
+        let peak = self.hw.peak_tflops * self.fp8_gemm_speedup;
+        dense / (peak * self.hw.gemm_efficiency) + moe / (peak * self.hw.moe_gemm_efficiency)
     }
 
     /// The cost model of one rank of a TP group of `tp` (Megatron-style): the model's

@@ -159,17 +159,7 @@ pub fn builtin_names() -> Vec<&'static str> {
 impl ModelConfig {
     /// A built-in model by name.
     pub fn builtin(name: &str) -> Result<Self> {
-        let text = BUILTINS
-            .iter()
-            .find(|(n, _)| *n == name)
-            .map(|(_, t)| *t)
-            .ok_or_else(|| {
-                invalid(
-                    "model",
-                    name,
-                    format!("one of {}", builtin_names().join(", ")),
-                )
-            })?;
+        let text = super::builtin_text(BUILTINS, "model", name, "")?;
         Self::from_toml_str(text, &format!("built-in model {name}"))
     }
 

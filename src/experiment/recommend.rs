@@ -57,7 +57,7 @@ use crate::report::svg::{palette, Chart, Scale, Series};
 use crate::schedule::pipeline::chunk_layers;
 use crate::schedule::step::{attn_split, stage_rank_memory};
 use crate::schedule::train::Workload;
-use crate::schedule::{Parallelism, PipelineKind};
+use crate::schedule::{Parallelism, PipelineKind, Precision};
 use crate::workload::pack::Packing;
 use crate::workload::PackedSeq;
 
@@ -118,6 +118,8 @@ pub struct Spec {
     pub recompute: bool,
     /// ZeRO stage 0..=3.
     pub zero_stage: u8,
+    /// The GPU (a built-in name or a GPU file; None: the topology's, else `h200`).
+    pub gpu: Option<String>,
 }
 
 impl Spec {
@@ -145,6 +147,7 @@ impl Spec {
             top: 6,
             recompute: true,
             zero_stage: 3,
+            gpu: None,
         }
     }
 
@@ -399,19 +402,23 @@ fn setup(spec: &Spec, base: &Path, prices: Prices) -> Result<Setup> {
     spec.check()?;
     let file = "recommend";
     let kernel = prices.1.unwrap_or(Kernel::DEFAULT);
-    let mut cost = super::calfile::cost_model(
+    let label = Path::new(&spec.topology)
+        .file_stem()
+        .map_or(spec.topology.clone(), |x| x.to_string_lossy().into_owned());
+    let tspec = load_topology(&spec.topology, base, file)?;
+    let gpu =
+        super::calfile::run_gpu(spec.gpu.as_deref(), "--gpu", Some(&tspec), base).context(file)?;
+    let mut cost = super::calfile::cost_model_on(
         load_model(&spec.model, base, file, spec.layers)?,
         prices.0,
         kernel,
+        &gpu,
+        Precision::Bf16,
     )
     .context("recommend: calibration")?;
     if let Some(g) = spec.memory_gib {
         cost.hw.memory_bytes = (g * (1u64 << 30) as f64) as u64;
     }
-    let label = Path::new(&spec.topology)
-        .file_stem()
-        .map_or(spec.topology.clone(), |x| x.to_string_lossy().into_owned());
-    let tspec = load_topology(&spec.topology, base, file)?;
     let gpn = tspec.gpus_per_node;
     let gbs = spec.batch();
     let corpus = super::inputs::load_corpus(&spec.corpus).context("recommend: corpus")?;

@@ -30,8 +30,10 @@
 //! [network]  topology = "dgx-h200-roce", model = "analytical" | "flow"
 //!            (nodes = TP·CP·DP·PP / the topology's GPUs per node, per point),
 //!            nvls = true | false (NVLS collectives where the topology has them)
-//! [parallel] cp, ga, pp, tp, sp, tp_overlap, ep, moe_hot_share, pipeline, recompute, zero_stage, dp_buckets
+//! [parallel] cp, ga, pp, tp, sp, tp_overlap, ep, moe_hot_share, pipeline, recompute, zero_stage, dp_buckets,
+//!            precision = "bf16" | "fp8"
 //!            (dp from [sweep]; GPUs = TP·CP·DP·PP, TP innermost inside one node)
+//! [cluster]  gpu = "b200" (or a GPU file): every point's GPU (absent: each topology's, else h200)
 //! [workload] corpus = "libra-256k", seq_len = 262144, seed = 1
 //! [settings] epsilon, ping_pong, s_max, sharding, pool_size, head_shards, tile_tokens,
 //!            tau, chunks, max_seqlen_per_dp_cp_rank (default ⌈L / CP⌉), min_dynamic_cp
@@ -68,7 +70,7 @@ use crate::net::collective::CollectiveModel;
 use crate::report::svg::{Chart, Scale, Series};
 use crate::schedule::compare::simulate_scheme_step_with;
 use crate::schedule::train::Workload;
-use crate::schedule::{NoVariance, Parallelism, PipelineKind, Placement};
+use crate::schedule::{NoVariance, Parallelism, PipelineKind, Placement, Precision};
 use crate::workload::pack::Packing;
 
 use super::train::{NetChoice, BUILTIN_TOPOLOGIES};
@@ -103,6 +105,17 @@ struct CompareFile {
     sweep: SweepFile,
     #[serde(default)]
     calibration: Option<String>,
+    #[serde(default)]
+    cluster: ClusterFile,
+}
+
+/// `[cluster]`: the GPU every point runs on (a built-in name or a GPU file, relative to the
+/// experiment); absent: each topology's `gpu`, else `h200`.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct ClusterFile {
+    #[serde(default)]
+    gpu: Option<String>,
 }
 
 fn one() -> u64 {
@@ -150,6 +163,8 @@ struct ParFile {
     ep: u32,
     #[serde(default)]
     moe_hot_share: f64,
+    #[serde(default)]
+    precision: Precision,
 }
 
 fn one32() -> u32 {
@@ -596,10 +611,8 @@ fn points(
         }
     }
     for (m, mix, model) in variants {
-        let cost = Arc::new(
-            super::calfile::cost_model(model, cal, kernel)
-                .with_context(|| format!("{file}: calibration"))?,
-        );
+        let measured = super::calfile::cost_model(model, cal, kernel)
+            .with_context(|| format!("{file}: calibration"))?;
         let label = mix.map_or(m.clone(), |x| x.label(m));
         for t in &topos {
             let topo = match t {
@@ -611,6 +624,18 @@ fn points(
                 }
                 None => None,
             };
+            // The point's GPU: `[cluster] gpu`, else the topology's, else the H200.
+            let gpu = super::calfile::run_gpu(
+                f.cluster.gpu.as_deref(),
+                "[cluster] gpu",
+                topo.as_ref().map(|t| &t.1),
+                base,
+            )
+            .context(file)?;
+            let cost = super::calfile::on_gpu(&measured, cal.is_some(), &gpu, f.parallel.precision)
+                .context(file)?;
+            let gpu_note = super::calfile::gpu_note(&gpu, &cost);
+            let cost = Arc::new(cost);
             for c in corpora.iter().flatten() {
                 let corpus =
                     super::inputs::load_corpus(c).with_context(|| format!("{file}: corpus"))?;
@@ -642,6 +667,7 @@ fn points(
                             base_model: m.clone(),
                             mix,
                             cost: cost.clone(),
+                            gpu_note: gpu_note.clone(),
                             topo: topo.clone(),
                             corpus: c.clone(),
                             seq_len: l,
@@ -713,6 +739,8 @@ struct Point {
     /// Its `[sweep.attention]` mix.
     mix: Option<mix::Mix>,
     cost: Arc<CostModel>,
+    /// The summary's line on the point's GPU (empty on the H200's measured models).
+    gpu_note: String,
     topo: Option<(String, TopologySpec)>,
     corpus: String,
     seq_len: u32,
@@ -881,6 +909,7 @@ impl Sweep {
             tp_overlap: f.parallel.tp_overlap,
             ep: f.parallel.ep,
             moe_hot_share: f.parallel.moe_hot_share,
+            precision: f.parallel.precision,
             ..Parallelism::default()
         }
     }
@@ -1051,6 +1080,16 @@ impl Sweep {
                 "\nPriced by the built-in `{}` kernel profile (`--kernel`).\n",
                 k.name()
             );
+        }
+        let mut notes: Vec<&str> = Vec::new();
+        for p in points.iter().filter(|p| !p.gpu_note.is_empty()) {
+            if !notes.contains(&p.gpu_note.as_str()) {
+                notes.push(&p.gpu_note);
+            }
+        }
+        for n in notes {
+            out.markdown += &format!("\n{}", n.trim_end());
+            out.markdown += "\n";
         }
         out.markdown += &extra;
         if !f.notes.is_empty() {
@@ -1340,6 +1379,7 @@ fn s_max_rows(
             bucket_bytes: grad.div_ceil(u64::from(par.dp_buckets.max(1))),
             seq_shard: if par.sp { par.tp } else { 1 },
             expert_shard: par.ep,
+            fp8: cost.precision == Precision::Fp8,
         };
         let at = |s: u32| wlb_s_max_memory(cost, &base, s, *cp).map(|b| gib(b.total()));
         let best = wlb_max_s_max(cost, &base, *cp, crate::balance::wlbllm::KERNEL_TILE)?;

@@ -46,8 +46,9 @@ use super::inputs::{read_input_text, MAX_SPEC_BYTES, MAX_TABLE_BYTES};
 use super::{Files, Observer, Outcome};
 use crate::balance::libra::LibraParams;
 use crate::cluster::TopologySpec;
+use crate::cost::gpu::Precision;
 use crate::cost::profile::Kernel;
-use crate::cost::{CostModel, ModelConfig, Precision};
+use crate::cost::{CostModel, ModelConfig};
 use crate::error::{bail, invalid, Context, Result};
 use crate::net::collective::CollectiveModel;
 use crate::net::AnalyticalModel;
@@ -273,18 +274,14 @@ impl Sweep {
         let gpn = spec.gpus_per_node;
         let unit = spec.super_node.as_ref().map_or(1, |s| s.nodes).max(1);
         let nodes = r.gpus.div_ceil(gpn).div_ceil(unit) * unit;
-        let topo = std::sync::Arc::new(spec.build(Some(nodes))?);
         let precision = match r.precision.as_str() {
             "bf16" => Precision::Bf16,
             "fp8" => Precision::Fp8,
             p => bail!("precision {p:?}: allowed are bf16 and fp8"),
         };
-        let cost = row_cost(
-            model,
-            &r.gpu,
-            precision,
-            (self.calibration.as_deref(), self.kernel),
-        )?;
+        let prices = (self.calibration.as_deref(), self.kernel);
+        let cost = row_cost(model, &spec, &self.base, precision, prices)?;
+        let topo = std::sync::Arc::new(spec.build(Some(nodes))?);
         let dp = r.gpus / (r.tp * r.pp * r.cp);
         let ga = r.gbs / (dp * r.mbs);
         let par = Parallelism {
@@ -477,18 +474,19 @@ impl Sweep {
     }
 }
 
-/// A row's cost model: the model on the row's GPU at its precision, priced by `prices`
-/// (a calibration file or kernel profile) when given, else the built-in profile.
+/// A row's cost model: the model on the topology's GPU at the row's precision, priced by
+/// `prices` (a calibration file or kernel profile) when given, else the built-in profile
+/// derived for that GPU (`calfile::on_gpu`).
 fn row_cost(
     model: ModelConfig,
-    gpu: &str,
+    topo: &TopologySpec,
+    base: &Path,
     precision: Precision,
     prices: Prices,
 ) -> Result<CostModel> {
     let kernel = prices.1.unwrap_or(Kernel::DEFAULT);
-    let cost = super::calfile::cost_model(model, prices.0, kernel)?;
-    let _ = (gpu, precision);
-    Ok(cost)
+    let gpu = super::calfile::run_gpu(None, "gpu", Some(topo), base)?;
+    super::calfile::cost_model_on(model, prices.0, kernel, &gpu, precision)
 }
 
 /// Refuse a row the simulator cannot lay out, naming the column.

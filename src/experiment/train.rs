@@ -10,13 +10,15 @@
 //! # calibration = "cal.json"        # replaces the H200 attention table / hardware figures
 //! steps = 2
 //! [cluster]   # gpus_per_node, nodes; allow_subset = true lets a point's TP·CP·DP·PP
-//!             # use fewer GPUs than nodes × gpus_per_node (otherwise it must equal it)
+//!             # use fewer GPUs than nodes × gpus_per_node (otherwise it must equal it);
+//!             # gpu = "b200" (or a GPU file) overrides the topology's GPU (default h200)
 //! [network]   # topology = "../topologies/dgx-h200-roce.toml", model = "analytical" | "flow"
 //!             # | "stub" (stub: alpha_us, intra_gbytes_per_s, inter_gbytes_per_s),
 //!             # nvls = true | false (NVLS collectives where the topology has them)
 //! [variance]  # the cluster's VarianceSpec (persistent, jitter, spike); absent: none
 //! [parallel]  # dp, pp, cp, tp, sp, tp_overlap, ep, ga, pipeline = "1f1b" | "gpipe", recompute,
-//!             # zero_stage, dp_buckets (GPUs = TP·CP·DP·PP, TP innermost)
+//!             # zero_stage, dp_buckets (GPUs = TP·CP·DP·PP, TP innermost), precision =
+//!             # "bf16" | "fp8" (the linear GEMMs; fp8 as TransformerEngine, cost::gpu)
 //! [workload]  # seq_len, seed, and one of: corpus = "libra-1m" (+ packing = "sequential"),
 //!             # sequences = [[doc lengths], ...]; a distribution is a corpus spec:
 //!             # corpus = "lognormal:median=800,p99=30000". seq_len is every point's L
@@ -92,13 +94,17 @@ struct TrainFile {
 /// `[cluster]`: the cluster the layout runs on. Every point's TP × CP × DP × PP must cover
 /// its GPUs exactly unless `allow_subset` lets a point leave some idle (a DP sweep on the
 /// cluster of its largest point).
-#[derive(Deserialize, Clone, Copy)]
+#[derive(Deserialize, Clone)]
 #[serde(deny_unknown_fields)]
 struct ClusterSpec {
     gpus_per_node: u32,
     nodes: u32,
     #[serde(default)]
     allow_subset: bool,
+    /// The GPU (a built-in name or a GPU file, relative to the experiment); absent: the
+    /// topology's `gpu`, else `h200`.
+    #[serde(default)]
+    gpu: Option<String>,
 }
 
 impl ClusterSpec {
@@ -593,6 +599,7 @@ impl Sweep {
             cluster,
             net,
             variance,
+            ..
         } = &self.setup;
         let ((dp, ga, l, c), (sc, lv)) = self.job(i);
         let (dp, ga, l) = (*dp, *ga, *l);
@@ -704,6 +711,8 @@ impl Sweep {
 /// shape, the cluster, the network and the runtime variance.
 struct Setup {
     cost: CostModel,
+    /// The summary's line on the GPU (empty on the H200's measured models).
+    gpu_note: String,
     rank_shape: crate::cost::AttnShape,
     cluster: Placement,
     net: NetChoice,
@@ -729,11 +738,6 @@ fn setup(f: &TrainFile, file: &str, path: &Path, calibration: Prices) -> Result<
     let kernel = calibration.1.unwrap_or(Kernel::DEFAULT);
     let cost = super::calfile::cost_model(model, cal_path.as_deref(), kernel)
         .with_context(|| format!("{file}: calibration"))?;
-    // Planners balance one TP rank's heads.
-    let rank_shape = cost
-        .tp_shard(f.parallel.tp, f.parallel.ep)
-        .with_context(|| format!("{file}: [parallel]"))?
-        .attn();
     if f.steps == 0 || f.steps > 10_000 {
         return Err(invalid("steps", f.steps, "an integer in 1..=10000")).context(file);
     }
@@ -787,6 +791,20 @@ fn setup(f: &TrainFile, file: &str, path: &Path, calibration: Prices) -> Result<
             Some(Arc::new(spec.build(Some(f.cluster.nodes))?))
         }
     };
+    let gpu = super::calfile::run_gpu(
+        f.cluster.gpu.as_deref(),
+        "[cluster] gpu",
+        topo.as_ref().map(|t| &t.spec),
+        path,
+    )
+    .context(file)?;
+    let cost = super::calfile::on_gpu(&cost, cal_path.is_some(), &gpu, f.parallel.precision)
+        .context(file)?;
+    // Planners balance one TP rank's heads.
+    let rank_shape = cost
+        .tp_shard(f.parallel.tp, f.parallel.ep)
+        .with_context(|| format!("{file}: [parallel]"))?
+        .attn();
     let cluster = match &topo {
         Some(t) => f
             .cluster
@@ -827,6 +845,7 @@ fn setup(f: &TrainFile, file: &str, path: &Path, calibration: Prices) -> Result<
         }
     };
     Ok(Setup {
+        gpu_note: super::calfile::gpu_note(&gpu, &cost),
         cost,
         rank_shape,
         cluster,
@@ -989,6 +1008,7 @@ fn summary_head(f: &TrainFile, setup: &Setup, title: &str) -> String {
     if !f.description.is_empty() {
         summary += &format!("{}\n\n", f.description.trim());
     }
+    summary += &setup.gpu_note;
     let m = &cost.model;
     summary +=
         &format!(

@@ -29,8 +29,8 @@ pub mod ulysses;
 use serde::{Deserialize, Serialize};
 
 use crate::cluster::VarianceModel;
+pub use crate::cost::gpu::Precision;
 pub use crate::cost::memory::Recompute;
-pub use crate::cost::Precision;
 use crate::engine::OpClass;
 use crate::error::{invalid, Result};
 use crate::net::collective::CollectiveModel;

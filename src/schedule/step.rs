@@ -1925,6 +1925,7 @@ pub fn stage_rank_memory(
             },
             seq_shard: if par.sp { par.tp } else { 1 },
             expert_shard: par.ep,
+            fp8: cost.precision == crate::cost::gpu::Precision::Fp8,
         },
     )
 }

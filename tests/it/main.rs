@@ -7,6 +7,7 @@
 mod cli;
 mod cluster;
 mod common;
+mod gpus;
 mod libra;
 mod plans;
 mod pools;
