@@ -154,6 +154,13 @@ pub const ARMS: &[Arm] = &[
         setup: super::bench_engine::arm_step_65536,
     },
     Arm {
+        name: "step-405b-16384-vp",
+        what: "one step of Llama 3.1 405B on 16,384 H100s as Llama 3 Table 4 lays it out (TP 8, PP 16, DP 128, 8K, 16M tokens) with interleaved 1F1B (vp 2), the embedding and loss as pipeline slots, BF16 gradients reduce-scattered by the distributed optimizer",
+        target_s: Some(10.0),
+        runs: 1,
+        setup: super::bench_engine::arm_step_405b_16384_vp,
+    },
+    Arm {
         name: "step-16384-speedup",
         what: "step-16384 built, simulated and reported on 1 thread and on the default pool; speedup in the detail",
         target_s: None,

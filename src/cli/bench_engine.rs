@@ -390,6 +390,59 @@ pub fn arm_step_65536() -> Result<Timed> {
     arm_step(65536, false, 1)
 }
 
+/// Arm `step-405b-16384-vp`: Llama 3.1 405B on 16,384 GPUs of DGX H100 nodes (TP 8 in a
+/// node, PP 16, DP 128, GA 16 micro-batches of one 8,192-token sequence: 16M tokens),
+/// interleaved with vp 2, the embedding and the loss counted as layers (126 + 2 = 128
+/// slots, 4 a chunk), the distributed optimizer over BF16 gradients, one bucket a layer;
+/// built, simulated in parts and reported.
+pub fn arm_step_405b_16384_vp() -> Result<Timed> {
+    let model = ModelConfig::from_toml_str(
+        include_str!("../../models/llama3.1-405b.toml"),
+        "models/llama3.1-405b.toml",
+    )?;
+    let h100 = skewsim::cost::gpu::Gpu::builtin("gpu", "h100")?;
+    let cost = skewsim::experiment::calfile::cost_model_on(
+        model,
+        None,
+        skewsim::cost::profile::Kernel::DEFAULT,
+        &h100,
+        skewsim::cost::gpu::Precision::Bf16,
+    )?;
+    let (tp, pp, dp, ga, seq_len) = (8, 16, 128, 16, 8192);
+    let par = Parallelism {
+        tp,
+        vp: 2,
+        account_for_embedding: true,
+        account_for_loss: true,
+        distributed_optimizer: true,
+        grad_reduce_in_fp32: false,
+        dp_buckets: skewsim::schedule::MAX_DP_BUCKETS,
+        ..Parallelism::plain(dp, pp, 1, ga)
+    };
+    let spec = TopologySpec::parse(
+        include_str!("../../topologies/dgx-h100-ib.toml"),
+        "topologies/dgx-h100-ib.toml",
+    )?;
+    let topo = Arc::new(spec.build(Some(2048))?);
+    let place = Placement::new(8, 2048).with_collectives(skewsim::net::collective::CollectiveModel::of(&topo, true));
+    let map = RankMap::new(par, place, "bench")?;
+    let seq = PackedSeq::from_lengths(&[seq_len], seq_len, 0);
+    let batch = vec![vec![seq; ga as usize]; dp as usize];
+    Ok(Box::new(move || {
+        let (r, wall, _) = timed(|| analytical_step(&cost, map, &batch, &topo))?;
+        let rep = r.report;
+        Ok(format!(
+            "16384 GPUs, {} events in {wall:.2} s: iteration {:.3} s, {:.0} tokens/s per GPU, MFU {:.3}, bubble {:.3}, peak RSS {:.2} GiB",
+            rep.events,
+            rep.iteration as f64 * 1e-12,
+            rep.tokens_per_s / 16384.0,
+            rep.mfu,
+            rep.bubble_fraction,
+            peak_rss_gib()
+        ))
+    }))
+}
+
 /// Arm `step-16384-speedup`: the step-16384 step built, simulated and reported in a pool
 /// of one thread and in the default pool (every core, or `RAYON_NUM_THREADS`); the timed
 /// run is both; errors unless the graphs and the reports are equal.

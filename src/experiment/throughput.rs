@@ -10,7 +10,8 @@
 //! optimizer with its gradient reduce-scatters and parameter gathers overlapped and
 //! gradients reduced in BF16 (NeMo's and Megatron-Bridge's performance recipes:
 //! `grad_reduce_in_fp32 = False`), the row's precision and recomputation, on the
-//! topology and GPU the experiment names for the row's GPU. Writes `summary.md` (published
+//! topology and GPU the experiment names for the row's GPU; a row run with FSDP shards its
+//! parameters, gradients and optimizer states as ZeRO 3. Writes `summary.md` (published
 //! beside simulated, the error, the target and the verdict, memory against the GPU's
 //! capacity) and `points.csv`.
 //!
@@ -113,6 +114,7 @@ struct Row {
     cp: u32,
     vp: Option<u32>,
     ep: u32,
+    fsdp: Option<String>,
     gbs: u32,
     mbs: u32,
     seq_len: u32,
@@ -305,6 +307,7 @@ impl Sweep {
             distributed_optimizer: true,
             overlap_param_gather: true,
             grad_reduce_in_fp32: false,
+            zero_stage: if sharded(r) { 3 } else { 0 },
             dp_buckets: crate::schedule::MAX_DP_BUCKETS,
             ..Parallelism::default()
         };
@@ -487,6 +490,12 @@ fn row_cost(
     let kernel = prices.1.unwrap_or(Kernel::DEFAULT);
     let gpu = super::calfile::run_gpu(None, "gpu", Some(topo), base)?;
     super::calfile::cost_model_on(model, prices.0, kernel, &gpu, precision)
+}
+
+/// Whether the row runs FSDP (its `fsdp` column: 1 or a sharding group's size): parameters,
+/// gradients and optimizer states sharded over the data-parallel ranks, as ZeRO 3.
+fn sharded(r: &Row) -> bool {
+    r.fsdp.as_deref().is_some_and(|f| !f.is_empty() && f != "0")
 }
 
 /// Refuse a row the simulator cannot lay out, naming the column.

@@ -15,4 +15,5 @@ mod recommend;
 mod robust;
 mod schemes;
 mod sweep;
+mod throughput;
 mod validate;
