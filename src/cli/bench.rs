@@ -161,6 +161,13 @@ pub const ARMS: &[Arm] = &[
         setup: super::bench_engine::arm_step_405b_16384_vp,
     },
     Arm {
+        name: "step-262144",
+        what: "the step-16384 step on 262,144 GPUs (DP 16,384), within 2 GiB",
+        target_s: Some(40.0),
+        runs: 1,
+        setup: super::bench_engine::arm_step_262144,
+    },
+    Arm {
         name: "step-16384-speedup",
         what: "step-16384 built, simulated and reported on 1 thread and on the default pool; speedup in the detail",
         target_s: None,

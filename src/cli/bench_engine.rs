@@ -443,6 +443,11 @@ pub fn arm_step_405b_16384_vp() -> Result<Timed> {
     }))
 }
 
+/// Arm `step-262144`: the step-16384 step on 262,144 GPUs (DP 16,384; 32,768 nodes).
+pub fn arm_step_262144() -> Result<Timed> {
+    arm_step(262_144, false, 1)
+}
+
 /// Arm `step-16384-speedup`: the step-16384 step built, simulated and reported in a pool
 /// of one thread and in the default pool (every core, or `RAYON_NUM_THREADS`); the timed
 /// run is both; errors unless the graphs and the reports are equal.

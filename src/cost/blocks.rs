@@ -560,15 +560,22 @@ pub const EXACT_BLOCKS: usize = 8192;
 /// 0.87 % of their full list schedule (median 0.003 %). The one makespan of every launch,
 /// forward and backward, in the fit and the engine alike.
 pub fn makespan_ps(m: SmSlots, times: &[f64], heads: u32) -> f64 {
+    makespan_ps_by(m, times, heads, |h| list_makespan_ps(m, times, h))
+}
+
+/// [`makespan_ps`] with the list schedule of the heads it schedules exactly (`heads`, or
+/// fewer past [`EXACT_BLOCKS`]) taken from `list` (called once, with that head count), so
+/// that a memo can serve it to every head count that schedules as many.
+fn makespan_ps_by(m: SmSlots, times: &[f64], heads: u32, list: impl FnOnce(u32) -> f64) -> f64 {
     let n = times.len();
     let exact = (EXACT_BLOCKS / n.max(1)).max(1);
     if exact >= heads as usize {
-        return list_makespan_ps(m, times, heads);
+        return list(heads);
     }
     let k = m.blocks_per_sm.max(1) as usize;
     let rate = f64::from(m.sms.max(1)) * k as f64 / m.slowdown(k);
     let head_work: f64 = times.iter().sum();
-    list_makespan_ps(m, times, exact as u32) + (heads as usize - exact) as f64 * head_work / rate
+    list(exact as u32) + (heads as usize - exact) as f64 * head_work / rate
 }
 
 /// The list schedule of `heads` copies (head-major) of `times` on the SMs: blocks fill the
@@ -791,12 +798,18 @@ impl LaunchBlocks {
 
     /// The launch's makespan under `m`, ps (without the call overhead).
     pub fn makespan_ps(&self, m: &BlockModel) -> f64 {
+        self.makespan_ps_by(m, |times, h| list_makespan_ps(m.slots(), times, h))
+    }
+
+    /// [`LaunchBlocks::makespan_ps`] with the list schedule of `h` heads of the blocks'
+    /// times from `list(times, h)`.
+    fn makespan_ps_by(&self, m: &BlockModel, list: impl FnOnce(&[f64], u32) -> f64) -> f64 {
         let times: Vec<f64> = self
             .shapes
             .iter()
             .map(|&b| m.block_ps(b, self.head_dim))
             .collect();
-        makespan_ps(m.slots(), &times, self.heads)
+        makespan_ps_by(m.slots(), &times, self.heads, |h| list(&times, h))
     }
 }
 
@@ -1113,18 +1126,28 @@ impl BwdLaunchBlocks {
     /// The call's four terms under `m`, ps: the per-row-head work, the dQ launch's
     /// makespan, the dK/dV launch's makespan and the grouped-query reduction.
     pub fn parts_ps(&self, m: &BwdBlockModel) -> [f64; 4] {
+        self.parts_ps_by(m, &mut |_, times, h| list_makespan_ps(m.slots(), times, h))
+    }
+
+    /// [`BwdLaunchBlocks::parts_ps`] with the list schedule of `h` heads of a launch's
+    /// blocks' times from `list(launch, times, h)` (launch 0: dQ, 1: dK/dV).
+    fn parts_ps_by(
+        &self,
+        m: &BwdBlockModel,
+        list: &mut dyn FnMut(u8, &[f64], u32) -> f64,
+    ) -> [f64; 4] {
         let d = head_dim_scale(self.head_dim, m.head_dim);
-        let span = |t: &BlockTimes, shapes: &[BlockShape]| {
+        let mut span = |launch: u8, t: &BlockTimes, shapes: &[BlockShape]| {
             let times: Vec<f64> = shapes
                 .iter()
                 .map(|&b| t.block_ps(b, d, m.block_m))
                 .collect();
-            makespan_ps(m.slots(), &times, self.heads)
+            makespan_ps_by(m.slots(), &times, self.heads, |h| list(launch, &times, h))
         };
         [
             1e3 * m.row_head_ns * (self.rows * u64::from(self.heads)) as f64,
-            span(&m.dq, &self.dq),
-            span(&m.dkdv, &self.dkdv),
+            span(0, &m.dq, &self.dq),
+            span(1, &m.dkdv, &self.dkdv),
             m.reduce_ps_per_byte * self.reduce_bytes,
         ]
     }
@@ -1156,33 +1179,98 @@ pub fn launch_bwd_ps_f(
 /// where the kernel sorts them, else in the caller's.
 type LaunchKey = (String, (u32, u32), u32, Vec<(u64, u64, u32)>);
 
-/// Entries, and segments over all keys, kept before the memo starts afresh (bounds its
-/// memory on long runs and on launches of many segments: ~100 MB of keys).
-const MEMO_CAP: usize = 1 << 18;
-const MEMO_SEGS: usize = 1 << 22;
+/// Entries, and segments over all keys, of one generation of the memo (over all its
+/// shards); the memo keeps two, so it holds at most twice these (~100 MB of keys).
+const MEMO_CAP: usize = 1 << 17;
+const MEMO_SEGS: usize = 1 << 21;
+/// Shards of the memo, each behind its own lock (threads pricing at once rarely meet).
+const MEMO_SHARDS: usize = 64;
 
-/// The memo's entries and the segments their keys hold.
+/// One shard: the current generation of entries, the previous one, and the segments the
+/// current one's keys hold. A full generation becomes the previous one (the one before is
+/// dropped); a hit in the previous one moves into the current one, so launches still in
+/// use outlive the turn.
 #[derive(Default)]
-struct Memo {
-    prices: HashMap<LaunchKey, f64>,
+struct Shard {
+    new: HashMap<LaunchKey, f64>,
+    old: HashMap<LaunchKey, f64>,
     segs: usize,
 }
 
-/// Block prices of launches already priced, shared by the clones of a cost model (a
-/// simulation prices the same launch on every rank of a CP group and every head chunk). A
-/// pure cache: the key holds everything the price depends on, model included, so a hit
-/// returns the bits [`launch_fwd_ps_f`] / [`launch_bwd_ps_f`] would compute.
-#[derive(Clone, Default)]
-pub struct LaunchMemo(Arc<Mutex<Memo>>);
+impl Shard {
+    fn insert(&mut self, key: LaunchKey, t: f64) {
+        if self.new.len() >= MEMO_CAP / MEMO_SHARDS
+            || self.segs + key.3.len() > MEMO_SEGS / MEMO_SHARDS
+        {
+            self.old = std::mem::take(&mut self.new);
+            self.segs = 0;
+        }
+        self.segs += key.3.len();
+        self.new.insert(key, t);
+    }
+}
+
+/// The shards of one memo.
+struct Store(Vec<Mutex<Shard>>);
+
+impl Store {
+    fn new() -> Self {
+        Store((0..MEMO_SHARDS).map(|_| Mutex::default()).collect())
+    }
+
+    fn shard(&self, key: &LaunchKey) -> &Mutex<Shard> {
+        use std::hash::{BuildHasher, BuildHasherDefault};
+        let h = BuildHasherDefault::<std::hash::DefaultHasher>::default().hash_one(key);
+        &self.0[(h % self.0.len() as u64) as usize]
+    }
+
+    fn get(&self, key: &LaunchKey) -> Option<f64> {
+        let mut c = self.shard(key).lock().ok()?;
+        if let Some(&t) = c.new.get(key) {
+            return Some(t);
+        }
+        let (k, t) = c.old.remove_entry(key)?;
+        c.insert(k, t);
+        Some(t)
+    }
+
+    fn put(&self, key: LaunchKey, t: f64) {
+        if let Ok(mut c) = self.shard(&key).lock() {
+            c.insert(key, t);
+        }
+    }
+}
+
+/// Block prices of launches already priced: one store for the whole process, which every
+/// cost model's memo shares (a simulation prices the same launch on every rank of a CP
+/// group and every head chunk; the points of a sweep, the candidates of a search and their
+/// seeds price many of the same launches), and within it the list schedules of a launch's
+/// blocks at the heads scheduled exactly ([`makespan_ps`]), which launches of the same
+/// segments at different head counts share (a TP or CP degree, Libra's H and M). A pure
+/// cache: the key holds everything the price depends on, model included, so a hit returns
+/// the bits [`launch_fwd_ps_f`] / [`launch_bwd_ps_f`] would compute.
+#[derive(Clone)]
+pub struct LaunchMemo(Arc<Store>);
+
+impl Default for LaunchMemo {
+    /// The process's store.
+    fn default() -> Self {
+        static STORE: std::sync::OnceLock<Arc<Store>> = std::sync::OnceLock::new();
+        LaunchMemo(STORE.get_or_init(|| Arc::new(Store::new())).clone())
+    }
+}
 
 impl std::fmt::Debug for LaunchMemo {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let n = self.0.lock().map_or(0, |m| m.prices.len());
-        write!(f, "LaunchMemo({n} launches)")
+        let n: usize = (self.0 .0.iter())
+            .map(|s| s.lock().map_or(0, |m| m.new.len() + m.old.len()))
+            .sum();
+        write!(f, "LaunchMemo({n} entries)")
     }
 }
 
 impl LaunchMemo {
+    /// `key`'s price, else `price(key's segments)` remembered.
     fn get_or(
         &self,
         (model, order): (String, TileOrder),
@@ -1196,20 +1284,31 @@ impl LaunchMemo {
         if order != TileOrder::Grid {
             segs.sort_unstable();
         }
-        let key = (model, heads, head_dim, segs);
-        if let Some(&t) = self.0.lock().ok().as_ref().and_then(|c| c.prices.get(&key)) {
+        self.get_or_key((model, heads, head_dim, segs), price)
+    }
+
+    fn get_or_key(&self, key: LaunchKey, price: impl FnOnce(&[(u64, u64, u32)]) -> f64) -> f64 {
+        if let Some(t) = self.0.get(&key) {
             return t;
         }
         // Priced outside the lock: other threads price other launches meanwhile.
         let t = price(&key.3);
-        if let Ok(mut c) = self.0.lock() {
-            if c.prices.len() >= MEMO_CAP || c.segs + key.3.len() > MEMO_SEGS {
-                *c = Memo::default();
-            }
-            c.segs += key.3.len();
-            c.prices.insert(key, t);
-        }
+        self.0.put(key, t);
         t
+    }
+
+    /// The list schedule of `h` heads of `times`, the blocks of the launch of `segs`
+    /// (canonical order) under `model` (its text names the pass) at `head_dim`.
+    fn list_ps(
+        &self,
+        (model, slots): (String, SmSlots),
+        head_dim: u32,
+        segs: &[(u64, u64, u32)],
+        times: &[f64],
+        h: u32,
+    ) -> f64 {
+        let key = (format!("list {model}"), (h, 0), head_dim, segs.to_vec());
+        self.get_or_key(key, |_| list_makespan_ps(slots, times, h))
     }
 
     /// [`launch_fwd_ps_f`] under `m`, once per distinct launch.
@@ -1220,10 +1319,19 @@ impl LaunchMemo {
         heads: u32,
         segs: impl IntoIterator<Item = (u64, u64, u32)>,
     ) -> f64 {
-        let model = (format!("fwd {m:?} {mask}"), m.order);
-        self.get_or(model, (heads, heads), head_dim, segs, |s| {
-            LaunchBlocks::new(m, mask, heads, head_dim, s.iter().copied()).makespan_ps(m)
-        })
+        let text = format!("fwd {m:?} {mask}");
+        self.get_or(
+            (text.clone(), m.order),
+            (heads, heads),
+            head_dim,
+            segs,
+            |s| {
+                LaunchBlocks::new(m, mask, heads, head_dim, s.iter().copied())
+                    .makespan_ps_by(m, |times, h| {
+                        self.list_ps((text, m.slots()), head_dim, s, times, h)
+                    })
+            },
+        )
     }
 
     /// [`launch_bwd_ps_f`] under `m`, once per distinct call.
@@ -1234,10 +1342,22 @@ impl LaunchMemo {
         (heads, kv_heads): (u32, u32),
         segs: impl IntoIterator<Item = (u64, u64, u32)>,
     ) -> f64 {
-        let model = (format!("bwd {m:?} {mask}"), m.order);
-        self.get_or(model, (heads, kv_heads), head_dim, segs, |s| {
-            BwdLaunchBlocks::new(m, mask, heads, kv_heads, head_dim, s.iter().copied()).time_ps(m)
-        })
+        let text = format!("bwd {m:?} {mask}");
+        self.get_or(
+            (text.clone(), m.order),
+            (heads, kv_heads),
+            head_dim,
+            segs,
+            |s| {
+                let call =
+                    BwdLaunchBlocks::new(m, mask, heads, kv_heads, head_dim, s.iter().copied());
+                let mut list = |launch: u8, times: &[f64], h: u32| {
+                    let model = (format!("{launch} {text}"), m.slots());
+                    self.list_ps(model, head_dim, s, times, h)
+                };
+                call.parts_ps_by(m, &mut list).iter().sum()
+            },
+        )
     }
 }
 
@@ -1453,6 +1573,32 @@ mod tests {
         assert_ne!(memo.fwd_ps(&m, (C, 64), 8, segs), want);
     }
 
+    /// Launches of the same segments at several head counts share the list schedule of
+    /// the heads scheduled exactly: each still prices to the bits of its own launch,
+    /// forward and backward, whichever head count comes first.
+    #[test]
+    fn head_counts_share_a_list_schedule_and_keep_their_bits() {
+        let m = BlockModel {
+            order: TileOrder::Grid,
+            empty_ns: 0.3,
+            placement: Placement::AnyFreeSlot,
+            ..BlockModel::h200(1.0, 2.0, 0.1, 0.5, 1.6)
+        };
+        let b = bwd_model();
+        // 3 segments padded to 40 tiles of 128 rows: 120 blocks a head, 68 heads exact
+        let segs = [(0u64, 5000u64, 1u32), (0, 300, 1), (4000, 4100, 1)];
+        for heads in [[96u32, 1, 8, 68, 69, 200], [200, 69, 68, 8, 1, 96]] {
+            let memo = LaunchMemo(Arc::new(Store::new()));
+            for h in heads {
+                let want = launch_fwd_ps_f(0.0, Some(&m), (C, 128, h), segs);
+                assert_eq!(memo.fwd_ps(&m, (C, 128), h, segs).to_bits(), want.to_bits());
+                let want = launch_bwd_ps_f(0.0, Some(&b), (C, 128), (h, 1), segs);
+                let got = memo.bwd_ps(&b, (C, 128), (h, 1), segs);
+                assert_eq!(got.to_bits(), want.to_bits(), "{h} heads");
+            }
+        }
+    }
+
     /// A grid runs the segments in the caller's order: the memo keys on that order, and
     /// the long segment first or last are two launches.
     #[test]
@@ -1591,21 +1737,31 @@ mod tests {
         assert_eq!(j, ok);
     }
 
-    /// Keys of many segments start the memo afresh before their segments pass
-    /// `MEMO_SEGS`; a hit still returns the price.
+    /// A generation of keys of many segments turns before its segments pass its share of
+    /// `MEMO_SEGS`; the previous generation still serves its keys, the one before is gone.
     #[test]
     fn the_memo_is_bounded_by_the_segments_its_keys_hold() {
-        let memo = LaunchMemo::default();
-        let segs = |k: u64| (0..(MEMO_SEGS as u64 / 3)).map(move |i| (i, i + 1 + k, 1));
-        let model = || (String::from("m"), TileOrder::Grid);
+        let mut shard = Shard::default();
+        let per = MEMO_SEGS / MEMO_SHARDS;
+        let key = |k: u64| {
+            let segs = (0..(per as u64 / 3)).map(|i| (i, i + 1 + k, 1)).collect();
+            (String::from("m"), (1, 1), 128, segs)
+        };
         for k in 0..4 {
-            let t = memo.get_or(model(), (1, 1), 128, segs(k), |_| k as f64);
-            assert_eq!(t, k as f64);
-            let m = memo.0.lock().unwrap();
-            assert!(m.segs <= MEMO_SEGS, "{} segments after key {k}", m.segs);
-            assert_eq!(m.segs, m.prices.keys().map(|k| k.3.len()).sum::<usize>());
+            shard.insert(key(k), k as f64);
+            assert!(shard.segs <= per, "{} segments after key {k}", shard.segs);
+            assert_eq!(
+                shard.segs,
+                shard.new.keys().map(|k| k.3.len()).sum::<usize>()
+            );
         }
-        assert_eq!(memo.get_or(model(), (1, 1), 128, segs(3), |_| -1.0), 3.0);
+        // keys 0..3 fill one generation, key 3 starts the next
+        assert_eq!(shard.new.len(), 1);
+        assert_eq!(shard.old.get(&key(2)), Some(&2.0));
+        let store = Store(vec![Mutex::new(shard)]);
+        let memo = LaunchMemo(Arc::new(store));
+        assert_eq!(memo.get_or_key(key(2), |_| -1.0), 2.0);
+        assert_eq!(memo.get_or_key(key(3), |_| -1.0), 3.0);
     }
 
     fn bwd_model() -> BwdBlockModel {

@@ -77,6 +77,43 @@ fn recommend_is_byte_identical_at_any_thread_count() {
     }
 }
 
+/// A search of 16 GPUs (2 layers, 8 simulated, 3 finalists, 2 seeds) prints, to the last
+/// bit of every figure, the JSON committed in `tests/it/data/recommend-16.json`: the
+/// priced launches, plans and steps the search reuses across candidates and seeds change
+/// no figure.
+#[test]
+fn a_small_search_prints_the_committed_json() {
+    let dir = scratch("rec-json");
+    let o = dir.join("out").to_string_lossy().into_owned();
+    let args = [
+        "recommend",
+        "--json",
+        "--corpus",
+        "wlbllm",
+        "--gpus",
+        "16",
+        "--seq-len",
+        "65536",
+        "--layers",
+        "2",
+        "--simulate",
+        "8",
+        "--top",
+        "3",
+        "--seeds",
+        "2",
+        "--out",
+        &o,
+    ];
+    let r = skewsim_at(&args, Some("2"), &root());
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let want = std::fs::read_to_string(root().join("tests/it/data/recommend-16.json")).unwrap();
+    assert!(
+        String::from_utf8_lossy(&r.stdout) == want,
+        "the 16-GPU search's JSON differs from tests/it/data/recommend-16.json"
+    );
+}
+
 #[test]
 fn one_candidate_reproduces_skewsim_run() {
     let (summary, dir) = run_in(
