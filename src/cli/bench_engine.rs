@@ -424,7 +424,8 @@ pub fn arm_step_405b_16384_vp() -> Result<Timed> {
         "topologies/dgx-h100-ib.toml",
     )?;
     let topo = Arc::new(spec.build(Some(2048))?);
-    let place = Placement::new(8, 2048).with_collectives(skewsim::net::collective::CollectiveModel::of(&topo, true));
+    let place = Placement::new(8, 2048)
+        .with_collectives(skewsim::net::collective::CollectiveModel::of(&topo, true));
     let map = RankMap::new(par, place, "bench")?;
     let seq = PackedSeq::from_lengths(&[seq_len], seq_len, 0);
     let batch = vec![vec![seq; ga as usize]; dp as usize];

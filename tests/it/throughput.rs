@@ -14,7 +14,11 @@ fn slice(name: &str, rows: &str) -> std::path::PathBuf {
     for line in text.lines() {
         if line.starts_with("rows = ") {
             out += &format!("rows = {rows}\n");
-        } else if let Some(p) = line.split('"').nth(1).filter(|p| p.starts_with("..") || p.starts_with("data/")) {
+        } else if let Some(p) = line
+            .split('"')
+            .nth(1)
+            .filter(|p| p.starts_with("..") || p.starts_with("data/"))
+        {
             out += &line.replace(p, &exp.join(p).display().to_string());
             out.push('\n');
         } else {
@@ -36,7 +40,12 @@ fn committed_rows_reproduce_byte_for_byte() {
     for threads in ["1", "2"] {
         let out_dir = scratch(&format!("throughput-out-{threads}"));
         let o = skewsim_threads(
-            &["run", f.to_str().unwrap(), "--out", out_dir.to_str().unwrap()],
+            &[
+                "run",
+                f.to_str().unwrap(),
+                "--out",
+                out_dir.to_str().unwrap(),
+            ],
             Some(threads),
         );
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
