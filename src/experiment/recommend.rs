@@ -119,6 +119,7 @@ pub struct Spec {
     /// ZeRO stage 0..=3.
     pub zero_stage: u8,
     /// The GPU (a built-in name or a GPU file; None: the topology's, else `h200`).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub gpu: Option<String>,
 }
 

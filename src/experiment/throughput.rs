@@ -65,6 +65,9 @@ pub const MAX_ROWS: usize = 4096;
 /// Most GPUs one row may simulate.
 pub const MAX_ROW_GPUS: u32 = 1 << 16;
 
+/// Most sequences in one row's global batch.
+pub const MAX_ROW_SEQUENCES: u32 = 1 << 20;
+
 /// The experiment file.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -523,6 +526,24 @@ fn check_row(r: &Row, f: &ThroughputFile) -> Result<()> {
             "gpus",
             r.gpus,
             format!("a multiple of TP × PP × CP = {model}"),
+        ));
+    }
+    let tokens = u64::from(r.seq_len) * u64::from(r.mbs);
+    if tokens > u64::from(crate::workload::pack::MAX_SEQ_LEN) {
+        return Err(invalid(
+            "seq_len × mbs",
+            tokens,
+            format!(
+                "at most {} tokens in one micro-batch",
+                crate::workload::pack::MAX_SEQ_LEN
+            ),
+        ));
+    }
+    if r.gbs > MAX_ROW_SEQUENCES {
+        return Err(invalid(
+            "gbs",
+            r.gbs,
+            format!("at most {MAX_ROW_SEQUENCES} sequences a step"),
         ));
     }
     let dp = r.gpus / model;
