@@ -1742,11 +1742,7 @@ impl<'a> Emitter<'a> {
         let par = self.cx.map.par;
         let nb = self.stages[p as usize].nb;
         let groups = self.dp_groups(p);
-        let lab = |bk: u32| OpLabel {
-            class: OpClass::DpAllReduce,
-            mb: u16::MAX,
-            layer: bk as u16,
-        };
+        let lab = dp_label;
         for bk in 0..nb {
             for (ranks, bytes) in &groups {
                 let gpus: Vec<GpuId> = ranks
@@ -1790,11 +1786,7 @@ impl<'a> Emitter<'a> {
     fn param_gather(&mut self, p: u32) {
         let nb = self.stages[p as usize].nb;
         let groups = self.dp_groups(p);
-        let lab = |bk: u32| OpLabel {
-            class: OpClass::DpAllReduce,
-            mb: u16::MAX,
-            layer: bk as u16,
-        };
+        let lab = dp_label;
         for bk in (0..nb).rev() {
             for (ranks, bytes) in &groups {
                 let gpus: Vec<GpuId> = ranks
@@ -1842,6 +1834,16 @@ impl<'a> Emitter<'a> {
                 }
             }
         }
+    }
+}
+
+/// The label of bucket `bk`'s data-parallel collectives (gradient reduction, parameter
+/// gather).
+fn dp_label(bk: u32) -> OpLabel {
+    OpLabel {
+        class: OpClass::DpAllReduce,
+        mb: u16::MAX,
+        layer: bk as u16,
     }
 }
 
